@@ -1,0 +1,14 @@
+//! Pure policy code shared by the real agents and the simulator: decisions are functions of
+//! metric snapshots, with no OS access. The simulator runs exactly this code.
+//!
+//! - [`gleaner`]: the consolidation controller of the Gleaner paper (section 5).
+//! - [`retention`]: the yielding thread's idle detector and timeout (section 6).
+//! - [`stats`]: order statistics (median, percentiles, spread) used by every benchmark.
+//! - [`overhead`]: the survey's reduced resource/temporal efficiency and omega.
+//! - [`aql`]: AQL_Sched's vCPU type recognition and pCPU pool clustering.
+
+pub mod aql;
+pub mod gleaner;
+pub mod overhead;
+pub mod retention;
+pub mod stats;
