@@ -1,1 +1,229 @@
-//! (being written)
+//! Resource retention: the yielding thread's idle detector (Gleaner paper, section 6).
+//!
+//! A `SCHED_IDLE` thread on each active vCPU calls `sched_yield()` in a loop. A call that
+//! returns quickly means nothing else wanted the vCPU (the vCPU is idle but kept from halting);
+//! a slow call means the workload ran meanwhile (one computation period ended). The detector
+//! accumulates the time of consecutive quick calls and, once it reaches the timeout, tells the
+//! thread to sleep so the vCPU can halt and the hypervisor can reclaim the pCPU.
+//!
+//! ```text
+//!  yield(d):  d >  idle_threshold  -> work ran: idle time := 0, backoff := reset, KeepYielding
+//!             d <= idle_threshold  -> idle time += d
+//!                                     idle time >= timeout -> Sleep(backoff), backoff *= 2
+//!                                                             (capped at max_sleep)
+//! ```
+//!
+//! The sleep doubles while the vCPU stays idle, so an idle workload costs almost no CPU
+//! (a timeout of spinning per `max_sleep`), and snaps back to `min_sleep` as soon as work shows up.
+
+use serde::{Deserialize, Serialize};
+
+/// Configuration of one yielding thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// A `sched_yield()` longer than this means another thread ran during the call.
+    pub idle_threshold_ns: u64,
+    /// Accumulated idle yielding after which the vCPU is allowed to halt.
+    pub timeout_ns: u64,
+    /// First sleep after a timeout (the paper's `nanosleep(1)` plus timer slack).
+    pub min_sleep_ns: u64,
+    /// Longest sleep while the vCPU stays idle.
+    pub max_sleep_ns: u64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            idle_threshold_ns: 20_000,
+            timeout_ns: 100_000,
+            min_sleep_ns: 50_000,
+            max_sleep_ns: 20_000_000,
+        }
+    }
+}
+
+/// What the yielding thread does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RetentionAction {
+    /// Keep calling `sched_yield()`.
+    KeepYielding,
+    /// Timeout: sleep this long so the vCPU can halt.
+    Sleep { ns: u64 },
+}
+
+/// Counters kept by the detector (monotonic; the agent takes differences per period).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetentionCounters {
+    /// `sched_yield()` calls seen.
+    pub yields: u64,
+    /// Slow calls: the workload ran (one idle period ended).
+    pub busy_returns: u64,
+    /// Time spent in quick calls, i.e. the vCPU idle but retained.
+    pub idle_yield_ns: u64,
+    /// Timeouts (times the vCPU was allowed to halt).
+    pub timeouts: u64,
+    /// Time asked to sleep.
+    pub sleep_ns: u64,
+}
+
+/// The pure state machine of one yielding thread.
+#[derive(Debug, Clone)]
+pub struct IdleDetector {
+    cfg: RetentionConfig,
+    idle_acc_ns: u64,
+    next_sleep_ns: u64,
+    counters: RetentionCounters,
+}
+
+impl IdleDetector {
+    pub fn new(cfg: RetentionConfig) -> Self {
+        Self { idle_acc_ns: 0, next_sleep_ns: cfg.min_sleep_ns.max(1), counters: Default::default(), cfg }
+    }
+
+    pub fn config(&self) -> &RetentionConfig {
+        &self.cfg
+    }
+
+    pub fn counters(&self) -> RetentionCounters {
+        self.counters
+    }
+
+    /// Feeds the duration of one `sched_yield()` call.
+    pub fn on_yield(&mut self, yield_duration_ns: u64) -> RetentionAction {
+        self.counters.yields += 1;
+        if yield_duration_ns > self.cfg.idle_threshold_ns {
+            self.counters.busy_returns += 1;
+            self.idle_acc_ns = 0;
+            self.next_sleep_ns = self.cfg.min_sleep_ns.max(1);
+            return RetentionAction::KeepYielding;
+        }
+        self.counters.idle_yield_ns += yield_duration_ns;
+        self.idle_acc_ns += yield_duration_ns;
+        if self.idle_acc_ns < self.cfg.timeout_ns {
+            return RetentionAction::KeepYielding;
+        }
+        self.idle_acc_ns = 0;
+        let ns = self.next_sleep_ns;
+        self.next_sleep_ns = (ns.saturating_mul(2)).min(self.cfg.max_sleep_ns.max(ns));
+        self.counters.timeouts += 1;
+        self.counters.sleep_ns += ns;
+        RetentionAction::Sleep { ns }
+    }
+
+    /// Feeds how long a sleep really took. A sleep much longer than asked means the vCPU was
+    /// busy with the workload when the thread should have woken: treat it as work seen.
+    pub fn on_sleep_end(&mut self, asked_ns: u64, took_ns: u64) {
+        if took_ns > asked_ns.saturating_mul(2).saturating_add(self.cfg.idle_threshold_ns) {
+            self.counters.busy_returns += 1;
+            self.next_sleep_ns = self.cfg.min_sleep_ns.max(1);
+        }
+    }
+
+    /// Forgets accumulated idleness and backoff (e.g. after the vCPU was reactivated).
+    pub fn reset(&mut self) {
+        self.idle_acc_ns = 0;
+        self.next_sleep_ns = self.cfg.min_sleep_ns.max(1);
+    }
+}
+
+/// Picks the idle threshold from durations of `sched_yield()` calls measured with nothing else
+/// runnable: eight times the 10th percentile, at least 5 us. `None` for no samples.
+pub fn idle_threshold_from_samples(samples_ns: &[u64]) -> Option<u64> {
+    if samples_ns.is_empty() {
+        return None;
+    }
+    let mut v = samples_ns.to_vec();
+    v.sort_unstable();
+    let p10 = v[v.len() / 10];
+    Some((p10.saturating_mul(8)).max(5_000))
+}
+
+/// The retention timeout from a measured vCPU wakeup: spinning for as long as a halt-and-wake
+/// would cost is the classic 2-competitive choice. `wake_idle_ns` is the wakeup latency when
+/// the target vCPU halts (setting C), `wake_busy_ns` when it is kept busy (setting B).
+/// The result is clamped to [10 us, 2 ms].
+pub fn timeout_from_wakeup(wake_idle_ns: u64, wake_busy_ns: u64) -> u64 {
+    let extra = wake_idle_ns.saturating_sub(wake_busy_ns);
+    let t = wake_idle_ns.max(extra.saturating_mul(2));
+    t.clamp(10_000, 2_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> RetentionConfig {
+        RetentionConfig { idle_threshold_ns: 10_000, timeout_ns: 100_000, min_sleep_ns: 50_000, max_sleep_ns: 400_000 }
+    }
+
+    #[test]
+    fn quick_yields_accumulate_to_timeout() {
+        let mut d = IdleDetector::new(cfg());
+        for _ in 0..99 {
+            assert_eq!(d.on_yield(1_000), RetentionAction::KeepYielding);
+        }
+        assert_eq!(d.on_yield(1_000), RetentionAction::Sleep { ns: 50_000 });
+        assert_eq!(d.counters().timeouts, 1);
+        assert_eq!(d.counters().idle_yield_ns, 100_000);
+    }
+
+    #[test]
+    fn slow_yield_resets_accumulation() {
+        let mut d = IdleDetector::new(cfg());
+        for _ in 0..90 {
+            d.on_yield(1_000);
+        }
+        assert_eq!(d.on_yield(50_000), RetentionAction::KeepYielding);
+        for _ in 0..99 {
+            assert_eq!(d.on_yield(1_000), RetentionAction::KeepYielding);
+        }
+        assert_eq!(d.counters().busy_returns, 1);
+        assert!(matches!(d.on_yield(1_000), RetentionAction::Sleep { .. }));
+    }
+
+    #[test]
+    fn sleep_backs_off_while_idle_and_snaps_back_on_work() {
+        let mut d = IdleDetector::new(cfg());
+        let mut sleeps = Vec::new();
+        for _ in 0..5 {
+            loop {
+                if let RetentionAction::Sleep { ns } = d.on_yield(10_000) {
+                    sleeps.push(ns);
+                    break;
+                }
+            }
+        }
+        assert_eq!(sleeps, vec![50_000, 100_000, 200_000, 400_000, 400_000]);
+        d.on_yield(1_000_000);
+        loop {
+            if let RetentionAction::Sleep { ns } = d.on_yield(10_000) {
+                assert_eq!(ns, 50_000);
+                break;
+            }
+        }
+    }
+
+    #[test]
+    fn overslept_sleep_counts_as_work() {
+        let mut d = IdleDetector::new(cfg());
+        while d.on_yield(10_000) == RetentionAction::KeepYielding {}
+        while d.on_yield(10_000) == RetentionAction::KeepYielding {}
+        d.on_sleep_end(100_000, 5_000_000);
+        assert_eq!(d.counters().busy_returns, 1);
+        while d.on_yield(10_000) == RetentionAction::KeepYielding {}
+        assert_eq!(d.counters().sleep_ns, 50_000 + 100_000 + 50_000);
+    }
+
+    #[test]
+    fn threshold_and_timeout_calibration() {
+        assert_eq!(idle_threshold_from_samples(&[]), None);
+        let s: Vec<u64> = (1..=100).map(|i| i * 100).collect();
+        assert_eq!(idle_threshold_from_samples(&s), Some(8_800));
+        assert_eq!(idle_threshold_from_samples(&[100; 10]), Some(5_000));
+        assert_eq!(timeout_from_wakeup(60_000, 30_000), 60_000);
+        assert_eq!(timeout_from_wakeup(100_000, 10_000), 180_000);
+        assert_eq!(timeout_from_wakeup(1_000, 900), 10_000);
+        assert_eq!(timeout_from_wakeup(50_000_000, 0), 2_000_000);
+    }
+}

@@ -1,0 +1,267 @@
+//! Controller tests with synthetic metric streams (Gleaner paper, Figure 4 and section 5).
+
+use super::*;
+
+const MS: u64 = 1_000_000;
+const PERIOD: u64 = 300 * MS;
+
+/// A period in which each of `cpus` computes bursts of `l_comp` separated by idle periods of
+/// `l_idle`, and the workload's threads switch every `g_comp` of computation.
+fn pattern(cpus: &[u32], l_comp: u64, l_idle: u64, g_comp: u64) -> Snapshot {
+    let cycles = PERIOD / (l_comp + l_idle);
+    let vcpus: Vec<VcpuSample> = cpus
+        .iter()
+        .map(|&cpu| VcpuSample {
+            cpu,
+            t_work_ns: cycles * l_comp,
+            t_yield_ns: cycles * l_idle,
+            t_idle_ns: cycles * l_idle,
+            s_yield: cycles,
+        })
+        .collect();
+    let t_work: u64 = vcpus.iter().map(|v| v.t_work_ns).sum();
+    Snapshot { period_ns: PERIOD, vcpus, s_work: t_work / g_comp }
+}
+
+/// The same total work spread over `cpus` after a consolidation (utilization preserved).
+fn after_consolidation(cpus: &[u32], total_work: u64, s_work: u64, per_vcpu_idle_periods: u64) -> Snapshot {
+    let n = cpus.len() as u64;
+    let vcpus = cpus
+        .iter()
+        .map(|&cpu| VcpuSample {
+            cpu,
+            t_work_ns: total_work / n,
+            t_yield_ns: PERIOD.saturating_sub(total_work / n),
+            t_idle_ns: PERIOD.saturating_sub(total_work / n),
+            s_yield: per_vcpu_idle_periods,
+        })
+        .collect();
+    Snapshot { period_ns: PERIOD, vcpus, s_work }
+}
+
+fn unit_params() -> Params {
+    // The paper's Figure 4 assumes rho = eta = 1.
+    Params { rho: 1.0, eta: 1.0, ..Params::default() }
+}
+
+#[test]
+fn figure_4a_consolidates_one_vcpu() {
+    // Three vCPUs, l_comp = 2t, g_comp = l_idle = t: both conditions hold.
+    let t = MS;
+    let mut c = Controller::new(vec![0, 1, 2], unit_params());
+    let d = c.step(&pattern(&[0, 1, 2], 2 * t, t, t));
+    assert_eq!(d, vec![Decision::Deactivate { cpu: 2 }]);
+    assert_eq!(c.active(), &[0, 1]);
+    let m = c.metrics();
+    assert_eq!(m.l_comp_ns, Some(2.0 * t as f64));
+    assert_eq!(m.l_idle_ns, Some(t as f64));
+    assert_eq!(m.g_comp_ns, Some(t as f64));
+}
+
+#[test]
+fn figure_4b_refused_by_granularity_condition() {
+    // Same l_comp and l_idle, but threads compute 2t between sync points: condition (1)
+    // holds (2t <= 2t) and condition (2) fails (2t > t).
+    let t = MS;
+    let mut c = Controller::new(vec![0, 1, 2], unit_params());
+    for _ in 0..5 {
+        assert!(c.step(&pattern(&[0, 1, 2], 2 * t, t, 2 * t)).is_empty());
+    }
+    assert_eq!(c.active(), &[0, 1, 2]);
+}
+
+#[test]
+fn refused_by_load_condition() {
+    // l_comp = 3t > (N-1) * l_idle = 2t.
+    let t = MS;
+    let mut c = Controller::new(vec![0, 1, 2], unit_params());
+    assert!(c.step(&pattern(&[0, 1, 2], 3 * t, t, t / 2)).is_empty());
+}
+
+#[test]
+fn granularity_above_min_time_slice_is_never_consolidated() {
+    // Long computations (10 ms > 3 ms slice) with even longer idle periods: retention only.
+    let mut c = Controller::new(vec![0, 1], unit_params());
+    assert!(c.step(&pattern(&[0, 1], 10 * MS, 40 * MS, 10 * MS)).is_empty());
+}
+
+#[test]
+fn accepts_when_utilization_is_kept_then_continues() {
+    let t = MS;
+    let mut c = Controller::new(vec![0, 1, 2, 3], unit_params());
+    // Light load: l_comp = t, l_idle = 3t.
+    let s = pattern(&[0, 1, 2, 3], t, 3 * t, t / 2);
+    assert_eq!(c.step(&s), vec![Decision::Deactivate { cpu: 3 }]);
+    let total: u64 = s.vcpus.iter().map(|v| v.t_work_ns).sum();
+    // Same work on three vCPUs, more but shorter idle periods: accepted, and consolidates again.
+    let s2 = after_consolidation(&[0, 1, 2], total, s.s_work, 100);
+    assert_eq!(c.step(&s2), vec![Decision::Deactivate { cpu: 2 }]);
+    assert_eq!(c.active(), &[0, 1]);
+}
+
+#[test]
+fn rollback_on_utilization_drop_lowers_rho() {
+    let t = MS;
+    let mut c = Controller::new(vec![0, 1, 2], unit_params());
+    let s = pattern(&[0, 1, 2], 2 * t, t, t);
+    let before = Metrics::of(&s, 1.0, 1.0);
+    assert_eq!(c.step(&s), vec![Decision::Deactivate { cpu: 2 }]);
+    // The workload slowed down: 30% less work done, no vCPU saturated.
+    let total: u64 = s.vcpus.iter().map(|v| v.t_work_ns).sum();
+    let slowed = after_consolidation(&[0, 1], total * 7 / 10 / 2 * 2, s.s_work, 50);
+    let d = c.step(&slowed);
+    // 0.9 * min(rho, l_comp / ((N-1) * l_idle)) with the pre-consolidation measurements.
+    let expect = 0.9 * 1.0_f64.min(before.l_comp_ns.unwrap() / (2.0 * before.l_idle_ns.unwrap()));
+    assert_eq!(d, vec![Decision::Restore { cpu: 2 }, Decision::SetRho { from: 1.0, to: expect }]);
+    assert_eq!(c.active(), &[0, 1, 2]);
+    assert!((c.params().rho - 0.9).abs() < 1e-12);
+    // The same situation is now refused by condition (1).
+    assert!(c.step(&s).is_empty());
+    assert_eq!(c.active(), &[0, 1, 2]);
+}
+
+#[test]
+fn rollback_on_saturated_vcpu_lowers_eta() {
+    let t = MS;
+    let mut c = Controller::new(vec![0, 1, 2], unit_params());
+    let s = pattern(&[0, 1, 2], 2 * t, t, t / 2);
+    let before = Metrics::of(&s, 1.0, 1.0);
+    assert_eq!(c.step(&s), vec![Decision::Deactivate { cpu: 2 }]);
+    // vCPU 1 now runs 95% of the time (overloaded), total work kept.
+    let mut over = after_consolidation(&[0, 1], 0, s.s_work, 50);
+    over.vcpus[0].t_work_ns = PERIOD * 45 / 100;
+    over.vcpus[1].t_work_ns = PERIOD * 95 / 100;
+    let d = c.step(&over);
+    let expect = 0.9 * 1.0_f64.min(before.g_comp_ns.unwrap() / before.l_idle_ns.unwrap());
+    assert_eq!(d, vec![Decision::Restore { cpu: 2 }, Decision::SetEta { from: 1.0, to: expect }]);
+    assert!((c.params().eta - 0.45).abs() < 1e-12);
+    // Refused next time by condition (2): g_comp = t/2 > 0.45 * t.
+    assert!(c.step(&s).is_empty());
+}
+
+#[test]
+fn reset_on_major_utilization_change() {
+    let t = MS;
+    let mut c = Controller::new(vec![0, 1, 2, 3], unit_params());
+    let s = pattern(&[0, 1, 2, 3], t, 3 * t, t / 2);
+    c.step(&s);
+    let total: u64 = s.vcpus.iter().map(|v| v.t_work_ns).sum();
+    let kept = after_consolidation(&[0, 1, 2], total, s.s_work, 100);
+    // Accepted; with g_comp small it keeps consolidating to 2 vCPUs.
+    assert_eq!(c.step(&kept), vec![Decision::Deactivate { cpu: 2 }]);
+    // Accepted at 2 vCPUs (50% each); too few idle periods to go further.
+    let kept2 = after_consolidation(&[0, 1], total, s.s_work, 2);
+    assert!(c.step(&kept2).is_empty());
+    assert!(c.step(&kept2).is_empty());
+    // The workload grows by 40% (70% per vCPU, under the 90% busy mark): a major change.
+    let grown = after_consolidation(&[0, 1], total * 14 / 10, s.s_work, 2);
+    let d = c.step(&grown);
+    assert_eq!(d, vec![Decision::ResetAll { reason: ResetReason::UtilizationChange }]);
+    assert_eq!(c.active(), &[0, 1, 2, 3]);
+}
+
+#[test]
+fn reset_on_granularity_change() {
+    let t = MS;
+    let mut c = Controller::new(vec![0, 1, 2, 3], unit_params());
+    let s = pattern(&[0, 1, 2, 3], t, 3 * t, t / 2);
+    c.step(&s);
+    let total: u64 = s.vcpus.iter().map(|v| v.t_work_ns).sum();
+    // Accepted at 3 vCPUs, but make it refuse further consolidation: few idle periods.
+    let mut kept = after_consolidation(&[0, 1, 2], total, s.s_work, 2);
+    assert!(c.step(&kept).is_empty());
+    // Threads now compute 3x longer between sync points.
+    kept.s_work /= 3;
+    let d = c.step(&kept);
+    assert_eq!(d, vec![Decision::ResetAll { reason: ResetReason::GranularityChange }]);
+    assert_eq!(c.active(), &[0, 1, 2, 3]);
+}
+
+#[test]
+fn reset_on_busy_vcpu() {
+    let t = MS;
+    let mut c = Controller::new(vec![0, 1, 2], unit_params());
+    // 25% per vCPU on three vCPUs, 225 ms of work per 300 ms period.
+    let s = pattern(&[0, 1, 2], t, 3 * t, t / 2);
+    assert_eq!(c.step(&s), vec![Decision::Deactivate { cpu: 2 }]);
+    let total: u64 = s.vcpus.iter().map(|v| v.t_work_ns).sum();
+    let mut kept = after_consolidation(&[0, 1], total, s.s_work, 2);
+    kept.vcpus[0].t_work_ns = PERIOD * 50 / 100;
+    kept.vcpus[1].t_work_ns = total - kept.vcpus[0].t_work_ns;
+    assert!(c.step(&kept).is_empty(), "accepted, too few idle periods to go on");
+    // One vCPU now 92% busy while the total barely changes (an imbalance): a major change.
+    kept.vcpus[0].t_work_ns = PERIOD * 92 / 100;
+    kept.vcpus[1].t_work_ns = 0;
+    assert_eq!(c.step(&kept), vec![Decision::ResetAll { reason: ResetReason::BusyVcpu }]);
+}
+
+#[test]
+fn cpu_bound_workload_is_never_consolidated() {
+    // matmul-like: every vCPU busy all period, almost no switches.
+    let mut c = Controller::new(vec![0, 1], unit_params());
+    let s = Snapshot {
+        period_ns: PERIOD,
+        vcpus: vec![
+            VcpuSample { cpu: 0, t_work_ns: PERIOD, t_yield_ns: 0, t_idle_ns: 0, s_yield: 0 },
+            VcpuSample { cpu: 1, t_work_ns: PERIOD, t_yield_ns: 0, t_idle_ns: 0, s_yield: 0 },
+        ],
+        s_work: 0,
+    };
+    for _ in 0..10 {
+        assert!(c.step(&s).is_empty());
+    }
+    assert_eq!(c.active(), &[0, 1]);
+}
+
+#[test]
+fn idle_workload_consolidates_down_to_min_active() {
+    let mut c = Controller::new(vec![0, 1, 2, 3], unit_params());
+    let idle = |cpus: &[u32]| Snapshot {
+        period_ns: PERIOD,
+        vcpus: cpus
+            .iter()
+            .map(|&cpu| VcpuSample { cpu, t_work_ns: 0, t_yield_ns: 0, t_idle_ns: PERIOD, s_yield: 10 })
+            .collect(),
+        s_work: 0,
+    };
+    for _ in 0..10 {
+        let a = c.active().to_vec();
+        c.step(&idle(&a));
+    }
+    assert_eq!(c.active(), &[0]);
+}
+
+#[test]
+fn samples_of_inactive_vcpus_are_ignored() {
+    let t = MS;
+    let mut c = Controller::new(vec![0, 1, 2], unit_params());
+    c.step(&pattern(&[0, 1, 2], 2 * t, t, t));
+    assert_eq!(c.active(), &[0, 1]);
+    // A snapshot that still contains vCPU 2 measures only 0 and 1.
+    let s = pattern(&[0, 1, 2], 2 * t, t, t);
+    c.step(&s);
+    assert_eq!(c.metrics().active, 2);
+}
+
+#[test]
+fn same_inputs_same_decisions() {
+    let t = MS;
+    let stream: Vec<Snapshot> = (0..20)
+        .map(|i| pattern(&[0, 1, 2, 3], t + i * 10_000, 3 * t, t / 2))
+        .collect();
+    let run = || {
+        let mut c = Controller::new(vec![3, 1, 2, 0, 1], unit_params());
+        stream.iter().flat_map(|s| c.step(s)).collect::<Vec<_>>()
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn params_validation_names_the_field() {
+    let bad = Params { rho: 1.5, ..Params::default() };
+    let e = bad.validate().unwrap_err().to_string();
+    assert!(e.contains("rho") && e.contains("1.5") && e.contains("(0, 1]"), "{e}");
+    assert!(Params { min_active: 0, ..Params::default() }.validate().is_err());
+    assert!(Params { gcomp_change: 1.0, ..Params::default() }.validate().is_err());
+    assert!(Params::default().validate().is_ok());
+}
