@@ -202,9 +202,9 @@ fn figure_3_example() {
 /// A small deterministic generator (no RNG crate in the policy).
 struct Lcg(u64);
 impl Lcg {
-    fn next(&mut self, n: u64) -> u64 {
+    fn next(&mut self, n: u32) -> u32 {
         self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
+        u32::try_from((self.0 >> 33) % u64::from(n)).expect("below n")
     }
 }
 
@@ -221,15 +221,15 @@ fn fairness_on_many_random_layouts() {
     ];
     let mut g = Lcg(42);
     for case in 0..500 {
-        let sockets = 1 + g.next(4) as u32;
-        let per = 1 + g.next(8) as u32;
+        let sockets = 1 + g.next(4);
+        let per = 1 + g.next(8);
         let topo = Topology::uniform(sockets, per);
-        let vms = 1 + g.next(6);
+        let vms = 1 + u64::from(g.next(6));
         let mut v = Vec::new();
         for vm in 0..vms {
-            let n = 1 + g.next(12) as u32;
+            let n = 1 + g.next(12);
             for i in 0..n {
-                let class = classes[g.next(classes.len() as u64) as usize];
+                let class = classes[g.next(7) as usize];
                 let trashing = class == VcpuClass::Llco || (class.vcpu_type().is_some() && g.next(3) == 0);
                 v.push(VcpuInfo::new(VcpuId { vm, vcpu: i }, class, trashing));
             }
