@@ -1,0 +1,339 @@
+use super::*;
+use std::fs;
+
+const STAT: &str = "cpu  14734 0 5460 976587 1217 0 271 12468 0 0\n\
+cpu0 6965 0 2554 489673 232 0 24 5919 0 0\n\
+cpu1 7769 0 2905 486914 985 0 246 6548 0 0\n\
+intr 123 0 0\n\
+ctxt 9876543\n\
+btime 1700000000\n\
+processes 9000\n";
+
+fn fixture() -> (tempfile::TempDir, Procfs) {
+    let d = tempfile::tempdir().unwrap();
+    let p = Procfs::with_root(d.path());
+    (d, p)
+}
+
+fn write(root: &Path, rel: &str, text: &str) {
+    let p = root.join(rel);
+    fs::create_dir_all(p.parent().unwrap()).unwrap();
+    fs::write(p, text).unwrap();
+}
+
+/// A `stat` line with the given pid, comm, ppid, utime, stime, processor, policy.
+fn stat_line(pid: i32, comm: &str, ppid: i32, utime: u64, stime: u64, cpu: u32, policy: u32) -> String {
+    // fields 3..=52 after comm; fill with distinct numbers so an off-by-one shows.
+    let mut f: Vec<String> = (3..=52).map(|n| (1000 + n).to_string()).collect();
+    f[0] = "S".into();
+    f[4 - 3] = ppid.to_string();
+    f[14 - 3] = utime.to_string();
+    f[15 - 3] = stime.to_string();
+    f[39 - 3] = cpu.to_string();
+    f[41 - 3] = policy.to_string();
+    format!("{pid} ({comm}) {}\n", f.join(" "))
+}
+
+#[test]
+fn stat_valid() {
+    let (d, p) = fixture();
+    write(d.path(), "stat", STAT);
+    let s = p.stat().unwrap();
+    assert_eq!(s.cpus.len(), 2);
+    assert_eq!(s.ctxt, 9_876_543);
+    assert_eq!(s.clk_tck, 100);
+    assert_eq!(s.total.steal, 12468);
+    let c1 = s.cpus[&1];
+    assert_eq!(c1.user, 7769);
+    assert_eq!(c1.busy_ticks(), 7769 + 2905 + 246);
+    assert_eq!(c1.idle_ticks(), 486_914 + 985);
+    assert_eq!(c1.busy_ns(100), (7769 + 2905 + 246) * 10_000_000);
+    assert_eq!(c1.steal_ns(100), 6548 * 10_000_000);
+    assert_eq!(c1.total_ticks(), c1.busy_ticks() + c1.idle_ticks() + c1.steal);
+    let d = c1.delta(&s.cpus[&0]);
+    assert_eq!(d.user, 7769 - 6965);
+    assert_eq!(s.cpus[&0].delta(&c1).user, 0, "delta saturates");
+}
+
+#[test]
+fn stat_old_kernel_with_four_fields() {
+    let (d, p) = fixture();
+    write(d.path(), "stat", "cpu 1 2 3 4\ncpu0 1 2 3 4\nctxt 5\n");
+    let s = p.stat().unwrap();
+    assert_eq!(s.cpus[&0].idle, 4);
+    assert_eq!(s.cpus[&0].steal, 0);
+}
+
+#[test]
+fn stat_malformed() {
+    let (d, p) = fixture();
+    write(d.path(), "stat", "cpu 1 2 3 4\ncpu0 1 x 3 4\nctxt 5\n");
+    let e = p.stat().unwrap_err();
+    assert!(matches!(e, OsError::Parse { line: 2, .. }), "{e}");
+    write(d.path(), "stat", "cpu 1 2 3 4\ncpuX 1 2 3 4\nctxt 5\n");
+    assert!(matches!(p.stat().unwrap_err(), OsError::Parse { line: 2, .. }));
+    write(d.path(), "stat", "cpu 1 2\ncpu0 1 2\nctxt 5\n");
+    assert!(matches!(p.stat().unwrap_err(), OsError::Parse { line: 1, .. }));
+    write(d.path(), "stat", "cpu 1 2 3 4\ncpu0 1 2 3 4\n");
+    assert!(p.stat().unwrap_err().to_string().contains("ctxt"));
+}
+
+#[test]
+fn stat_empty_and_missing() {
+    let (d, p) = fixture();
+    assert!(matches!(p.stat().unwrap_err(), OsError::Read { .. }));
+    write(d.path(), "stat", "");
+    let e = p.stat().unwrap_err();
+    assert!(matches!(e, OsError::Parse { .. }), "{e}");
+    assert!(e.to_string().contains(&d.path().join("stat").display().to_string()), "error names the path: {e}");
+}
+
+#[test]
+fn ticks_conversion() {
+    assert_eq!(ticks_to_ns(1, 100), 10_000_000);
+    assert_eq!(ticks_to_ns(3, 1000), 3_000_000);
+    assert_eq!(ticks_to_ns(7, 0), 70_000_000);
+    assert_eq!(ticks_to_ns(u64::MAX, 1), u64::MAX);
+}
+
+#[test]
+fn task_files_valid() {
+    let (d, p) = fixture();
+    write(d.path(), "42/task/43/schedstat", "123456789 2000 17\n");
+    write(
+        d.path(),
+        "42/task/43/status",
+        "Name:\tworker 1\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t42\nvoluntary_ctxt_switches:\t100\nnonvoluntary_ctxt_switches:\t7\n",
+    );
+    write(d.path(), "42/task/43/stat", &stat_line(43, "a) (b c)", 1, 55, 66, 1, 5));
+    write(d.path(), "42/task/42/stat", &stat_line(42, "main", 1, 1, 1, 0, 0));
+    assert_eq!(p.tasks(42).unwrap(), vec![42, 43]);
+    assert_eq!(p.task_schedstat(42, 43).unwrap(), SchedStat { run_ns: 123_456_789, wait_ns: 2000, timeslices: 17 });
+    let st = p.task_status(42, 43).unwrap();
+    assert_eq!(st.name, "worker 1");
+    assert_eq!(st.state, 'S');
+    assert_eq!((st.voluntary_ctxt_switches, st.nonvoluntary_ctxt_switches), (100, 7));
+    let ts = p.task_stat(42, 43).unwrap();
+    assert_eq!(ts.comm, "a) (b c)");
+    assert_eq!(ts.state, 'S');
+    assert_eq!(ts.ppid, 1);
+    assert_eq!((ts.utime_ticks, ts.stime_ticks, ts.processor, ts.policy), (55, 66, 1, 5));
+}
+
+#[test]
+fn task_files_malformed() {
+    let (d, p) = fixture();
+    write(d.path(), "42/task/43/schedstat", "12 x 3\n");
+    write(d.path(), "42/task/43/status", "Name:\tw\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\tmany\nnonvoluntary_ctxt_switches:\t7\n");
+    write(d.path(), "42/task/43/stat", "43 (short) S 1 2 3\n");
+    assert!(matches!(p.task_schedstat(42, 43).unwrap_err(), OsError::Parse { .. }));
+    assert!(matches!(p.task_status(42, 43).unwrap_err(), OsError::Parse { line: 3, .. }));
+    let e = p.task_stat(42, 43).unwrap_err();
+    assert!(e.to_string().contains("fields after comm, need field"), "{e}");
+    write(d.path(), "42/task/43/stat", "43 no parens S 1\n");
+    assert!(matches!(p.task_stat(42, 43).unwrap_err(), OsError::Parse { .. }));
+}
+
+#[test]
+fn task_files_empty() {
+    let (d, p) = fixture();
+    write(d.path(), "42/task/43/schedstat", "");
+    write(d.path(), "42/task/43/status", "");
+    write(d.path(), "42/task/43/stat", "");
+    assert!(matches!(p.task_schedstat(42, 43).unwrap_err(), OsError::Parse { .. }));
+    assert!(p.task_status(42, 43).unwrap_err().to_string().contains("Name"));
+    assert!(matches!(p.task_stat(42, 43).unwrap_err(), OsError::Parse { .. }));
+}
+
+#[test]
+fn vanished_pid_and_tid() {
+    let (d, p) = fixture();
+    write(d.path(), "42/task/42/schedstat", "1 2 3\n");
+    let e = p.task_schedstat(42, 99).unwrap_err();
+    assert!(matches!(e, OsError::Vanished { pid: 42, tid: Some(99) }), "{e}");
+    assert!(e.is_vanished());
+    assert!(matches!(p.tasks(7).unwrap_err(), OsError::Vanished { pid: 7, tid: None }));
+    assert!(p.comm(7).unwrap_err().is_vanished());
+    assert!(p.cmdline(7).unwrap_err().is_vanished());
+}
+
+#[test]
+fn process_tree_with_children_files() {
+    let (d, p) = fixture();
+    // 1 -> 10 (from thread 11) -> 20 -> 30 ; 1 -> 12
+    write(d.path(), "1/task/1/children", "12 ");
+    write(d.path(), "1/task/11/children", "10 ");
+    write(d.path(), "10/task/10/children", "20");
+    write(d.path(), "12/task/12/children", "");
+    write(d.path(), "20/task/20/children", "30 ");
+    write(d.path(), "30/task/30/children", "");
+    assert_eq!(p.children(1).unwrap(), vec![10, 12]);
+    assert_eq!(p.descendants(1, false).unwrap(), vec![10, 12, 20, 30]);
+    assert_eq!(p.descendants(10, true).unwrap(), vec![10, 20, 30]);
+    // 30 vanished between listing and walking: skipped.
+    fs::remove_dir_all(d.path().join("30")).unwrap();
+    assert_eq!(p.descendants(10, false).unwrap(), vec![20, 30]);
+    write(d.path(), "20/task/20/children", "x");
+    assert!(matches!(p.children(20).unwrap_err(), OsError::Parse { .. }));
+    assert!(p.descendants(99, true).unwrap_err().is_vanished());
+}
+
+#[test]
+fn process_tree_without_children_files() {
+    // This machine's kernel lacks CONFIG_PROC_CHILDREN: the parent pid scan must work.
+    let (d, p) = fixture();
+    for (pid, ppid) in [(1, 0), (10, 1), (12, 1), (20, 10), (30, 20), (40, 1)] {
+        write(d.path(), &format!("{pid}/stat"), &stat_line(pid, "x y", ppid, 0, 0, 0, 0));
+        write(d.path(), &format!("{pid}/task/{pid}/stat"), &stat_line(pid, "x y", ppid, 0, 0, 0, 0));
+    }
+    write(d.path(), "self/mountinfo", "");
+    assert_eq!(p.pids().unwrap(), vec![1, 10, 12, 20, 30, 40]);
+    assert_eq!(p.children(1).unwrap(), vec![10, 12, 40]);
+    assert_eq!(p.descendants(10, false).unwrap(), vec![20, 30]);
+    assert_eq!(p.descendants(10, true).unwrap(), vec![10, 20, 30]);
+    assert_eq!(p.descendants(30, false).unwrap(), Vec::<i32>::new());
+}
+
+#[test]
+fn comm_cmdline_vmrss() {
+    let (d, p) = fixture();
+    write(d.path(), "5/comm", "my prog\n");
+    write(d.path(), "5/cmdline", "sysbench\0--threads=4\0\0cpu\0");
+    write(d.path(), "5/status", "Name:\tx\nVmPeak:\t  900 kB\nVmRSS:\t  1234 kB\n");
+    write(d.path(), "2/status", "Name:\tkthreadd\n");
+    write(d.path(), "2/cmdline", "");
+    write(d.path(), "6/status", "VmRSS:\t  lots kB\n");
+    assert_eq!(p.comm(5).unwrap(), "my prog");
+    assert_eq!(p.cmdline(5).unwrap(), vec!["sysbench", "--threads=4", "cpu"]);
+    assert!(p.cmdline(2).unwrap().is_empty());
+    assert_eq!(p.self_status_vmrss_kib(5).unwrap(), 1234);
+    assert_eq!(p.self_status_vmrss_kib(2).unwrap(), 0);
+    assert!(matches!(p.self_status_vmrss_kib(6).unwrap_err(), OsError::Parse { line: 1, .. }));
+}
+
+#[test]
+fn cgroup_file() {
+    let (d, p) = fixture();
+    write(d.path(), "5/cgroup", "9:name=systemd:/\n4:memory:/a/b\n2:cpu,cpuacct:/\n0::/user.slice/x:y\n");
+    let c = p.cgroup_of(5).unwrap();
+    assert_eq!(c.len(), 4);
+    assert_eq!(c[1], (4, vec!["memory".to_string()], "/a/b".to_string()));
+    assert_eq!(c[2].1, vec!["cpu", "cpuacct"]);
+    assert_eq!(c[3], (0, vec![], "/user.slice/x:y".to_string()));
+    write(d.path(), "6/cgroup", "x:cpu:/\n");
+    assert!(matches!(p.cgroup_of(6).unwrap_err(), OsError::Parse { line: 1, .. }));
+    write(d.path(), "7/cgroup", "3 cpuset /\n");
+    assert!(matches!(p.cgroup_of(7).unwrap_err(), OsError::Parse { .. }));
+    write(d.path(), "8/cgroup", "");
+    assert!(p.cgroup_of(8).unwrap().is_empty());
+}
+
+pub(crate) const MOUNTINFO_V1: &str = "22 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n\
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n\
+34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset\n\
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+
+#[test]
+fn mountinfo_valid() {
+    let (d, p) = fixture();
+    write(d.path(), "self/mountinfo", &format!("{MOUNTINFO_V1}50 22 0:40 /x /mnt/with\\040space rw shared:5 master:1 - fuse.sshfs user@host:/a\\040b rw,user_id=0\n"));
+    let m = p.mountinfo().unwrap();
+    assert_eq!(m.len(), 6);
+    assert_eq!(m[3].mount_point, PathBuf::from("/sys/fs/cgroup/cpuset"));
+    assert_eq!(m[3].fstype, "cgroup");
+    assert_eq!(m[3].super_options, vec!["rw", "cpuset"]);
+    assert_eq!(m[4].fstype, "cgroup2");
+    assert_eq!(m[5].mount_point, PathBuf::from("/mnt/with space"));
+    assert_eq!(m[5].root, "/x");
+    assert_eq!(m[5].source, "user@host:/a b");
+}
+
+#[test]
+fn mountinfo_malformed_and_empty() {
+    let (d, p) = fixture();
+    write(d.path(), "self/mountinfo", "22 1 254:0 / / rw ext4 /dev/vda rw\n");
+    assert!(matches!(p.mountinfo().unwrap_err(), OsError::Parse { line: 1, .. }));
+    write(d.path(), "self/mountinfo", "22 1 / - ext4 /dev/vda rw\n");
+    assert!(matches!(p.mountinfo().unwrap_err(), OsError::Parse { line: 1, .. }));
+    write(d.path(), "self/mountinfo", "");
+    assert!(p.mountinfo().unwrap().is_empty());
+}
+
+#[test]
+fn cpuinfo_and_kernel_cmdline() {
+    let (d, p) = fixture();
+    write(d.path(), "cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme hypervisor\n\nprocessor\t: 1\nflags\t\t: other\n");
+    assert_eq!(p.cpuinfo_flags().unwrap(), vec!["fpu", "vme", "hypervisor"]);
+    write(d.path(), "cpuinfo", "processor\t: 0\nFeatures\t: fp asimd\n");
+    assert_eq!(p.cpuinfo_flags().unwrap(), vec!["fp", "asimd"]);
+    write(d.path(), "cpuinfo", "");
+    assert!(p.cpuinfo_flags().unwrap().is_empty());
+    write(d.path(), "cmdline", "console=ttyS0 quiet\n");
+    assert_eq!(p.cmdline_kernel().unwrap(), "console=ttyS0 quiet");
+}
+
+// ---- the real /proc of this machine ----
+
+#[test]
+fn real_proc_self() {
+    let p = Procfs::new();
+    assert!(p.clk_tck() > 0);
+    let me = i32::try_from(std::process::id()).unwrap();
+    let tid = crate::sched::gettid();
+    let s = p.stat().unwrap();
+    assert!(!s.cpus.is_empty() && s.ctxt > 0);
+    let online = crate::sysfs::Sysfs::new().online_cpus().unwrap();
+    assert_eq!(s.cpus.len(), online.len(), "one cpuN line per online CPU");
+    assert!(p.tasks(me).unwrap().contains(&tid));
+    // Per-thread schedstat exists on this kernel (CONFIG_SCHEDSTATS); run time grows with work.
+    let a = p.task_schedstat(me, tid).unwrap();
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_millis(20) {
+        std::hint::black_box(t0.elapsed());
+    }
+    let b = p.task_schedstat(me, tid).unwrap();
+    assert!(b.run_ns > a.run_ns, "{a:?} -> {b:?}");
+    let st = p.task_status(me, tid).unwrap();
+    assert_eq!(st.state, 'R');
+    let ts = p.task_stat(me, tid).unwrap();
+    assert_eq!(ts.state, 'R');
+    assert_eq!(ts.policy, 0);
+    assert!(online.contains(ts.processor));
+    assert!(p.pids().unwrap().contains(&me));
+    assert!(!p.cmdline(me).unwrap().is_empty());
+    assert!(p.self_status_vmrss_kib(me).unwrap() > 0);
+    assert!(p.mountinfo().unwrap().iter().any(|m| m.fstype == "proc"));
+    assert!(!p.cgroup_of(me).unwrap().is_empty());
+    assert!(!p.cmdline_kernel().unwrap().is_empty());
+}
+
+#[test]
+fn real_children_and_descendants() {
+    let p = Procfs::new();
+    let me = i32::try_from(std::process::id()).unwrap();
+    // sh -> sleep: the grandchild must show up among our descendants.
+    let mut child = std::process::Command::new("sh").args(["-c", "sleep 30 & wait"]).spawn().expect("need /bin/sh");
+    let cpid = i32::try_from(child.id()).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let found = loop {
+        let d = p.descendants(me, false).unwrap();
+        if d.contains(&cpid) && d.iter().any(|&x| x != cpid && p.comm(x).map(|c| c == "sleep").unwrap_or(false)) {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let kids = p.children(cpid).unwrap();
+    // Kill the sleep (our grandchild, by pid) and the shell.
+    for k in &kids {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*k), nix::sys::signal::Signal::SIGKILL);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(found, "sleep grandchild not found below {me}");
+    assert_eq!(kids.len(), 1);
+    assert!(p.children(me).unwrap().iter().all(|&c| c != me));
+}

@@ -1,0 +1,204 @@
+//! Readers (and one writer) for `/sys`: online CPUs, cpuidle, module parameters
+//! (haltpoll, kvm halt polling), hypervisor type and DMI strings.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::cpuset::CpuSet;
+use crate::error::{OsError, Result};
+use crate::util::{self, parse_err, parse_u64};
+
+/// Access to a sysfs tree.
+#[derive(Debug, Clone)]
+pub struct Sysfs {
+    root: PathBuf,
+}
+
+/// One cpuidle state of one CPU (`/sys/devices/system/cpu/cpuN/cpuidle/stateK`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IdleState {
+    /// K in `stateK`.
+    pub index: u32,
+    /// `POLL`, `haltpoll`, `C1`, ...
+    pub name: String,
+    /// Times the state was entered.
+    pub usage: u64,
+    /// Total residency, microseconds.
+    pub time_us: u64,
+    /// True when the state is disabled (`disable` is 1).
+    pub disabled: bool,
+}
+
+/// DMI identification strings (`/sys/class/dmi/id`); `None` where the file is missing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Dmi {
+    pub sys_vendor: Option<String>,
+    pub product_name: Option<String>,
+    pub bios_vendor: Option<String>,
+}
+
+impl Default for Sysfs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sysfs {
+    /// The real `/sys`.
+    pub fn new() -> Self {
+        Sysfs { root: PathBuf::from("/sys") }
+    }
+
+    /// A sysfs tree at `root` (a fixture).
+    pub fn with_root(root: impl Into<PathBuf>) -> Self {
+        Sysfs { root: root.into() }
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn cpu_dir(&self) -> PathBuf {
+        self.root.join("devices/system/cpu")
+    }
+
+    fn read_cpulist(&self, path: &Path) -> Result<CpuSet> {
+        let text = util::read(path)?;
+        CpuSet::parse(&text).map_err(|e| parse_err(path, 1, e.to_string()))
+    }
+
+    /// `devices/system/cpu/online`.
+    pub fn online_cpus(&self) -> Result<CpuSet> {
+        self.read_cpulist(&self.cpu_dir().join("online"))
+    }
+
+    /// `devices/system/cpu/possible`.
+    pub fn possible_cpus(&self) -> Result<CpuSet> {
+        self.read_cpulist(&self.cpu_dir().join("possible"))
+    }
+
+    /// The cpuidle driver (`haltpoll`, `intel_idle`, `acpi_idle`), `None` when cpuidle is
+    /// absent or reports `none`.
+    pub fn cpuidle_driver(&self) -> Result<Option<String>> {
+        let v = util::read_opt(&self.cpu_dir().join("cpuidle/current_driver"))?;
+        Ok(v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty() && s != "none"))
+    }
+
+    /// The cpuidle governor (`current_governor`, or `current_governor_ro` on kernels that
+    /// cannot switch), `None` when cpuidle is absent.
+    pub fn cpuidle_governor(&self) -> Result<Option<String>> {
+        let dir = self.cpu_dir().join("cpuidle");
+        let v = match util::read_opt(&dir.join("current_governor"))? {
+            Some(v) => Some(v),
+            None => util::read_opt(&dir.join("current_governor_ro"))?,
+        };
+        Ok(v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty() && s != "none"))
+    }
+
+    /// The idle states of `cpu`, by index; empty when the CPU has no cpuidle directory.
+    pub fn cpuidle_states(&self, cpu: u32) -> Result<Vec<IdleState>> {
+        let dir = self.cpu_dir().join(format!("cpu{cpu}/cpuidle"));
+        if !dir.is_dir() {
+            return Ok(Vec::new());
+        }
+        let mut states = Vec::new();
+        for name in util::list_dir(&dir)? {
+            let Some(index) = name.strip_prefix("state").and_then(|k| k.parse::<u32>().ok()) else { continue };
+            let sdir = dir.join(&name);
+            let read_u64 = |f: &str| -> Result<u64> {
+                let p = sdir.join(f);
+                let t = util::read(&p)?;
+                parse_u64(&p, 1, f, &t)
+            };
+            let sname = util::read(&sdir.join("name"))?.trim().to_string();
+            let disabled = match util::read_opt(&sdir.join("disable"))? {
+                Some(t) => parse_u64(&sdir.join("disable"), 1, "disable", &t)? != 0,
+                None => false,
+            };
+            states.push(IdleState { index, name: sname, usage: read_u64("usage")?, time_us: read_u64("time")?, disabled });
+        }
+        states.sort_by_key(|s| s.index);
+        Ok(states)
+    }
+
+    /// Sum of `usage` over all idle states of `cpus`: how many times those CPUs went idle.
+    /// `None` when no CPU of the set has cpuidle states.
+    pub fn total_idle_entries(&self, cpus: &CpuSet) -> Result<Option<u64>> {
+        let mut total = None;
+        for cpu in cpus {
+            let states = self.cpuidle_states(cpu)?;
+            if !states.is_empty() {
+                *total.get_or_insert(0) += states.iter().map(|s| s.usage).sum::<u64>();
+            }
+        }
+        Ok(total)
+    }
+
+    fn param_dir(&self, module: &str) -> Result<PathBuf> {
+        check_name("module name", module)?;
+        Ok(self.root.join("module").join(module).join("parameters"))
+    }
+
+    /// Parameters of a kernel module (`module/<m>/parameters/*`), trimmed; empty when the
+    /// module is not loaded. Write-only parameters are left out.
+    pub fn module_params(&self, module: &str) -> Result<BTreeMap<String, String>> {
+        let dir = self.param_dir(module)?;
+        let mut out = BTreeMap::new();
+        if !dir.is_dir() {
+            return Ok(out);
+        }
+        for name in util::list_dir(&dir)? {
+            match std::fs::read_to_string(dir.join(&name)) {
+                Ok(v) => {
+                    out.insert(name, v.trim().to_string());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
+                Err(source) => return Err(OsError::Read { path: dir.join(&name), source }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes a module parameter and returns its previous value (trimmed) so the caller can
+    /// restore it.
+    pub fn write_module_param(&self, module: &str, name: &str, value: &str) -> Result<String> {
+        check_name("module parameter", name)?;
+        let path = self.param_dir(module)?.join(name);
+        let old = util::read(&path)?.trim().to_string();
+        util::write(&path, value)?;
+        Ok(old)
+    }
+
+    /// `/sys/hypervisor/type` (`xen`, ...), `None` when absent.
+    pub fn hypervisor_type(&self) -> Result<Option<String>> {
+        let v = util::read_opt(&self.root.join("hypervisor/type"))?;
+        Ok(v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty()))
+    }
+
+    /// DMI strings; missing files give `None`.
+    pub fn dmi(&self) -> Result<Dmi> {
+        let dir = self.root.join("class/dmi/id");
+        let get = |f: &str| -> Result<Option<String>> {
+            match std::fs::read_to_string(dir.join(f)) {
+                Ok(s) => Ok(Some(s.trim().to_string()).filter(|s| !s.is_empty())),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied) => Ok(None),
+                Err(source) => Err(OsError::Read { path: dir.join(f), source }),
+            }
+        };
+        Ok(Dmi { sys_vendor: get("sys_vendor")?, product_name: get("product_name")?, bios_vendor: get("bios_vendor")? })
+    }
+}
+
+/// Rejects names that would escape their directory.
+fn check_name(what: &str, name: &str) -> Result<()> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(crate::BadInput::new(what, name, "a plain file name (no '/', not '.' or '..')").into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,136 @@
+use super::*;
+use std::fs;
+
+fn write(root: &Path, rel: &str, text: &str) {
+    let p = root.join(rel);
+    fs::create_dir_all(p.parent().unwrap()).unwrap();
+    fs::write(p, text).unwrap();
+}
+
+fn state(root: &Path, cpu: u32, k: u32, name: &str, usage: u64, time: u64, disable: u8) {
+    let base = format!("devices/system/cpu/cpu{cpu}/cpuidle/state{k}");
+    write(root, &format!("{base}/name"), &format!("{name}\n"));
+    write(root, &format!("{base}/usage"), &format!("{usage}\n"));
+    write(root, &format!("{base}/time"), &format!("{time}\n"));
+    write(root, &format!("{base}/disable"), &format!("{disable}\n"));
+}
+
+#[test]
+fn cpus_valid_malformed_empty() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Sysfs::with_root(d.path());
+    write(d.path(), "devices/system/cpu/online", "0-1\n");
+    write(d.path(), "devices/system/cpu/possible", "0-3\n");
+    assert_eq!(s.online_cpus().unwrap().to_string(), "0-1");
+    assert_eq!(s.possible_cpus().unwrap().len(), 4);
+    write(d.path(), "devices/system/cpu/online", "0-x\n");
+    let e = s.online_cpus().unwrap_err();
+    assert!(matches!(e, OsError::Parse { .. }) && e.to_string().contains("online"), "{e}");
+    write(d.path(), "devices/system/cpu/online", "");
+    assert!(s.online_cpus().unwrap().is_empty());
+    fs::remove_file(d.path().join("devices/system/cpu/online")).unwrap();
+    assert!(matches!(s.online_cpus().unwrap_err(), OsError::Read { .. }));
+}
+
+#[test]
+fn cpuidle_valid() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Sysfs::with_root(d.path());
+    write(d.path(), "devices/system/cpu/cpuidle/current_driver", "haltpoll\n");
+    write(d.path(), "devices/system/cpu/cpuidle/current_governor_ro", "haltpoll\n");
+    state(d.path(), 0, 0, "POLL", 10, 100, 0);
+    state(d.path(), 0, 1, "haltpoll", 500, 90000, 0);
+    state(d.path(), 0, 10, "deep", 1, 1, 1);
+    state(d.path(), 1, 0, "POLL", 5, 50, 0);
+    state(d.path(), 1, 1, "haltpoll", 200, 1000, 0);
+    assert_eq!(s.cpuidle_driver().unwrap().as_deref(), Some("haltpoll"));
+    assert_eq!(s.cpuidle_governor().unwrap().as_deref(), Some("haltpoll"));
+    let st = s.cpuidle_states(0).unwrap();
+    assert_eq!(st.iter().map(|x| x.index).collect::<Vec<_>>(), vec![0, 1, 10], "numeric order");
+    assert_eq!(st[1], IdleState { index: 1, name: "haltpoll".into(), usage: 500, time_us: 90000, disabled: false });
+    assert!(st[2].disabled);
+    assert_eq!(s.total_idle_entries(&CpuSet::parse("0-1").unwrap()).unwrap(), Some(10 + 500 + 1 + 5 + 200));
+    assert_eq!(s.total_idle_entries(&CpuSet::parse("1").unwrap()).unwrap(), Some(205));
+    assert_eq!(s.total_idle_entries(&CpuSet::parse("7").unwrap()).unwrap(), None);
+    // current_governor wins over current_governor_ro
+    write(d.path(), "devices/system/cpu/cpuidle/current_governor", "menu\n");
+    assert_eq!(s.cpuidle_governor().unwrap().as_deref(), Some("menu"));
+}
+
+#[test]
+fn cpuidle_malformed_and_absent() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Sysfs::with_root(d.path());
+    assert_eq!(s.cpuidle_driver().unwrap(), None);
+    assert_eq!(s.cpuidle_governor().unwrap(), None);
+    assert!(s.cpuidle_states(0).unwrap().is_empty());
+    assert_eq!(s.total_idle_entries(&CpuSet::first_n(2)).unwrap(), None);
+    write(d.path(), "devices/system/cpu/cpuidle/current_driver", "none\n");
+    assert_eq!(s.cpuidle_driver().unwrap(), None);
+    state(d.path(), 0, 0, "POLL", 1, 1, 0);
+    write(d.path(), "devices/system/cpu/cpu0/cpuidle/state0/usage", "lots\n");
+    let e = s.cpuidle_states(0).unwrap_err();
+    assert!(e.to_string().contains("state0/usage"), "{e}");
+    write(d.path(), "devices/system/cpu/cpu0/cpuidle/state0/usage", "");
+    assert!(matches!(s.cpuidle_states(0).unwrap_err(), OsError::Parse { .. }));
+}
+
+#[test]
+fn module_params_read_write_restore() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Sysfs::with_root(d.path());
+    write(d.path(), "module/haltpoll/parameters/guest_halt_poll_ns", "200000\n");
+    write(d.path(), "module/haltpoll/parameters/guest_halt_poll_grow", "2\n");
+    let p = s.module_params("haltpoll").unwrap();
+    assert_eq!(p.len(), 2);
+    assert_eq!(p["guest_halt_poll_ns"], "200000");
+    assert!(s.module_params("kvm").unwrap().is_empty(), "module not loaded");
+    let old = s.write_module_param("haltpoll", "guest_halt_poll_ns", "0").unwrap();
+    assert_eq!(old, "200000");
+    assert_eq!(s.module_params("haltpoll").unwrap()["guest_halt_poll_ns"], "0");
+    assert!(matches!(s.write_module_param("haltpoll", "nope", "1").unwrap_err(), OsError::Read { .. }));
+    assert!(matches!(s.write_module_param("haltpoll", "../x", "1").unwrap_err(), OsError::BadInput(_)));
+    assert!(matches!(s.module_params("..").unwrap_err(), OsError::BadInput(_)));
+}
+
+#[test]
+fn hypervisor_and_dmi() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Sysfs::with_root(d.path());
+    assert_eq!(s.hypervisor_type().unwrap(), None);
+    assert_eq!(s.dmi().unwrap(), Dmi::default());
+    write(d.path(), "hypervisor/type", "xen\n");
+    write(d.path(), "class/dmi/id/sys_vendor", "QEMU\n");
+    write(d.path(), "class/dmi/id/product_name", "\n");
+    assert_eq!(s.hypervisor_type().unwrap().as_deref(), Some("xen"));
+    let dmi = s.dmi().unwrap();
+    assert_eq!(dmi.sys_vendor.as_deref(), Some("QEMU"));
+    assert_eq!(dmi.product_name, None);
+    assert_eq!(dmi.bios_vendor, None);
+}
+
+// ---- the real /sys of this machine ----
+
+#[test]
+fn real_sysfs() {
+    let s = Sysfs::new();
+    let online = s.online_cpus().unwrap();
+    assert!(!online.is_empty());
+    assert!(online.is_subset(&s.possible_cpus().unwrap()));
+    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    assert!(online.len() >= n, "online {online} vs available_parallelism {n}");
+    // When the kernel has cpuidle, every online CPU has states and the counters only grow.
+    // (No assertion that they move: on a loaded 2-vCPU machine a CPU may not idle for seconds.)
+    if let Some(driver) = s.cpuidle_driver().unwrap() {
+        assert!(!driver.is_empty());
+        for cpu in &online {
+            assert!(!s.cpuidle_states(cpu).unwrap().is_empty(), "driver {driver} but cpu{cpu} has no idle states");
+        }
+        let a = s.total_idle_entries(&online).unwrap().expect("cpuidle driver present but no states");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let b = s.total_idle_entries(&online).unwrap().unwrap();
+        assert!(b >= a, "idle entries went back: {a} -> {b}");
+    } else {
+        assert_eq!(s.total_idle_entries(&online).unwrap(), None);
+    }
+}
