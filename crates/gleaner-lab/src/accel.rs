@@ -1,0 +1,83 @@
+//! KVM or TCG, decided by trying: a tiny guest is booted with KVM under a short deadline; if
+//! it does not reach init, TCG is used. (On nested hosts without hardware virtualization
+//! `/dev/kvm` exists but a standard kernel hangs.)
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::cache::Kernel;
+use crate::guest::{Accel, GuestSpec, LabError};
+use crate::session::Session;
+
+/// Default deadline for the KVM probe to reach the guest's init.
+pub const KVM_PROBE_S: u64 = 12;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Probe {
+    pub accel: Accel,
+    /// Seconds until the guest's init reported READY (None: never within the deadline).
+    pub boot_s: Option<f64>,
+    pub detail: String,
+}
+
+/// Boots a guest with `accel` that runs `true` and reports how long it took to reach init.
+pub fn probe(accel: Accel, kernel: &Kernel, busybox: &Path, deadline: Duration) -> Result<Probe, LabError> {
+    if accel == Accel::Kvm && !Path::new("/dev/kvm").exists() {
+        return Ok(Probe { accel, boot_s: None, detail: "/dev/kvm does not exist".into() });
+    }
+    let spec = GuestSpec::new(format!("lab-probe-{accel}")).vcpus(1).memory_mib(256).accel(accel).job("true\n");
+    let mut s = Session::new(kernel.clone(), busybox.to_path_buf());
+    let id = s.start(&spec)?;
+    let end = Instant::now() + deadline;
+    match s.drive(end, "init (READY)", &[id], &|s| s.states[0].ready_at.is_some(), &mut |_| {}) {
+        Ok(()) => Ok(Probe { accel, boot_s: s.boot_s(id), detail: "reached init".into() }),
+        Err(LabError::Interrupted) => Err(LabError::Interrupted),
+        Err(e) => {
+            let first = e.to_string().lines().next().unwrap_or("").to_string();
+            Ok(Probe { accel, boot_s: None, detail: first })
+        }
+    }
+}
+
+/// `auto` tries KVM then falls back to TCG; `kvm` and `tcg` are taken as given.
+pub fn resolve(choice: &str, kernel: &Kernel, busybox: &Path) -> anyhow::Result<Accel> {
+    match choice {
+        "tcg" => Ok(Accel::Tcg),
+        "kvm" => Ok(Accel::Kvm),
+        "auto" => {
+            let p = probe(Accel::Kvm, kernel, busybox, Duration::from_secs(KVM_PROBE_S))?;
+            if p.boot_s.is_some() {
+                eprintln!("lab: KVM boots a guest ({:.1} s): using KVM", p.boot_s.unwrap_or(0.0));
+                Ok(Accel::Kvm)
+            } else {
+                eprintln!("lab: KVM did not boot a guest ({}): using TCG", p.detail);
+                Ok(Accel::Tcg)
+            }
+        }
+        other => Err(gleaner_os::BadInput::new("--accel", other, "auto, kvm, tcg").into()),
+    }
+}
+
+/// Quotes a word for POSIX sh.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("abc"), "abc");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+}

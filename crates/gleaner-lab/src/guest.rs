@@ -1,0 +1,545 @@
+//! One QEMU guest: an initramfs with busybox that mounts the host's root filesystem read-only
+//! over 9p, chroots into it and runs a job script, so the guest runs the host's own `gleaner`
+//! binary and Debian-packaged programs.
+//!
+//! ```text
+//!  host                                   guest (initramfs /init, busybox sh)
+//!  ----                                   -----------------------------------
+//!  qemu -kernel vmlinux -initrd base+job  insmod virtio_pci 9pnet_virtio 9p ...
+//!       -virtfs path=/,readonly=on  ----> mount -t 9p hostroot /host (ro)
+//!                                         mount proc, sysfs, devtmpfs, tmpfs /tmp /run
+//!                                         mount cgroup2 (+cpuset) or v1 cpuset
+//!  ttyS0 -> console.log (kernel, stderr)  chroot /host sh /run/gleaner-lab/job.sh
+//!  ttyS1 -> QEMU stdout -> reader thread  @@LAB READY / BEGIN s / <stdout> / END s rc=N / DONE
+//!           timestamps each line and                   poweroff -f
+//!           snapshots QEMU's thread CPU times at markers
+//! ```
+//!
+//! Every QEMU runs in its own process group, pinned to the experiment's pCPUs, with
+//! `PR_SET_PDEATHSIG`; [`Guest`]'s `Drop` kills the group by PID and reaps it, and its temp dir
+//! goes with it. Waits are bounded by deadlines and poll the interrupt flag.
+
+use std::fmt;
+use std::fs;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::Kernel;
+use crate::cpio::Cpio;
+use crate::hostproc::{ProcThreads, ThreadCpu};
+use crate::interrupt;
+
+/// How QEMU runs the guest's CPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    Kvm,
+    Tcg,
+}
+
+impl fmt::Display for Accel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        })
+    }
+}
+
+/// Which cgroup filesystem the guest mounts for the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum GuestCgroup {
+    /// cgroup2 at /sys/fs/cgroup with `+cpuset` in the root's subtree_control.
+    #[default]
+    V2,
+    /// cgroup v1 cpuset at /sys/fs/cgroup/cpuset.
+    V1,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    #[error("guest {guest}: no {waiting_for} within {after_s:.0} s (deadline); last console lines:\n{console}")]
+    Timeout { guest: String, waiting_for: String, after_s: f64, console: String },
+    #[error("interrupted (signal); guests killed, temp dirs removed")]
+    Interrupted,
+    #[error("guest {guest}: {what}; last console lines:\n{console}")]
+    GuestFailed { guest: String, what: String, console: String },
+    #[error("cannot start {what}: {source}")]
+    Spawn {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no static busybox found (looked in {looked}): install Debian package busybox-static")]
+    NoBusybox { looked: String },
+}
+
+/// What a guest is and does.
+#[derive(Debug, Clone)]
+pub struct GuestSpec {
+    pub name: String,
+    pub vcpus: u32,
+    pub memory_mib: u32,
+    pub accel: Accel,
+    /// Host CPUs the whole QEMU process is pinned to (`None`: not pinned).
+    pub pcpus: Option<Vec<usize>>,
+    pub cgroup: GuestCgroup,
+    /// The job script (POSIX sh, run by the host's `/bin/sh` inside the chroot).
+    pub job: String,
+    pub qemu: PathBuf,
+}
+
+impl GuestSpec {
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            vcpus: 2,
+            memory_mib: 512,
+            accel: Accel::Tcg,
+            pcpus: None,
+            cgroup: GuestCgroup::V2,
+            job: "true\n".into(),
+            qemu: PathBuf::from("qemu-system-x86_64"),
+        }
+    }
+    pub fn vcpus(mut self, n: u32) -> Self {
+        self.vcpus = n;
+        self
+    }
+    pub fn memory_mib(mut self, m: u32) -> Self {
+        self.memory_mib = m;
+        self
+    }
+    pub fn accel(mut self, a: Accel) -> Self {
+        self.accel = a;
+        self
+    }
+    pub fn pin(mut self, cpus: Option<Vec<usize>>) -> Self {
+        self.pcpus = cpus;
+        self
+    }
+    pub fn cgroup(mut self, c: GuestCgroup) -> Self {
+        self.cgroup = c;
+        self
+    }
+    pub fn job(mut self, script: impl Into<String>) -> Self {
+        self.job = script.into();
+        self
+    }
+}
+
+/// What the reader thread saw on the result port.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventKind {
+    /// Init mounted everything and is about to run the job.
+    Ready,
+    Begin(String),
+    /// One line of a step's stdout.
+    Line(String),
+    End { step: String, rc: i32 },
+    /// The job script finished.
+    Done { rc: i32 },
+    /// Init could not set up the guest.
+    Fail(String),
+    /// QEMU closed its stdout (it exited).
+    Exited,
+}
+
+#[derive(Debug, Clone)]
+pub struct GuestEvent {
+    /// Index of the guest in its session.
+    pub guest: usize,
+    pub at: Instant,
+    pub kind: EventKind,
+    /// QEMU's per-thread CPU times, sampled when a marker line arrived.
+    pub cpu: Option<Vec<ThreadCpu>>,
+}
+
+/// Parses one line of the result port (`\r` already stripped).
+pub fn parse_line(line: &str) -> EventKind {
+    let Some(m) = line.strip_prefix("@@LAB ") else { return EventKind::Line(line.to_string()) };
+    let mut it = m.split_whitespace();
+    let rc = |s: Option<&str>| s.and_then(|x| x.strip_prefix("rc=")).and_then(|x| x.parse().ok()).unwrap_or(-1);
+    match it.next() {
+        Some("READY") => EventKind::Ready,
+        Some("BEGIN") => EventKind::Begin(it.next().unwrap_or("").to_string()),
+        Some("END") => {
+            let step = it.next().unwrap_or("").to_string();
+            EventKind::End { step, rc: rc(it.next()) }
+        }
+        Some("DONE") => EventKind::Done { rc: rc(it.next()) },
+        Some("FAIL") => EventKind::Fail(it.collect::<Vec<_>>().join(" ")),
+        _ => EventKind::Line(line.to_string()),
+    }
+}
+
+/// A running guest. Dropping it kills its process group and removes its temp dir.
+pub struct Guest {
+    pub id: usize,
+    pub name: String,
+    pub pid: u32,
+    pub accel: Accel,
+    pub started: Instant,
+    child: Child,
+    tmp: tempfile::TempDir,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl fmt::Debug for Guest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guest").field("name", &self.name).field("pid", &self.pid).finish()
+    }
+}
+
+const GUEST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+fn init_script(kernel: &Kernel, cgroup: GuestCgroup) -> String {
+    let modules = kernel.modules.join(" ");
+    let cgroup_setup = match cgroup {
+        GuestCgroup::V2 => {
+            "mount -t cgroup2 cgroup2 $H/sys/fs/cgroup || fail cgroup2\n\
+             echo +cpuset > $H/sys/fs/cgroup/cgroup.subtree_control || fail cpuset-controller\n"
+        }
+        GuestCgroup::V1 => {
+            "mount -t tmpfs cgroup $H/sys/fs/cgroup || fail cgroup-tmpfs\n\
+             mkdir -p $H/sys/fs/cgroup/cpuset\n\
+             mount -t cgroup -o cpuset cpuset $H/sys/fs/cgroup/cpuset || fail cgroup-v1-cpuset\n"
+        }
+    };
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+R=/dev/ttyS1
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+fail() {{ echo "@@LAB FAIL $*" > $R; echo "lab-init: FAIL $*"; poweroff -f; sleep 5; echo o > /proc/sysrq-trigger; }}
+for m in {modules}; do insmod /modules/$m.ko || fail insmod-$m; done
+H=/host
+mkdir -p $H
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot $H || fail mount-9p
+mount -t proc proc $H/proc || fail proc
+mount -t sysfs sysfs $H/sys || fail sysfs
+mount -t devtmpfs devtmpfs $H/dev || fail devtmpfs
+mkdir -p $H/dev/shm $H/dev/pts
+mount -t tmpfs tmpfs $H/dev/shm
+mount -t devpts devpts $H/dev/pts
+for d in /tmp /run /var/tmp; do [ -d $H$d ] && mount -t tmpfs tmpfs $H$d; done
+{cgroup_setup}mkdir -p $H/run/gleaner-lab
+cp /job.sh $H/run/gleaner-lab/job.sh
+echo "@@LAB READY" > $R
+cd /host
+chroot $H /usr/bin/env -i PATH={GUEST_PATH} HOME=/root TERM=dumb GLEANER_LAB_GUEST=1 /bin/sh /run/gleaner-lab/job.sh > $R 2>/dev/ttyS0
+echo "@@LAB DONE rc=$?" > $R
+sync
+poweroff -f
+sleep 5
+echo o > /proc/sysrq-trigger
+"#
+    )
+}
+
+/// Shell prelude of every job script: `step NAME CMD...` wraps a command's stdout in markers.
+pub const JOB_PRELUDE: &str = r#"step() { n=$1; shift; echo "@@LAB BEGIN $n"; "$@"; rc=$?; echo; echo "@@LAB END $n rc=$rc"; }
+"#;
+
+/// Paths the guest covers with its own tmpfs or pseudo filesystems: host files there are
+/// invisible inside the guest.
+pub const GUEST_HIDDEN: &[&str] = &["/tmp", "/run", "/var/tmp", "/dev", "/proc", "/sys"];
+
+/// True when a host path is visible inside the guest (not under a guest tmpfs/pseudo fs).
+pub fn visible_in_guest(p: &Path) -> bool {
+    !GUEST_HIDDEN.iter().any(|h| p.starts_with(h))
+}
+
+/// Finds a statically linked busybox on the host.
+pub fn find_busybox() -> Result<PathBuf, LabError> {
+    let candidates = ["/bin/busybox", "/usr/bin/busybox", "/usr/lib/initramfs-tools/bin/busybox"];
+    for c in candidates {
+        let p = Path::new(c);
+        if let Ok(bytes) = fs::read(p) {
+            if is_static_elf(&bytes) {
+                return Ok(p.to_path_buf());
+            }
+        }
+    }
+    Err(LabError::NoBusybox { looked: candidates.join(", ") })
+}
+
+/// An ELF64 image without a PT_INTERP program header (no dynamic loader needed).
+pub fn is_static_elf(b: &[u8]) -> bool {
+    if b.len() < 64 || &b[..4] != b"\x7fELF" || b[4] != 2 {
+        return false;
+    }
+    let u16le = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]) as usize;
+    let u64le = |o: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[o..o + 8]);
+        u64::from_le_bytes(a)
+    };
+    let Ok(phoff) = usize::try_from(u64le(32)) else { return false };
+    let (phentsize, phnum) = (u16le(54), u16le(56));
+    for i in 0..phnum {
+        let o = phoff + i * phentsize;
+        if o + 4 > b.len() {
+            return false;
+        }
+        if u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]) == 3 {
+            return false; // PT_INTERP
+        }
+    }
+    true
+}
+
+/// Builds the initramfs (busybox, init, modules, job) for a guest.
+pub fn build_initramfs(kernel: &Kernel, spec: &GuestSpec, busybox: &Path) -> Result<Vec<u8>, LabError> {
+    let rd = |p: &Path| fs::read(p).map_err(|source| LabError::Io { path: p.to_path_buf(), source });
+    let mut c = Cpio::new();
+    for d in ["bin", "dev", "proc", "sys", "host", "modules", "etc"] {
+        c.dir(d);
+    }
+    c.file("bin/busybox", 0o755, &rd(busybox)?);
+    c.symlink("bin/sh", "busybox");
+    c.file("init", 0o755, init_script(kernel, spec.cgroup).as_bytes());
+    for m in &kernel.modules {
+        c.file(&format!("modules/{m}.ko"), 0o644, &rd(&kernel.module_path(m))?);
+    }
+    let mut job = String::from("#!/bin/sh\n");
+    job.push_str(JOB_PRELUDE);
+    job.push_str(&spec.job);
+    c.file("job.sh", 0o755, job.as_bytes());
+    Ok(c.finish())
+}
+
+impl Guest {
+    /// Starts QEMU for `spec`; events go to `tx` tagged with `id`.
+    pub fn start(
+        id: usize,
+        spec: &GuestSpec,
+        kernel: &Kernel,
+        busybox: &Path,
+        tx: Sender<GuestEvent>,
+    ) -> Result<Self, LabError> {
+        let tmp = tempfile::Builder::new()
+            .prefix("gleaner-lab-")
+            .tempdir()
+            .map_err(|source| LabError::Io { path: std::env::temp_dir(), source })?;
+        let initrd = tmp.path().join("initramfs.cpio");
+        let image = build_initramfs(kernel, spec, busybox)?;
+        fs::write(&initrd, image).map_err(|source| LabError::Io { path: initrd.clone(), source })?;
+        let console = tmp.path().join("console.log");
+        let stderr_path = tmp.path().join("qemu.stderr");
+        let stderr = fs::File::create(&stderr_path).map_err(|source| LabError::Io { path: stderr_path.clone(), source })?;
+        let qmp = tmp.path().join("qmp.sock");
+
+        let mut cmd = Command::new(&spec.qemu);
+        cmd.arg("-name").arg(format!("{},debug-threads=on", spec.name));
+        cmd.args(["-machine", "pc", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
+        match spec.accel {
+            Accel::Tcg => cmd.args(["-accel", "tcg,thread=multi", "-cpu", "max"]),
+            Accel::Kvm => cmd.args(["-accel", "kvm", "-cpu", "host,-arch-capabilities"]),
+        };
+        cmd.arg("-smp").arg(spec.vcpus.to_string()).arg("-m").arg(spec.memory_mib.to_string());
+        cmd.arg("-kernel").arg(kernel.image()).arg("-initrd").arg(&initrd);
+        cmd.arg("-append").arg("console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off rdinit=/init");
+        cmd.args(["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"]);
+        cmd.arg("-serial").arg(format!("file:{}", console.display()));
+        cmd.args(["-serial", "stdio"]);
+        cmd.arg("-qmp").arg(format!("unix:{},server=on,wait=off", qmp.display()));
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr);
+        cmd.process_group(0);
+        let pcpus = spec.pcpus.clone();
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // async-signal-safe syscalls (prctl, sched_setaffinity) on stack data.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                if let Some(cpus) = &pcpus {
+                    let mut set = nix::sched::CpuSet::new();
+                    for &c in cpus {
+                        set.set(c)?;
+                    }
+                    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|source| LabError::Spawn { what: format!("{} for guest {}", spec.qemu.display(), spec.name), source })?;
+        let pid = child.id();
+        let stdout = child.stdout.take();
+        let reader = stdout.map(|out| {
+            std::thread::Builder::new()
+                .name(format!("lab-serial-{id}"))
+                .spawn(move || read_results(id, pid, out, &tx))
+                .expect("spawning a thread")
+        });
+        tracing::info!(guest = %spec.name, pid, accel = %spec.accel, "guest started");
+        Ok(Self { id, name: spec.name.clone(), pid, accel: spec.accel, started: Instant::now(), child, tmp, reader })
+    }
+
+    pub fn temp_dir(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    pub fn qmp_path(&self) -> PathBuf {
+        self.tmp.path().join("qmp.sock")
+    }
+
+    /// The last `n` lines of the guest's console (kernel messages and job stderr) and of
+    /// QEMU's own stderr.
+    pub fn console_tail(&self, n: usize) -> String {
+        let mut s = tail(&self.tmp.path().join("console.log"), n);
+        let e = tail(&self.tmp.path().join("qemu.stderr"), n);
+        if !e.trim().is_empty() {
+            s.push_str("\n[qemu stderr]\n");
+            s.push_str(&e);
+        }
+        s
+    }
+
+    /// Kills the process group now (idempotent) and reaps QEMU.
+    pub fn kill(&mut self) {
+        if let Ok(pgid) = i32::try_from(self.pid) {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+
+    /// Waits up to `timeout` for QEMU to exit on its own (after the guest powered off).
+    pub fn wait_exit(&mut self, timeout: Duration) -> bool {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// Per-vCPU and other thread CPU times of this QEMU right now.
+    pub fn threads(&self) -> Vec<ThreadCpu> {
+        ProcThreads::new().snapshot(self.pid)
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn tail(p: &Path, n: usize) -> String {
+    let mut s = String::new();
+    if let Ok(mut f) = fs::File::open(p) {
+        let _ = f.read_to_string(&mut s);
+    }
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn read_results(id: usize, pid: u32, out: impl Read, tx: &Sender<GuestEvent>) {
+    let procs = ProcThreads::new();
+    let mut r = BufReader::new(out);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match r.read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let at = Instant::now();
+        let line = String::from_utf8_lossy(&buf);
+        let line = line.trim_end_matches(['\n', '\r']).trim_start_matches('\r');
+        let kind = parse_line(line);
+        let cpu = match kind {
+            EventKind::Line(_) => None,
+            _ => Some(procs.snapshot(pid)),
+        };
+        if tx.send(GuestEvent { guest: id, at, kind, cpu }).is_err() {
+            return;
+        }
+    }
+    let _ = tx.send(GuestEvent { guest: id, at: Instant::now(), kind: EventKind::Exited, cpu: None });
+}
+
+/// Receives the next event before `deadline`, polling the interrupt flag.
+pub fn next_event(rx: &Receiver<GuestEvent>, deadline: Instant, what: &dyn Fn() -> (String, String, String)) -> Result<GuestEvent, LabError> {
+    loop {
+        if interrupt::requested() {
+            return Err(LabError::Interrupted);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let (guest, waiting_for, console) = what();
+            return Err(LabError::Timeout { guest, waiting_for, after_s: 0.0, console });
+        }
+        match rx.recv_timeout((deadline - now).min(Duration::from_millis(100))) {
+            Ok(ev) => return Ok(ev),
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => {
+                let (guest, _, console) = what();
+                return Err(LabError::GuestFailed { guest, what: "all result channels closed".into(), console });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_markers() {
+        assert_eq!(parse_line("@@LAB READY"), EventKind::Ready);
+        assert_eq!(parse_line("@@LAB BEGIN 1-off"), EventKind::Begin("1-off".into()));
+        assert_eq!(parse_line("@@LAB END 1-off rc=0"), EventKind::End { step: "1-off".into(), rc: 0 });
+        assert_eq!(parse_line("@@LAB DONE rc=3"), EventKind::Done { rc: 3 });
+        assert_eq!(parse_line("@@LAB FAIL mount-9p"), EventKind::Fail("mount-9p".into()));
+    }
+
+    #[test]
+    fn malformed_markers_are_lines_or_defaults() {
+        assert_eq!(parse_line("{\"runs\": []}"), EventKind::Line("{\"runs\": []}".into()));
+        assert_eq!(parse_line("@@LAB WHAT"), EventKind::Line("@@LAB WHAT".into()));
+        assert_eq!(parse_line("@@LAB END x rc=abc"), EventKind::End { step: "x".into(), rc: -1 });
+        assert_eq!(parse_line(""), EventKind::Line(String::new()));
+    }
+
+    #[test]
+    fn static_elf_detection() {
+        if let Ok(b) = fs::read("/bin/busybox") {
+            assert!(is_static_elf(&b), "busybox-static should be static");
+        }
+        let sh = fs::read("/bin/sh").unwrap();
+        assert!(!is_static_elf(&sh));
+        assert!(!is_static_elf(b""));
+        assert!(!is_static_elf(b"\x7fELF garbage"));
+    }
+
+    #[test]
+    fn guest_visibility() {
+        assert!(visible_in_guest(Path::new("/work/main/target/release/gleaner")));
+        assert!(!visible_in_guest(Path::new("/tmp/x/gleaner")));
+        assert!(!visible_in_guest(Path::new("/run/user/gleaner")));
+    }
+}
