@@ -206,6 +206,21 @@ impl Cgroups {
         Ok(CpusetCgroup { path, parent, layout: self.layout.clone(), enabled_cpuset_in: Vec::new() })
     }
 
+    /// The cpuset group process `pid` is in (v1: the line naming the `cpuset` controller in
+    /// `/proc/<pid>/cgroup`; v2: the `0::` line). Assumes the hierarchy is mounted at its
+    /// root (not a container's sub-mount).
+    pub fn group_of(&self, procfs: &Procfs, pid: i32) -> Result<CpusetCgroup> {
+        let lines = procfs.cgroup_of(pid)?;
+        let line = match self.layout {
+            Layout::V1 { .. } => lines.iter().find(|(_, c, _)| c.iter().any(|c| c == "cpuset")),
+            Layout::V2 { .. } => lines.iter().find(|(id, c, _)| *id == 0 && c.is_empty()),
+        };
+        let Some((_, _, rel)) = line else {
+            return Err(OsError::NoCpuset { reason: format!("process {pid} is in no cgroup v{} hierarchy", self.layout.version()) });
+        };
+        self.open(rel)
+    }
+
     /// Every directory named `gleaner*` under the root (any depth), children before their
     /// parents so they can be removed in order (used by `restore` after a crash).
     pub fn list_gleaner_groups(&self) -> Result<Vec<PathBuf>> {

@@ -258,7 +258,7 @@ mod tests {
         assert!(s.remove(3));
         assert!(!s.remove(3));
         assert_eq!(s.iter().collect::<Vec<_>>(), vec![0, 1, 2]);
-        assert_eq!(s.iter().rev().next(), Some(2));
+        assert_eq!(s.iter().next_back(), Some(2));
         let t = CpuSet::parse("2-4").unwrap();
         assert_eq!(s.intersection(&t).to_string(), "2");
         assert_eq!(s.union(&t).to_string(), "0-4");

@@ -137,6 +137,13 @@ pub struct TaskStat {
     pub processor: u32,
     /// Scheduling policy number (field 41: 0 OTHER, 1 FIFO, 2 RR, 3 BATCH, 5 IDLE, 6 DEADLINE).
     pub policy: u32,
+    /// Nice value (field 19).
+    pub nice: i32,
+    /// Threads in the process (field 20).
+    pub num_threads: u32,
+    /// Start time after boot, ticks (field 22): with the pid it identifies a process even
+    /// after pid reuse.
+    pub starttime_ticks: u64,
 }
 
 /// One line of `/proc/self/mountinfo`.
@@ -505,6 +512,8 @@ pub fn parse_task_stat(path: &Path, text: &str) -> Result<TaskStat> {
     let ppid = field(4)?.parse::<i32>().map_err(|_| parse_err(path, 1, "field 4 (ppid) is not a pid"))?;
     let processor = parse_u64(path, 1, "processor (field 39)", field(39)?)?;
     let policy = parse_u64(path, 1, "policy (field 41)", field(41)?)?;
+    let nice = field(19)?.parse::<i32>().map_err(|_| parse_err(path, 1, "field 19 (nice) is not an integer"))?;
+    let num_threads = parse_u64(path, 1, "num_threads (field 20)", field(20)?)?;
     Ok(TaskStat {
         comm,
         state,
@@ -513,6 +522,9 @@ pub fn parse_task_stat(path: &Path, text: &str) -> Result<TaskStat> {
         stime_ticks: parse_u64(path, 1, "stime (field 15)", field(15)?)?,
         processor: u32::try_from(processor).map_err(|_| parse_err(path, 1, "processor out of range"))?,
         policy: u32::try_from(policy).map_err(|_| parse_err(path, 1, "policy out of range"))?,
+        nice,
+        num_threads: u32::try_from(num_threads).map_err(|_| parse_err(path, 1, "num_threads out of range"))?,
+        starttime_ticks: parse_u64(path, 1, "starttime (field 22)", field(22)?)?,
     })
 }
 

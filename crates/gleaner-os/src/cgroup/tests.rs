@@ -254,3 +254,20 @@ fn real_create_attach_remove() {
     assert!(root_procs.contains(&pid), "straggler moved to the parent");
     drop(child);
 }
+
+#[test]
+fn group_of_reads_proc_cgroup() {
+    let (d, cg) = v1_fixture();
+    let g = cg.create(Path::new(""), "gleaner-g").unwrap();
+    let proc_root = d.path().join("proc");
+    write(&proc_root.join("5/cgroup"), "9:name=systemd:/\n3:cpuset:/gleaner-g\n0::/\n");
+    write(&proc_root.join("6/cgroup"), "0::/x\n");
+    let procfs = Procfs::with_root(&proc_root);
+    assert_eq!(cg.group_of(&procfs, 5).unwrap().path(), g.path());
+    assert!(matches!(cg.group_of(&procfs, 6).unwrap_err(), OsError::NoCpuset { .. }));
+    assert!(cg.group_of(&procfs, 7).unwrap_err().is_vanished());
+    let (_d2, cg2) = v2_fixture("");
+    fs::create_dir(cg2.root().join("x")).unwrap();
+    assert_eq!(cg2.group_of(&procfs, 6).unwrap().path(), cg2.root().join("x"));
+    g.remove().unwrap();
+}

@@ -31,6 +31,8 @@ fn stat_line(pid: i32, comm: &str, ppid: i32, utime: u64, stime: u64, cpu: u32, 
     f[15 - 3] = stime.to_string();
     f[39 - 3] = cpu.to_string();
     f[41 - 3] = policy.to_string();
+    f[19 - 3] = "-5".into();
+    f[20 - 3] = "3".into();
     format!("{pid} ({comm}) {}\n", f.join(" "))
 }
 
@@ -118,6 +120,7 @@ fn task_files_valid() {
     assert_eq!(ts.state, 'S');
     assert_eq!(ts.ppid, 1);
     assert_eq!((ts.utime_ticks, ts.stime_ticks, ts.processor, ts.policy), (55, 66, 1, 5));
+    assert_eq!((ts.nice, ts.num_threads, ts.starttime_ticks), (-5, 3, 1022));
 }
 
 #[test]
@@ -299,6 +302,10 @@ fn real_proc_self() {
     let ts = p.task_stat(me, tid).unwrap();
     assert_eq!(ts.state, 'R');
     assert_eq!(ts.policy, 0);
+    let ps = p.process_stat(me).unwrap();
+    assert_eq!(ps.starttime_ticks, ts.starttime_ticks.min(ps.starttime_ticks));
+    assert!(ps.num_threads >= 1);
+    assert_eq!(ps.comm, p.comm(me).unwrap());
     assert!(online.contains(ts.processor));
     assert!(p.pids().unwrap().contains(&me));
     assert!(!p.cmdline(me).unwrap().is_empty());

@@ -111,6 +111,19 @@ fn hypervisor_and_dmi() {
 
 // ---- the real /sys of this machine ----
 
+/// Writes a module parameter for real (root): printk's `time` is present on every kernel;
+/// we write the current value back, so nothing changes.
+#[test]
+#[serial_test::serial(host)]
+fn real_module_param_write_returns_old_value() {
+    assert!(nix::unistd::geteuid().is_root(), "needs root to write /sys/module/printk/parameters/time");
+    let s = Sysfs::new();
+    let cur = s.module_params("printk").unwrap().get("time").cloned().expect("/sys/module/printk/parameters/time missing");
+    let old = s.write_module_param("printk", "time", &cur).unwrap();
+    assert_eq!(old, cur);
+    assert_eq!(s.module_params("printk").unwrap()["time"], cur);
+}
+
 #[test]
 fn real_sysfs() {
     let s = Sysfs::new();
