@@ -27,7 +27,7 @@ use crate::procfs::Procfs;
 use crate::util::{self, parse_err};
 
 /// Where the cpuset controller is mounted.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Layout {
     /// cgroup v1 hierarchy with the cpuset controller (e.g. `/sys/fs/cgroup/cpuset`).
     V1 { cpuset_root: PathBuf },
@@ -298,8 +298,8 @@ pub fn is_cgroupfs(path: &Path) -> bool {
     statfs(path).map(|s| s.filesystem_type() == CGROUP_SUPER_MAGIC || s.filesystem_type() == CGROUP2_SUPER_MAGIC).unwrap_or(false)
 }
 
-/// One cpuset cgroup.
-#[derive(Debug)]
+/// One cpuset cgroup. Cloning gives a second handle to the same directory.
+#[derive(Debug, Clone)]
 pub struct CpusetCgroup {
     path: PathBuf,
     parent: PathBuf,

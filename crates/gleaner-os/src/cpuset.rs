@@ -267,6 +267,35 @@ mod tests {
         assert_eq!(CpuSet::first_n(4).to_string(), "0-3");
     }
 
+    /// Pseudo-random sets (a fixed LCG, no RNG dependency) survive format -> parse, and the
+    /// canonical form never has adjacent ranges that could be merged.
+    #[test]
+    fn random_sets_round_trip() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..500 {
+            let mut s = CpuSet::new();
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let n = (x >> 58) as u32;
+            for _ in 0..n {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s.insert(((x >> 40) % 300) as u32);
+            }
+            let text = s.to_string();
+            assert_eq!(CpuSet::parse(&text).unwrap(), s, "{text}");
+            let ends: Vec<(u32, u32)> = text
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .map(|p| match p.split_once('-') {
+                    Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+                    None => (p.parse().unwrap(), p.parse().unwrap()),
+                })
+                .collect();
+            for w in ends.windows(2) {
+                assert!(w[1].0 > w[0].1 + 1, "{text}: mergeable ranges");
+            }
+        }
+    }
+
     #[test]
     fn serde_uses_list_string() {
         let s = CpuSet::parse("0-3,5").unwrap();

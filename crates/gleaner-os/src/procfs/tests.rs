@@ -344,3 +344,32 @@ fn real_children_and_descendants() {
     assert_eq!(kids.len(), 1);
     assert!(p.children(me).unwrap().iter().all(|&c| c != me));
 }
+
+#[test]
+fn real_exited_thread_is_vanished() {
+    let p = Procfs::new();
+    let me = i32::try_from(std::process::id()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let h = std::thread::spawn(move || {
+        tx.send(crate::sched::gettid()).unwrap();
+        done_rx.recv().unwrap();
+    });
+    let tid = rx.recv().unwrap();
+    assert!(p.task_schedstat(me, tid).is_ok(), "live thread readable");
+    assert!(p.task_status(me, tid).unwrap().state == 'S' || p.task_status(me, tid).unwrap().state == 'R');
+    done_tx.send(()).unwrap();
+    h.join().unwrap();
+    // After join the kernel has released the thread (CLONE_CHILD_CLEARTID fires after exit).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match p.task_schedstat(me, tid) {
+            Err(e) if e.is_vanished() => break,
+            Err(e) => panic!("expected Vanished, got {e}"),
+            Ok(_) => assert!(std::time::Instant::now() < deadline, "thread {tid} still readable 2 s after join"),
+        }
+        std::thread::yield_now();
+    }
+    assert!(p.task_stat(me, tid).unwrap_err().is_vanished());
+    assert!(!p.tasks(me).unwrap().contains(&tid));
+}
