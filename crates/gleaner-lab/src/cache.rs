@@ -136,7 +136,7 @@ pub fn list_kernels(cache: &Path) -> Vec<Kernel> {
         .flatten()
         .filter_map(|e| Kernel::load(&e.path()).ok())
         .collect();
-    out.sort_by(|a, b| version_key(&a.meta.version).cmp(&version_key(&b.meta.version)));
+    out.sort_by_key(|k| version_key(&k.meta.version));
     out
 }
 

@@ -137,6 +137,7 @@ mod tests {
         assert!(ProcThreads::with_root(d.path()).snapshot(42).is_empty());
         assert_eq!(parse_schedstat("x y"), None);
         let stat = "50 (CPU 0/KVM) S 1 1 1 0 -1 0 0 0 0 0 250 50 0 0 20 0 1 0 1 0 0";
+        // SAFETY: sysconf has no memory-safety preconditions.
         let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap();
         assert_eq!(parse_stat_cpu_ns(stat), Some(300 * 1_000_000_000 / hz));
     }

@@ -15,12 +15,19 @@ use anyhow::Context;
 
 pub mod accel;
 pub mod cache;
+pub mod check;
 pub mod cpio;
+pub mod experiment;
 pub mod guest;
 pub mod hostproc;
 pub mod interrupt;
+pub mod knobs;
 pub mod modinfo;
+pub mod native;
 pub mod qmp;
+pub mod report;
+pub mod results;
+pub mod runner;
 pub mod session;
 
 /// `gleaner lab ...`
@@ -44,6 +51,38 @@ pub enum LabCommand {
     List,
     /// Boot one guest and run a command in it (the host's root filesystem, read-only).
     Exec(ExecArgs),
+    /// Run an experiment (built-in name or TOML file) and write results and a report.
+    Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Built-in experiment (uc, oc, oc2; see `gleaner lab list`) or an experiment TOML file.
+    pub experiment: String,
+    /// Output directory (default: lab-results/NAME-UNIXTIME).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Small sizes and fewer runs (the experiment's quick settings).
+    #[arg(long)]
+    pub quick: bool,
+    /// The gleaner binary to run natively and in the guests (default: this binary).
+    #[arg(long)]
+    pub gleaner: Option<PathBuf>,
+    /// kvm, tcg or auto (try KVM, fall back to TCG).
+    #[arg(long, default_value = "auto")]
+    pub accel: String,
+    /// Guest kernel version from the cache (default: newest).
+    #[arg(long)]
+    pub kernel: Option<String>,
+    /// Host CPUs for guests and native runs (overrides the experiment), e.g. 0-1.
+    #[arg(long)]
+    pub pcpus: Option<String>,
+    /// Runs per mode (overrides the experiment).
+    #[arg(long)]
+    pub runs: Option<u32>,
+    /// Print the results as one JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -107,6 +146,62 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             println!("{}", step.stdout);
             Ok(if step.rc == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
-        _ => anyhow::bail!("not yet"),
+        LabCommand::List => {
+            for (name, text) in experiment::BUILTIN {
+                let e = experiment::Experiment::parse(text, name)?;
+                println!("{name:5} {:?}: {}", e.scenario, e.description);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::Check(c) => {
+            let me = std::env::current_exe().ok();
+            let items = check::run_checks(&cache_dir, c.fetch, true, me.as_deref());
+            let ok = items.iter().all(|i| i.ok || !i.required);
+            if c.json {
+                println!("{}", serde_json::json!({ "ok": ok, "cache_dir": cache_dir, "items": items }));
+            } else {
+                for i in &items {
+                    let mark = if i.ok { "ok  " } else if i.required { "FAIL" } else { "warn" };
+                    println!("{mark} {:13} {}", i.name, i.detail);
+                    if let Some(fix) = &i.fix {
+                        println!("     {:13} -> {fix}", "");
+                    }
+                }
+                println!("{}", if ok { "lab: ready" } else { "lab: not ready (see FAIL lines)" });
+            }
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        LabCommand::Run(r) => {
+            let exp = experiment::Experiment::load(&r.experiment)?;
+            let gleaner = match r.gleaner {
+                Some(g) => g,
+                None => std::env::current_exe().context("locating this gleaner binary")?,
+            };
+            let out = r.out.unwrap_or_else(|| {
+                let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                PathBuf::from("lab-results").join(format!("{}-{t}", exp.name))
+            });
+            let opts = runner::RunOptions {
+                out: out.clone(),
+                quick: r.quick,
+                gleaner,
+                accel: r.accel,
+                kernel: r.kernel,
+                cache_dir,
+                pcpus: r.pcpus,
+                runs: r.runs,
+                progress: true,
+            };
+            let results = runner::run_experiment(&exp, &opts)?;
+            let report = report::write(&out, &results)?;
+            if r.json {
+                println!("{}", serde_json::to_string(&results)?);
+            } else {
+                println!("{}", report::main_table(&results));
+                println!("acceleration: {}; boot: {}", results.accel, results.boot_s.iter().map(|(k, v)| format!("{k} {v:.1}s")).collect::<Vec<_>>().join(", "));
+            }
+            eprintln!("lab: report in {}", report.display());
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }

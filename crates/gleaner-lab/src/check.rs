@@ -1,0 +1,107 @@
+//! `gleaner lab check`: preflight with instructions for whatever is missing.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::accel;
+use crate::cache;
+use crate::guest::{self, Accel};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Item {
+    pub name: String,
+    pub ok: bool,
+    /// Required for `lab run` (false: informational).
+    pub required: bool,
+    pub detail: String,
+    /// What to do when not ok.
+    pub fix: Option<String>,
+}
+
+fn item(name: &str, ok: bool, required: bool, detail: String, fix: Option<&str>) -> Item {
+    Item { name: name.into(), ok, required, detail, fix: (!ok).then(|| fix.map(str::to_string)).flatten() }
+}
+
+fn tool(cmd: &str, arg: &str) -> Option<String> {
+    let o = Command::new(cmd).arg(arg).output().ok()?;
+    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    Some(text.lines().next().unwrap_or("").to_string())
+}
+
+/// MemAvailable in MiB from a meminfo text.
+pub fn mem_available_mib(meminfo: &str) -> Option<u64> {
+    meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:")).and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok()).map(|kib| kib / 1024)
+}
+
+/// Runs every check; `fetch` fetches the kernel when the cache has none; `boot` probes
+/// acceleration by booting guests.
+pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Path>) -> Vec<Item> {
+    let mut items = Vec::new();
+    let q = tool("qemu-system-x86_64", "--version");
+    items.push(item("qemu", q.is_some(), true, q.unwrap_or_else(|| "qemu-system-x86_64 not found".into()), Some("apt-get install qemu-system-x86")));
+    let bb = guest::find_busybox();
+    items.push(item("busybox", bb.is_ok(), true, bb.as_ref().map_or_else(|e| e.to_string(), |p| format!("{} (static)", p.display())), Some("apt-get install busybox-static")));
+    let apt = tool("apt-get", "--version").is_some() && tool("dpkg-deb", "--version").is_some();
+    items.push(item("apt", apt, false, if apt { "apt-get and dpkg-deb present (for fetch-kernel)".into() } else { "apt-get/dpkg-deb missing".into() }, Some("a Debian or Ubuntu host is needed to fetch the guest kernel")));
+    let mut kernel = cache::find_kernel(cache_dir, None);
+    if kernel.is_err() && fetch {
+        kernel = cache::fetch_kernel(cache_dir, None, &mut |s| eprintln!("lab: {s}"));
+    }
+    items.push(item(
+        "kernel",
+        kernel.is_ok(),
+        true,
+        match &kernel {
+            Ok(k) => format!("{} ({}), {} in {}", k.meta.version, k.meta.package_version, if k.meta.vmlinux { "vmlinux" } else { "vmlinuz" }, k.dir.display()),
+            Err(e) => e.to_string(),
+        },
+        Some("gleaner lab fetch-kernel   (or: gleaner lab check --fetch; needs `apt-get update` done)"),
+    ));
+    let kvm = Path::new("/dev/kvm").exists();
+    if boot {
+        if let (Ok(k), Ok(b)) = (&kernel, &bb) {
+            match accel::probe(Accel::Tcg, k, b, Duration::from_secs(60)) {
+                Ok(p) => items.push(item("tcg", p.boot_s.is_some(), true, p.boot_s.map_or(p.detail.clone(), |s| format!("boots to init in {s:.1} s")), Some("see the console lines above; is the kernel cache complete?"))),
+                Err(e) => items.push(item("tcg", false, true, e.to_string(), None)),
+            }
+            if kvm {
+                match accel::probe(Accel::Kvm, k, b, Duration::from_secs(accel::KVM_PROBE_S)) {
+                    Ok(p) => items.push(item("kvm", p.boot_s.is_some(), false, p.boot_s.map_or(format!("/dev/kvm exists but a guest did not boot: {} (TCG will be used)", p.detail), |s| format!("boots to init in {s:.1} s (KVM will be used)")), Some("no hardware virtualization reachable (nested without VMX/SVM?): TCG is used"))),
+                    Err(e) => items.push(item("kvm", false, false, e.to_string(), None)),
+                }
+            }
+        }
+    }
+    if !kvm {
+        items.push(item("kvm", false, false, "/dev/kvm missing: TCG will be used".into(), Some("modprobe kvm_intel or kvm_amd on a host with hardware virtualization")));
+    }
+    let v1 = Path::new("/sys/fs/cgroup/cpuset/cpuset.cpus").exists();
+    let v2 = ["/sys/fs/cgroup/cgroup.controllers", "/sys/fs/cgroup/unified/cgroup.controllers"]
+        .iter()
+        .any(|p| std::fs::read_to_string(p).is_ok_and(|c| c.split_whitespace().any(|x| x == "cpuset")));
+    items.push(item("host cgroups", v1 || v2, false, format!("cpuset: v1 {v1}, v2 {v2} (guests mount their own cgroup2 with cpuset)"), Some("only needed for host-side pinning experiments")));
+    let mem = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| mem_available_mib(&m));
+    items.push(item("memory", mem.is_some_and(|m| m >= 1536), true, mem.map_or("unknown".into(), |m| format!("{m} MiB available (two 512 MiB guests need ~1.5 GiB)")), Some("free memory or lower memory_mib in the experiment")));
+    let font = std::env::var_os("GLEANER_FONT").map_or_else(|| "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf".into(), |v| v.to_string_lossy().into_owned());
+    items.push(item("font", Path::new(&font).is_file(), false, font.clone(), Some("apt-get install fonts-dejavu-core (report plots)")));
+    if let Some(g) = gleaner {
+        let vis = guest::visible_in_guest(g);
+        items.push(item("gleaner", g.is_file() && vis, true, format!("{}{}", g.display(), if vis { "" } else { " (hidden in the guest: under a guest tmpfs)" }), Some("cargo build --release, or pass --gleaner PATH outside /tmp")));
+    }
+    items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_parsing() {
+        assert_eq!(mem_available_mib("MemTotal: 100 kB\nMemAvailable:   2097152 kB\n"), Some(2048));
+        assert_eq!(mem_available_mib("MemAvailable: lots\n"), None);
+        assert_eq!(mem_available_mib(""), None);
+    }
+}

@@ -1,0 +1,89 @@
+//! Native baseline runs: the workload as a host process pinned to the experiment's pCPUs, in
+//! its own process group, with a deadline; killed by PID group on drop.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::guest::LabError;
+use crate::interrupt;
+
+/// A running native process.
+pub struct NativeProc {
+    child: Child,
+    pub pid: u32,
+    out: Option<std::thread::JoinHandle<String>>,
+    pub started: Instant,
+}
+
+impl NativeProc {
+    pub fn spawn(program: &Path, args: &[String], pcpus: &[usize]) -> Result<Self, LabError> {
+        let mut cmd = Command::new(program);
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.process_group(0);
+        let cpus = pcpus.to_vec();
+        // SAFETY: runs in the forked child before exec; only async-signal-safe syscalls.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                let mut set = nix::sched::CpuSet::new();
+                for &c in &cpus {
+                    set.set(c)?;
+                }
+                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|source| LabError::Spawn { what: program.display().to_string(), source })?;
+        let pid = child.id();
+        let mut stdout = child.stdout.take();
+        let out = std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(o) = stdout.as_mut() {
+                let _ = o.read_to_string(&mut s);
+            }
+            s
+        });
+        Ok(Self { child, pid, out: Some(out), started: Instant::now() })
+    }
+
+    /// Waits for exit before `deadline`; returns (exit code, stdout, wall time).
+    pub fn wait(mut self, deadline: Instant, name: &str) -> Result<(i32, String, Duration), LabError> {
+        loop {
+            if interrupt::requested() {
+                return Err(LabError::Interrupted);
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                let wall = self.started.elapsed();
+                let out = self.out.take().and_then(|h| h.join().ok()).unwrap_or_default();
+                return Ok((st.code().unwrap_or(-1), out, wall));
+            }
+            if Instant::now() >= deadline {
+                return Err(LabError::Timeout {
+                    guest: name.to_string(),
+                    waiting_for: "native run to finish".into(),
+                    after_s: self.started.elapsed().as_secs_f64(),
+                    console: String::new(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NativeProc {
+    fn drop(&mut self) {
+        // The group may outlive its leader (children of `gleaner run`): kill it by PID.
+        if let Ok(pg) = i32::try_from(self.pid) {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = self.child.wait();
+        if let Some(h) = self.out.take() {
+            let _ = h.join();
+        }
+    }
+}
