@@ -235,11 +235,12 @@ impl Cgroups {
 fn seed_fixture_files(path: &Path, layout: &Layout) -> Result<()> {
     let files: &[&str] = match layout {
         Layout::V1 { .. } => &["cgroup.procs", "tasks", "cpuset.cpus", "cpuset.mems", "cpuset.effective_cpus"],
-        Layout::V2 { .. } => &["cgroup.procs", "cgroup.threads", "cgroup.subtree_control", "cpuset.cpus", "cpuset.mems", "cpuset.cpus.effective"],
+        Layout::V2 { .. } => &["cgroup.procs", "cgroup.threads", "cgroup.subtree_control", "cpuset.cpus", "cpuset.mems", "cpuset.cpus.effective", "cgroup.type"],
     };
     for f in files {
         let p = path.join(f);
-        std::fs::write(&p, "").map_err(|source| OsError::Write { path: p, value: String::new(), source })?;
+        let init = if *f == "cgroup.type" { "domain\n" } else { "" };
+        std::fs::write(&p, init).map_err(|source| OsError::Write { path: p, value: String::new(), source })?;
     }
     Ok(())
 }
@@ -381,6 +382,26 @@ impl CpusetCgroup {
         }
     }
 
+    /// v2: makes the group threaded (`cgroup.type` = `threaded`), so single threads of a
+    /// process (e.g. QEMU vCPU threads) can be placed in it and its siblings. The process
+    /// itself must live in the threaded domain (the nearest non-threaded ancestor). On v1
+    /// every cpuset already takes single threads: nothing to do.
+    pub fn set_threaded(&self) -> Result<()> {
+        match self.layout {
+            Layout::V1 { .. } => Ok(()),
+            Layout::V2 { .. } => util::write(&self.path.join("cgroup.type"), "threaded"),
+        }
+    }
+
+    /// True when single threads can be moved into this group (always on v1; v2: `cgroup.type`
+    /// is `threaded`).
+    pub fn is_threaded(&self) -> Result<bool> {
+        match self.layout {
+            Layout::V1 { .. } => Ok(true),
+            Layout::V2 { .. } => Ok(util::read_opt(&self.path.join("cgroup.type"))?.is_some_and(|t| t.trim() == "threaded")),
+        }
+    }
+
     /// Process ids in the group.
     pub fn procs(&self) -> Result<Vec<i32>> {
         read_ids(&self.path.join("cgroup.procs"))
@@ -422,8 +443,22 @@ impl CpusetCgroup {
         Ok(())
     }
 
-    /// Moves every process (and, v1, every thread) of this group to the parent.
+    /// Moves every process (and, v1 or a threaded v2 group, every thread) of this group to
+    /// the parent.
     pub fn move_stragglers(&self) -> Result<()> {
+        if let Layout::V2 { .. } = self.layout {
+            if self.is_threaded()? {
+                // Threads of a threaded group must stay in their threaded subtree: move them
+                // to the parent one by one (cgroup.procs is not writable here).
+                for tid in self.threads()? {
+                    match write_id(&self.parent.join("cgroup.threads"), tid, Some(tid)) {
+                        Ok(()) | Err(OsError::Vanished { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                return Ok(());
+            }
+        }
         for pid in self.procs()? {
             match write_id(&self.parent.join("cgroup.procs"), pid, None) {
                 Ok(()) | Err(OsError::Vanished { .. }) => {}

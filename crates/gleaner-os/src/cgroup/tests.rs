@@ -271,3 +271,63 @@ fn group_of_reads_proc_cgroup() {
     assert_eq!(cg2.group_of(&procfs, 6).unwrap().path(), cg2.root().join("x"));
     g.remove().unwrap();
 }
+
+#[test]
+fn v2_threaded_group_moves_threads() {
+    let (_d, cg) = v2_fixture("cpuset\n");
+    write(&cg.root().join("cgroup.threads"), "");
+    let g = cg.create(Path::new(""), "gleaner-vcpus").unwrap();
+    assert!(!g.is_threaded().unwrap());
+    g.set_threaded().unwrap();
+    assert!(g.is_threaded().unwrap());
+    g.add_thread(501).unwrap();
+    let root = cg.root().to_path_buf();
+    g.remove().unwrap();
+    assert_eq!(fs::read_to_string(root.join("cgroup.threads")).unwrap(), "501", "thread moved back to the parent");
+    let (_d1, cg1) = v1_fixture();
+    let g1 = cg1.create(Path::new(""), "gleaner-v1").unwrap();
+    assert!(g1.is_threaded().unwrap());
+    g1.set_threaded().unwrap();
+    g1.remove().unwrap();
+}
+
+/// v1 takes single threads: move one thread of this test process in and let `remove` move it
+/// back (its affinity follows the cpuset both ways). On a v2 machine: a domain group refuses
+/// single threads with EOPNOTSUPP.
+#[test]
+#[serial_test::serial(host)]
+fn real_single_thread_in_and_out() {
+    let cg = real_cgroups();
+    let name = format!("gleaner-test-thr-{}", std::process::id());
+    let g = cg.create(Path::new(""), &name).unwrap();
+    let path = g.path().to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let h = std::thread::spawn(move || {
+        tx.send(crate::sched::gettid()).unwrap();
+        done_rx.recv().unwrap();
+    });
+    let tid = rx.recv().unwrap();
+    let before = crate::sched::affinity(tid).unwrap();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        g.set_cpus(&CpuSet::parse("0").unwrap()).unwrap();
+        if cg.layout().version() == 2 {
+            // A v2 domain group refuses single threads (only threaded subtrees take them).
+            let e = g.add_thread(tid).unwrap_err();
+            assert!(matches!(&e, OsError::Write { source, .. } if source.raw_os_error() == Some(libc::EOPNOTSUPP)), "{e}");
+            return;
+        }
+        g.add_thread(tid).unwrap();
+        assert_eq!(g.threads().unwrap(), vec![tid]);
+        assert_eq!(crate::sched::affinity(tid).unwrap().to_string(), "0");
+    }));
+    g.remove().unwrap();
+    let after = crate::sched::affinity(tid).unwrap();
+    done_tx.send(()).unwrap();
+    h.join().unwrap();
+    assert!(!path.exists());
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+    assert_eq!(after, before, "thread back in the root cpuset gets its CPUs back");
+}
