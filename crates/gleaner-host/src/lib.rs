@@ -1,10 +1,773 @@
-//! `gleaner host`.
+//! `gleaner host`: AQL_Sched (aql-sched.txt) for stock Linux/KVM hosts. vCPUs are typed
+//! every period from what the host can see (I/O, spin, LLC counters where they exist), then
+//! grouped into pCPU pools, each a cpuset cgroup whose vCPU threads run with the pool's EEVDF
+//! slice. The policy is `gleaner_policy::aql`; this crate is the mechanism.
+//!
+//! ```text
+//!  discover (/proc: QEMU "CPU n/KVM|TCG", Firecracker "fc_vcpu N", Cloud Hypervisor "vcpuN")
+//!     -> monitor every period (/proc task io + schedstat, QMP query-stats, perf counters)
+//!     -> TypeRecognizer (n = 4) -> plan (algorithms 1, 2) -> diff -> Actuator
+//!                                                      cpusets gleaner-aql-*, sched_setattr slices,
+//!                                                      state file /run/gleaner/host-state.json
+//! ```
+
+pub mod actuate;
+pub mod calibrate;
+pub mod config;
+pub mod discover;
+pub mod extra;
+pub mod metrics;
+pub mod monitor;
+pub mod perf;
+pub mod qmp;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gleaner_os::cgroup::Cgroups;
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::procfs::Procfs;
+use gleaner_os::sysfs::Sysfs;
+use gleaner_os::BadInput;
+use gleaner_policy::aql::{self, Classification, Plan, PlanDiff, Topology, TypeRecognizer, VcpuClass, VcpuId, VcpuInfo, VcpuType};
+use serde::Serialize;
+
+use crate::actuate::{Actuator, Placement, State};
+use crate::config::HostConfig;
+use crate::discover::Vm;
+use crate::extra::{CpuTopo, ProcExtra};
+use crate::monitor::{Monitor, SourceReport, VmIo};
+
+/// Default state file.
+pub const STATE_PATH: &str = "/run/gleaner/host-state.json";
 
 /// `gleaner host ...`
 #[derive(Debug, clap::Args)]
-pub struct HostArgs {}
+pub struct HostArgs {
+    #[command(subcommand)]
+    pub command: HostCommand,
+}
 
-pub fn run(_args: HostArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("gleaner host: not built yet")
+/// The host agent's commands.
+#[derive(Debug, clap::Subcommand)]
+pub enum HostCommand {
+    /// List VMs (QEMU, Firecracker, Cloud Hypervisor) and their vCPU threads.
+    Discover(DiscoverArgs),
+    /// Monitor vCPUs for one window and print their cursors and types (changes nothing).
+    Classify(ClassifyArgs),
+    /// Type vCPUs continuously and apply pools (cpusets) and per-pool slices until stopped.
+    Run(RunArgs),
+    /// Measure each type's best quantum (slices 1, 10, 30, 60, 90 ms) and write the config.
+    Calibrate(CalibrateArgs),
+    /// Show the running agent's state file and what it changed.
+    Status(StateArgs),
+    /// Undo the changes of an agent that crashed (state file, then any gleaner-aql* cgroup).
+    Restore(StateArgs),
+}
+
+/// Which VMs to look at.
+#[derive(Debug, Clone, clap::Args)]
+pub struct VmFilter {
+    /// Only these VMs (pid or name; repeatable). Default: all.
+    #[arg(long = "vm")]
+    pub vms: Vec<String>,
+}
+
+impl VmFilter {
+    fn keep(&self, vm: &Vm) -> bool {
+        self.vms.is_empty() || self.vms.iter().any(|v| *v == vm.name || *v == vm.pid.to_string())
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DiscoverArgs {
+    #[command(flatten)]
+    pub filter: VmFilter,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Monitoring options shared by `classify` and `run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MonitorArgs {
+    #[command(flatten)]
+    pub filter: VmFilter,
+    /// Monitoring period (the paper's 30 ms).
+    #[arg(long, default_value_t = 30)]
+    pub period_ms: u64,
+    /// Periods per decision (the paper's n = 4).
+    #[arg(long, default_value_t = 4)]
+    pub window: usize,
+    /// Configuration (quanta, thresholds). Default: /etc/gleaner/host.toml if present, else the
+    /// paper's quanta.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+impl MonitorArgs {
+    fn validate(&self) -> anyhow::Result<()> {
+        if !(1..=10_000).contains(&self.period_ms) {
+            return Err(BadInput::new("--period-ms", self.period_ms, "1..=10000").into());
+        }
+        if !(1..=1000).contains(&self.window) {
+            return Err(BadInput::new("--window", self.window, "1..=1000").into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ClassifyArgs {
+    #[command(flatten)]
+    pub monitor: MonitorArgs,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub monitor: MonitorArgs,
+    /// Compute and print the first plan and the changes it would make, then exit; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Stop (and restore everything) after this many seconds. Default: until SIGINT/SIGTERM.
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+    /// Stop (and restore) when no VM is left.
+    #[arg(long)]
+    pub exit_when_no_vms: bool,
+    /// pCPUs the pools may use (kernel list, e.g. `2-15`). Default: all online CPUs.
+    #[arg(long)]
+    pub cpus: Option<String>,
+    /// pCPUs kept out of every pool (the paper's dom0 socket), e.g. `0-3`.
+    #[arg(long)]
+    pub reserve_cpus: Option<String>,
+    /// State file recording every change (for `restore` after a crash).
+    #[arg(long, default_value = STATE_PATH)]
+    pub state: PathBuf,
+    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+    /// Print one JSON document (at exit).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CalibrateArgs {
+    /// pCPU the kernels and competitors run on. Default: the last online CPU.
+    #[arg(long)]
+    pub cpu: Option<u32>,
+    /// Slices to try, in ms (1..=100).
+    #[arg(long, value_delimiter = ',', default_value = "1,10,30,60,90")]
+    pub slices_ms: Vec<u64>,
+    /// Measurement time per point (after a warm-up of a fifth of it).
+    #[arg(long, default_value_t = 500)]
+    pub duration_ms: u64,
+    /// Repeats per point (the median is kept).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: u32,
+    /// Cache-thrashing CPU burners sharing the pCPU (the paper: 2-4 vCPUs per pCPU).
+    #[arg(long, default_value_t = 3)]
+    pub competitors: u32,
+    /// LLC size to size the kernels for. Default: from sysfs.
+    #[arg(long)]
+    pub llc_bytes: Option<u64>,
+    /// Types to calibrate (IOInt, ConSpin, LLCF, LoLCF, LLCO). Default: all.
+    #[arg(long, value_delimiter = ',')]
+    pub types: Vec<String>,
+    /// Relative spread across slices under which LoLCF/LLCO are written as quantum agnostic.
+    #[arg(long, default_value_t = 0.05)]
+    pub agnostic_spread: f64,
+    /// Config file to write.
+    #[arg(long, default_value = config::DEFAULT_PATH)]
+    pub out: PathBuf,
+    /// Measure and print, but do not write the config.
+    #[arg(long)]
+    pub no_write: bool,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StateArgs {
+    /// State file.
+    #[arg(long, default_value = STATE_PATH)]
+    pub state: PathBuf,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Entry point of `gleaner host`.
+pub fn run(args: HostArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        HostCommand::Discover(a) => cmd_discover(a),
+        HostCommand::Classify(a) => cmd_classify(a),
+        HostCommand::Run(a) => cmd_run(a),
+        HostCommand::Calibrate(a) => cmd_calibrate(a),
+        HostCommand::Status(a) => cmd_status(a),
+        HostCommand::Restore(a) => cmd_restore(a),
+    }
+}
+
+fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// VMs passing the filter.
+pub fn find_vms(procfs: &Procfs, filter: &VmFilter) -> anyhow::Result<Vec<Vm>> {
+    Ok(discover::discover(procfs)?.into_iter().filter(|v| filter.keep(v)).collect())
+}
+
+fn cmd_discover(a: DiscoverArgs) -> anyhow::Result<ExitCode> {
+    let vms = find_vms(&Procfs::new(), &a.filter)?;
+    if a.json {
+        print_json(&serde_json::json!({ "vms": vms }))?;
+    } else if vms.is_empty() {
+        println!("no VM found (QEMU, Firecracker, Cloud Hypervisor)");
+    } else {
+        for vm in &vms {
+            println!("{} pid {} {:?} accel {}", vm.name, vm.pid, vm.vmm, vm.accel.as_deref().unwrap_or("?"));
+            for v in &vm.vcpus {
+                println!("  vCPU {:2} tid {:7} {:12} ({:?})", v.index, v.tid, v.name, v.evidence);
+            }
+            if let Some(q) = &vm.qmp_socket {
+                println!("  QMP {}", q.display());
+            }
+            for n in &vm.notes {
+                println!("  note: {n}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One vCPU's verdict, for output.
+#[derive(Debug, Clone, Serialize)]
+pub struct VcpuReport {
+    pub vm: String,
+    pub pid: i32,
+    pub vcpu: u32,
+    pub tid: i32,
+    pub io_source: Option<&'static str>,
+    pub last: aql::VcpuCounters,
+    pub classification: Option<Classification>,
+}
+
+/// The monitoring loop shared by `classify` and `run`: discovery, sampling, recognition.
+struct Engine {
+    procfs: Procfs,
+    filter: VmFilter,
+    monitor: Monitor,
+    recognizer: TypeRecognizer,
+    vms: Vec<Vm>,
+    last: BTreeMap<VcpuId, monitor::VcpuReading>,
+    vm_io: Vec<VmIo>,
+    next_discovery: Instant,
+}
+
+impl Engine {
+    fn new(filter: VmFilter, window: usize, limits: aql::Limits) -> anyhow::Result<Self> {
+        let procfs = Procfs::new();
+        let vms = find_vms(&procfs, &filter)?;
+        Ok(Self {
+            monitor: Monitor::new(procfs.clone(), ProcExtra::new()),
+            procfs,
+            filter,
+            recognizer: TypeRecognizer::new(window, limits),
+            vms,
+            last: BTreeMap::new(),
+            vm_io: Vec::new(),
+            next_discovery: Instant::now() + Duration::from_secs(1),
+        })
+    }
+
+    /// One period: rediscover (every second), sample, observe.
+    fn step(&mut self) -> anyhow::Result<()> {
+        if Instant::now() >= self.next_discovery {
+            self.vms = find_vms(&self.procfs, &self.filter)?;
+            self.next_discovery = Instant::now() + Duration::from_secs(1);
+            let live: Vec<VcpuId> = self.ids().collect();
+            self.recognizer.retain(|id| live.contains(id));
+            self.last.retain(|id, _| live.contains(id));
+        }
+        let (readings, vm_io) = self.monitor.sample(&self.vms);
+        for r in readings {
+            self.recognizer.observe(r.id, &r.counters);
+            self.last.insert(r.id, r);
+        }
+        self.vm_io = vm_io;
+        Ok(())
+    }
+
+    fn ids(&self) -> impl Iterator<Item = VcpuId> + '_ {
+        self.vms.iter().flat_map(|vm| vm.vcpus.iter().map(|v| VcpuId { vm: u64::try_from(vm.pid).unwrap_or(0), vcpu: v.index }))
+    }
+
+    fn reports(&self) -> Vec<VcpuReport> {
+        let mut out = Vec::new();
+        for vm in &self.vms {
+            for v in &vm.vcpus {
+                let id = VcpuId { vm: u64::try_from(vm.pid).unwrap_or(0), vcpu: v.index };
+                let last = self.last.get(&id);
+                out.push(VcpuReport {
+                    vm: vm.name.clone(),
+                    pid: vm.pid,
+                    vcpu: v.index,
+                    tid: v.tid,
+                    io_source: last.and_then(|l| l.io_source),
+                    last: last.map(|l| l.counters).unwrap_or_default(),
+                    classification: self.recognizer.classify(id),
+                });
+            }
+        }
+        out
+    }
+
+    fn infos(&self) -> Vec<VcpuInfo> {
+        self.ids()
+            .map(|id| match self.recognizer.classify(id) {
+                Some(c) => VcpuInfo::from_classification(id, &c),
+                None => VcpuInfo::new(id, VcpuClass::Unknown, false),
+            })
+            .collect()
+    }
+}
+
+/// Sleeps until `deadline` unless `stop` is set (checked every 10 ms).
+fn sleep_until(deadline: Instant, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(10)));
+    }
+}
+
+fn fmt_class(c: &Option<Classification>) -> String {
+    match c {
+        None => "no period yet".into(),
+        Some(c) => {
+            let a = &c.averages;
+            let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+            format!(
+                "{:8}{} IOInt {} ConSpin {} LLCF {} LoLCF {} LLCO {}{}",
+                c.class.name(),
+                if c.trashing { "+" } else { " " },
+                f(a.io_int),
+                f(a.con_spin),
+                f(a.cache.map(|k| k.llcf)),
+                f(a.cache.map(|k| k.lolcf)),
+                f(a.cache.map(|k| k.llco)),
+                if c.missing.is_empty() { String::new() } else { format!("  missing: {:?}", c.missing) }
+            )
+        }
+    }
+}
+
+fn cmd_classify(a: ClassifyArgs) -> anyhow::Result<ExitCode> {
+    a.monitor.validate()?;
+    let cfg = HostConfig::load(a.monitor.config.as_deref())?;
+    let mut e = Engine::new(a.monitor.filter.clone(), a.monitor.window, cfg.config.limits)?;
+    let stop = AtomicBool::new(false);
+    let period = Duration::from_millis(a.monitor.period_ms);
+    // One baseline sample plus `window` periods.
+    let mut next = Instant::now();
+    for _ in 0..=a.monitor.window {
+        e.step()?;
+        next += period;
+        sleep_until(next, &stop);
+    }
+    e.step()?;
+    let reports = e.reports();
+    let sources = e.monitor.sources();
+    if a.json {
+        print_json(&serde_json::json!({
+            "period_ms": a.monitor.period_ms, "window": a.monitor.window,
+            "limits": cfg.config.limits, "sources": sources, "vcpus": reports, "vm_io": e.vm_io,
+        }))?;
+    } else {
+        println!("sources: I/O: {}\n         spin: {}\n         LLC: {}", sources.io, sources.spin, sources.llc);
+        for r in &reports {
+            println!("{} vCPU {} (tid {}): {}", r.vm, r.vcpu, r.tid, fmt_class(&r.classification));
+        }
+        for v in &e.vm_io {
+            println!("VM pid {}: other threads {} syscalls, {} voluntary switches in the last period", v.pid, v.syscalls, v.voluntary_switches);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The pCPUs available to pools, by socket.
+pub fn topology(cpus: Option<&str>, reserve: Option<&str>, topo: &CpuTopo, sysfs: &Sysfs) -> anyhow::Result<Topology> {
+    let parse = |flag: &str, s: &str| CpuSet::parse(s).map_err(|e| BadInput::new(flag, s, format!("a CPU list like 0-3,6 ({e})")));
+    let online = sysfs.online_cpus()?;
+    let mut set = match cpus {
+        Some(s) => parse("--cpus", s)?,
+        None => online.clone(),
+    };
+    if !set.is_subset(&online) {
+        return Err(BadInput::new("--cpus", set, format!("online CPUs ({online})")).into());
+    }
+    if let Some(r) = reserve {
+        set = set.difference(&parse("--reserve-cpus", r)?);
+    }
+    if set.is_empty() {
+        return Err(BadInput::new("--cpus/--reserve-cpus", "(no CPU left)", "at least one CPU for the pools").into());
+    }
+    let mut sockets: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for c in set.iter() {
+        sockets.entry(topo.package_id(c)?.unwrap_or(0)).or_default().push(c);
+    }
+    Ok(Topology { sockets: sockets.into_values().collect() })
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() -> anyhow::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let act = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { sigaction(s, &act) }.with_context(|| format!("installing a {s} handler"))?;
+    }
+    Ok(())
+}
+
+/// Placements of a plan's vCPUs on the discovered threads.
+fn placements(plan: &Plan, vms: &[Vm]) -> Vec<Placement> {
+    let mut out = Vec::new();
+    for a in &plan.assignment {
+        let Some(vm) = vms.iter().find(|v| u64::try_from(v.pid).ok() == Some(a.vcpu.vm)) else { continue };
+        if let Some(t) = vm.vcpus.iter().find(|t| t.index == a.vcpu.vcpu) {
+            out.push(Placement { pid: vm.pid, tid: t.tid, pool: a.pool });
+        }
+    }
+    out
+}
+
+/// What `run` prints.
+#[derive(Debug, Serialize)]
+struct RunReport {
+    dry_run: bool,
+    config: Option<PathBuf>,
+    quanta: aql::Quanta,
+    topology: Topology,
+    sources: SourceReport,
+    periods: u64,
+    plans_applied: u64,
+    plan: Plan,
+    changes: PlanDiff,
+    vcpus: Vec<VcpuReport>,
+    warnings: Vec<String>,
+    restored: bool,
+}
+
+fn print_plan(plan: &Plan, diff: &PlanDiff) {
+    for p in &plan.pools {
+        let members: Vec<String> = p.vcpus.iter().map(|v| v.to_string()).collect();
+        println!("pool {:14} pCPUs {:8} quantum {:>6.1} ms  vCPUs {}", p.name, CpuSet::from_iter(p.pcpus.iter().copied()).to_string(), p.quantum_ns as f64 / 1e6, members.join(" "));
+    }
+    println!(
+        "changes: {} pools added, {} removed, {} changed, {} vCPU moves",
+        diff.pools_added.len(),
+        diff.pools_removed.len(),
+        diff.pools_changed.len(),
+        diff.moves.len()
+    );
+}
+
+fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
+    a.monitor.validate()?;
+    if let Some(d) = a.duration_s {
+        if !(d > 0.0 && d.is_finite()) {
+            return Err(BadInput::new("--duration-s", d, "a positive number").into());
+        }
+    }
+    let metrics_addr: Option<SocketAddr> = match &a.metrics_addr {
+        Some(s) => Some(s.parse().map_err(|_| BadInput::new("--metrics-addr", s, "IP:PORT, e.g. 127.0.0.1:9464"))?),
+        None => None,
+    };
+    let cfg = HostConfig::load(a.monitor.config.as_deref())?;
+    let quanta = cfg.config.quanta;
+    let topo = topology(a.cpus.as_deref(), a.reserve_cpus.as_deref(), &CpuTopo::new(), &Sysfs::new())?;
+    let mut engine = Engine::new(a.monitor.filter.clone(), a.monitor.window, cfg.config.limits)?;
+    let metrics = metrics::Metrics::new();
+    if let Some(addr) = metrics_addr {
+        let local = metrics.serve(addr)?;
+        eprintln!("gleaner host: metrics on http://{local}/metrics");
+    }
+    let mut actuator = if a.dry_run {
+        None
+    } else {
+        let cg = Cgroups::detect().context("a cpuset cgroup controller is needed for pools")?;
+        Some(Actuator::new(cg, Procfs::new(), ProcExtra::new(), a.state.clone())?)
+    };
+    STOP.store(false, Ordering::SeqCst);
+    install_signal_handlers()?;
+    let started = Instant::now();
+    let period = Duration::from_millis(a.monitor.period_ms);
+    let mut next = Instant::now();
+    let mut current = Plan::default();
+    let mut last_diff = PlanDiff::default();
+    let (mut periods, mut applied) = (0u64, 0u64);
+    let result: anyhow::Result<()> = (|| {
+        engine.step()?; // baseline
+        loop {
+            next += period;
+            sleep_until(next, &STOP);
+            if STOP.load(Ordering::SeqCst) {
+                break;
+            }
+            engine.step()?;
+            periods += 1;
+            metrics.period();
+            if periods % a.monitor.window as u64 == 0 {
+                let new = aql::plan(&engine.infos(), &topo, &quanta);
+                let diff = new.diff(&current);
+                let classes: Vec<(VcpuId, String, Classification)> = engine
+                    .reports()
+                    .into_iter()
+                    .filter_map(|r| Some((VcpuId { vm: u64::try_from(r.pid).ok()?, vcpu: r.vcpu }, r.vm, r.classification?)))
+                    .collect();
+                metrics.update(&classes, &new, !diff.is_empty());
+                if a.dry_run {
+                    current = new;
+                    last_diff = diff;
+                    break;
+                }
+                if !diff.is_empty() {
+                    if let Some(act) = actuator.as_mut() {
+                        act.apply(&new, &placements(&new, &engine.vms))?;
+                    }
+                    applied += 1;
+                    tracing::info!(pools = new.pools.len(), moves = diff.moves.len(), "plan applied");
+                    if !a.json {
+                        eprintln!(
+                            "gleaner host: plan {applied}: {} pools, {} vCPU moves",
+                            new.pools.len(),
+                            diff.moves.len()
+                        );
+                    }
+                    last_diff = diff;
+                    current = new;
+                }
+            }
+            if a.duration_s.is_some_and(|d| started.elapsed().as_secs_f64() >= d) {
+                break;
+            }
+            if a.exit_when_no_vms && engine.vms.is_empty() {
+                break;
+            }
+        }
+        Ok(())
+    })();
+    let warnings = actuator.as_ref().map(|x| x.warnings.clone()).unwrap_or_default();
+    let restored = match actuator.as_mut() {
+        Some(act) => {
+            let r = act.restore_all();
+            if let Err(e) = &r {
+                eprintln!("gleaner host: restore failed: {e:#}");
+            }
+            r.is_ok()
+        }
+        None => true,
+    };
+    result?;
+    let report = RunReport {
+        dry_run: a.dry_run,
+        config: cfg.path,
+        quanta,
+        topology: topo,
+        sources: engine.monitor.sources(),
+        periods,
+        plans_applied: applied,
+        plan: current,
+        changes: last_diff,
+        vcpus: engine.reports(),
+        warnings,
+        restored,
+    };
+    if a.json {
+        print_json(&report)?;
+    } else {
+        if a.dry_run {
+            println!("dry run: nothing was changed");
+        }
+        for r in &report.vcpus {
+            println!("{} vCPU {} (tid {}): {}", r.vm, r.vcpu, r.tid, fmt_class(&r.classification));
+        }
+        print_plan(&report.plan, &report.changes);
+        println!("{} periods, {} plans applied, restored: {}", periods, applied, restored);
+        for w in &report.warnings {
+            println!("warning: {w}");
+        }
+    }
+    Ok(if restored { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn parse_type(s: &str) -> anyhow::Result<VcpuType> {
+    VcpuType::ALL
+        .into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(s))
+        .ok_or_else(|| BadInput::new("--types", s, "IOInt, ConSpin, LLCF, LoLCF, LLCO").into())
+}
+
+fn cmd_calibrate(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
+    let sysfs = Sysfs::new();
+    let online = sysfs.online_cpus()?;
+    let cpu = a.cpu.or(online.last()).context("no online CPU")?;
+    if !online.contains(cpu) {
+        return Err(BadInput::new("--cpu", cpu, format!("an online CPU ({online})")).into());
+    }
+    let device_cpu = online.iter().find(|&c| c != cpu).unwrap_or(cpu);
+    let topo = CpuTopo::new();
+    let llc = match a.llc_bytes {
+        Some(b) => b,
+        None => topo.llc_bytes(cpu)?.context("LLC size unknown in sysfs: pass --llc-bytes")?,
+    };
+    let l2 = topo.l2_bytes(cpu).unwrap_or(256 * 1024);
+    if !(0.0..1.0).contains(&a.agnostic_spread) {
+        return Err(BadInput::new("--agnostic-spread", a.agnostic_spread, "0 <= x < 1").into());
+    }
+    if a.duration_ms == 0 || a.repeats == 0 {
+        return Err(BadInput::new("--duration-ms/--repeats", format!("{}/{}", a.duration_ms, a.repeats), "> 0").into());
+    }
+    let types: Vec<VcpuType> =
+        if a.types.is_empty() { VcpuType::ALL.to_vec() } else { a.types.iter().map(|t| parse_type(t)).collect::<anyhow::Result<_>>()? };
+    let params = calibrate::CalibrationParams {
+        cpu,
+        device_cpu,
+        slices_ms: a.slices_ms.clone(),
+        duration_ms: a.duration_ms,
+        repeats: a.repeats,
+        competitors: a.competitors,
+        llc_bytes: llc,
+        l2_bytes: l2,
+        agnostic_spread: a.agnostic_spread,
+    };
+    eprintln!("gleaner host calibrate: CPU {cpu}, {} competitors, LLC {} KiB, L2 {} KiB", a.competitors, llc / 1024, l2 / 1024);
+    let cal = calibrate::calibrate(&params, &types, |l| eprintln!("  {l}"))?;
+    let quanta = cal.quanta();
+    let written = if a.no_write {
+        None
+    } else {
+        let cfg = HostConfig { quanta, limits: aql::Limits::default(), calibration: Some(cal.clone()) };
+        cfg.save(&a.out)?;
+        Some(a.out.clone())
+    };
+    if a.json {
+        print_json(&serde_json::json!({ "calibration": cal, "quanta": quanta, "written": written }))?;
+    } else {
+        println!("type     {}", a.slices_ms.iter().map(|s| format!("{s:>7} ms")).collect::<String>());
+        for t in &types {
+            let row: String = cal.points.iter().filter(|p| p.ty == *t).map(|p| format!("{:>10.3}", p.normalized)).collect();
+            let b = cal.best.iter().find(|b| b.ty == *t);
+            println!(
+                "{:8} {row}   best {} ms{}",
+                t.name(),
+                b.map_or(0, |b| b.slice_ms),
+                if b.is_some_and(|b| b.agnostic) { " (agnostic)" } else { "" }
+            );
+        }
+        println!("(performance normalized to the 30 ms slice; higher is better)");
+        if let Some(w) = written {
+            println!("wrote {}", w.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `status` shows of a thread.
+#[derive(Debug, Serialize)]
+struct ThreadStatus {
+    tid: i32,
+    pid: i32,
+    comm: String,
+    alive: bool,
+    slice_ns_now: Option<u64>,
+    slice_ns_before: u64,
+}
+
+fn cmd_status(a: StateArgs) -> anyhow::Result<ExitCode> {
+    let Some(st) = State::load(&a.state)? else {
+        if a.json {
+            print_json(&serde_json::json!({ "running": false, "state": null }))?;
+        } else {
+            println!("no state file at {}: no host agent has changes in force", a.state.display());
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let running = Path::new(&format!("/proc/{}", st.agent_pid)).exists();
+    let threads: Vec<ThreadStatus> = st
+        .threads
+        .values()
+        .map(|r| {
+            let alive = Procfs::new().task_comm(r.pid, r.tid).is_ok_and(|c| c == r.comm);
+            ThreadStatus {
+                tid: r.tid,
+                pid: r.pid,
+                comm: r.comm.clone(),
+                alive,
+                slice_ns_now: gleaner_os::sched::slice(r.tid).ok().map(|d| u64::try_from(d.as_nanos()).unwrap_or(0)),
+                slice_ns_before: r.slice_ns,
+            }
+        })
+        .collect();
+    if a.json {
+        print_json(&serde_json::json!({ "running": running, "state": st, "threads": threads }))?;
+    } else {
+        println!("agent pid {} ({}), cgroup v{} at {}", st.agent_pid, if running { "running" } else { "NOT running: run `gleaner host restore`" }, st.cgroup_version, st.cgroup_root.display());
+        print_plan(&st.plan, &PlanDiff::default());
+        for g in &st.groups {
+            println!("group {}", g.display());
+        }
+        for t in &threads {
+            println!("tid {} ({}) slice now {:?} ns, before {} ns", t.tid, t.comm, t.slice_ns_now, t.slice_ns_before);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_restore(a: StateArgs) -> anyhow::Result<ExitCode> {
+    let st = State::load(&a.state)?;
+    if let Some(s) = &st {
+        if s.agent_pid != 0 && Path::new(&format!("/proc/{}", s.agent_pid)).exists() && s.agent_pid != std::process::id() as i32 {
+            let comm = Procfs::new().comm(s.agent_pid).unwrap_or_default();
+            if comm.starts_with("gleaner") {
+                anyhow::bail!("host agent pid {} is still running: stop it (SIGTERM) and it restores by itself", s.agent_pid);
+            }
+        }
+    }
+    let cg = Cgroups::detect()?;
+    let removed = match &st {
+        Some(s) => actuate::restore(&cg, &Procfs::new(), s)?,
+        None => actuate::sweep(&cg)?,
+    };
+    if st.is_some() {
+        std::fs::remove_file(&a.state).with_context(|| format!("cannot remove {}", a.state.display()))?;
+    }
+    let threads = st.as_ref().map_or(0, |s| s.threads.len());
+    if a.json {
+        print_json(&serde_json::json!({ "state_file": st.is_some(), "threads_restored": threads, "groups_removed": removed }))?;
+    } else {
+        println!("restored {threads} threads, removed {} groups{}", removed.len(), if st.is_none() { " (no state file)" } else { "" });
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,373 @@
+//! Applies plans: one cpuset cgroup per pool, vCPU threads moved into it, their EEVDF slice
+//! set to the pool's quantum. Every change is recorded in the state file *before* it is made,
+//! and [`restore`] undoes all of it (on exit, on a signal, or after a crash).
+//!
+//! ```text
+//!  cgroup v1 (cpuset hierarchy)           cgroup v2 (threads of one process need a threaded subtree)
+//!   <root>/gleaner-aql-s0-1ms   tasks      <root>/gleaner-aql-vm<pid>/            (the VM's process)
+//!   <root>/gleaner-aql-s0-90ms  tasks             gleaner-aql-s0-1ms   threaded  cgroup.threads
+//!   <root>/gleaner-aql-s0-default                 gleaner-aql-s0-90ms  threaded
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use gleaner_os::cgroup::{Cgroups, CpusetCgroup, Layout};
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::procfs::Procfs;
+use gleaner_os::sched;
+use gleaner_policy::aql::Plan;
+use serde::{Deserialize, Serialize};
+
+use crate::extra::ProcExtra;
+
+/// Prefix of every cgroup the host agent creates.
+pub const PREFIX: &str = "gleaner-aql";
+
+/// What a vCPU thread looked like before we touched it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadRecord {
+    pub pid: i32,
+    pub tid: i32,
+    pub comm: String,
+    /// Its cpuset cgroup (v1) relative to the hierarchy root, e.g. `/` or `/machine/vm1`.
+    pub cgroup: Option<String>,
+    pub affinity: CpuSet,
+    pub slice_ns: u64,
+}
+
+/// A process moved into a per-VM group (v2 only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    pub pid: i32,
+    pub comm: String,
+    pub cgroup: String,
+}
+
+/// The state file: everything needed to undo our changes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub agent_pid: i32,
+    /// cpuset hierarchy root and version.
+    pub cgroup_root: PathBuf,
+    pub cgroup_version: u8,
+    /// Groups we created, in creation order.
+    pub groups: Vec<PathBuf>,
+    pub threads: BTreeMap<i32, ThreadRecord>,
+    pub processes: BTreeMap<i32, ProcessRecord>,
+    /// The plan in force.
+    pub plan: Plan,
+}
+
+impl State {
+    pub fn load(path: &Path) -> anyhow::Result<Option<State>> {
+        match std::fs::read_to_string(path) {
+            Ok(t) => Ok(Some(serde_json::from_str(&t).with_context(|| format!("state file {} is not valid", path.display()))?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("cannot read state file {}", path.display())),
+        }
+    }
+
+    /// Writes atomically (temp file + rename).
+    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+        }
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?).with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+        Ok(())
+    }
+}
+
+/// Applies plans and keeps the state file current.
+pub struct Actuator {
+    cgroups: Cgroups,
+    procfs: Procfs,
+    extra: ProcExtra,
+    state_path: PathBuf,
+    state: State,
+    /// Live handles of the groups we created (they remember v2 `+cpuset` to undo).
+    live: BTreeMap<PathBuf, CpusetCgroup>,
+    /// Non-fatal problems (e.g. a realtime vCPU thread cannot take a slice).
+    pub warnings: Vec<String>,
+}
+
+/// A vCPU thread the plan places: (pid, tid, vcpu index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub pid: i32,
+    pub tid: i32,
+    pub pool: usize,
+}
+
+impl Actuator {
+    /// Refuses to start when a state file from a live agent exists; a stale one is restored
+    /// first (crash recovery).
+    pub fn new(cgroups: Cgroups, procfs: Procfs, extra: ProcExtra, state_path: PathBuf) -> anyhow::Result<Self> {
+        if let Some(old) = State::load(&state_path)? {
+            let alive = old.agent_pid != std::process::id() as i32 && Path::new(&format!("/proc/{}", old.agent_pid)).exists();
+            if alive {
+                anyhow::bail!(
+                    "another gleaner host agent (pid {}) owns {}; stop it or run `gleaner host restore`",
+                    old.agent_pid,
+                    state_path.display()
+                );
+            }
+            tracing::warn!("restoring the changes of a previous run that did not clean up");
+            restore(&cgroups, &procfs, &old).context("restoring a previous run's changes")?;
+            std::fs::remove_file(&state_path).ok();
+        }
+        let state = State {
+            agent_pid: i32::try_from(std::process::id()).unwrap_or(0),
+            cgroup_root: cgroups.root().to_path_buf(),
+            cgroup_version: cgroups.layout().version(),
+            ..State::default()
+        };
+        Ok(Self { cgroups, procfs, extra, state_path, state, live: BTreeMap::new(), warnings: Vec::new() })
+    }
+
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    fn save(&self) -> anyhow::Result<()> {
+        self.state.save(&self.state_path)
+    }
+
+    fn group_name(pool: &str) -> String {
+        format!("{PREFIX}-{pool}")
+    }
+
+    /// Creates (recording it first) or returns the group at `parent_rel/name`.
+    fn ensure_group(&mut self, parent_rel: &Path, name: &str, threaded: bool) -> anyhow::Result<PathBuf> {
+        let path = self.cgroups.root().join(parent_rel).join(name);
+        if self.live.contains_key(&path) {
+            return Ok(path);
+        }
+        if !self.state.groups.contains(&path) {
+            self.state.groups.push(path.clone());
+            self.save()?;
+        }
+        let g = if path.is_dir() { self.cgroups.open(&path)? } else { self.cgroups.create(parent_rel, name)? };
+        if threaded {
+            let t = path.join("cgroup.type");
+            std::fs::write(&t, "threaded").with_context(|| format!("cannot write 'threaded' to {}", t.display()))?;
+        }
+        self.live.insert(path.clone(), g);
+        Ok(path)
+    }
+
+    fn record_thread(&mut self, pid: i32, tid: i32) -> anyhow::Result<bool> {
+        if self.state.threads.contains_key(&tid) {
+            return Ok(true);
+        }
+        let comm = match self.procfs.task_comm(pid, tid) {
+            Ok(c) => c,
+            Err(e) if e.is_vanished() => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let cgroup = match self.cgroups.layout() {
+            Layout::V1 { .. } => self.extra.task_cgroup(pid, tid, Some("cpuset")).ok().flatten(),
+            Layout::V2 { .. } => None,
+        };
+        let affinity = sched::affinity(tid)?;
+        let slice_ns = u64::try_from(sched::slice(tid)?.as_nanos()).unwrap_or(u64::MAX);
+        self.state.threads.insert(tid, ThreadRecord { pid, tid, comm, cgroup, affinity, slice_ns });
+        self.save()?;
+        Ok(true)
+    }
+
+    fn record_process(&mut self, pid: i32) -> anyhow::Result<()> {
+        if self.state.processes.contains_key(&pid) {
+            return Ok(());
+        }
+        let comm = self.procfs.comm(pid)?;
+        let cgroup = self.extra.task_cgroup(pid, pid, None)?.unwrap_or_else(|| "/".into());
+        self.state.processes.insert(pid, ProcessRecord { pid, comm, cgroup });
+        self.save()?;
+        Ok(())
+    }
+
+    /// Brings the host to `plan`. `placements` maps each assigned vCPU thread to its pool.
+    pub fn apply(&mut self, plan: &Plan, placements: &[Placement]) -> anyhow::Result<()> {
+        let v2 = matches!(self.cgroups.layout(), Layout::V2 { .. });
+        self.state.plan = plan.clone();
+        self.save()?;
+        // Pool groups and their CPUs.
+        let mut wanted: Vec<PathBuf> = Vec::new();
+        let mut pool_path: BTreeMap<(usize, i32), PathBuf> = BTreeMap::new();
+        for pl in placements {
+            let pool = &plan.pools[pl.pool];
+            let cpus: CpuSet = pool.pcpus.iter().copied().collect();
+            let path = if v2 {
+                let vm = format!("{PREFIX}-vm{}", pl.pid);
+                let vm_path = self.ensure_group(Path::new(""), &vm, false)?;
+                let p = self.ensure_group(Path::new(&vm), &Self::group_name(&pool.name), true)?;
+                wanted.push(vm_path);
+                p
+            } else {
+                self.ensure_group(Path::new(""), &Self::group_name(&pool.name), false)?
+            };
+            let g = &self.live[&path];
+            if g.cpus().ok().as_ref() != Some(&cpus) {
+                g.set_cpus(&cpus).with_context(|| format!("pool {}", pool.name))?;
+            }
+            wanted.push(path.clone());
+            pool_path.insert((pl.pool, pl.pid), path);
+        }
+        // Threads.
+        for pl in placements {
+            if !self.record_thread(pl.pid, pl.tid)? {
+                continue; // vanished
+            }
+            let path = pool_path[&(pl.pool, pl.pid)].clone();
+            if v2 {
+                self.record_process(pl.pid)?;
+                let vm_path = path.parent().map(Path::to_path_buf).unwrap_or_default();
+                let vm_group = &self.live[&vm_path];
+                if !vm_group.procs().unwrap_or_default().contains(&pl.pid) {
+                    vm_group.add_process(pl.pid)?;
+                }
+            }
+            let g = &self.live[&path];
+            match g.add_thread(pl.tid) {
+                Ok(()) => {}
+                Err(e) if e.is_vanished() => continue,
+                Err(e) => return Err(e.into()),
+            }
+            let q = Duration::from_nanos(plan.pools[pl.pool].quantum_ns);
+            match sched::set_slice(pl.tid, q) {
+                Ok(()) => {}
+                Err(gleaner_os::OsError::BadInput(b)) => self.warnings.push(format!("tid {}: slice not set: {b}", pl.tid)),
+                Err(e) if e.is_vanished() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // Threads no longer placed: give them back their original settings.
+        let placed: Vec<i32> = placements.iter().map(|p| p.tid).collect();
+        let gone: Vec<i32> = self.state.threads.keys().copied().filter(|t| !placed.contains(t)).collect();
+        for tid in gone {
+            let rec = self.state.threads[&tid].clone();
+            restore_thread(&self.cgroups, &self.procfs, &rec);
+            self.state.threads.remove(&tid);
+        }
+        let pids: Vec<i32> = placements.iter().map(|p| p.pid).collect();
+        let gone: Vec<i32> = self.state.processes.keys().copied().filter(|p| !pids.contains(p)).collect();
+        for pid in gone {
+            let rec = self.state.processes[&pid].clone();
+            restore_process(&self.cgroups, &self.procfs, &rec);
+            self.state.processes.remove(&pid);
+        }
+        // Groups no longer wanted, children first.
+        let unwanted: Vec<PathBuf> = self.state.groups.iter().rev().filter(|g| !wanted.contains(g)).cloned().collect();
+        for path in unwanted {
+            if let Some(g) = self.live.remove(&path) {
+                g.remove().with_context(|| format!("removing {}", path.display()))?;
+            }
+            self.state.groups.retain(|g| *g != path);
+        }
+        self.save()
+    }
+
+    /// Undoes everything and deletes the state file.
+    pub fn restore_all(&mut self) -> anyhow::Result<()> {
+        for rec in self.state.threads.values() {
+            restore_thread(&self.cgroups, &self.procfs, rec);
+        }
+        for rec in self.state.processes.values() {
+            restore_process(&self.cgroups, &self.procfs, rec);
+        }
+        let mut errors = Vec::new();
+        for path in self.state.groups.iter().rev() {
+            if let Some(g) = self.live.remove(path) {
+                if let Err(e) = g.remove() {
+                    errors.push(format!("{}: {e}", path.display()));
+                }
+            }
+        }
+        if !errors.is_empty() {
+            anyhow::bail!("could not remove {} (the state file {} is kept for `gleaner host restore`)", errors.join(", "), self.state_path.display());
+        }
+        self.state = State { agent_pid: self.state.agent_pid, ..State::default() };
+        std::fs::remove_file(&self.state_path).ok();
+        Ok(())
+    }
+}
+
+/// True if the recorded thread is still the same thread (same process, same name).
+fn same_thread(procfs: &Procfs, rec: &ThreadRecord) -> bool {
+    procfs.task_comm(rec.pid, rec.tid).is_ok_and(|c| c == rec.comm)
+}
+
+fn restore_thread(cgroups: &Cgroups, procfs: &Procfs, rec: &ThreadRecord) {
+    if !same_thread(procfs, rec) {
+        return;
+    }
+    if let Some(cg) = &rec.cgroup {
+        match cgroups.open(cg) {
+            Ok(g) => {
+                if let Err(e) = g.add_thread(rec.tid) {
+                    if !e.is_vanished() {
+                        tracing::warn!(tid = rec.tid, error = %e, "could not move thread back to {cg}");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(tid = rec.tid, error = %e, "original cgroup {cg} is gone"),
+        }
+    }
+    if let Err(e) = sched::set_affinity(rec.tid, &rec.affinity) {
+        if !e.is_vanished() {
+            tracing::warn!(tid = rec.tid, error = %e, "could not restore affinity");
+        }
+    }
+    // Clear our custom slice; if the thread had a custom one before, put it back.
+    if sched::reset_slice(rec.tid).is_ok() {
+        let now = sched::slice(rec.tid).map(|d| u64::try_from(d.as_nanos()).unwrap_or(0)).unwrap_or(0);
+        if now != rec.slice_ns && rec.slice_ns > 0 {
+            if let Err(e) = sched::set_slice(rec.tid, Duration::from_nanos(rec.slice_ns)) {
+                tracing::warn!(tid = rec.tid, error = %e, "could not restore slice");
+            }
+        }
+    }
+}
+
+fn restore_process(cgroups: &Cgroups, procfs: &Procfs, rec: &ProcessRecord) {
+    if procfs.comm(rec.pid).ok().as_deref() != Some(rec.comm.as_str()) {
+        return;
+    }
+    match cgroups.open(&rec.cgroup) {
+        Ok(g) => {
+            if let Err(e) = g.add_process(rec.pid) {
+                tracing::warn!(pid = rec.pid, error = %e, "could not move process back");
+            }
+        }
+        Err(e) => tracing::warn!(pid = rec.pid, error = %e, "original cgroup is gone"),
+    }
+}
+
+/// Crash recovery: undo a state file's changes, then remove any leftover `gleaner-aql*`
+/// group. Returns the groups removed.
+pub fn restore(cgroups: &Cgroups, procfs: &Procfs, state: &State) -> anyhow::Result<Vec<PathBuf>> {
+    for rec in state.threads.values() {
+        restore_thread(cgroups, procfs, rec);
+    }
+    for rec in state.processes.values() {
+        restore_process(cgroups, procfs, rec);
+    }
+    sweep(cgroups)
+}
+
+/// Removes every `gleaner-aql*` group (children first), moving stragglers to the parent.
+pub fn sweep(cgroups: &Cgroups) -> anyhow::Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    for path in cgroups.list_gleaner_groups()? {
+        if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(PREFIX)) {
+            cgroups.open(&path)?.remove().with_context(|| format!("removing {}", path.display()))?;
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}

@@ -1,0 +1,419 @@
+//! Section 3.4: find each type's best quantum by measurement. Each type's representative
+//! kernel runs on one pCPU together with `competitors` cache-thrashing CPU burners (the paper
+//! colocates 2-4 vCPUs per pCPU), every thread with the same EEVDF slice, for each slice in
+//! 1, 10, 30, 60, 90 ms. The best slice is the one with the highest median performance.
+//!
+//! | type | kernel | performance |
+//! |---|---|---|
+//! | IOInt | a server thread woken every 2 ms by a "device" thread on another CPU, ~50 us of work per request | 1 / median response latency |
+//! | ConSpin | two threads sharing a spin lock (short critical sections) | lock acquisitions per second |
+//! | LLCF | pointer chase over half the LLC | loads per second |
+//! | LoLCF | pointer chase over 90% of L2 | loads per second |
+//! | LLCO | pointer chase over twice the LLC | loads per second |
+//!
+//! A type whose performance varies less than `agnostic_spread` across slices is quantum
+//! agnostic; LoLCF and LLCO are then written as agnostic (used for balancing).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::sched;
+use gleaner_policy::aql::{Quanta, VcpuType};
+use serde::{Deserialize, Serialize};
+
+/// Calibration parameters.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CalibrationParams {
+    pub cpu: u32,
+    /// CPU for the IOInt "device" thread (not the measured one).
+    pub device_cpu: u32,
+    pub slices_ms: Vec<u64>,
+    pub duration_ms: u64,
+    pub repeats: u32,
+    pub competitors: u32,
+    pub llc_bytes: u64,
+    pub l2_bytes: u64,
+    pub agnostic_spread: f64,
+}
+
+/// One measurement point.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Point {
+    #[serde(rename = "type")]
+    pub ty: VcpuType,
+    pub slice_ms: u64,
+    /// Median over repeats, in `unit`.
+    pub performance: f64,
+    pub unit: String,
+    /// All repeats.
+    pub samples: Vec<f64>,
+    /// performance / performance at 30 ms (or at the middle slice); higher is better.
+    pub normalized: f64,
+}
+
+/// The best slice of a type.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Best {
+    #[serde(rename = "type")]
+    pub ty: VcpuType,
+    pub slice_ms: u64,
+    /// (max - min) / max of the medians across slices.
+    pub spread: f64,
+    pub agnostic: bool,
+}
+
+/// Everything calibration measured.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Calibration {
+    pub params: CalibrationParams,
+    pub points: Vec<Point>,
+    pub best: Vec<Best>,
+    pub date_unix_s: u64,
+}
+
+impl Calibration {
+    /// The quanta to write: measured best per type; LoLCF/LLCO agnostic when their spread is
+    /// small; default 30 ms.
+    pub fn quanta(&self) -> Quanta {
+        let get = |t| self.best.iter().find(|b| b.ty == t);
+        let ns = |t| get(t).map(|b| b.slice_ms * 1_000_000);
+        let opt = |t| get(t).and_then(|b| (!b.agnostic).then_some(b.slice_ms * 1_000_000));
+        let p = Quanta::paper();
+        Quanta {
+            io_int_ns: ns(VcpuType::IoInt).unwrap_or(p.io_int_ns),
+            con_spin_ns: ns(VcpuType::ConSpin).unwrap_or(p.con_spin_ns),
+            llcf_ns: ns(VcpuType::Llcf).unwrap_or(p.llcf_ns),
+            lolcf_ns: opt(VcpuType::Lolcf),
+            llco_ns: opt(VcpuType::Llco),
+            default_ns: p.default_ns,
+        }
+    }
+}
+
+/// A cyclic random permutation of cache lines (Sattolo), one `usize` per 64-byte line.
+fn chase_buffer(bytes: u64, seed: u64) -> Vec<usize> {
+    let lines = usize::try_from(bytes / 64).unwrap_or(usize::MAX).max(2);
+    let mut order: Vec<usize> = (0..lines).collect();
+    let mut x = seed | 1;
+    for i in (1..lines).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let j = usize::try_from(x % (i as u64)).unwrap_or(0);
+        order.swap(i, j);
+    }
+    let mut buf = vec![0usize; lines * 8];
+    for w in 0..lines {
+        buf[order[w] * 8] = order[(w + 1) % lines] * 8;
+    }
+    buf
+}
+
+fn pin_and_slice(cpu: u32, slice: Duration) -> Result<(), String> {
+    let tid = sched::gettid();
+    let set: CpuSet = [cpu].into_iter().collect();
+    sched::set_affinity(tid, &set).map_err(|e| format!("affinity to CPU {cpu}: {e}"))?;
+    sched::set_slice(tid, slice).map_err(|e| format!("slice {slice:?}: {e}"))
+}
+
+struct Run {
+    stop: AtomicBool,
+    measuring: AtomicBool,
+    ops: AtomicU64,
+    latencies: Mutex<Vec<u64>>,
+    error: Mutex<Option<String>>,
+}
+
+impl Run {
+    fn fail(&self, e: String) {
+        if let Ok(mut g) = self.error.lock() {
+            g.get_or_insert(e);
+        }
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One measurement: the type's kernel plus competitors at `slice` for `duration`.
+fn measure(p: &CalibrationParams, ty: VcpuType, slice: Duration, thrash: &Arc<Vec<usize>>, chase: &Arc<Vec<usize>>) -> anyhow::Result<(f64, &'static str)> {
+    let run = Arc::new(Run {
+        stop: AtomicBool::new(false),
+        measuring: AtomicBool::new(false),
+        ops: AtomicU64::new(0),
+        latencies: Mutex::new(Vec::new()),
+        error: Mutex::new(None),
+    });
+    let kernel_threads = match ty {
+        VcpuType::ConSpin => 2,
+        _ => 1,
+    };
+    let total = kernel_threads + p.competitors as usize + usize::from(ty == VcpuType::IoInt) + 1;
+    let barrier = Arc::new(Barrier::new(total));
+    let mut handles = Vec::new();
+    let cpu = p.cpu;
+    // Competitors: cache-thrashing streams over a buffer twice the LLC.
+    for c in 0..p.competitors {
+        let (run, barrier, buf) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(thrash));
+        handles.push(std::thread::spawn(move || {
+            let r = pin_and_slice(cpu, slice);
+            barrier.wait();
+            if let Err(e) = r {
+                return run.fail(e);
+            }
+            let n = buf.len();
+            let mut i = (c as usize * n / 4) % n;
+            let mut sink = 0usize;
+            while !run.stop.load(Ordering::Relaxed) {
+                for _ in 0..4096 {
+                    sink = sink.wrapping_add(buf[i]);
+                    i += 8;
+                    if i >= n {
+                        i = 0;
+                    }
+                }
+            }
+            std::hint::black_box(sink);
+        }));
+    }
+    let unit;
+    match ty {
+        VcpuType::Llcf | VcpuType::Lolcf | VcpuType::Llco => {
+            unit = "loads/s";
+            let (run, barrier, buf) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(chase));
+            handles.push(std::thread::spawn(move || {
+                let r = pin_and_slice(cpu, slice);
+                barrier.wait();
+                if let Err(e) = r {
+                    return run.fail(e);
+                }
+                let mut i = 0usize;
+                while !run.stop.load(Ordering::Relaxed) {
+                    for _ in 0..1024 {
+                        i = buf[i];
+                    }
+                    if run.measuring.load(Ordering::Relaxed) {
+                        run.ops.fetch_add(1024, Ordering::Relaxed);
+                    }
+                }
+                std::hint::black_box(i);
+            }));
+        }
+        VcpuType::ConSpin => {
+            unit = "acquisitions/s";
+            let lock = Arc::new(AtomicBool::new(false));
+            for _ in 0..2 {
+                let (run, barrier, lock) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(&lock));
+                handles.push(std::thread::spawn(move || {
+                    let r = pin_and_slice(cpu, slice);
+                    barrier.wait();
+                    if let Err(e) = r {
+                        return run.fail(e);
+                    }
+                    let mut x = 1u64;
+                    while !run.stop.load(Ordering::Relaxed) {
+                        while lock.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+                            if run.stop.load(Ordering::Relaxed) {
+                                return;
+                            }
+                            std::hint::spin_loop();
+                        }
+                        for _ in 0..200 {
+                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        }
+                        lock.store(false, Ordering::Release);
+                        if run.measuring.load(Ordering::Relaxed) {
+                            run.ops.fetch_add(1, Ordering::Relaxed);
+                        }
+                        for _ in 0..200 {
+                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        }
+                    }
+                    std::hint::black_box(x);
+                }));
+            }
+        }
+        VcpuType::IoInt => {
+            unit = "1/s (inverse median response latency)";
+            let chan = Arc::new((Mutex::new(None::<Instant>), std::sync::Condvar::new()));
+            {
+                let (run, barrier, chan) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(&chan));
+                handles.push(std::thread::spawn(move || {
+                    let r = pin_and_slice(cpu, slice);
+                    barrier.wait();
+                    if let Err(e) = r {
+                        return run.fail(e);
+                    }
+                    let (m, cv) = &*chan;
+                    let mut x = 1u64;
+                    loop {
+                        let sent = {
+                            let mut g = match m.lock() {
+                                Ok(g) => g,
+                                Err(_) => return,
+                            };
+                            while g.is_none() && !run.stop.load(Ordering::Relaxed) {
+                                g = match cv.wait_timeout(g, Duration::from_millis(50)) {
+                                    Ok((g, _)) => g,
+                                    Err(_) => return,
+                                };
+                            }
+                            match g.take() {
+                                Some(t) => t,
+                                None => return,
+                            }
+                        };
+                        // The request's work (a CGI script's worth of computing, ~50 us).
+                        let until = Instant::now() + Duration::from_micros(50);
+                        while Instant::now() < until {
+                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        }
+                        if run.measuring.load(Ordering::Relaxed) {
+                            let ns = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                            if let Ok(mut l) = run.latencies.lock() {
+                                l.push(ns);
+                            }
+                        }
+                    }
+                }));
+            }
+            let (run, barrier, chan, dev) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(&chan), p.device_cpu);
+            handles.push(std::thread::spawn(move || {
+                let set: CpuSet = [dev].into_iter().collect();
+                let r = sched::set_affinity(sched::gettid(), &set);
+                barrier.wait();
+                if let Err(e) = r {
+                    return run.fail(format!("device thread affinity to CPU {dev}: {e}"));
+                }
+                let (m, cv) = &*chan;
+                while !run.stop.load(Ordering::Relaxed) {
+                    if let Ok(mut g) = m.lock() {
+                        if g.is_none() {
+                            *g = Some(Instant::now());
+                            cv.notify_one();
+                        }
+                    }
+                    // The device's request rate: one every 2 ms.
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                cv.notify_all();
+            }));
+        }
+    }
+    barrier.wait();
+    let warm = Duration::from_millis(p.duration_ms / 5);
+    std::thread::sleep(warm);
+    let t0 = Instant::now();
+    run.measuring.store(true, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(p.duration_ms));
+    run.measuring.store(false, Ordering::SeqCst);
+    let secs = t0.elapsed().as_secs_f64();
+    run.stop.store(true, Ordering::SeqCst);
+    for h in handles {
+        let _ = h.join();
+    }
+    if let Some(e) = run.error.lock().ok().and_then(|g| g.clone()) {
+        anyhow::bail!("calibration thread setup failed: {e}");
+    }
+    let perf = if ty == VcpuType::IoInt {
+        let mut l = run.latencies.lock().map(|l| l.clone()).unwrap_or_default();
+        if l.is_empty() {
+            anyhow::bail!("IOInt kernel completed no request in {} ms", p.duration_ms);
+        }
+        l.sort_unstable();
+        1e9 / l[l.len() / 2] as f64
+    } else {
+        run.ops.load(Ordering::SeqCst) as f64 / secs
+    };
+    Ok((perf, unit))
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// Runs the whole calibration; `progress` gets one line per point.
+pub fn calibrate(p: &CalibrationParams, types: &[VcpuType], mut progress: impl FnMut(&str)) -> anyhow::Result<Calibration> {
+    for &s in &p.slices_ms {
+        if !(1..=100).contains(&s) {
+            return Err(gleaner_os::BadInput::new("--slices-ms", s, "1..=100 (the EEVDF slice range in whole ms)").into());
+        }
+    }
+    let thrash = Arc::new(chase_buffer(p.llc_bytes * 2, 7));
+    let mut points = Vec::new();
+    let mut best = Vec::new();
+    for &ty in types {
+        let bytes = match ty {
+            VcpuType::Llcf => p.llc_bytes / 2,
+            VcpuType::Lolcf => p.l2_bytes * 9 / 10,
+            VcpuType::Llco => p.llc_bytes * 2,
+            _ => 4096,
+        };
+        let chase = Arc::new(chase_buffer(bytes, 11));
+        let mut meds = Vec::new();
+        for &ms in &p.slices_ms {
+            let mut samples = Vec::new();
+            let mut unit = "";
+            for _ in 0..p.repeats.max(1) {
+                let (v, u) = measure(p, ty, Duration::from_millis(ms), &thrash, &chase)?;
+                samples.push(v);
+                unit = u;
+            }
+            let m = median(&samples);
+            progress(&format!("{ty:8} slice {ms:3} ms: {m:.4e} {unit}"));
+            meds.push((ms, m, unit.to_string(), samples));
+        }
+        let reference = meds.iter().find(|m| m.0 == 30).map(|m| m.1).unwrap_or(meds[meds.len() / 2].1);
+        for (ms, m, unit, samples) in &meds {
+            points.push(Point { ty, slice_ms: *ms, performance: *m, unit: unit.clone(), samples: samples.clone(), normalized: m / reference });
+        }
+        let (bms, bmax) = meds.iter().fold((0, f64::MIN), |acc, m| if m.1 > acc.1 { (m.0, m.1) } else { acc });
+        let min = meds.iter().map(|m| m.1).fold(f64::MAX, f64::min);
+        let spread = (bmax - min) / bmax;
+        best.push(Best { ty, slice_ms: bms, spread, agnostic: spread < p.agnostic_spread });
+    }
+    let date_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    Ok(Calibration { params: p.clone(), points, best, date_unix_s })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chase_buffer_is_one_cycle() {
+        let b = chase_buffer(64 * 1000, 3);
+        let mut i = 0;
+        let mut seen = 0;
+        loop {
+            i = b[i];
+            seen += 1;
+            if i == 0 {
+                break;
+            }
+            assert!(seen <= 1000);
+        }
+        assert_eq!(seen, 1000);
+    }
+
+    #[test]
+    fn quanta_from_measurements() {
+        let mk = |ty, slice_ms, agnostic| Best { ty, slice_ms, spread: 0.0, agnostic };
+        let c = Calibration {
+            params: CalibrationParams { cpu: 0, device_cpu: 1, slices_ms: vec![1, 30, 90], duration_ms: 1, repeats: 1, competitors: 1, llc_bytes: 1, l2_bytes: 1, agnostic_spread: 0.05 },
+            points: vec![],
+            best: vec![mk(VcpuType::IoInt, 10, false), mk(VcpuType::ConSpin, 1, false), mk(VcpuType::Llcf, 60, false), mk(VcpuType::Lolcf, 90, true), mk(VcpuType::Llco, 1, false)],
+            date_unix_s: 0,
+        };
+        let q = c.quanta();
+        assert_eq!((q.io_int_ns, q.con_spin_ns, q.llcf_ns), (10_000_000, 1_000_000, 60_000_000));
+        assert_eq!((q.lolcf_ns, q.llco_ns, q.default_ns), (None, Some(1_000_000), 30_000_000));
+    }
+}
