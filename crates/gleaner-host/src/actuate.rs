@@ -152,9 +152,8 @@ impl Actuator {
             self.save()?;
         }
         let g = if path.is_dir() { self.cgroups.open(&path)? } else { self.cgroups.create(parent_rel, name)? };
-        if threaded {
-            let t = path.join("cgroup.type");
-            std::fs::write(&t, "threaded").with_context(|| format!("cannot write 'threaded' to {}", t.display()))?;
+        if threaded && !g.is_threaded()? {
+            g.set_threaded()?;
         }
         self.live.insert(path.clone(), g);
         Ok(path)
@@ -370,4 +369,147 @@ pub fn sweep(cgroups: &Cgroups) -> anyhow::Result<Vec<PathBuf>> {
         }
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gleaner_policy::aql::{plan, Quanta, Topology, VcpuClass, VcpuId, VcpuInfo};
+
+    /// A helper thread of this test process, parked until dropped.
+    struct Parked {
+        tid: i32,
+        tx: std::sync::mpsc::Sender<()>,
+        h: Option<std::thread::JoinHandle<()>>,
+    }
+    impl Parked {
+        fn new() -> Self {
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let (ttx, trx) = std::sync::mpsc::channel();
+            let h = std::thread::Builder::new()
+                .name("gl-fixture-vcpu".into())
+                .spawn(move || {
+                    ttx.send(sched::gettid()).unwrap();
+                    let _ = rx.recv();
+                })
+                .unwrap();
+            Parked { tid: trx.recv().unwrap(), tx, h: Some(h) }
+        }
+    }
+    impl Drop for Parked {
+        fn drop(&mut self) {
+            let _ = self.tx.send(());
+            if let Some(h) = self.h.take() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    fn two_pool_plan() -> Plan {
+        let a = VcpuId { vm: 1, vcpu: 0 };
+        let b = VcpuId { vm: 1, vcpu: 1 };
+        plan(&[VcpuInfo::new(a, VcpuClass::IoInt, false), VcpuInfo::new(b, VcpuClass::Llcf, false)], &Topology::uniform(1, 2), &Quanta::paper())
+    }
+
+    /// A fake cgroup tree: the root holds cpuset files and `tasks`/`cgroup.procs`.
+    fn v1_fixture(root: &Path) {
+        std::fs::write(root.join("cpuset.cpus"), "0-1\n").unwrap();
+        std::fs::write(root.join("cpuset.mems"), "0\n").unwrap();
+        std::fs::write(root.join("tasks"), "").unwrap();
+        std::fs::write(root.join("cgroup.procs"), "").unwrap();
+    }
+
+    #[test]
+    fn v1_fixture_apply_records_then_restores() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("cpuset");
+        std::fs::create_dir_all(&root).unwrap();
+        v1_fixture(&root);
+        let state = d.path().join("run/state.json");
+        let pid = i32::try_from(std::process::id()).unwrap();
+        let (t0, t1) = (Parked::new(), Parked::new());
+        let cg = Cgroups::with_layout(Layout::V1 { cpuset_root: root.clone() });
+        let mut act = Actuator::new(cg, Procfs::new(), ProcExtra::new(), state.clone()).unwrap();
+        let p = two_pool_plan();
+        let pl = [Placement { pid, tid: t0.tid, pool: 0 }, Placement { pid, tid: t1.tid, pool: 1 }];
+        act.apply(&p, &pl).unwrap();
+        // Groups made, CPUs written, thread ids written to `tasks`, slices set (real syscall on
+        // our own threads).
+        assert_eq!(std::fs::read_to_string(root.join("gleaner-aql-s0-1ms/cpuset.cpus")).unwrap(), "0");
+        assert_eq!(std::fs::read_to_string(root.join("gleaner-aql-s0-90ms/cpuset.cpus")).unwrap(), "1");
+        assert_eq!(std::fs::read_to_string(root.join("gleaner-aql-s0-1ms/tasks")).unwrap().trim(), t0.tid.to_string());
+        assert_eq!(sched::slice(t0.tid).unwrap(), Duration::from_millis(1));
+        assert_eq!(sched::slice(t1.tid).unwrap(), Duration::from_millis(90));
+        // The state file was written and names both threads and both groups.
+        let st = State::load(&state).unwrap().unwrap();
+        assert_eq!(st.threads.len(), 2);
+        assert_eq!(st.groups.len(), 2);
+        assert_eq!(st.plan, p);
+        let before = st.threads[&t0.tid].slice_ns;
+        // Re-applying the same plan changes nothing; an empty plan gives everything back.
+        act.apply(&p, &pl).unwrap();
+        act.apply(&Plan::default(), &[]).unwrap();
+        assert!(!root.join("gleaner-aql-s0-1ms").exists());
+        assert_eq!(u64::try_from(sched::slice(t0.tid).unwrap().as_nanos()).unwrap(), before);
+        act.apply(&p, &pl).unwrap();
+        act.restore_all().unwrap();
+        assert!(!state.exists());
+        assert!(!root.join("gleaner-aql-s0-90ms").exists());
+        assert_eq!(u64::try_from(sched::slice(t1.tid).unwrap().as_nanos()).unwrap(), before);
+    }
+
+    #[test]
+    fn v2_fixture_uses_per_vm_threaded_groups() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("unified");
+        std::fs::create_dir_all(&root).unwrap();
+        for f in ["cgroup.procs", "cgroup.threads", "cpuset.cpus", "cgroup.subtree_control"] {
+            std::fs::write(root.join(f), "").unwrap();
+        }
+        let pid = i32::try_from(std::process::id()).unwrap();
+        let t0 = Parked::new();
+        let cg = Cgroups::with_layout(Layout::V2 { root: root.clone() });
+        let mut act = Actuator::new(cg, Procfs::new(), ProcExtra::new(), d.path().join("s.json")).unwrap();
+        let mut p = two_pool_plan();
+        // Our test process stands in for the VMM (vm id = our pid).
+        for pool in &mut p.pools {
+            for v in &mut pool.vcpus {
+                v.vm = u64::try_from(pid).unwrap();
+            }
+        }
+        // What the kernel would show once the groups exist: the per-VM domain and its child.
+        let vm_dir = root.join(format!("gleaner-aql-vm{pid}"));
+        for g in ["", "gleaner-aql-s0-1ms"] {
+            let x = vm_dir.join(g);
+            std::fs::create_dir_all(&x).unwrap();
+            for f in ["cgroup.procs", "cgroup.threads", "cpuset.cpus", "cgroup.subtree_control"] {
+                std::fs::write(x.join(f), "").unwrap();
+            }
+            std::fs::write(x.join("cgroup.type"), "domain\n").unwrap();
+        }
+        act.apply(&p, &[Placement { pid, tid: t0.tid, pool: 0 }]).unwrap();
+        let pool = vm_dir.join("gleaner-aql-s0-1ms");
+        assert_eq!(std::fs::read_to_string(pool.join("cgroup.type")).unwrap(), "threaded");
+        assert_eq!(std::fs::read_to_string(pool.join("cpuset.cpus")).unwrap(), "0");
+        assert_eq!(std::fs::read_to_string(pool.join("cgroup.threads")).unwrap(), t0.tid.to_string());
+        assert_eq!(std::fs::read_to_string(vm_dir.join("cgroup.procs")).unwrap(), pid.to_string());
+        let st = act.state().clone();
+        assert_eq!(st.processes[&pid].cgroup, Procfs::new().cgroup_of(pid).unwrap().into_iter().find(|l| l.0 == 0).map(|l| l.2).unwrap_or_else(|| "/".into()));
+        act.restore_all().unwrap();
+        assert!(!vm_dir.exists());
+    }
+
+    #[test]
+    fn state_file_valid_malformed_empty() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.json");
+        assert!(State::load(&p).unwrap().is_none());
+        let s = State { agent_pid: 1, groups: vec![PathBuf::from("/x/gleaner-aql-a")], ..State::default() };
+        s.save(&p).unwrap();
+        assert_eq!(State::load(&p).unwrap().unwrap(), s);
+        std::fs::write(&p, "{").unwrap();
+        assert!(format!("{:#}", State::load(&p).unwrap_err()).contains("s.json"));
+        std::fs::write(&p, "").unwrap();
+        assert!(State::load(&p).is_err());
+    }
 }
