@@ -1,0 +1,1091 @@
+//! The discrete-event engine: state of pCPUs, vCPUs, threads and sync objects, the main loop,
+//! and the host scheduler. Guest scheduling lives in [`crate::guest`], the Gleaner agent and
+//! host policies in [`crate::agent`].
+//!
+//! ```text
+//!   pCPU p ──runs──> vCPU v ──runs──> thread t | yielder | guest poll | (halted: KVM polls)
+//!      │               │
+//!      │ rq: vCPUs      │ rq: threads, inbox: threads whose IPI is in flight
+//!      │ (fair share,   │ (round robin, newidle stealing, wake to an idle vCPU)
+//!      │  wakeup preemption, KVM halt polling)
+//! ```
+//!
+//! Every change to what a pCPU runs follows one pattern: `settle(p)` (account the time since
+//! the last event), mutate, then `drive(p)` (handle whatever boundary is reached now, repeat)
+//! and `replan(p)` (schedule the pCPU's next boundary with a fresh generation number, which
+//! makes the previous event stale). Wake-ups that touch another pCPU mark it dirty; dirty
+//! pCPUs are driven after the current event, so handlers never recurse.
+
+use std::collections::VecDeque;
+
+use gleaner_policy::gleaner::Controller;
+use gleaner_policy::retention::IdleDetector;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::policy::{HostPolicy, VcpuCounters};
+use crate::queue::{Ev, EventQueue, Ns};
+use crate::scenario::{Costs, GleanerCfg, GuestHaltpollCfg, GuestPolicy};
+use crate::stats::{Hist, VmOutcome};
+use crate::workload::{CacheProfile, Op, Workload};
+
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// KVM halt-polling parameters (`None` in [`Setup`] disables halt polling).
+#[derive(Debug, Clone, Copy)]
+pub struct HaltPoll {
+    pub max_ns: u64,
+    pub grow: u64,
+    pub grow_start: u64,
+    pub shrink: u64,
+}
+
+/// One VM as the engine sees it.
+#[derive(Debug, Clone)]
+pub struct SetupVm {
+    pub name: String,
+    pub workload: Workload,
+    pub vcpus: u32,
+    /// Pin vCPU i to pCPU `offset + i`.
+    pub pin_offset: Option<u32>,
+    pub background: bool,
+    pub guest: GuestPolicy,
+    pub gleaner: GleanerCfg,
+    pub haltpoll: GuestHaltpollCfg,
+}
+
+/// Everything one run needs.
+pub struct Setup {
+    pub pcpus: u32,
+    pub host_slice_ns: Ns,
+    pub wakeup_preemption: bool,
+    pub wakeup_gran_ns: Ns,
+    pub guest_slice_ns: Ns,
+    pub halt_poll: Option<HaltPoll>,
+    pub ple_window_ns: Ns,
+    /// False for the native baseline: no exits, no halt polling, PM costs.
+    pub virt: bool,
+    pub costs: Costs,
+    pub vms: Vec<SetupVm>,
+    pub seed: u64,
+    pub stop_at: Option<Ns>,
+    pub max_ns: Ns,
+    pub host_policy: Box<dyn HostPolicy>,
+}
+
+/// A set of pCPUs a vCPU may run on.
+pub(crate) struct Aff {
+    pub cpus: Vec<u32>,
+    pub member: Vec<bool>,
+}
+
+pub(crate) struct Pcpu {
+    pub cur: u32,
+    pub rq: Vec<u32>,
+    pub seg_start: Ns,
+    pub gen: u32,
+    pub last: u32,
+    pub dirty: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Host {
+    Off,
+    Queued(u32),
+    Running(u32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Idle {
+    /// Running (or preempted in) a workload thread.
+    Busy,
+    /// The Gleaner yielding thread runs.
+    Yield,
+    /// The guest polls (haltpoll, idle=poll) until `until`.
+    Poll { until: Ns },
+    /// The guest executed HLT (the host may be polling: `hpolling`).
+    Halted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum YState {
+    Awake,
+    Sleeping { asked: Ns, since: Ns },
+    /// Woken from a sleep, not yet run: `on_sleep_end` is fed when it runs.
+    Woken { asked: Ns, since: Ns },
+    Parked,
+}
+
+pub(crate) struct Yielder {
+    pub det: IdleDetector,
+    pub state: YState,
+    /// When the yielder last stopped running while awake (its pending yield call started).
+    pub paused_at: Option<Ns>,
+    /// Running time of the current stretch of quick yields.
+    pub run_ns: Ns,
+    /// Running time at which the current stretch times out.
+    pub target_ns: Ns,
+    /// Mirror of the detector's accumulated idle time, only to schedule the timeout event (the
+    /// detector itself decides).
+    pub acc: Ns,
+    pub gen: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counters {
+    pub run_ns: u64,
+    pub overhead_ns: u64,
+    pub work_ns: u64,
+    pub spin_ns: u64,
+    pub yield_ns: u64,
+    pub gpoll_ns: u64,
+    pub hpoll_ns: u64,
+    pub idle_entries: u64,
+    pub exits_hlt: u64,
+    pub exits_ipi: u64,
+    pub exits_timer: u64,
+    pub exits_ple: u64,
+    pub exits_io: u64,
+    pub io_events: u64,
+    pub hpoll_attempts: u64,
+    pub hpoll_success: u64,
+    pub llc_refs: f64,
+    pub llc_misses: f64,
+    /// Guest view: time with a workload thread current, yielding, idle (halted or polling).
+    pub gv_work: u64,
+    pub gv_yield: u64,
+    pub gv_idle: u64,
+}
+
+pub(crate) struct Vcpu {
+    pub vm: u32,
+    pub idx: u32,
+    // host side
+    pub host: Host,
+    pub vruntime: u64,
+    pub slice_ns: Ns,
+    pub slice_end: Ns,
+    /// Index into `Engine::affs`.
+    pub aff: u32,
+    pub pinned: bool,
+    pub last_p: u32,
+    pub overhead: Ns,
+    pub pending_rv: bool,
+    pub halt_start: Ns,
+    pub kvm_poll_ns: u64,
+    pub hpolling: bool,
+    pub poll_end: Ns,
+    pub kick_pending: bool,
+    pub inbox: Vec<u32>,
+    // guest side
+    pub cur: u32,
+    pub rq: VecDeque<u32>,
+    pub gslice_end: Ns,
+    pub idle: Idle,
+    pub spin_since: Ns,
+    pub guest_poll_limit: u64,
+    pub idle_since: Ns,
+    pub yielder: Option<Yielder>,
+    pub gv_since: Ns,
+    pub c: Counters,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ts {
+    Runnable,
+    Running,
+    Blocked,
+    Done,
+}
+
+pub(crate) struct Thread {
+    pub vm: u32,
+    pub prog: u32,
+    pub pc: u32,
+    pub iter: u64,
+    pub state: Ts,
+    pub vcpu: u32,
+    pub pin: u32,
+    pub rem: Ns,
+    pub wake_at: Ns,
+    pub timer_gen: u32,
+    pub spinning: bool,
+    pub io_pending: bool,
+}
+
+pub(crate) struct Prog {
+    pub ops: Vec<Op>,
+    pub iterations: Option<u64>,
+    /// Global queue indices this program pushes to.
+    pub pushes: Vec<u32>,
+}
+
+pub(crate) struct MutexObj {
+    pub owner: u32,
+    pub waiters: VecDeque<u32>,
+}
+pub(crate) struct QueueObj {
+    pub len: u32,
+    pub cap: u32,
+    pub producers: u32,
+    pub closed: bool,
+    pub pop_w: VecDeque<u32>,
+    pub push_w: VecDeque<u32>,
+}
+pub(crate) struct CondObj {
+    pub tokens: u64,
+    pub waiters: VecDeque<u32>,
+}
+pub(crate) struct BarrierObj {
+    pub n: u32,
+    pub arrived: u32,
+    pub waiters: Vec<u32>,
+}
+
+pub(crate) struct VmState {
+    pub name: String,
+    pub vcpu_base: u32,
+    pub nvcpus: u32,
+    pub alive: u32,
+    pub done_at: Option<Ns>,
+    pub background: bool,
+    pub guest: GuestPolicy,
+    pub gleaner: GleanerCfg,
+    pub haltpoll: GuestHaltpollCfg,
+    pub cache: CacheProfile,
+    /// Threads waiting in vCPU run queues (for stealing).
+    pub queued: u32,
+    pub s_work: u64,
+    pub ctrl: Option<Controller>,
+    pub prev: Vec<(u64, u64, u64, u64)>,
+    pub prev_s_work: u64,
+    pub decisions: u64,
+    pub decision_log: Vec<(Ns, String)>,
+    pub lat: Hist,
+}
+
+/// The simulator state for one run.
+pub struct Engine {
+    pub(crate) now: Ns,
+    pub(crate) q: EventQueue,
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) virt: bool,
+    pub(crate) costs: Costs,
+    pub(crate) host_slice_ns: Ns,
+    pub(crate) wakeup_preemption: bool,
+    pub(crate) wakeup_gran_ns: Ns,
+    pub(crate) guest_slice_ns: Ns,
+    pub(crate) halt_poll: Option<HaltPoll>,
+    pub(crate) ple_window_ns: Ns,
+    pub(crate) pcpus: Vec<Pcpu>,
+    pub(crate) vcpus: Vec<Vcpu>,
+    /// Compact per-vCPU load (current thread + run queue + inbox) for fast scans.
+    pub(crate) vload: Vec<u32>,
+    pub(crate) allowed: Vec<bool>,
+    pub(crate) threads: Vec<Thread>,
+    pub(crate) progs: Vec<Prog>,
+    pub(crate) mutexes: Vec<MutexObj>,
+    pub(crate) queues: Vec<QueueObj>,
+    pub(crate) conds: Vec<CondObj>,
+    pub(crate) barriers: Vec<BarrierObj>,
+    pub(crate) spins: Vec<BarrierObj>,
+    pub(crate) vms: Vec<VmState>,
+    pub(crate) dirty: Vec<u32>,
+    pub(crate) idle_pcpus: u32,
+    pub(crate) queued_vcpus: u32,
+    pub(crate) fg_alive: u32,
+    pub(crate) events: u64,
+    pub(crate) stale: u64,
+    pub(crate) host_policy: Box<dyn HostPolicy>,
+    pub(crate) host_prev: Vec<VcpuCounters>,
+    pub(crate) host_plans: u64,
+    pub(crate) affs: Vec<Aff>,
+    aff_index: std::collections::BTreeMap<Vec<u32>, u32>,
+    stop_at: Option<Ns>,
+    max_ns: Ns,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub end_ns: Ns,
+    pub finished: bool,
+    pub events: u64,
+    pub stale_events: u64,
+    pub host_plans: u64,
+    pub vms: Vec<VmOutcome>,
+}
+
+impl Engine {
+    pub fn new(s: Setup) -> Self {
+        let mut e = Engine {
+            now: 0,
+            q: EventQueue::with_capacity(1024),
+            rng: ChaCha8Rng::seed_from_u64(s.seed),
+            virt: s.virt,
+            costs: s.costs,
+            host_slice_ns: s.host_slice_ns,
+            wakeup_preemption: s.wakeup_preemption,
+            wakeup_gran_ns: s.wakeup_gran_ns,
+            guest_slice_ns: s.guest_slice_ns,
+            halt_poll: if s.virt { s.halt_poll } else { None },
+            ple_window_ns: s.ple_window_ns,
+            pcpus: (0..s.pcpus)
+                .map(|_| Pcpu { cur: NONE, rq: Vec::new(), seg_start: 0, gen: 0, last: NONE, dirty: false })
+                .collect(),
+            vcpus: Vec::new(),
+            vload: Vec::new(),
+            allowed: Vec::new(),
+            threads: Vec::new(),
+            progs: Vec::new(),
+            mutexes: Vec::new(),
+            queues: Vec::new(),
+            conds: Vec::new(),
+            barriers: Vec::new(),
+            spins: Vec::new(),
+            vms: Vec::new(),
+            dirty: Vec::new(),
+            idle_pcpus: s.pcpus,
+            queued_vcpus: 0,
+            fg_alive: 0,
+            events: 0,
+            stale: 0,
+            host_policy: s.host_policy,
+            host_prev: Vec::new(),
+            host_plans: 0,
+            affs: Vec::new(),
+            aff_index: std::collections::BTreeMap::new(),
+            stop_at: s.stop_at,
+            max_ns: s.max_ns,
+        };
+        e.intern_aff((0..s.pcpus).collect());
+        for (vi, vm) in s.vms.into_iter().enumerate() {
+            e.add_vm(vi as u32, vm, s.pcpus);
+        }
+        e.host_prev = vec![VcpuCounters::default(); e.vcpus.len()];
+        e
+    }
+
+    /// The index of the affinity set `cpus` (sorted, deduplicated), creating it if needed.
+    pub(crate) fn intern_aff(&mut self, mut cpus: Vec<u32>) -> u32 {
+        cpus.sort_unstable();
+        cpus.dedup();
+        if let Some(&i) = self.aff_index.get(&cpus) {
+            return i;
+        }
+        let mut member = vec![false; self.pcpus.len()];
+        for &c in &cpus {
+            member[c as usize] = true;
+        }
+        let i = self.affs.len() as u32;
+        self.aff_index.insert(cpus.clone(), i);
+        self.affs.push(Aff { cpus, member });
+        i
+    }
+
+    fn add_vm(&mut self, vi: u32, vm: SetupVm, pcpus: u32) {
+        let w = &vm.workload;
+        let vcpu_base = self.vcpus.len() as u32;
+        let m_base = self.mutexes.len() as u32;
+        let q_base = self.queues.len() as u32;
+        let c_base = self.conds.len() as u32;
+        let b_base = self.barriers.len() as u32;
+        let s_base = self.spins.len() as u32;
+        for _ in 0..w.mutexes {
+            self.mutexes.push(MutexObj { owner: NONE, waiters: VecDeque::new() });
+        }
+        for (i, &cap) in w.queues.iter().enumerate() {
+            self.queues.push(QueueObj {
+                len: 0,
+                cap,
+                producers: w.queue_producers[i],
+                closed: w.queue_producers[i] == 0,
+                pop_w: VecDeque::new(),
+                push_w: VecDeque::new(),
+            });
+        }
+        for _ in 0..w.conds {
+            self.conds.push(CondObj { tokens: 0, waiters: VecDeque::new() });
+        }
+        for &n in &w.barriers {
+            self.barriers.push(BarrierObj { n, arrived: 0, waiters: Vec::new() });
+        }
+        for &n in &w.spin_barriers {
+            self.spins.push(BarrierObj { n, arrived: 0, waiters: Vec::new() });
+        }
+        let retention = vm.guest.retention() && self.virt;
+        for i in 0..vm.vcpus {
+            let aff = match vm.pin_offset {
+                Some(off) => self.intern_aff(vec![off + i]),
+                None => 0,
+            };
+            let last_p = match vm.pin_offset {
+                Some(off) => off + i,
+                None => (vcpu_base + i) % pcpus,
+            };
+            let yielder = retention.then(|| Yielder {
+                det: IdleDetector::new(vm.gleaner.retention),
+                state: YState::Awake,
+                paused_at: None,
+                run_ns: 0,
+                target_ns: 0,
+                acc: 0,
+                gen: 0,
+            });
+            self.vcpus.push(Vcpu {
+                vm: vi,
+                idx: i,
+                host: Host::Off,
+                vruntime: 0,
+                slice_ns: self.host_slice_ns,
+                slice_end: 0,
+                aff,
+                pinned: vm.pin_offset.is_some(),
+                last_p,
+                overhead: 0,
+                pending_rv: false,
+                halt_start: 0,
+                kvm_poll_ns: 0,
+                hpolling: false,
+                poll_end: 0,
+                kick_pending: false,
+                inbox: Vec::new(),
+                cur: NONE,
+                rq: VecDeque::new(),
+                gslice_end: 0,
+                idle: Idle::Halted,
+                spin_since: 0,
+                guest_poll_limit: 0,
+                idle_since: 0,
+                yielder,
+                gv_since: 0,
+                c: Counters::default(),
+            });
+            self.vload.push(0);
+            self.allowed.push(true);
+        }
+        // Threads, placed round robin (or pinned) on the vCPUs' run queues.
+        let mut alive = 0;
+        let mut k = 0u32;
+        for g in &w.groups {
+            let prog = self.progs.len() as u32;
+            let mut pushes: Vec<u32> = g
+                .ops
+                .iter()
+                .filter_map(|o| if let Op::Push(q) = o { Some(q_base + q) } else { None })
+                .collect();
+            pushes.sort_unstable();
+            pushes.dedup();
+            let ops = g
+                .ops
+                .iter()
+                .map(|o| match *o {
+                    Op::Lock(m) => Op::Lock(m_base + m),
+                    Op::Unlock(m) => Op::Unlock(m_base + m),
+                    Op::Push(q) => Op::Push(q_base + q),
+                    Op::Pop(q) => Op::Pop(q_base + q),
+                    Op::Signal(c) => Op::Signal(c_base + c),
+                    Op::Wait(c) => Op::Wait(c_base + c),
+                    Op::Barrier(b) => Op::Barrier(b_base + b),
+                    Op::SpinBarrier(b) => Op::SpinBarrier(s_base + b),
+                    o => o,
+                })
+                .collect();
+            self.progs.push(Prog { ops, iterations: g.iterations, pushes });
+            for j in 0..g.threads {
+                let pin = if g.pin.is_empty() { NONE } else { g.pin[(j as usize) % g.pin.len()] };
+                let v = vcpu_base + if pin != NONE { pin } else { k % vm.vcpus };
+                k += 1;
+                let t = self.threads.len() as u32;
+                self.threads.push(Thread {
+                    vm: vi,
+                    prog,
+                    pc: 0,
+                    iter: 0,
+                    state: Ts::Runnable,
+                    vcpu: v,
+                    pin: if pin != NONE { vcpu_base + pin } else { NONE },
+                    rem: 0,
+                    wake_at: Ns::MAX,
+                    timer_gen: 0,
+                    spinning: false,
+                    io_pending: false,
+                });
+                self.vcpus[v as usize].rq.push_back(t);
+                self.vload[v as usize] += 1;
+                alive += 1;
+            }
+        }
+        let queued = alive;
+        if !vm.background {
+            self.fg_alive += 1;
+        }
+        let ctrl = (vm.guest.consolidation() && self.virt).then(|| {
+            Controller::new((0..vm.vcpus).collect(), vm.gleaner.params.clone())
+        });
+        self.vms.push(VmState {
+            name: vm.name,
+            vcpu_base,
+            nvcpus: vm.vcpus,
+            alive,
+            done_at: None,
+            background: vm.background,
+            guest: vm.guest,
+            gleaner: vm.gleaner,
+            haltpoll: vm.haltpoll,
+            cache: w.cache,
+            queued,
+            s_work: 0,
+            ctrl,
+            prev: vec![(0, 0, 0, 0); vm.vcpus as usize],
+            prev_s_work: 0,
+            decisions: 0,
+            decision_log: Vec::new(),
+            lat: Hist::default(),
+        });
+    }
+
+    /// Runs to completion (every foreground VM done), to `stop_at`, or to the safety limit.
+    pub fn run(mut self) -> Outcome {
+        for v in 0..self.vcpus.len() as u32 {
+            self.vcpus[v as usize].halt_start = 0;
+            self.host_wake(v);
+        }
+        for vm in 0..self.vms.len() {
+            if self.vms[vm].ctrl.is_some() {
+                let p = ms_to_ns(self.vms[vm].gleaner.period_ms);
+                self.q.push(p, Ev::GleanerPeriod { vm: vm as u32 });
+            }
+        }
+        if let Some(p) = self.host_policy.period_ns() {
+            self.q.push(p, Ev::HostPeriod);
+        }
+        self.flush_dirty();
+        let limit = self.stop_at.unwrap_or(self.max_ns).min(self.max_ns);
+        let mut finished = false;
+        while let Some((t, ev)) = self.q.pop() {
+            if t > limit {
+                self.now = limit;
+                break;
+            }
+            self.now = t;
+            if self.handle(ev) {
+                self.events += 1;
+            } else {
+                self.stale += 1;
+            }
+            self.flush_dirty();
+            if self.fg_alive == 0 && self.stop_at.is_none() {
+                finished = true;
+                break;
+            }
+        }
+        if self.stop_at.is_some() && self.fg_alive == 0 {
+            finished = true;
+        }
+        self.finish(finished)
+    }
+
+    fn handle(&mut self, ev: Ev) -> bool {
+        match ev {
+            Ev::Pcpu { p, gen } => {
+                if self.pcpus[p as usize].gen != gen {
+                    return false;
+                }
+                self.drive(p);
+            }
+            Ev::Kick { v } => self.on_kick(v),
+            Ev::ThreadTimer { t, gen } => {
+                let th = &self.threads[t as usize];
+                if th.timer_gen != gen || th.state != Ts::Blocked {
+                    return false;
+                }
+                self.wake_thread(t, NONE);
+            }
+            Ev::YielderTimer { v, gen } => {
+                let Some(y) = self.vcpus[v as usize].yielder.as_ref() else { return false };
+                if y.gen != gen {
+                    return false;
+                }
+                self.on_yielder_timer(v);
+            }
+            Ev::GleanerPeriod { vm } => self.on_gleaner_period(vm),
+            Ev::HostPeriod => self.on_host_period(),
+        }
+        true
+    }
+
+    pub(crate) fn mark_dirty(&mut self, p: u32) {
+        let pc = &mut self.pcpus[p as usize];
+        if !pc.dirty {
+            pc.dirty = true;
+            self.dirty.push(p);
+        }
+    }
+
+    fn flush_dirty(&mut self) {
+        while let Some(p) = self.dirty.pop() {
+            self.pcpus[p as usize].dirty = false;
+            self.drive(p);
+        }
+    }
+
+    /// Accounts the time since the pCPU's last settle to whatever its vCPU was doing.
+    pub(crate) fn settle(&mut self, p: u32) {
+        let now = self.now;
+        let pc = &mut self.pcpus[p as usize];
+        let e = now - pc.seg_start;
+        pc.seg_start = now;
+        if e == 0 || pc.cur == NONE {
+            return;
+        }
+        let vi = pc.cur as usize;
+        let vc = &mut self.vcpus[vi];
+        vc.vruntime += e;
+        vc.c.run_ns += e;
+        let x = e.min(vc.overhead);
+        vc.overhead -= x;
+        vc.c.overhead_ns += x;
+        let e = e - x;
+        if e == 0 {
+            return;
+        }
+        match vc.idle {
+            Idle::Busy if vc.cur == NONE => {}
+            Idle::Busy => {
+                let th = &mut self.threads[vc.cur as usize];
+                if th.spinning {
+                    vc.c.spin_ns += e;
+                } else {
+                    let w = e.min(th.rem);
+                    th.rem -= w;
+                    vc.c.work_ns += w;
+                    let cache = &self.vms[vc.vm as usize].cache;
+                    let refs = w as f64 * cache.refs_per_us / 1000.0;
+                    vc.c.llc_refs += refs;
+                    vc.c.llc_misses += refs * cache.miss_ratio;
+                }
+            }
+            Idle::Yield => {
+                if let Some(y) = vc.yielder.as_mut() {
+                    y.run_ns += e;
+                }
+                vc.c.yield_ns += e;
+            }
+            Idle::Poll { .. } => vc.c.gpoll_ns += e,
+            Idle::Halted => vc.c.hpoll_ns += e,
+        }
+    }
+
+    /// Handles every boundary reached at `now` on pCPU `p`, then schedules the next one.
+    pub(crate) fn drive(&mut self, p: u32) {
+        self.settle(p);
+        let mut guard = 0u32;
+        loop {
+            guard += 1;
+            debug_assert!(guard < 100_000, "drive loop does not converge on pCPU {p}");
+            if guard >= 100_000 {
+                break;
+            }
+            let v = self.pcpus[p as usize].cur;
+            if v == NONE {
+                if !self.pick_next(p) {
+                    break;
+                }
+                continue;
+            }
+            let now = self.now;
+            let vi = v as usize;
+            if !self.pcpus[p as usize].rq.is_empty() && now >= self.vcpus[vi].slice_end {
+                self.host_slice_expired(p);
+                continue;
+            }
+            if self.vcpus[vi].overhead > 0 {
+                break;
+            }
+            if !self.guest_step(v, p) {
+                break;
+            }
+        }
+        self.replan(p);
+    }
+
+    fn replan(&mut self, p: u32) {
+        let pc = &mut self.pcpus[p as usize];
+        pc.gen = pc.gen.wrapping_add(1);
+        let gen = pc.gen;
+        let v = pc.cur;
+        if v == NONE {
+            return;
+        }
+        let now = self.now;
+        let vc = &self.vcpus[v as usize];
+        let mut t = Ns::MAX;
+        if !pc.rq.is_empty() {
+            t = t.min(vc.slice_end.max(now));
+        }
+        if vc.overhead > 0 {
+            t = t.min(now + vc.overhead);
+        } else {
+            match vc.idle {
+                Idle::Busy => {
+                    let th = &self.threads[vc.cur as usize];
+                    if th.spinning {
+                        if self.virt {
+                            t = t.min((vc.spin_since + self.ple_window_ns).max(now));
+                        }
+                    } else {
+                        t = t.min(now + th.rem);
+                    }
+                    if !vc.rq.is_empty() {
+                        t = t.min(vc.gslice_end.max(now));
+                    }
+                }
+                Idle::Yield => {
+                    if let Some(y) = vc.yielder.as_ref() {
+                        t = t.min(now + y.target_ns.saturating_sub(y.run_ns));
+                    }
+                }
+                Idle::Poll { until } => t = t.min(until),
+                Idle::Halted => t = t.min(vc.poll_end.max(now)),
+            }
+        }
+        if t != Ns::MAX {
+            self.q.push(t, Ev::Pcpu { p, gen });
+        }
+    }
+
+    // ---------------------------------------------------------------- host scheduler
+
+    /// Picks the next vCPU for an empty pCPU: its own queue first, then steals. False if idle.
+    fn pick_next(&mut self, p: u32) -> bool {
+        let pi = p as usize;
+        if !self.pcpus[pi].rq.is_empty() {
+            let rq = &self.pcpus[pi].rq;
+            let mut best = 0;
+            for i in 1..rq.len() {
+                if self.vcpus[rq[i] as usize].vruntime < self.vcpus[rq[best] as usize].vruntime {
+                    best = i;
+                }
+            }
+            let v = self.pcpus[pi].rq.remove(best);
+            self.queued_vcpus -= 1;
+            self.run_on(p, v);
+            return true;
+        }
+        if self.queued_vcpus > 0 {
+            let n = self.pcpus.len() as u32;
+            for k in 1..n {
+                let q = (p + k) % n;
+                let rq = &self.pcpus[q as usize].rq;
+                if let Some(pos) = rq.iter().position(|&w| self.affs[self.vcpus[w as usize].aff as usize].member[p as usize]) {
+                    let v = self.pcpus[q as usize].rq.remove(pos);
+                    self.queued_vcpus -= 1;
+                    self.mark_dirty(q);
+                    self.run_on(p, v);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Starts vCPU `v` on the (empty, settled) pCPU `p`, charging resume and switch costs.
+    pub(crate) fn run_on(&mut self, p: u32, v: u32) {
+        let now = self.now;
+        let pi = p as usize;
+        debug_assert_eq!(self.pcpus[pi].cur, NONE);
+        let last = self.pcpus[pi].last;
+        self.pcpus[pi].cur = v;
+        self.pcpus[pi].last = v;
+        self.pcpus[pi].seg_start = now;
+        self.idle_pcpus -= 1;
+        let costs = self.costs;
+        let vc = &mut self.vcpus[v as usize];
+        let mut oh = 0;
+        if vc.pending_rv {
+            oh += costs.rv;
+            vc.pending_rv = false;
+        }
+        if last != v && last != NONE {
+            oh += costs.pv;
+            let cache = &self.vms[vc.vm as usize].cache;
+            oh += (cache.wss_kb * cache.refill_ns_per_kb) as u64;
+            vc.c.llc_misses += cache.wss_kb * 16.0;
+        }
+        vc.overhead += oh;
+        vc.host = Host::Running(p);
+        vc.last_p = p;
+        vc.slice_end = now + vc.overhead + vc.slice_ns;
+        vc.spin_since = now;
+        if vc.idle == Idle::Yield {
+            self.yield_resume(v);
+        }
+    }
+
+    /// Takes vCPU `v` off its pCPU (already settled). The pCPU is left empty.
+    pub(crate) fn take_off(&mut self, v: u32) -> u32 {
+        let Host::Running(p) = self.vcpus[v as usize].host else { unreachable!("vCPU {v} is not running") };
+        if self.vcpus[v as usize].idle == Idle::Yield {
+            self.yield_pause(v);
+        }
+        self.pcpus[p as usize].cur = NONE;
+        self.idle_pcpus += 1;
+        self.vcpus[v as usize].host = Host::Off;
+        p
+    }
+
+    fn enqueue_on(&mut self, p: u32, v: u32) {
+        self.pcpus[p as usize].rq.push(v);
+        self.queued_vcpus += 1;
+        self.vcpus[v as usize].host = Host::Queued(p);
+    }
+
+    fn host_slice_expired(&mut self, p: u32) {
+        let pi = p as usize;
+        let v = self.pcpus[pi].cur;
+        let min_rq = self.pcpus[pi].rq.iter().map(|&w| self.vcpus[w as usize].vruntime).min().unwrap_or(u64::MAX);
+        if min_rq < self.vcpus[v as usize].vruntime {
+            self.take_off(v);
+            self.enqueue_on(p, v);
+        } else {
+            let vc = &mut self.vcpus[v as usize];
+            vc.slice_end = self.now + vc.slice_ns;
+        }
+    }
+
+    /// Directed yield after a pause-loop exit: let a waiting vCPU run.
+    pub(crate) fn host_yield(&mut self, p: u32) {
+        let v = self.pcpus[p as usize].cur;
+        let maxv = self.pcpus[p as usize].rq.iter().map(|&w| self.vcpus[w as usize].vruntime).max().unwrap_or(0);
+        self.take_off(v);
+        let vc = &mut self.vcpus[v as usize];
+        vc.vruntime = vc.vruntime.max(maxv + 1);
+        self.enqueue_on(p, v);
+    }
+
+    /// KVM's halt-polling window update after a halt of `halt_ns` (kvm_vcpu_halt).
+    pub(crate) fn kvm_adjust(&mut self, v: u32, halt_ns: u64) {
+        let Some(hp) = self.halt_poll else { return };
+        let vc = &mut self.vcpus[v as usize];
+        let cur = vc.kvm_poll_ns;
+        if halt_ns <= cur {
+            // woke up during the poll: keep the window
+        } else if cur > 0 && halt_ns > hp.max_ns {
+            vc.kvm_poll_ns = if hp.shrink == 0 { 0 } else { cur / hp.shrink };
+        } else if cur < hp.max_ns && halt_ns < hp.max_ns {
+            let mut val = cur.saturating_mul(hp.grow);
+            if val < hp.grow_start {
+                val = hp.grow_start;
+            }
+            vc.kvm_poll_ns = val.min(hp.max_ns);
+        }
+    }
+
+    /// Makes a halted, descheduled vCPU runnable (an IPI or a timer reached it).
+    pub(crate) fn host_wake(&mut self, v: u32) {
+        let now = self.now;
+        let halt_ns = now - self.vcpus[v as usize].halt_start;
+        self.kvm_adjust(v, halt_ns);
+        self.vcpus[v as usize].pending_rv = true;
+        self.host_place(v);
+    }
+
+    /// Puts an off-CPU vCPU on a pCPU of its affinity: an idle one if any, else a run queue
+    /// (preempting the running vCPU if wakeup preemption allows).
+    pub(crate) fn host_place(&mut self, v: u32) {
+        let (ai, last) = {
+            let vc = &self.vcpus[v as usize];
+            (vc.aff as usize, vc.last_p)
+        };
+        let span = self.affs[ai].cpus.len() as u32;
+        let last_ok = self.affs[ai].member[last as usize];
+        if self.idle_pcpus > 0 {
+            if last_ok && self.pcpus[last as usize].cur == NONE {
+                self.settle(last);
+                self.run_on(last, v);
+                self.mark_dirty(last);
+                return;
+            }
+            let start = v % span;
+            for k in 0..span {
+                let p = self.affs[ai].cpus[((start + k) % span) as usize];
+                if self.pcpus[p as usize].cur == NONE {
+                    self.settle(p);
+                    self.run_on(p, v);
+                    self.mark_dirty(p);
+                    return;
+                }
+            }
+        }
+        let p = if last_ok { last } else { self.affs[ai].cpus[(v % span) as usize] };
+        self.settle(p);
+        let cur = self.pcpus[p as usize].cur;
+        // Sleeper credit: a waking vCPU is placed at most half a slice behind the queue's minimum.
+        let minv = self.pcpus[p as usize]
+            .rq
+            .iter()
+            .chain(std::iter::once(&cur).filter(|&&c| c != NONE))
+            .map(|&w| self.vcpus[w as usize].vruntime)
+            .min()
+            .unwrap_or(0);
+        let half = self.host_slice_ns / 2;
+        let vc = &mut self.vcpus[v as usize];
+        vc.vruntime = vc.vruntime.max(minv.saturating_sub(half));
+        let vr = vc.vruntime;
+        if cur != NONE
+            && self.wakeup_preemption
+            && vr + self.wakeup_gran_ns < self.vcpus[cur as usize].vruntime
+        {
+            self.take_off(cur);
+            self.enqueue_on(p, cur);
+            self.run_on(p, v);
+        } else {
+            self.enqueue_on(p, v);
+        }
+        self.mark_dirty(p);
+    }
+
+    /// Moves a vCPU onto its (new) affinity if it is outside it.
+    pub(crate) fn host_migrate_if_needed(&mut self, v: u32) {
+        let vc = &self.vcpus[v as usize];
+        let member = &self.affs[vc.aff as usize].member;
+        match vc.host {
+            Host::Running(p) if !member[p as usize] => {
+                self.settle(p);
+                self.take_off(v);
+                self.mark_dirty(p);
+                self.host_place(v);
+            }
+            Host::Queued(p) if !member[p as usize] => {
+                let rq = &mut self.pcpus[p as usize].rq;
+                if let Some(pos) = rq.iter().position(|&w| w == v) {
+                    rq.remove(pos);
+                    self.queued_vcpus -= 1;
+                }
+                self.vcpus[v as usize].host = Host::Off;
+                self.mark_dirty(p);
+                self.host_place(v);
+            }
+            _ => {}
+        }
+    }
+
+    /// An IPI (or a timer) reached vCPU `v`: deliver the threads in flight and wake it.
+    fn on_kick(&mut self, v: u32) {
+        let vi = v as usize;
+        self.vcpus[vi].kick_pending = false;
+        if let Host::Running(p) = self.vcpus[vi].host {
+            self.settle(p);
+        }
+        let inbox = std::mem::take(&mut self.vcpus[vi].inbox);
+        let vm = self.vcpus[vi].vm as usize;
+        for &t in &inbox {
+            self.vcpus[vi].rq.push_back(t);
+            self.vms[vm].queued += 1;
+        }
+        let mut inbox = inbox;
+        inbox.clear();
+        self.vcpus[vi].inbox = inbox;
+        match self.vcpus[vi].host {
+            Host::Running(p) => self.mark_dirty(p),
+            Host::Queued(_) => {}
+            Host::Off => self.host_wake(v),
+        }
+    }
+
+    /// Sends a wake-up to vCPU `v` after `delay` (no-op if one is in flight).
+    pub(crate) fn kick(&mut self, v: u32, delay: Ns) {
+        let vc = &mut self.vcpus[v as usize];
+        if !vc.kick_pending {
+            vc.kick_pending = true;
+            self.q.push(self.now + delay, Ev::Kick { v });
+        }
+    }
+
+    pub(crate) fn sample_compute(&mut self, mean: Ns, jitter_pm: u32) -> Ns {
+        if jitter_pm == 0 || mean == 0 {
+            return mean;
+        }
+        let d = mean as f64 * jitter_pm as f64 / 1000.0;
+        let x: f64 = self.rng.gen_range(-1.0..1.0);
+        ((mean as f64 + x * d).round().max(1.0)) as Ns
+    }
+
+    fn finish(mut self, finished: bool) -> Outcome {
+        for p in 0..self.pcpus.len() as u32 {
+            self.settle(p);
+        }
+        for v in 0..self.vcpus.len() as u32 {
+            self.gv_flush(v);
+        }
+        let end = self.now;
+        let mut vms = Vec::new();
+        for (i, vm) in self.vms.iter().enumerate() {
+            let mut c = Counters::default();
+            for v in vm.vcpu_base..vm.vcpu_base + vm.nvcpus {
+                let x = &self.vcpus[v as usize].c;
+                c.run_ns += x.run_ns;
+                c.overhead_ns += x.overhead_ns;
+                c.work_ns += x.work_ns;
+                c.spin_ns += x.spin_ns;
+                c.yield_ns += x.yield_ns;
+                c.gpoll_ns += x.gpoll_ns;
+                c.hpoll_ns += x.hpoll_ns;
+                c.idle_entries += x.idle_entries;
+                c.exits_hlt += x.exits_hlt;
+                c.exits_ipi += x.exits_ipi;
+                c.exits_timer += x.exits_timer;
+                c.exits_ple += x.exits_ple;
+                c.exits_io += x.exits_io;
+                c.io_events += x.io_events;
+                c.hpoll_attempts += x.hpoll_attempts;
+                c.hpoll_success += x.hpoll_success;
+                c.llc_refs += x.llc_refs;
+                c.llc_misses += x.llc_misses;
+            }
+            let active = vm.ctrl.as_ref().map(|c| c.active().len() as u32);
+            vms.push(VmOutcome {
+                index: i as u32,
+                name: vm.name.clone(),
+                vcpus: vm.nvcpus,
+                background: vm.background,
+                done_at: vm.done_at,
+                end_ns: end,
+                run_ns: c.run_ns,
+                overhead_ns: c.overhead_ns,
+                work_ns: c.work_ns,
+                spin_ns: c.spin_ns,
+                yield_ns: c.yield_ns,
+                guest_poll_ns: c.gpoll_ns,
+                host_poll_ns: c.hpoll_ns,
+                idle_entries: c.idle_entries,
+                exits_hlt: c.exits_hlt,
+                exits_ipi: c.exits_ipi,
+                exits_timer: c.exits_timer,
+                exits_ple: c.exits_ple,
+                exits_io: c.exits_io,
+                halt_poll_attempts: c.hpoll_attempts,
+                halt_poll_successes: c.hpoll_success,
+                llc_refs: c.llc_refs,
+                llc_misses: c.llc_misses,
+                context_switches: vm.s_work,
+                lat: vm.lat.clone(),
+                gleaner_active_end: active,
+                gleaner_decisions: vm.decisions,
+            });
+        }
+        Outcome {
+            end_ns: end,
+            finished,
+            events: self.events,
+            stale_events: self.stale,
+            host_plans: self.host_plans,
+            vms,
+        }
+    }
+}
+
+pub(crate) fn ms_to_ns(ms: f64) -> Ns {
+    (ms * 1e6).round().max(1.0) as Ns
+}

@@ -1,0 +1,584 @@
+//! The guest side: per-vCPU run queues, wake-up placement (an idle vCPU gets an IPI), newidle
+//! stealing, idle handling (halt, guest haltpoll, idle=poll, Gleaner's yielder), and the
+//! threads' programs with their synchronization objects.
+
+use crate::engine::{Engine, Host, Idle, Ts, YState, NONE};
+use crate::queue::{Ev, Ns};
+use crate::scenario::GuestPolicy;
+use crate::workload::Op;
+
+impl Engine {
+    /// One step of the vCPU `v` running on pCPU `p` (settled, no overhead left). Returns true
+    /// if something changed (the caller loops), false when the vCPU just keeps going.
+    pub(crate) fn guest_step(&mut self, v: u32, p: u32) -> bool {
+        let now = self.now;
+        let vi = v as usize;
+        match self.vcpus[vi].idle {
+            Idle::Busy => {
+                let t = self.vcpus[vi].cur;
+                if t == NONE {
+                    self.guest_next(v, p);
+                    return true;
+                }
+                let (spinning, rem) = {
+                    let th = &self.threads[t as usize];
+                    (th.spinning, th.rem)
+                };
+                if spinning {
+                    if self.virt && now >= self.vcpus[vi].spin_since + self.ple_window_ns {
+                        let vc = &mut self.vcpus[vi];
+                        vc.c.exits_ple += 1;
+                        vc.overhead += self.costs.ple_exit;
+                        vc.spin_since = now;
+                        if !self.pcpus[p as usize].rq.is_empty() {
+                            self.host_yield(p);
+                        }
+                        return true;
+                    }
+                } else if rem == 0 {
+                    self.run_ops(t, v, p);
+                    return true;
+                }
+                if !self.vcpus[vi].rq.is_empty() && now >= self.vcpus[vi].gslice_end {
+                    self.rotate(v, p);
+                    return true;
+                }
+                false
+            }
+            Idle::Yield => {
+                if !self.vcpus[vi].rq.is_empty() {
+                    self.leave_idle(v);
+                    self.guest_next(v, p);
+                    return true;
+                }
+                if !self.yielder_runnable(v) {
+                    self.yield_pause(v);
+                    self.enter_idle(v, p);
+                    return true;
+                }
+                let y = self.vcpus[vi].yielder.as_ref().expect("yield state without yielder");
+                if y.run_ns >= y.target_ns {
+                    self.yield_timeout(v);
+                    if !self.yielder_runnable(v) {
+                        self.enter_idle(v, p);
+                    }
+                    return true;
+                }
+                false
+            }
+            Idle::Poll { until } => {
+                if !self.vcpus[vi].rq.is_empty() || self.yielder_runnable(v) {
+                    self.leave_idle(v);
+                    self.guest_next(v, p);
+                    return true;
+                }
+                if now >= until {
+                    self.halt(v, p);
+                    return true;
+                }
+                false
+            }
+            Idle::Halted => {
+                if !self.vcpus[vi].rq.is_empty() || self.yielder_runnable(v) {
+                    self.leave_idle(v);
+                    self.guest_next(v, p);
+                    return true;
+                }
+                if self.vcpus[vi].hpolling {
+                    if !self.pcpus[p as usize].rq.is_empty() || now >= self.vcpus[vi].poll_end {
+                        // KVM stops polling when another task wants the pCPU, or at the window's end.
+                        self.vcpus[vi].hpolling = false;
+                        self.take_off(v);
+                        return true;
+                    }
+                    return false;
+                }
+                // Resumed with nothing to do (the thread was taken elsewhere): halt again.
+                self.halt(v, p);
+                true
+            }
+        }
+    }
+
+    pub(crate) fn yielder_runnable(&self, v: u32) -> bool {
+        self.allowed[v as usize]
+            && self.vcpus[v as usize]
+                .yielder
+                .as_ref()
+                .is_some_and(|y| matches!(y.state, YState::Awake | YState::Woken { .. }))
+    }
+
+    /// Accounts the guest-visible time since the last change to the current category.
+    pub(crate) fn gv_flush(&mut self, v: u32) {
+        let now = self.now;
+        let vc = &mut self.vcpus[v as usize];
+        let e = now - vc.gv_since;
+        vc.gv_since = now;
+        if vc.cur != NONE {
+            vc.c.gv_work += e;
+        } else if vc.idle == Idle::Yield {
+            vc.c.gv_yield += e;
+        } else {
+            vc.c.gv_idle += e;
+        }
+    }
+
+    /// The vCPU has no current thread: run the next one, steal one, or go idle.
+    pub(crate) fn guest_next(&mut self, v: u32, p: u32) {
+        let vi = v as usize;
+        if let Some(t) = self.vcpus[vi].rq.pop_front() {
+            let vm = self.vcpus[vi].vm as usize;
+            self.vms[vm].queued -= 1;
+            self.dispatch(v, t);
+            return;
+        }
+        if self.allowed[vi] {
+            if let Some(t) = self.steal(v) {
+                self.dispatch(v, t);
+                return;
+            }
+        }
+        self.enter_idle(v, p);
+    }
+
+    fn dispatch(&mut self, v: u32, t: u32) {
+        self.gv_flush(v);
+        let now = self.now;
+        let rt = self.costs.rt;
+        let gs = self.guest_slice_ns;
+        let vc = &mut self.vcpus[v as usize];
+        vc.cur = t;
+        vc.idle = Idle::Busy;
+        vc.overhead += rt;
+        vc.gslice_end = now + vc.overhead + gs;
+        vc.spin_since = now;
+        let oh = vc.overhead;
+        let th = &mut self.threads[t as usize];
+        th.state = Ts::Running;
+        th.vcpu = v;
+        if th.io_pending {
+            th.io_pending = false;
+            vc.c.io_events += 1;
+        }
+        let vm = th.vm as usize;
+        if th.wake_at != Ns::MAX {
+            let lat = now + oh - th.wake_at;
+            th.wake_at = Ns::MAX;
+            self.vms[vm].lat.record(lat);
+        }
+        self.vms[vm].s_work += 1;
+    }
+
+    fn rotate(&mut self, v: u32, p: u32) {
+        self.gv_flush(v);
+        let vi = v as usize;
+        let t = self.vcpus[vi].cur;
+        self.threads[t as usize].state = Ts::Runnable;
+        self.vcpus[vi].cur = NONE;
+        self.vcpus[vi].rq.push_back(t);
+        let vm = self.vcpus[vi].vm as usize;
+        self.vms[vm].queued += 1;
+        self.guest_next(v, p);
+    }
+
+    /// Newidle balancing: take a waiting thread from the busiest allowed vCPU of the VM.
+    fn steal(&mut self, v: u32) -> Option<u32> {
+        let vm = self.vcpus[v as usize].vm as usize;
+        if self.vms[vm].queued == 0 {
+            return None;
+        }
+        let (base, n) = (self.vms[vm].vcpu_base, self.vms[vm].nvcpus);
+        let mut best = NONE;
+        let mut best_len = 0;
+        for u in base..base + n {
+            if u == v || self.vload[u as usize] == 0 {
+                continue;
+            }
+            let len = self.vcpus[u as usize].rq.len();
+            if len > best_len {
+                best = u;
+                best_len = len;
+            }
+        }
+        if best == NONE {
+            return None;
+        }
+        let rq = &self.vcpus[best as usize].rq;
+        let pos = (0..rq.len()).rev().find(|&i| self.threads[rq[i] as usize].pin == NONE)?;
+        let t = self.vcpus[best as usize].rq.remove(pos).expect("index in range");
+        self.vms[vm].queued -= 1;
+        self.vload[best as usize] -= 1;
+        self.vload[v as usize] += 1;
+        Some(t)
+    }
+
+    /// The vCPU has nothing to run: the yielder, guest polling, or halt.
+    pub(crate) fn enter_idle(&mut self, v: u32, p: u32) {
+        self.gv_flush(v);
+        let now = self.now;
+        let vi = v as usize;
+        if self.vcpus[vi].idle == Idle::Busy {
+            self.vcpus[vi].c.idle_entries += 1;
+            self.vcpus[vi].idle_since = now;
+        }
+        if self.yielder_runnable(v) {
+            self.vcpus[vi].idle = Idle::Yield;
+            if self.yield_resume(v) {
+                return;
+            }
+            self.gv_flush(v);
+        }
+        let vm = self.vcpus[vi].vm as usize;
+        let mode = if self.virt { self.vms[vm].guest } else { GuestPolicy::Stock };
+        match mode {
+            GuestPolicy::IdlePoll => self.vcpus[vi].idle = Idle::Poll { until: Ns::MAX },
+            GuestPolicy::Haltpoll => {
+                let limit = self.vcpus[vi].guest_poll_limit;
+                if limit > 0 {
+                    self.vcpus[vi].idle = Idle::Poll { until: now + limit };
+                } else {
+                    self.halt(v, p);
+                }
+            }
+            _ => self.halt(v, p),
+        }
+    }
+
+    /// HLT: a VM exit; KVM polls if its window is open and nothing else wants the pCPU,
+    /// otherwise the vCPU is descheduled.
+    fn halt(&mut self, v: u32, p: u32) {
+        self.gv_flush(v);
+        let now = self.now;
+        let vi = v as usize;
+        let vc = &mut self.vcpus[vi];
+        vc.idle = Idle::Halted;
+        vc.halt_start = now;
+        if self.virt {
+            vc.c.exits_hlt += 1;
+        }
+        if self.halt_poll.is_some() && vc.kvm_poll_ns > 0 && self.pcpus[p as usize].rq.is_empty() {
+            vc.hpolling = true;
+            vc.poll_end = now + vc.kvm_poll_ns;
+            vc.c.hpoll_attempts += 1;
+        } else {
+            vc.hpolling = false;
+            self.take_off(v);
+        }
+    }
+
+    /// Leaves the idle state because work (or the yielder) arrived.
+    fn leave_idle(&mut self, v: u32) {
+        self.gv_flush(v);
+        let now = self.now;
+        let vi = v as usize;
+        match self.vcpus[vi].idle {
+            Idle::Yield => self.yield_pause(v),
+            Idle::Poll { .. } => self.haltpoll_adjust(v),
+            Idle::Halted => {
+                if self.vcpus[vi].hpolling {
+                    let halt_ns = now - self.vcpus[vi].halt_start;
+                    let vc = &mut self.vcpus[vi];
+                    vc.hpolling = false;
+                    vc.c.hpoll_success += 1;
+                    vc.overhead += self.costs.poll_wake;
+                    self.kvm_adjust(v, halt_ns);
+                }
+                self.haltpoll_adjust(v);
+            }
+            Idle::Busy => {}
+        }
+        self.vcpus[vi].idle = Idle::Busy;
+    }
+
+    /// cpuidle-haltpoll's adaptive window (adjust_poll_limit) after an idle period.
+    fn haltpoll_adjust(&mut self, v: u32) {
+        let vi = v as usize;
+        let vm = self.vcpus[vi].vm as usize;
+        if self.vms[vm].guest != GuestPolicy::Haltpoll || !self.virt {
+            return;
+        }
+        let hp = self.vms[vm].haltpoll.clone();
+        let vc = &mut self.vcpus[vi];
+        let block = self.now - vc.idle_since;
+        let limit = vc.guest_poll_limit;
+        if block > limit && block <= hp.guest_halt_poll_ns {
+            let mut val = limit.saturating_mul(hp.guest_halt_poll_grow);
+            if val < hp.guest_halt_poll_grow_start {
+                val = hp.guest_halt_poll_grow_start;
+            }
+            vc.guest_poll_limit = val.min(hp.guest_halt_poll_ns);
+        } else if block > hp.guest_halt_poll_ns {
+            vc.guest_poll_limit = if hp.guest_halt_poll_shrink == 0 { 0 } else { limit / hp.guest_halt_poll_shrink };
+        }
+    }
+
+    /// Wakes a blocked thread; `src` is the waking vCPU (NONE for a timer or device).
+    pub(crate) fn wake_thread(&mut self, t: u32, src: u32) {
+        let th = &mut self.threads[t as usize];
+        debug_assert_eq!(th.state, Ts::Blocked);
+        th.state = Ts::Runnable;
+        th.wake_at = self.now;
+        let v = self.select_vcpu(t);
+        self.deliver(t, v, src);
+    }
+
+    /// select_task_rq: the previous vCPU if idle, else any idle allowed vCPU, else the previous.
+    fn select_vcpu(&self, t: u32) -> u32 {
+        let th = &self.threads[t as usize];
+        if th.pin != NONE {
+            return th.pin;
+        }
+        let vm = &self.vms[th.vm as usize];
+        let (base, n) = (vm.vcpu_base, vm.nvcpus);
+        let prev = th.vcpu;
+        if self.allowed[prev as usize] && self.vload[prev as usize] == 0 {
+            return prev;
+        }
+        let start = prev - base;
+        for k in 1..n {
+            let u = base + (start + k) % n;
+            if self.allowed[u as usize] && self.vload[u as usize] == 0 {
+                return u;
+            }
+        }
+        if self.allowed[prev as usize] {
+            return prev;
+        }
+        let mut best = NONE;
+        for u in base..base + n {
+            if self.allowed[u as usize] && (best == NONE || self.vload[u as usize] < self.vload[best as usize]) {
+                best = u;
+            }
+        }
+        if best == NONE {
+            prev
+        } else {
+            best
+        }
+    }
+
+    /// Puts a runnable thread on vCPU `v`: directly if `v` is busy or polling, through an IPI if
+    /// it is halted or running the yielder.
+    pub(crate) fn deliver(&mut self, t: u32, v: u32, src: u32) {
+        let vi = v as usize;
+        self.vload[vi] += 1;
+        self.threads[t as usize].vcpu = v;
+        let vm = self.vcpus[vi].vm as usize;
+        let polling = matches!(self.vcpus[vi].idle, Idle::Poll { .. });
+        if src == v || self.vcpus[vi].cur != NONE || polling {
+            self.vcpus[vi].rq.push_back(t);
+            self.vms[vm].queued += 1;
+            if src != v {
+                if let Host::Running(p) = self.vcpus[vi].host {
+                    self.settle(p);
+                    self.mark_dirty(p);
+                }
+            }
+            return;
+        }
+        self.vcpus[vi].inbox.push(t);
+        let delay = if src == NONE {
+            0
+        } else {
+            if self.virt {
+                let sc = &mut self.vcpus[src as usize];
+                sc.c.exits_ipi += 1;
+                sc.overhead += self.costs.ipi_send;
+            }
+            self.costs.ipi
+        };
+        self.kick(v, delay);
+    }
+
+    fn block_thread(&mut self, t: u32, v: u32, p: u32) {
+        self.gv_flush(v);
+        self.threads[t as usize].state = Ts::Blocked;
+        self.vcpus[v as usize].cur = NONE;
+        self.vload[v as usize] -= 1;
+        self.guest_next(v, p);
+    }
+
+    fn thread_exit(&mut self, t: u32, v: u32, p: u32) {
+        self.gv_flush(v);
+        self.threads[t as usize].state = Ts::Done;
+        self.vcpus[v as usize].cur = NONE;
+        self.vload[v as usize] -= 1;
+        let vm = self.threads[t as usize].vm as usize;
+        let prog = self.threads[t as usize].prog as usize;
+        for i in 0..self.progs[prog].pushes.len() {
+            let q = self.progs[prog].pushes[i] as usize;
+            self.queues[q].producers -= 1;
+            if self.queues[q].producers == 0 {
+                self.queues[q].closed = true;
+                while let Some(w) = self.queues[q].pop_w.pop_front() {
+                    // Re-run the pop: the queue is closed and empty, so the thread ends.
+                    self.threads[w as usize].pc -= 1;
+                    self.wake_thread(w, v);
+                }
+            }
+        }
+        self.vms[vm].alive -= 1;
+        if self.vms[vm].alive == 0 {
+            self.vms[vm].done_at = Some(self.now);
+            if !self.vms[vm].background {
+                self.fg_alive -= 1;
+            }
+        }
+        self.guest_next(v, p);
+    }
+
+    /// Runs thread `t` (current on `v`, on pCPU `p`) from its program counter until it computes,
+    /// spins, blocks or ends.
+    fn run_ops(&mut self, t: u32, v: u32, p: u32) {
+        let prog = self.threads[t as usize].prog as usize;
+        let nops = self.progs[prog].ops.len() as u32;
+        loop {
+            let th = &mut self.threads[t as usize];
+            if th.pc == nops {
+                th.iter += 1;
+                if self.progs[prog].iterations.is_some_and(|n| th.iter >= n) {
+                    self.thread_exit(t, v, p);
+                    return;
+                }
+                th.pc = 0;
+            }
+            let op = self.progs[prog].ops[th.pc as usize];
+            th.pc += 1;
+            match op {
+                Op::Compute { mean_ns, jitter_pm } => {
+                    let rem = self.sample_compute(mean_ns, jitter_pm);
+                    if rem > 0 {
+                        self.threads[t as usize].rem = rem;
+                        return;
+                    }
+                }
+                Op::Lock(m) => {
+                    let mx = &mut self.mutexes[m as usize];
+                    if mx.owner == NONE {
+                        mx.owner = t;
+                    } else {
+                        mx.waiters.push_back(t);
+                        self.block_thread(t, v, p);
+                        return;
+                    }
+                }
+                Op::Unlock(m) => {
+                    let mx = &mut self.mutexes[m as usize];
+                    if let Some(w) = mx.waiters.pop_front() {
+                        mx.owner = w;
+                        self.wake_thread(w, v);
+                    } else {
+                        mx.owner = NONE;
+                    }
+                }
+                Op::Push(q) => {
+                    let qu = &mut self.queues[q as usize];
+                    if let Some(w) = qu.pop_w.pop_front() {
+                        self.wake_thread(w, v);
+                    } else if qu.len < qu.cap {
+                        qu.len += 1;
+                    } else {
+                        qu.push_w.push_back(t);
+                        self.block_thread(t, v, p);
+                        return;
+                    }
+                }
+                Op::Pop(q) => {
+                    let qu = &mut self.queues[q as usize];
+                    if qu.len > 0 {
+                        qu.len -= 1;
+                        if let Some(w) = qu.push_w.pop_front() {
+                            qu.len += 1;
+                            self.wake_thread(w, v);
+                        }
+                    } else if qu.closed {
+                        self.thread_exit(t, v, p);
+                        return;
+                    } else {
+                        qu.pop_w.push_back(t);
+                        self.block_thread(t, v, p);
+                        return;
+                    }
+                }
+                Op::Signal(c) => {
+                    let cv = &mut self.conds[c as usize];
+                    if let Some(w) = cv.waiters.pop_front() {
+                        self.wake_thread(w, v);
+                    } else {
+                        cv.tokens += 1;
+                    }
+                }
+                Op::Wait(c) => {
+                    let cv = &mut self.conds[c as usize];
+                    if cv.tokens > 0 {
+                        cv.tokens -= 1;
+                    } else {
+                        cv.waiters.push_back(t);
+                        self.block_thread(t, v, p);
+                        return;
+                    }
+                }
+                Op::Barrier(b) => {
+                    let br = &mut self.barriers[b as usize];
+                    br.arrived += 1;
+                    if br.arrived >= br.n {
+                        br.arrived = 0;
+                        let ws = std::mem::take(&mut br.waiters);
+                        for &w in &ws {
+                            self.wake_thread(w, v);
+                        }
+                        let mut ws = ws;
+                        ws.clear();
+                        self.barriers[b as usize].waiters = ws;
+                    } else {
+                        br.waiters.push(t);
+                        self.block_thread(t, v, p);
+                        return;
+                    }
+                }
+                Op::SpinBarrier(b) => {
+                    let br = &mut self.spins[b as usize];
+                    br.arrived += 1;
+                    if br.arrived >= br.n {
+                        br.arrived = 0;
+                        let ws = std::mem::take(&mut br.waiters);
+                        for &w in &ws {
+                            let wv = self.threads[w as usize].vcpu;
+                            if self.vcpus[wv as usize].cur == w {
+                                if let Host::Running(wp) = self.vcpus[wv as usize].host {
+                                    self.settle(wp);
+                                    self.mark_dirty(wp);
+                                }
+                            }
+                            self.threads[w as usize].spinning = false;
+                        }
+                        let mut ws = ws;
+                        ws.clear();
+                        self.spins[b as usize].waiters = ws;
+                    } else {
+                        br.waiters.push(t);
+                        self.threads[t as usize].spinning = true;
+                        self.vcpus[v as usize].spin_since = self.now;
+                        return;
+                    }
+                }
+                Op::Sleep(ns) | Op::Io(ns) => {
+                    let th = &mut self.threads[t as usize];
+                    th.timer_gen = th.timer_gen.wrapping_add(1);
+                    let gen = th.timer_gen;
+                    if let Op::Io(_) = op {
+                        th.io_pending = true;
+                        if self.virt {
+                            self.vcpus[v as usize].c.exits_io += 1;
+                        }
+                    } else if self.virt {
+                        self.vcpus[v as usize].c.exits_timer += 1;
+                    }
+                    self.q.push(self.now + ns, Ev::ThreadTimer { t, gen });
+                    self.block_thread(t, v, p);
+                    return;
+                }
+            }
+        }
+    }
+}

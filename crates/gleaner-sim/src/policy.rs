@@ -1,0 +1,210 @@
+//! Host policies: every monitoring period the engine hands the policy per-vCPU counters and
+//! may receive pCPU pools (sets of pCPUs with a time slice) and a vCPU -> pool assignment.
+//!
+//! - [`StockHost`]: one pool of every pCPU with the fixed `host.slice_us` (no period).
+//! - [`AqlHost`]: AQL_Sched, i.e. `gleaner_policy::aql`'s type recognizer over a window of
+//!   periods and its clustering (algorithms 1 and 2), exactly the code `gleaner host` runs.
+
+use gleaner_policy::aql;
+
+use crate::queue::Ns;
+
+/// Whether the AQL adapter is built (the scenario validator refuses `host = "aql"` otherwise).
+pub const AQL_AVAILABLE: bool = true;
+
+/// One vCPU's counters over a period (or cumulative, inside the engine).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct VcpuCounters {
+    /// VM index in the scenario.
+    pub vm: u32,
+    /// vCPU index in its VM.
+    pub vcpu: u32,
+    /// I/O completions handled.
+    pub io_events: u64,
+    /// Pause-loop exits.
+    pub ple_exits: u64,
+    /// Time spent spinning in user-level spin loops.
+    pub spin_ns: u64,
+    pub llc_refs: f64,
+    pub llc_misses: f64,
+    /// pCPU time the vCPU ran.
+    pub run_ns: u64,
+}
+
+impl VcpuCounters {
+    pub fn delta(&self, prev: &Self) -> Self {
+        Self {
+            vm: self.vm,
+            vcpu: self.vcpu,
+            io_events: self.io_events - prev.io_events,
+            ple_exits: self.ple_exits - prev.ple_exits,
+            spin_ns: self.spin_ns - prev.spin_ns,
+            llc_refs: self.llc_refs - prev.llc_refs,
+            llc_misses: self.llc_misses - prev.llc_misses,
+            run_ns: self.run_ns - prev.run_ns,
+        }
+    }
+}
+
+/// What a host policy sees each period.
+#[derive(Debug)]
+pub struct HostView<'a> {
+    pub now_ns: Ns,
+    pub period_ns: Ns,
+    pub pcpus: u32,
+    /// Per vCPU (global order: VM by VM), counters over the last period.
+    pub vcpus: &'a [VcpuCounters],
+}
+
+/// A pCPU pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPool {
+    pub pcpus: Vec<u32>,
+    pub slice_ns: Ns,
+}
+
+/// Pools and, per vCPU (global order), the index of its pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPlan {
+    pub pools: Vec<HostPool>,
+    pub assign: Vec<u32>,
+}
+
+impl HostPlan {
+    /// Every pool non-empty, within the host, with a positive slice; one entry per vCPU.
+    pub fn validate(&self, pcpus: u32, vcpus: usize) -> Result<(), String> {
+        if self.assign.len() != vcpus {
+            return Err(format!("{} assignments for {vcpus} vCPUs", self.assign.len()));
+        }
+        for (i, p) in self.pools.iter().enumerate() {
+            if p.pcpus.is_empty() || p.slice_ns == 0 || p.pcpus.iter().any(|&c| c >= pcpus) {
+                return Err(format!("pool {i} is empty, has a zero slice or a pCPU >= {pcpus}"));
+            }
+        }
+        if self.assign.iter().any(|&a| a as usize >= self.pools.len()) {
+            return Err("assignment to a pool that does not exist".into());
+        }
+        Ok(())
+    }
+}
+
+/// A host-side scheduling policy.
+pub trait HostPolicy: Send {
+    fn name(&self) -> &'static str;
+    /// Monitoring period; `None` = never called.
+    fn period_ns(&self) -> Option<Ns>;
+    /// Called every period; `Some(plan)` replaces the current pools, slices and assignment.
+    fn on_period(&mut self, view: &HostView<'_>) -> Option<HostPlan>;
+}
+
+/// The stock host: fixed slice, every pCPU in one pool.
+#[derive(Debug, Default)]
+pub struct StockHost;
+
+impl HostPolicy for StockHost {
+    fn name(&self) -> &'static str {
+        "stock"
+    }
+    fn period_ns(&self) -> Option<Ns> {
+        None
+    }
+    fn on_period(&mut self, _view: &HostView<'_>) -> Option<HostPlan> {
+        None
+    }
+}
+
+/// Instructions per nanosecond of vCPU run time, to normalize LLC counts per 1000 instructions
+/// (the simulator has no instruction counter; 2 per ns ~ IPC 1 at 2 GHz).
+const INSTR_PER_NS: u64 = 2;
+
+/// AQL_Sched on the simulated host.
+pub struct AqlHost {
+    rec: aql::TypeRecognizer,
+    topo: aql::Topology,
+    quanta: aql::Quanta,
+    period_ns: Ns,
+}
+
+impl AqlHost {
+    /// The paper's settings: 30 ms period, window of 4 periods, calibrated quanta.
+    pub fn new(pcpus: u32, sockets: u32) -> Self {
+        Self {
+            rec: aql::TypeRecognizer::new(4, aql::Limits::default()),
+            topo: aql::Topology::uniform(sockets, pcpus / sockets.max(1)),
+            quanta: aql::Quanta::paper(),
+            period_ns: 30_000_000,
+        }
+    }
+}
+
+impl HostPolicy for AqlHost {
+    fn name(&self) -> &'static str {
+        "aql"
+    }
+    fn period_ns(&self) -> Option<Ns> {
+        Some(self.period_ns)
+    }
+    fn on_period(&mut self, view: &HostView<'_>) -> Option<HostPlan> {
+        let mut infos = Vec::with_capacity(view.vcpus.len());
+        for c in view.vcpus {
+            let id = aql::VcpuId { vm: c.vm as u64, vcpu: c.vcpu };
+            let counters = aql::VcpuCounters {
+                period_ns: view.period_ns,
+                io_events: Some(c.io_events),
+                spin_events: Some(c.ple_exits),
+                llc_refs: Some(c.llc_refs.round() as u64),
+                llc_misses: Some(c.llc_misses.round() as u64),
+                instructions: Some(c.run_ns.saturating_mul(INSTR_PER_NS)),
+                run_ns: Some(c.run_ns),
+            };
+            self.rec.observe(id, &counters);
+            let class = self.rec.classify(id)?;
+            infos.push(aql::VcpuInfo::from_classification(id, &class));
+        }
+        let plan = aql::plan(&infos, &self.topo, &self.quanta);
+        let pools: Vec<HostPool> =
+            plan.pools.iter().map(|p| HostPool { pcpus: p.pcpus.clone(), slice_ns: p.quantum_ns }).collect();
+        let mut assign = Vec::with_capacity(view.vcpus.len());
+        for c in view.vcpus {
+            let id = aql::VcpuId { vm: c.vm as u64, vcpu: c.vcpu };
+            let a = plan.assignment.iter().find(|a| a.vcpu == id)?;
+            assign.push(a.pool as u32);
+        }
+        Some(HostPlan { pools, assign })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_validation() {
+        let ok = HostPlan { pools: vec![HostPool { pcpus: vec![0, 1], slice_ns: 1 }], assign: vec![0, 0] };
+        assert!(ok.validate(2, 2).is_ok());
+        assert!(ok.validate(1, 2).is_err());
+        assert!(ok.validate(2, 3).is_err());
+        let bad = HostPlan { pools: vec![HostPool { pcpus: vec![], slice_ns: 1 }], assign: vec![0] };
+        assert!(bad.validate(2, 1).is_err());
+    }
+
+    #[test]
+    fn aql_types_spinning_and_cache_friendly_vcpus_apart() {
+        let mut h = AqlHost::new(4, 1);
+        let period = 30_000_000;
+        let spin = VcpuCounters { vm: 0, vcpu: 0, ple_exits: 1000, run_ns: period, llc_refs: 1e5, llc_misses: 1e4, ..Default::default() };
+        // matmul-like: 20 refs per 1000 instructions, 0.4 misses per 1000.
+        let llcf = VcpuCounters { vm: 1, vcpu: 0, run_ns: period, llc_refs: 1.2e6, llc_misses: 2.4e4, ..Default::default() };
+        let mut last = None;
+        for _ in 0..4 {
+            let view = HostView { now_ns: 0, period_ns: period, pcpus: 4, vcpus: &[spin, llcf] };
+            last = h.on_period(&view);
+        }
+        let plan = last.expect("a plan once vCPUs are typed");
+        assert!(plan.validate(4, 2).is_ok());
+        let s0 = plan.pools[plan.assign[0] as usize].slice_ns;
+        let s1 = plan.pools[plan.assign[1] as usize].slice_ns;
+        assert_eq!(s0, 1_000_000, "ConSpin gets 1 ms");
+        assert_eq!(s1, 90_000_000, "LLCF gets 90 ms");
+    }
+}

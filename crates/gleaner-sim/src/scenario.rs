@@ -1,0 +1,709 @@
+//! Scenario files: the host, its VMs and their workloads, the policy variants to compare, the
+//! costs, and optional cases (sets of overrides, e.g. Table 1's rows).
+//!
+//! Every table rejects unknown keys; every value is checked and a bad one is reported as
+//! [`gleaner_os::BadInput`] naming the key and what is allowed (exit status 2).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use gleaner_os::BadInput;
+use gleaner_policy::gleaner::Params;
+use gleaner_policy::retention::RetentionConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::workload::{self, Workload, WorkloadCfg};
+
+/// A whole scenario file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// RNG seed (the `--seed` flag overrides it).
+    #[serde(default = "one")]
+    pub seed: u64,
+    /// Stop every run at this simulated time (needed when only background VMs run).
+    #[serde(default)]
+    pub duration_ms: Option<f64>,
+    /// Safety stop: a run that has not finished by then is reported unfinished.
+    #[serde(default = "max_sim")]
+    pub max_sim_ms: f64,
+    /// Also run each foreground workload natively (no virtualization) as the baseline.
+    #[serde(default = "yes")]
+    pub native: bool,
+    pub host: HostCfg,
+    #[serde(rename = "vm")]
+    pub vms: Vec<VmCfg>,
+    #[serde(default, rename = "variant")]
+    pub variants: Vec<VariantCfg>,
+    /// Variant that speedups and weighted speedups are relative to (default: the first).
+    #[serde(default)]
+    pub baseline: Option<String>,
+    #[serde(default)]
+    pub costs: CostsCfg,
+    #[serde(default, rename = "workload")]
+    pub workloads: BTreeMap<String, WorkloadCfg>,
+    /// Cases: named sets of overrides applied to this file (`"host.pcpus" = 4`).
+    #[serde(default, rename = "case")]
+    pub cases: Vec<CaseCfg>,
+}
+
+fn one() -> u64 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+fn max_sim() -> f64 {
+    60_000.0
+}
+
+/// One case: overrides by dotted key (`vm.1.enabled`, `host.pcpus`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseCfg {
+    pub name: String,
+    #[serde(default)]
+    pub set: toml::Table,
+}
+
+/// The physical host and its scheduler.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostCfg {
+    pub pcpus: u32,
+    #[serde(default = "one32")]
+    pub sockets: u32,
+    /// Host scheduler time slice for vCPUs (the EEVDF slice).
+    #[serde(default = "slice")]
+    pub slice_us: f64,
+    /// A waking vCPU preempts the running one when its virtual runtime is behind by more than
+    /// the wakeup granularity.
+    #[serde(default = "yes")]
+    pub wakeup_preemption: bool,
+    #[serde(default = "gran")]
+    pub wakeup_granularity_us: f64,
+    /// Guest scheduler time slice (round robin among runnable threads of a vCPU).
+    #[serde(default = "slice")]
+    pub guest_slice_us: f64,
+    /// KVM `halt_poll_ns` (the maximum per-vCPU poll window; 0 disables halt polling).
+    #[serde(default = "hpn")]
+    pub halt_poll_ns: u64,
+    /// KVM `halt_poll_ns_grow`.
+    #[serde(default = "two")]
+    pub halt_poll_ns_grow: u64,
+    /// KVM `halt_poll_ns_grow_start`.
+    #[serde(default = "hpgs")]
+    pub halt_poll_ns_grow_start: u64,
+    /// KVM `halt_poll_ns_shrink` (0: reset the window to 0 on a long halt).
+    #[serde(default)]
+    pub halt_poll_ns_shrink: u64,
+    /// Pause-loop exiting: a spinning vCPU exits after this much spinning.
+    #[serde(default = "ple")]
+    pub ple_window_us: f64,
+}
+
+fn one32() -> u32 {
+    1
+}
+fn slice() -> f64 {
+    3000.0
+}
+fn gran() -> f64 {
+    1000.0
+}
+fn hpn() -> u64 {
+    200_000
+}
+fn two() -> u64 {
+    2
+}
+fn hpgs() -> u64 {
+    10_000
+}
+fn ple() -> f64 {
+    20.0
+}
+
+/// One VM and the workload it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmCfg {
+    pub name: String,
+    pub vcpus: u32,
+    /// A built-in workload (`gleaner sim --list`) or a `[workload.NAME]` of this file.
+    pub workload: String,
+    /// Threads (per stage for pipelines); default: the vCPU count.
+    #[serde(default)]
+    pub threads: Option<u32>,
+    /// Multiplies the amount of work of built-in workloads.
+    #[serde(default = "onef")]
+    pub scale: f64,
+    /// Background load (matmul, freqsleep) that loops until the foreground VMs finish.
+    #[serde(default)]
+    pub background: bool,
+    /// Pin vCPU i to pCPU `pin_offset + i`.
+    #[serde(default)]
+    pub pin: bool,
+    #[serde(default)]
+    pub pin_offset: u32,
+    /// A disabled VM is ignored (useful in cases).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+fn onef() -> f64 {
+    1.0
+}
+
+/// What the guest does with idle vCPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuestPolicy {
+    /// Halt (HLT exit) at once.
+    Stock,
+    /// cpuidle-haltpoll: poll with an adaptive window, then halt.
+    Haltpoll,
+    /// `idle=poll`: never halt.
+    IdlePoll,
+    /// Gleaner resource retention only (yielding threads with the idle detector).
+    Retention,
+    /// Gleaner consolidation only (the controller shrinks the workload's vCPU set).
+    Consolidation,
+    /// Both Gleaner mechanisms.
+    Gleaner,
+}
+
+impl GuestPolicy {
+    pub fn retention(self) -> bool {
+        matches!(self, Self::Retention | Self::Gleaner)
+    }
+    pub fn consolidation(self) -> bool {
+        matches!(self, Self::Consolidation | Self::Gleaner)
+    }
+}
+
+/// Which host policy assigns pools and slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostPolicyKind {
+    /// One pool of every pCPU with the fixed `host.slice_us`.
+    Stock,
+    /// AQL_Sched: vCPU typing and per-type pools/slices (`gleaner_policy::aql`).
+    Aql,
+}
+
+/// A policy configuration to run the scenario under.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantCfg {
+    pub name: String,
+    /// Guest policy of the foreground VMs (background VMs always run stock).
+    #[serde(default = "stock")]
+    pub guest: GuestPolicy,
+    /// KVM halt polling on the host.
+    #[serde(default = "yes")]
+    pub host_halt_poll: bool,
+    #[serde(default = "stock_host")]
+    pub host: HostPolicyKind,
+    #[serde(default)]
+    pub gleaner: GleanerCfg,
+    #[serde(default)]
+    pub haltpoll: GuestHaltpollCfg,
+}
+
+fn stock() -> GuestPolicy {
+    GuestPolicy::Stock
+}
+fn stock_host() -> HostPolicyKind {
+    HostPolicyKind::Stock
+}
+
+impl VariantCfg {
+    pub fn named(name: &str, guest: GuestPolicy) -> Self {
+        Self {
+            name: name.into(),
+            guest,
+            host_halt_poll: true,
+            host: HostPolicyKind::Stock,
+            gleaner: GleanerCfg::default(),
+            haltpoll: GuestHaltpollCfg::default(),
+        }
+    }
+}
+
+/// Gleaner agent settings in the simulated guest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GleanerCfg {
+    /// Controller period.
+    pub period_ms: f64,
+    /// Duration of one `sched_yield()` call with nothing else runnable.
+    pub yield_us: f64,
+    pub params: Params,
+    pub retention: RetentionConfig,
+}
+
+impl Default for GleanerCfg {
+    fn default() -> Self {
+        Self { period_ms: 10.0, yield_us: 1.0, params: Params::default(), retention: RetentionConfig::default() }
+    }
+}
+
+/// cpuidle-haltpoll module parameters of the guest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuestHaltpollCfg {
+    pub guest_halt_poll_ns: u64,
+    pub guest_halt_poll_grow: u64,
+    pub guest_halt_poll_grow_start: u64,
+    pub guest_halt_poll_shrink: u64,
+}
+
+impl Default for GuestHaltpollCfg {
+    fn default() -> Self {
+        Self { guest_halt_poll_ns: 200_000, guest_halt_poll_grow: 2, guest_halt_poll_grow_start: 50_000, guest_halt_poll_shrink: 2 }
+    }
+}
+
+/// Wake-up latencies of Table 2's four settings, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Table2 {
+    pub a_us: f64,
+    pub b_us: f64,
+    pub c_us: f64,
+    pub d_us: f64,
+}
+
+/// Costs of the model. By default Table 2 of the Gleaner paper; `bench_json` replaces the VM
+/// column with the medians of a `gleaner bench wakeup --json` file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CostsCfg {
+    pub bench_json: Option<PathBuf>,
+    pub vm: Table2,
+    pub pm: Table2,
+    /// CPU time the sender spends on an IPI (the ICR-write exit), in a VM.
+    pub ipi_send_us: f64,
+    /// Extra latency to resume a vCPU that KVM was halt-polling.
+    pub poll_wake_us: f64,
+    /// Host CPU time of one pause-loop exit.
+    pub ple_exit_us: f64,
+}
+
+impl Default for CostsCfg {
+    fn default() -> Self {
+        Self {
+            bench_json: None,
+            vm: Table2 { a_us: 6.0, b_us: 17.0, c_us: 37.0, d_us: 96.0 },
+            pm: Table2 { a_us: 4.0, b_us: 8.0, c_us: 8.0, d_us: 17.0 },
+            ipi_send_us: 1.0,
+            poll_wake_us: 2.0,
+            ple_exit_us: 1.0,
+        }
+    }
+}
+
+/// Costs of one world (VM or native), in nanoseconds, derived from a Table 2 column:
+/// `A = RT`, `B = IPI + RT`, `C = IPI + RV + RT`, `D = IPI + PV + RV + RT`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Costs {
+    /// Guest thread switch (RT).
+    pub rt: u64,
+    /// IPI delivery latency.
+    pub ipi: u64,
+    /// Resuming a halted vCPU on an idle pCPU (RV; a C1 exit natively).
+    pub rv: u64,
+    /// Taking the pCPU from another vCPU (PV: exit, switch, cache and TLB refill).
+    pub pv: u64,
+    pub ipi_send: u64,
+    pub poll_wake: u64,
+    pub ple_exit: u64,
+}
+
+fn us(v: f64) -> u64 {
+    (v * 1000.0).round().max(0.0) as u64
+}
+
+impl Costs {
+    pub fn from_table2(t: &Table2, ipi_send_us: f64, poll_wake_us: f64, ple_exit_us: f64) -> Self {
+        let (a, b, c, d) = (us(t.a_us), us(t.b_us), us(t.c_us), us(t.d_us));
+        Self {
+            rt: a,
+            ipi: b.saturating_sub(a),
+            rv: c.saturating_sub(b),
+            pv: d.saturating_sub(c),
+            ipi_send: us(ipi_send_us),
+            poll_wake: us(poll_wake_us),
+            ple_exit: us(ple_exit_us),
+        }
+    }
+}
+
+/// Reads the wake-up medians from a `gleaner bench wakeup --json` document: any array of
+/// objects with `setting` ("A".."D") and `p50_us` (falling back to `mean_us`), wherever it is.
+pub fn table2_from_bench_json(text: &str, path: &str) -> anyhow::Result<Table2> {
+    let v: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| BadInput::new("costs.bench_json", path, format!("a `gleaner bench wakeup --json` file ({e})")))?;
+    let mut found: BTreeMap<String, f64> = BTreeMap::new();
+    fn walk(v: &serde_json::Value, found: &mut BTreeMap<String, f64>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(s) = m.get("setting").and_then(|s| s.as_str()) {
+                    let val = m.get("p50_us").and_then(|x| x.as_f64()).or_else(|| m.get("mean_us").and_then(|x| x.as_f64()));
+                    if let Some(val) = val {
+                        found.entry(s.trim().to_ascii_uppercase()).or_insert(val);
+                    }
+                }
+                for x in m.values() {
+                    walk(x, found);
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, found)),
+            _ => {}
+        }
+    }
+    walk(&v, &mut found);
+    let get = |k: &str| -> anyhow::Result<f64> {
+        match found.get(k) {
+            Some(&x) if x.is_finite() && x >= 0.0 => Ok(x),
+            Some(&x) => Err(BadInput::new(format!("costs.bench_json setting {k} p50_us"), x, "a number >= 0").into()),
+            None => Err(BadInput::new(
+                "costs.bench_json",
+                path,
+                format!("results for settings A, B, C and D (objects with \"setting\" and \"p50_us\"); setting {k} is missing"),
+            )
+            .into()),
+        }
+    };
+    Ok(Table2 { a_us: get("A")?, b_us: get("B")?, c_us: get("C")?, d_us: get("D")? })
+}
+
+fn bad(key: impl Into<String>, value: impl std::fmt::Display, allowed: impl Into<String>) -> anyhow::Error {
+    BadInput::new(key, value, allowed).into()
+}
+
+fn check_pos(key: &str, v: f64) -> anyhow::Result<()> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(bad(key, v, "a number > 0"))
+    }
+}
+
+fn check_nonneg(key: &str, v: f64) -> anyhow::Result<()> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(bad(key, v, "a number >= 0"))
+    }
+}
+
+/// Parses a scenario document. Errors name the key (`toml` reports the unknown or mistyped key).
+pub fn parse(text: &str, origin: &str) -> anyhow::Result<Scenario> {
+    let sc: Scenario = toml::from_str(text).map_err(|e| {
+        let msg = e.message().to_string();
+        let span = e.span().map(|s| {
+            let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+            format!(" (line {line})")
+        });
+        BadInput::new(format!("scenario {origin}{}", span.unwrap_or_default()), msg.trim(), "the keys documented in docs/sim.md")
+    })?;
+    sc.validate()?;
+    Ok(sc)
+}
+
+/// Applies a dotted-key override (`host.pcpus`, `vm.0.vcpus`, `variant.1.guest`) to a TOML value.
+pub fn apply_override(doc: &mut toml::Value, key: &str, value: toml::Value) -> anyhow::Result<()> {
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut cur = doc;
+    for (i, part) in parts.iter().enumerate() {
+        let last = i + 1 == parts.len();
+        cur = match cur {
+            toml::Value::Table(t) => {
+                if last {
+                    t.insert((*part).to_string(), value);
+                    return Ok(());
+                }
+                t.entry((*part).to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            }
+            toml::Value::Array(a) => {
+                let idx: usize = part
+                    .parse()
+                    .map_err(|_| bad(format!("override key {key}"), part, "an array index (e.g. vm.0.vcpus)"))?;
+                let len = a.len();
+                let slot = a.get_mut(idx).ok_or_else(|| bad(format!("override key {key}"), idx, format!("0..{len}")))?;
+                if last {
+                    *slot = value;
+                    return Ok(());
+                }
+                slot
+            }
+            _ => return Err(bad(format!("override key {key}"), part, "a path through tables and arrays")),
+        };
+    }
+    Err(bad("override key", key, "a non-empty dotted key"))
+}
+
+/// The scenario for one case: the base document with the case's overrides (cases removed).
+pub fn expand_cases(text: &str, origin: &str) -> anyhow::Result<Vec<(String, Scenario)>> {
+    let base = parse(text, origin)?;
+    if base.cases.is_empty() {
+        return Ok(vec![("default".into(), base)]);
+    }
+    let doc: toml::Value = toml::from_str(text).map_err(|e| bad(format!("scenario {origin}"), e.message(), "TOML"))?;
+    let mut out = Vec::new();
+    for case in &base.cases {
+        let mut d = doc.clone();
+        if let toml::Value::Table(t) = &mut d {
+            t.remove("case");
+        }
+        for (k, v) in &case.set {
+            apply_override(&mut d, k, v.clone())?;
+        }
+        let sc: Scenario = d
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(format!("case {} of {origin}", case.name), e.message().trim(), "the keys documented in docs/sim.md"))?;
+        sc.validate().map_err(|e| e.context(format!("case {}", case.name)))?;
+        out.push((case.name.clone(), sc));
+    }
+    Ok(out)
+}
+
+impl Scenario {
+    /// The variants to run (a single `stock` if none is given).
+    pub fn variants(&self) -> Vec<VariantCfg> {
+        if self.variants.is_empty() {
+            vec![VariantCfg::named("stock", GuestPolicy::Stock)]
+        } else {
+            self.variants.clone()
+        }
+    }
+
+    pub fn baseline_name(&self) -> String {
+        self.baseline.clone().unwrap_or_else(|| self.variants()[0].name.clone())
+    }
+
+    /// VMs that take part (enabled).
+    pub fn active_vms(&self) -> Vec<&VmCfg> {
+        self.vms.iter().filter(|v| v.enabled).collect()
+    }
+
+    /// The resolved costs of the VM and native worlds.
+    pub fn costs(&self) -> anyhow::Result<(Costs, Costs)> {
+        let c = &self.costs;
+        let vm_t2 = match &c.bench_json {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| bad("costs.bench_json", p.display(), format!("a readable file ({e})")))?;
+                table2_from_bench_json(&text, &p.display().to_string())?
+            }
+            None => c.vm,
+        };
+        Ok((
+            Costs::from_table2(&vm_t2, c.ipi_send_us, c.poll_wake_us, c.ple_exit_us),
+            Costs::from_table2(&c.pm, 0.0, 0.0, 0.0),
+        ))
+    }
+
+    /// Resolves a VM's workload (built-in or from this file).
+    pub fn workload_of(&self, vm: &VmCfg) -> anyhow::Result<Workload> {
+        let threads = vm.threads.unwrap_or(vm.vcpus);
+        if let Some(w) = self.workloads.get(&vm.workload) {
+            return w.resolve(&vm.workload, threads, vm.vcpus);
+        }
+        let w = workload::builtin(&vm.workload, threads, vm.scale, vm.background).ok_or_else(|| {
+            let mut allowed = workload::builtin_names();
+            for k in self.workloads.keys() {
+                allowed.push_str(", ");
+                allowed.push_str(k);
+            }
+            bad(format!("vm.{}.workload", vm.name), &vm.workload, allowed)
+        })?;
+        w.resolve(&vm.workload, threads, vm.vcpus)
+    }
+
+    /// Checks every value; errors name the key and what is allowed.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let h = &self.host;
+        if h.pcpus == 0 || h.pcpus > 4096 {
+            return Err(bad("host.pcpus", h.pcpus, "1..=4096"));
+        }
+        if h.sockets == 0 || h.pcpus % h.sockets != 0 {
+            return Err(bad("host.sockets", h.sockets, format!("a divisor of host.pcpus ({})", h.pcpus)));
+        }
+        check_pos("host.slice_us", h.slice_us)?;
+        check_pos("host.guest_slice_us", h.guest_slice_us)?;
+        check_nonneg("host.wakeup_granularity_us", h.wakeup_granularity_us)?;
+        check_pos("host.ple_window_us", h.ple_window_us)?;
+        if h.halt_poll_ns_grow == 0 {
+            return Err(bad("host.halt_poll_ns_grow", 0, ">= 1"));
+        }
+        check_pos("max_sim_ms", self.max_sim_ms)?;
+        if let Some(d) = self.duration_ms {
+            check_pos("duration_ms", d)?;
+        }
+        let c = &self.costs;
+        for (col, t) in [("vm", &c.vm), ("pm", &c.pm)] {
+            for (k, v) in [("a_us", t.a_us), ("b_us", t.b_us), ("c_us", t.c_us), ("d_us", t.d_us)] {
+                check_nonneg(&format!("costs.{col}.{k}"), v)?;
+            }
+        }
+        check_nonneg("costs.ipi_send_us", c.ipi_send_us)?;
+        check_nonneg("costs.poll_wake_us", c.poll_wake_us)?;
+        check_nonneg("costs.ple_exit_us", c.ple_exit_us)?;
+        let vms = self.active_vms();
+        if vms.is_empty() {
+            return Err(bad("vm", "[]", "at least one enabled [[vm]]"));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for vm in &vms {
+            if !names.insert(vm.name.as_str()) {
+                return Err(bad("vm.name", &vm.name, "unique VM names"));
+            }
+            let k = |f: &str| format!("vm.{}.{f}", vm.name);
+            if vm.vcpus == 0 || vm.vcpus > 4096 {
+                return Err(bad(k("vcpus"), vm.vcpus, "1..=4096"));
+            }
+            if vm.pin && vm.pin_offset + vm.vcpus > h.pcpus {
+                return Err(bad(
+                    k("vcpus"),
+                    vm.vcpus,
+                    format!("at most host.pcpus - pin_offset = {} when pin = true", h.pcpus.saturating_sub(vm.pin_offset)),
+                ));
+            }
+            check_pos(&k("scale"), vm.scale)?;
+            let w = self.workload_of(vm)?;
+            if w.runs_forever && !vm.background && self.duration_ms.is_none() {
+                return Err(bad(
+                    k("background"),
+                    false,
+                    format!("true (workload {} never ends), or set duration_ms", vm.workload),
+                ));
+            }
+        }
+        if vms.iter().all(|v| v.background) && self.duration_ms.is_none() {
+            return Err(bad("duration_ms", "none", "a duration when every VM is background"));
+        }
+        let variants = self.variants();
+        let mut vn = std::collections::BTreeSet::new();
+        for v in &variants {
+            if !vn.insert(v.name.as_str()) {
+                return Err(bad("variant.name", &v.name, "unique variant names"));
+            }
+            let k = |f: &str| format!("variant.{}.{f}", v.name);
+            check_pos(&k("gleaner.period_ms"), v.gleaner.period_ms)?;
+            check_pos(&k("gleaner.yield_us"), v.gleaner.yield_us)?;
+            v.gleaner.params.validate().map_err(|e| bad(k("gleaner.params"), e, "see gleaner_policy::gleaner::Params"))?;
+            if v.gleaner.retention.timeout_ns == 0 {
+                return Err(bad(k("gleaner.retention.timeout_ns"), 0, ">= 1"));
+            }
+            if v.haltpoll.guest_halt_poll_grow == 0 {
+                return Err(bad(k("haltpoll.guest_halt_poll_grow"), 0, ">= 1"));
+            }
+            if v.host == HostPolicyKind::Aql && !crate::policy::AQL_AVAILABLE {
+                return Err(bad(k("host"), "aql", "stock (gleaner_policy::aql is not available in this build)"));
+            }
+        }
+        if let Some(b) = &self.baseline {
+            if !vn.contains(b.as_str()) {
+                return Err(bad("baseline", b, vn.iter().copied().collect::<Vec<_>>().join(", ")));
+            }
+        }
+        for case in &self.cases {
+            if case.name.is_empty() {
+                return Err(bad("case.name", "", "a non-empty name"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = "name = \"t\"\n[host]\npcpus = 4\n[[vm]]\nname = \"a\"\nvcpus = 4\nworkload = \"mutex\"\nscale = 0.1\n";
+
+    fn err_of(text: &str) -> BadInput {
+        let e = parse(text, "test").expect_err("must be refused");
+        e.chain().find_map(|c| c.downcast_ref::<BadInput>()).cloned().unwrap_or_else(|| panic!("not BadInput: {e:#}"))
+    }
+
+    #[test]
+    fn minimal_scenario_parses() {
+        let s = parse(MIN, "test").expect("valid");
+        assert_eq!(s.host.pcpus, 4);
+        assert_eq!(s.variants()[0].name, "stock");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let b = err_of(&MIN.replace("pcpus = 4", "pcpus = 4\npcpu = 3"));
+        assert!(b.value.contains("pcpu"), "{b}");
+    }
+
+    #[test]
+    fn zero_cpus_and_overpinning_are_refused() {
+        assert_eq!(err_of(&MIN.replace("pcpus = 4", "pcpus = 0")).what, "host.pcpus");
+        let b = err_of(&MIN.replace("scale = 0.1", "scale = 0.1\npin = true").replace("vcpus = 4", "vcpus = 8"));
+        assert_eq!(b.what, "vm.a.vcpus");
+        assert!(b.allowed.contains("at most"));
+    }
+
+    #[test]
+    fn negative_cost_is_refused() {
+        let b = err_of(&format!("{MIN}[costs.vm]\na_us = -1.0\nb_us = 1.0\nc_us = 2.0\nd_us = 3.0\n"));
+        assert_eq!(b.what, "costs.vm.a_us");
+    }
+
+    #[test]
+    fn unknown_workload_lists_allowed() {
+        let b = err_of(&MIN.replace("\"mutex\"", "\"nope\""));
+        assert_eq!(b.what, "vm.a.workload");
+        assert!(b.allowed.contains("dedup"));
+    }
+
+    #[test]
+    fn malformed_and_empty_files_are_bad_input() {
+        let b = err_of("name = \"x\"\n[host\npcpus = 1");
+        assert!(b.what.starts_with("scenario test"));
+        let b = err_of("");
+        assert!(b.value.contains("missing"), "{b}");
+    }
+
+    #[test]
+    fn costs_decompose_table2() {
+        let c = Costs::from_table2(&CostsCfg::default().vm, 1.0, 2.0, 1.0);
+        assert_eq!((c.rt, c.ipi, c.rv, c.pv), (6_000, 11_000, 20_000, 59_000));
+    }
+
+    #[test]
+    fn bench_json_valid_malformed_empty() {
+        let j = r#"{"results":[{"setting":"A","samples":10,"mean_us":5,"p50_us":4,"p90_us":6,"p99_us":9},
+            {"setting":"B","samples":10,"mean_us":30,"p50_us":28,"p90_us":6,"p99_us":9},
+            {"setting":"C","samples":10,"mean_us":60,"p50_us":50,"p90_us":6,"p99_us":9},
+            {"setting":"D","samples":10,"mean_us":200,"p50_us":150,"p90_us":6,"p99_us":9}]}"#;
+        let t = table2_from_bench_json(j, "x").expect("valid");
+        assert_eq!((t.a_us, t.b_us, t.c_us, t.d_us), (4.0, 28.0, 50.0, 150.0));
+        assert!(table2_from_bench_json("{not json", "x").is_err());
+        let e = table2_from_bench_json("", "x").expect_err("empty");
+        assert!(e.downcast_ref::<BadInput>().is_some());
+        let e = table2_from_bench_json("{\"results\":[]}", "x").expect_err("no settings");
+        assert!(e.to_string().contains("setting A is missing"), "{e}");
+    }
+
+    #[test]
+    fn overrides_and_cases() {
+        let text = format!("{MIN}[[case]]\nname = \"two\"\nset = {{ \"host.pcpus\" = 2, \"vm.0.vcpus\" = 2 }}\n");
+        let cases = expand_cases(&text, "t").expect("cases");
+        assert_eq!(cases.len(), 1);
+        assert_eq!(cases[0].1.host.pcpus, 2);
+        assert_eq!(cases[0].1.vms[0].vcpus, 2);
+        let bad_case = format!("{MIN}[[case]]\nname = \"x\"\nset = {{ \"vm.5.vcpus\" = 2 }}\n");
+        assert!(expand_cases(&bad_case, "t").is_err());
+    }
+}
