@@ -319,6 +319,20 @@ impl Procfs {
         Ok(seen.into_iter().collect())
     }
 
+    /// Every `(pid, tid)` of `pid` and its descendants, skipping processes that exit during
+    /// the walk.
+    pub fn tree_threads(&self, pid: i32) -> Result<Vec<(i32, i32)>> {
+        let mut out = Vec::new();
+        for p in self.descendants(pid, true)? {
+            match self.tasks(p) {
+                Ok(tids) => out.extend(tids.into_iter().map(|t| (p, t))),
+                Err(OsError::Vanished { .. }) if p != pid => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
     fn has_children_files(&self, pid: i32) -> Result<bool> {
         let tids = self.tasks(pid)?;
         Ok(tids.first().is_some_and(|&t| self.task_dir(pid, t).join("children").exists()))

@@ -331,3 +331,27 @@ fn real_single_thread_in_and_out() {
     }
     assert_eq!(after, before, "thread back in the root cpuset gets its CPUs back");
 }
+
+/// rmdir of a group that still has a child group stays EBUSY: `remove` gives up after its
+/// deadline with an error naming the directory (and the groups are then removed in order).
+#[test]
+#[serial_test::serial(host)]
+fn real_remove_busy_gives_up_with_path() {
+    let cg = real_cgroups();
+    let name = format!("gleaner-test-busy-{}", std::process::id());
+    let outer = cg.create(Path::new(""), &name).unwrap();
+    let inner = cg.create(Path::new(&name), "gleaner-inner").unwrap();
+    let outer_path = outer.path().to_path_buf();
+    let t0 = Instant::now();
+    let e = outer.remove().unwrap_err();
+    let waited = t0.elapsed();
+    let listed = cg.list_gleaner_groups().unwrap();
+    inner.remove().unwrap();
+    cg.open(&outer_path).unwrap().remove().unwrap();
+    assert!(!outer_path.exists());
+    assert!(matches!(&e, OsError::Dir { op: "remove", path, .. } if *path == outer_path), "{e}");
+    assert!(waited >= Duration::from_secs(1), "gave up after {waited:?}");
+    let i_inner = listed.iter().position(|p| p.ends_with("gleaner-inner")).unwrap();
+    let i_outer = listed.iter().position(|p| *p == outer_path).unwrap();
+    assert!(i_inner < i_outer, "children listed before parents: {listed:?}");
+}

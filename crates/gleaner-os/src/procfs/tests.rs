@@ -195,6 +195,8 @@ fn process_tree_without_children_files() {
     assert_eq!(p.descendants(10, false).unwrap(), vec![20, 30]);
     assert_eq!(p.descendants(10, true).unwrap(), vec![10, 20, 30]);
     assert_eq!(p.descendants(30, false).unwrap(), Vec::<i32>::new());
+    fs::create_dir_all(d.path().join("20/task/21")).unwrap();
+    assert_eq!(p.tree_threads(10).unwrap(), vec![(10, 10), (20, 20), (20, 21), (30, 30)]);
 }
 
 #[test]
@@ -334,6 +336,8 @@ fn real_children_and_descendants() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     };
     let kids = p.children(cpid).unwrap();
+    let threads = p.tree_threads(cpid).unwrap();
+    assert!(threads.contains(&(cpid, cpid)) && kids.iter().all(|k| threads.contains(&(*k, *k))), "{threads:?}");
     // Kill the sleep (our grandchild, by pid) and the shell.
     for k in &kids {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*k), nix::sys::signal::Signal::SIGKILL);
