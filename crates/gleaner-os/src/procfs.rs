@@ -101,6 +101,10 @@ pub struct ProcStat {
     pub ctxt: u64,
     /// Ticks per second of the CPU time counters.
     pub clk_tck: u64,
+    /// Runnable threads now (`procs_running`; 0 when absent).
+    pub procs_running: u64,
+    /// Threads blocked on I/O now (`procs_blocked`; 0 when absent).
+    pub procs_blocked: u64,
 }
 
 /// `/proc/<pid>/task/<tid>/schedstat`.
@@ -457,6 +461,14 @@ pub fn parse_stat(path: &Path, text: &str, clk_tck: u64) -> Result<ProcStat> {
             let v = it.next().ok_or_else(|| parse_err(path, n, "ctxt without value"))?;
             out.ctxt = parse_u64(path, n, "ctxt", v)?;
             saw_ctxt = true;
+        } else if key == "procs_running" || key == "procs_blocked" {
+            let v = it.next().ok_or_else(|| parse_err(path, n, format!("{key} without value")))?;
+            let v = parse_u64(path, n, key, v)?;
+            if key == "procs_running" {
+                out.procs_running = v;
+            } else {
+                out.procs_blocked = v;
+            }
         }
     }
     if !saw_total || out.cpus.is_empty() {

@@ -7,7 +7,9 @@ cpu1 7769 0 2905 486914 985 0 246 6548 0 0\n\
 intr 123 0 0\n\
 ctxt 9876543\n\
 btime 1700000000\n\
-processes 9000\n";
+processes 9000\n\
+procs_running 3\n\
+procs_blocked 1\n";
 
 fn fixture() -> (tempfile::TempDir, Procfs) {
     let d = tempfile::tempdir().unwrap();
@@ -45,6 +47,7 @@ fn stat_valid() {
     assert_eq!(s.ctxt, 9_876_543);
     assert_eq!(s.clk_tck, 100);
     assert_eq!(s.total.steal, 12468);
+    assert_eq!((s.procs_running, s.procs_blocked), (3, 1));
     let c1 = s.cpus[&1];
     assert_eq!(c1.user, 7769);
     assert_eq!(c1.busy_ticks(), 7769 + 2905 + 246);
@@ -288,6 +291,7 @@ fn real_proc_self() {
     let tid = crate::sched::gettid();
     let s = p.stat().unwrap();
     assert!(!s.cpus.is_empty() && s.ctxt > 0);
+    assert!(s.procs_running >= 1, "this thread is running: {}", s.procs_running);
     let online = crate::sysfs::Sysfs::new().online_cpus().unwrap();
     assert_eq!(s.cpus.len(), online.len(), "one cpuN line per online CPU");
     assert!(p.tasks(me).unwrap().contains(&tid));
