@@ -138,58 +138,40 @@ impl Cgroups {
     /// Creates the child group `name` under `parent_rel` (relative to the root; `""` for
     /// the root itself) and prepares it so tasks can be attached.
     pub fn create(&self, parent_rel: &Path, name: &str) -> Result<CpusetCgroup> {
+        self.create_inner(parent_rel, name, false)
+    }
+
+    /// Like [`Cgroups::create`] for groups that will hold single threads of a process that
+    /// lives in `parent_rel` (host side: QEMU vCPU threads in per-pool cpusets).
+    ///
+    /// v2: the group is made `threaded` *before* `+cpuset` is enabled in the parent, the
+    /// order the kernel needs when the parent holds processes (a populated domain may only
+    /// enable threaded controllers once its children are threaded). v1: same as `create`.
+    pub fn create_threaded(&self, parent_rel: &Path, name: &str) -> Result<CpusetCgroup> {
+        self.create_inner(parent_rel, name, true)
+    }
+
+    fn create_inner(&self, parent_rel: &Path, name: &str, threaded: bool) -> Result<CpusetCgroup> {
         let parent = self.resolve(parent_rel)?;
         let path = parent.join(name);
         if !name.starts_with(GLEANER_PREFIX) || name.contains('/') {
             return Err(OsError::NotGleanerCgroup { path });
         }
-        let mut enabled_cpuset_in = Vec::new();
-        if let Layout::V2 { root } = &self.layout {
-            // Each ancestor from the root down to `parent` must delegate cpuset.
-            let mut dirs = vec![parent.clone()];
-            let mut d = parent.as_path();
-            while d != root.as_path() {
-                match d.parent() {
-                    Some(up) => {
-                        dirs.push(up.to_path_buf());
-                        d = up;
-                    }
-                    None => break,
+        let mut group = CpusetCgroup { path, parent, layout: self.layout.clone(), enabled_cpuset_in: Vec::new() };
+        match group.prepare(threaded) {
+            Ok(()) => {
+                tracing::debug!(path = %group.path.display(), threaded, "created cpuset cgroup");
+                Ok(group)
+            }
+            Err(e) => {
+                // Roll back whatever was done: our directory (if made) and +cpuset writes.
+                if group.path.is_dir() {
+                    let _ = if is_cgroupfs(&group.path) { std::fs::remove_dir(&group.path) } else { std::fs::remove_dir_all(&group.path) };
                 }
-            }
-            dirs.reverse();
-            for dir in dirs {
-                let sc = dir.join("cgroup.subtree_control");
-                let cur = util::read(&sc)?;
-                if !cur.split_whitespace().any(|c| c == "cpuset") {
-                    util::write(&sc, "+cpuset")?;
-                    enabled_cpuset_in.push(dir);
-                }
+                undo_subtree_control(&group.enabled_cpuset_in, &group.path);
+                Err(e)
             }
         }
-        let real = is_cgroupfs(&parent);
-        if let Err(source) = std::fs::create_dir(&path) {
-            let err = OsError::Dir { op: "create", path: path.clone(), source };
-            undo_subtree_control(&enabled_cpuset_in, &path);
-            return Err(err);
-        }
-        if !real {
-            seed_fixture_files(&path, &self.layout)?;
-        }
-        let group = CpusetCgroup { path, parent, layout: self.layout.clone(), enabled_cpuset_in };
-        if let Layout::V1 { .. } = self.layout {
-            // A new v1 cpuset has empty cpus/mems: nothing could be attached to it.
-            let copy = |f: &str| -> Result<()> {
-                let v = util::read(&group.parent.join(f))?;
-                util::write(&group.path.join(f), v.trim())
-            };
-            if let Err(e) = copy("cpuset.mems").and_then(|()| copy("cpuset.cpus")) {
-                let _ = std::fs::remove_dir(&group.path);
-                return Err(e);
-            }
-        }
-        tracing::debug!(path = %group.path.display(), "created cpuset cgroup");
-        Ok(group)
     }
 
     /// An existing group (attach mode): `path` absolute under the root, or relative to it.
@@ -270,7 +252,7 @@ fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Result<()> {
 }
 
 /// Writes `-cpuset` to the `cgroup.subtree_control` files we enabled, deepest first, where
-/// no child other than our own chain remains. Best effort: failures are logged.
+/// no child remains other than the directories on the path to `removed`. Best effort: failures are logged.
 fn undo_subtree_control(enabled: &[PathBuf], removed: &Path) {
     for dir in enabled.iter().rev() {
         let others = std::fs::read_dir(dir)
@@ -278,7 +260,7 @@ fn undo_subtree_control(enabled: &[PathBuf], removed: &Path) {
                 rd.filter_map(|e| e.ok())
                     .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
                     .map(|e| e.path())
-                    .filter(|p| !enabled.contains(p) && p != removed)
+                    .filter(|p| !removed.starts_with(p))
                     .count()
             })
             .unwrap_or(1);
@@ -310,6 +292,68 @@ pub struct CpusetCgroup {
 }
 
 impl CpusetCgroup {
+    /// Steps of `Cgroups::create*`; on error the caller rolls back what `self` records.
+    fn prepare(&mut self, threaded: bool) -> Result<()> {
+        let v2_root = match &self.layout {
+            Layout::V2 { root } => Some(root.clone()),
+            Layout::V1 { .. } => None,
+        };
+        // v2: each ancestor from the root down to the parent must delegate cpuset. For a
+        // threaded group the parent itself is done after the child is threaded.
+        let mut dirs = Vec::new();
+        if let Some(root) = &v2_root {
+            let mut d = self.parent.as_path();
+            dirs.push(d.to_path_buf());
+            while d != root.as_path() {
+                match d.parent() {
+                    Some(up) => {
+                        dirs.push(up.to_path_buf());
+                        d = up;
+                    }
+                    None => break,
+                }
+            }
+            dirs.reverse();
+            let upto = if threaded { dirs.len() - 1 } else { dirs.len() };
+            for dir in &dirs[..upto] {
+                self.enable_cpuset(dir)?;
+            }
+        }
+        let real = is_cgroupfs(&self.parent);
+        std::fs::create_dir(&self.path).map_err(|source| OsError::Dir { op: "create", path: self.path.clone(), source })?;
+        if !real {
+            seed_fixture_files(&self.path, &self.layout)?;
+        }
+        match self.layout {
+            Layout::V1 { .. } => {
+                // A new v1 cpuset has empty cpus/mems: nothing could be attached to it.
+                for f in ["cpuset.mems", "cpuset.cpus"] {
+                    let v = util::read(&self.parent.join(f))?;
+                    util::write(&self.path.join(f), v.trim())?;
+                }
+            }
+            Layout::V2 { .. } if threaded => {
+                self.set_threaded()?;
+                if let Some(parent) = dirs.last() {
+                    self.enable_cpuset(&parent.clone())?;
+                }
+            }
+            Layout::V2 { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// Writes `+cpuset` to `dir`'s `cgroup.subtree_control` unless it is there; records it.
+    fn enable_cpuset(&mut self, dir: &Path) -> Result<()> {
+        let sc = dir.join("cgroup.subtree_control");
+        let cur = util::read(&sc)?;
+        if !cur.split_whitespace().any(|c| c == "cpuset") {
+            util::write(&sc, "+cpuset")?;
+            self.enabled_cpuset_in.push(dir.to_path_buf());
+        }
+        Ok(())
+    }
+
     /// Absolute path of the group directory.
     pub fn path(&self) -> &Path {
         &self.path

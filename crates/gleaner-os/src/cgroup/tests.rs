@@ -355,3 +355,34 @@ fn real_remove_busy_gives_up_with_path() {
     let i_outer = listed.iter().position(|p| *p == outer_path).unwrap();
     assert!(i_inner < i_outer, "children listed before parents: {listed:?}");
 }
+
+#[test]
+fn v2_create_threaded_orders_steps() {
+    let (_d, cg) = v2_fixture("\n");
+    let vm = cg.root().join("machine.slice/qemu-1");
+    write(&vm.join("cgroup.subtree_control"), "");
+    write(&cg.root().join("machine.slice/cgroup.subtree_control"), "cpuset\n");
+    let g = cg.create_threaded(Path::new("machine.slice/qemu-1"), "gleaner-pool-a").unwrap();
+    assert!(g.is_threaded().unwrap());
+    assert_eq!(g.enabled_cpuset_in(), &[cg.root().to_path_buf(), vm.clone()], "root first, the VM's group last");
+    assert_eq!(fs::read_to_string(vm.join("cgroup.subtree_control")).unwrap(), "+cpuset");
+    g.remove().unwrap();
+    assert_eq!(fs::read_to_string(vm.join("cgroup.subtree_control")).unwrap(), "-cpuset");
+}
+
+#[test]
+fn failed_create_rolls_back_cpuset_enablement() {
+    // The parent's subtree_control exists but the group cannot be made (parent is missing
+    // its own cgroup.subtree_control one level down): everything done so far is undone.
+    let (_d, cg) = v2_fixture("\n");
+    fs::create_dir_all(cg.root().join("a")).unwrap(); // no cgroup.subtree_control in "a"
+    let e = cg.create(Path::new("a"), "gleaner-x").unwrap_err();
+    assert!(matches!(e, OsError::Read { .. }), "{e}");
+    assert_eq!(fs::read_to_string(cg.root().join("cgroup.subtree_control")).unwrap(), "-cpuset", "root enablement undone");
+    assert!(!cg.root().join("a/gleaner-x").exists());
+    // v1: parent without cpuset.mems -> the new directory is removed again.
+    let (_d1, cg1) = v1_fixture();
+    fs::remove_file(cg1.root().join("cpuset.mems")).unwrap();
+    assert!(matches!(cg1.create(Path::new(""), "gleaner-y").unwrap_err(), OsError::Read { .. }));
+    assert!(!cg1.root().join("gleaner-y").exists());
+}
