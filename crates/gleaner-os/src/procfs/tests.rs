@@ -297,12 +297,18 @@ fn real_proc_self() {
     assert!(p.tasks(me).unwrap().contains(&tid));
     // Per-thread schedstat exists on this kernel (CONFIG_SCHEDSTATS); run time grows with work.
     let a = p.task_schedstat(me, tid).unwrap();
-    let t0 = std::time::Instant::now();
-    while t0.elapsed() < std::time::Duration::from_millis(20) {
-        std::hint::black_box(t0.elapsed());
+    // Spin until this thread's own CPU clock advanced 20 ms (wall time varies with load).
+    let cpu_ns = || {
+        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
+        std::time::Duration::from(t)
+    };
+    let c0 = cpu_ns();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while cpu_ns() - c0 < std::time::Duration::from_millis(20) {
+        assert!(std::time::Instant::now() < deadline, "got no 20 ms of CPU in 20 s");
     }
     let b = p.task_schedstat(me, tid).unwrap();
-    assert!(b.run_ns > a.run_ns, "{a:?} -> {b:?}");
+    assert!(b.run_ns >= a.run_ns + 10_000_000, "20 ms of CPU, schedstat {a:?} -> {b:?}");
     let st = p.task_status(me, tid).unwrap();
     assert_eq!(st.state, 'R');
     let ts = p.task_stat(me, tid).unwrap();
