@@ -1,0 +1,351 @@
+//! The `gleaner bench` subcommands: argument resolution, runs, human and JSON output.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::process::{Command, ExitCode, Stdio};
+
+use anyhow::Context;
+use gleaner_os::procfs::Procfs;
+use gleaner_os::sysfs::Sysfs;
+use gleaner_os::BadInput;
+use gleaner_policy::overhead::{self, Overhead, Side};
+use gleaner_policy::stats::median;
+use serde::{Deserialize, Serialize};
+
+use crate::measure::{self, SystemMeter};
+use crate::report::{BenchDoc, HostInfo, RunSummary};
+use crate::wakeup::{self, SettingResult, WakeupConfig};
+use crate::workload::{self, Workload, WorkloadParams};
+use crate::{OverheadArgs, RunArgs, WakeupArgs, WorkloadArgs};
+
+fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn ms(ns: f64) -> String {
+    format!("{:.1} ms", ns / 1e6)
+}
+
+fn opt_us(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
+}
+
+/// The document of `bench wakeup --json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WakeupDoc {
+    /// Always `wakeup`.
+    pub kind: String,
+    /// The primitive measured.
+    pub primitive: String,
+    pub rounds: u32,
+    pub warmup: u32,
+    pub period_us: u64,
+    pub settings: Vec<SettingResult>,
+    pub host: HostInfo,
+}
+
+/// Resolve the flags of `bench wakeup` into a configuration.
+pub fn wakeup_config(a: &WakeupArgs, allowed: &gleaner_os::cpuset::CpuSet) -> Result<WakeupConfig, BadInput> {
+    let mut cfg = WakeupConfig::for_cpus(allowed);
+    cfg.settings = a.settings.clone();
+    cfg.settings.dedup();
+    cfg.rounds = a.rounds;
+    cfg.warmup = a.warmup;
+    cfg.period_us = a.period_us;
+    cfg.deadline_ms = a.deadline_ms;
+    if let Some(c) = a.waker_cpu {
+        cfg.waker_cpu = c;
+        if a.waiter_cpu.is_none() && cfg.waiter_cpu == c {
+            cfg.waiter_cpu = allowed.iter().find(|&x| x != c).unwrap_or(c);
+        }
+    }
+    if let Some(c) = a.waiter_cpu {
+        cfg.waiter_cpu = c;
+        if a.waker_cpu.is_none() && cfg.waker_cpu == c {
+            cfg.waker_cpu = allowed.iter().find(|&x| x != c).unwrap_or(c);
+        }
+    }
+    cfg.validate(allowed)?;
+    Ok(cfg)
+}
+
+pub(crate) fn wakeup(a: &WakeupArgs) -> anyhow::Result<ExitCode> {
+    let allowed = measure::allowed_cpu_set();
+    let cfg = wakeup_config(a, &allowed)?;
+    if let Some(p) = &a.plot {
+        crate::plot::check_path(p)?;
+    }
+    let procfs = Procfs::new();
+    let sysfs = Sysfs::new();
+    eprintln!(
+        "measuring wakeup latency: settings {:?}, {} rounds each, period {} us, waker CPU {}, waiter CPU {}",
+        cfg.settings, cfg.rounds, cfg.period_us, cfg.waker_cpu, cfg.waiter_cpu
+    );
+    let results = wakeup::run(&cfg, &allowed, &procfs)?;
+    if let Some(p) = &a.plot {
+        crate::plot::wakeup_cdf(p, &results)?;
+        eprintln!("wrote {}", p.display());
+    }
+    let doc = WakeupDoc {
+        kind: "wakeup".into(),
+        primitive: "condvar (futex): notify_one -> waiter back from wait".into(),
+        rounds: cfg.rounds,
+        warmup: cfg.warmup,
+        period_us: cfg.period_us,
+        settings: results,
+        host: HostInfo::collect(&procfs, &sysfs),
+    };
+    if a.json {
+        print_json(&doc)?;
+    } else {
+        print_wakeup_table(&doc.settings);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Human table of wakeup results beside the paper's figures.
+pub fn print_wakeup_table(results: &[SettingResult]) {
+    println!("Time to wake up a blocked thread (us)        paper p50: PM / VM");
+    println!("setting  samples   mean    p50    p90    p99  discarded  lost   PM    VM");
+    for r in results {
+        let (pm, vm) = r.setting.paper_us();
+        println!(
+            "{:<7} {:>8} {:>6} {:>6} {:>6} {:>6} {:>10} {:>5} {:>4} {:>5}   {}",
+            r.setting.to_string(),
+            r.samples,
+            opt_us(r.mean_us),
+            opt_us(r.p50_us),
+            opt_us(r.p90_us),
+            opt_us(r.p99_us),
+            r.discarded,
+            r.lost,
+            pm,
+            vm,
+            r.description
+        );
+    }
+}
+
+/// Resolve `bench workload` flags into a kernel and its parameters.
+pub fn workload_params(a: &WorkloadArgs) -> Result<(Workload, WorkloadParams), BadInput> {
+    let w = Workload::parse(&a.name)?;
+    let mut p = if a.quick { WorkloadParams::quick(w) } else { WorkloadParams::default_for(w) };
+    if let Some(t) = a.threads {
+        p.threads = t;
+    }
+    if let Some(x) = a.work_us {
+        p.work_us = x;
+    }
+    if let Some(n) = a.items {
+        p.items = n;
+    }
+    p.iters_per_us = a.iters_per_us;
+    p.validate()?;
+    if a.runs == 0 || a.runs > 1000 {
+        return Err(BadInput::new("--runs", a.runs, "1..=1000"));
+    }
+    Ok((w, p))
+}
+
+/// Run kernel `w` `runs` times in this process and build its document.
+pub fn workload_doc(w: Workload, p: &WorkloadParams, runs: u32) -> anyhow::Result<BenchDoc> {
+    let procfs = Procfs::new();
+    let sysfs = Sysfs::new();
+    let cpus = measure::allowed_cpu_set();
+    let mut p = p.clone();
+    // Fix the compute rate for all runs of this document.
+    let rate = *p.iters_per_us.get_or_insert_with(workload::compute::iters_per_us);
+    let mut metrics = Vec::new();
+    let mut last = None;
+    for i in 0..runs {
+        let (out, mut m) = measure::measure_in_process(&procfs, &sysfs, &cpus, || workload::run_workload(w, &p))
+            .with_context(|| format!("{w} run {}", i + 1))?;
+        m.items = Some(out.items);
+        m.throughput = Some(out.items as f64 * 1e9 / m.wall_ns.max(1) as f64);
+        eprintln!(
+            "{w} run {}/{runs}: {} wall, {:.0} {}/s, {} idle entries",
+            i + 1,
+            ms(m.wall_ns as f64),
+            m.throughput.unwrap_or(0.0),
+            w.item_unit(),
+            m.idle_entries.map_or_else(|| "-".into(), |e| e.to_string())
+        );
+        metrics.push(m);
+        last = Some(out);
+    }
+    let mut params = serde_json::to_value(&p)?;
+    if let (Some(obj), Some(out)) = (params.as_object_mut(), last) {
+        obj.insert("iters_per_us".into(), rate.into());
+        obj.insert("iters_per_item".into(), out.iters_per_item.into());
+        obj.insert("checksum".into(), format!("{:#018x}", out.checksum).into());
+        obj.insert("item_unit".into(), w.item_unit().into());
+    }
+    Ok(BenchDoc {
+        kind: "workload".into(),
+        name: w.name().into(),
+        params,
+        summary: RunSummary::of(&metrics)?,
+        runs: metrics,
+        host: HostInfo::collect(&procfs, &sysfs),
+    })
+}
+
+pub(crate) fn workload(a: &WorkloadArgs) -> anyhow::Result<ExitCode> {
+    let (w, p) = workload_params(a)?;
+    let doc = workload_doc(w, &p, a.runs)?;
+    if a.json {
+        print_json(&doc)?;
+    } else {
+        print_doc(&doc);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_doc(doc: &BenchDoc) {
+    let s = &doc.summary;
+    println!("{} {}: {} run(s) on {} CPU(s) ({})", doc.kind, doc.name, s.runs, doc.runs.first().map_or(0, |r| r.cpus_available), doc.host.kernel);
+    println!("                      median        p10        p90");
+    let row = |name: &str, x: &gleaner_policy::stats::Summary, f: &dyn Fn(f64) -> String| {
+        println!("{name:<16} {:>11} {:>10} {:>10}", f(x.p50), f(x.p10), f(x.p90));
+    };
+    let msf = |v: f64| format!("{:.1}ms", v / 1e6);
+    let num = |v: f64| format!("{v:.0}");
+    row("wall", &s.wall_ns, &msf);
+    row("cpu user", &s.user_ns, &msf);
+    row("cpu sys", &s.sys_ns, &msf);
+    row("vol. ctx sw", &s.vcsw, &num);
+    row("invol. ctx sw", &s.nivcsw, &num);
+    match (&s.idle_entries, &s.idle_entries_per_s) {
+        (Some(e), Some(r)) => {
+            row("idle entries", e, &num);
+            row("idle entries/s", r, &num);
+        }
+        _ => println!("idle entries     unavailable ({})", doc.runs.first().map_or("", |r| r.idle_source.as_str())),
+    }
+    row("steal", &s.steal_ns, &msf);
+    if let Some(t) = &s.throughput {
+        row("throughput/s", t, &num);
+    }
+}
+
+fn stderr_stdio() -> Stdio {
+    std::io::stderr().as_fd().try_clone_to_owned().map_or_else(|_| Stdio::null(), Stdio::from)
+}
+
+/// Measure `cmd` `runs` times (its stdout goes to our stderr) and build the document.
+pub fn run_doc(cmd: &[String], runs: u32) -> anyhow::Result<BenchDoc> {
+    if runs == 0 || runs > 1000 {
+        return Err(BadInput::new("--runs", runs, "1..=1000").into());
+    }
+    let Some(prog) = cmd.first() else {
+        return Err(BadInput::new("command", "(empty)", "a program and its arguments after --").into());
+    };
+    let procfs = Procfs::new();
+    let sysfs = Sysfs::new();
+    let cpus = measure::allowed_cpu_set();
+    let mut metrics = Vec::new();
+    for i in 0..runs {
+        let meter = SystemMeter::start(&procfs, &sysfs, &cpus)?;
+        let child = Command::new(prog).args(&cmd[1..]).stdin(Stdio::null()).stdout(stderr_stdio()).spawn().map_err(|e| {
+            BadInput::new("command", prog, format!("a program that can be started ({e})"))
+        })?;
+        let m = measure::measure_child(child, meter).with_context(|| format!("run {} of {}", i + 1, cmd.join(" ")))?;
+        eprintln!("run {}/{runs}: {} wall, exit {}", i + 1, ms(m.wall_ns as f64), m.exit_code.unwrap_or(-1));
+        metrics.push(m);
+    }
+    Ok(BenchDoc {
+        kind: "run".into(),
+        name: cmd.join(" "),
+        params: serde_json::json!({ "command": cmd }),
+        summary: RunSummary::of(&metrics)?,
+        runs: metrics,
+        host: HostInfo::collect(&procfs, &sysfs),
+    })
+}
+
+pub(crate) fn run(a: &RunArgs) -> anyhow::Result<ExitCode> {
+    let doc = run_doc(&a.command, a.runs)?;
+    if a.json {
+        print_json(&doc)?;
+    } else {
+        print_doc(&doc);
+    }
+    let failed: Vec<i32> = doc.runs.iter().filter_map(|r| r.exit_code).filter(|&c| c != 0).collect();
+    if let Some(c) = failed.first() {
+        eprintln!("gleaner: {} of {} runs of the command failed (first exit status {c})", failed.len(), doc.runs.len());
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench overhead` result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OverheadReport {
+    pub base: String,
+    pub target: String,
+    /// Median CPU time (user + sys) of each side, ns: the stand-in for cycles.
+    pub base_cpu_ns: f64,
+    pub target_cpu_ns: f64,
+    /// Median wall time of each side, ns.
+    pub base_wall_ns: f64,
+    pub target_wall_ns: f64,
+    pub gamma_base: f64,
+    pub gamma_target: f64,
+    #[serde(flatten)]
+    pub metrics: Overhead,
+    pub note: String,
+}
+
+/// Compute the survey's metrics from two documents (medians over their runs).
+pub fn overhead_of(
+    base: &BenchDoc,
+    target: &BenchDoc,
+    gamma_base: Option<f64>,
+    gamma_target: Option<f64>,
+) -> anyhow::Result<OverheadReport> {
+    let side = |d: &BenchDoc, gamma: Option<f64>, flag: &str| -> anyhow::Result<Side> {
+        let cpu = median(&d.runs.iter().map(|r| r.cpu_ns() as f64).collect::<Vec<_>>())?;
+        let wall = median(&d.runs.iter().map(|r| r.wall_ns as f64).collect::<Vec<_>>())?;
+        let gamma = match gamma {
+            Some(g) if g.is_finite() && g > 0.0 => g,
+            Some(g) => return Err(BadInput::new(flag, g, "a number of CPUs > 0").into()),
+            None => median(&d.runs.iter().map(|r| f64::from(r.cpus_available)).collect::<Vec<_>>())?,
+        };
+        Ok(Side { cpu, wall, gamma })
+    };
+    let b = side(base, gamma_base, "--gamma-base")?;
+    let t = side(target, gamma_target, "--gamma-target")?;
+    let metrics = overhead::overhead(b, t).map_err(|e| BadInput::new("result files", format!("{} / {}", base.name, target.name), format!("runs with CPU time, wall time and gamma > 0 ({e})")))?;
+    Ok(OverheadReport {
+        base: base.name.clone(),
+        target: target.name.clone(),
+        base_cpu_ns: b.cpu,
+        target_cpu_ns: t.cpu,
+        base_wall_ns: b.wall,
+        target_wall_ns: t.wall,
+        gamma_base: b.gamma,
+        gamma_target: t.gamma,
+        metrics,
+        note: "CPU time (user + sys, rusage) stands in for CPU cycles: no hardware counters here".into(),
+    })
+}
+
+pub(crate) fn overhead(a: &OverheadArgs) -> anyhow::Result<ExitCode> {
+    let base = BenchDoc::load(&a.base)?;
+    let target = BenchDoc::load(&a.target)?;
+    let r = overhead_of(&base, &target, a.gamma_base, a.gamma_target)?;
+    if a.json {
+        print_json(&r)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("base:   {} ({}): median CPU {}, wall {}, gamma {}", a.base.display(), r.base, ms(r.base_cpu_ns), ms(r.base_wall_ns), r.gamma_base);
+    println!("target: {} ({}): median CPU {}, wall {}, gamma {}", a.target.display(), r.target, ms(r.target_cpu_ns), ms(r.target_wall_ns), r.gamma_target);
+    println!("reduced resource efficiency d_eta_r = {:+.3}  (CPU time ratio - 1)", r.metrics.d_eta_r);
+    println!("reduced temporal efficiency d_eta_t = {:+.3}  ((t_t*gamma_t - t_b*gamma_b) / (t_b*gamma_b))", r.metrics.d_eta_t);
+    println!("overhead impact factor      omega   = {:.3}  ((1 + d_eta_t) / (1 + d_eta_r))", r.metrics.omega);
+    println!("note: {}", r.note);
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,446 @@
+//! `gleaner bench wakeup`: Table 2 of the Gleaner paper (section 3.1) on this machine.
+//!
+//! The time from just before `notify_one` (a futex wake: `std::sync::Condvar` is futex-based
+//! like glibc's `pthread_cond_signal`) to the blocked waiter running again (back from
+//! `wait`, mutex re-acquired), in four settings:
+//!
+//! | setting | waker / waiter | waiter's CPU while it waits |
+//! |---|---|---|
+//! | A | same CPU | runs the waker |
+//! | B | different CPUs | kept busy by a `SCHED_IDLE` thread looping `sched_yield()` |
+//! | C | different CPUs | idle: the vCPU halts (after cpuidle polling, if any) |
+//! | D | different CPUs | a CPU-bound `SCHED_OTHER` co-runner on every CPU |
+//!
+//! One round:
+//!
+//! ```text
+//!  waker (waker CPU)                          waiter (waiter CPU)
+//!  wait until waiter announces round r-1 <--- lock; waiting = true; notify waker;
+//!                                              cond.wait_timeout(deadline)   (blocks)
+//!  sleep period_us (waiter blocks, CPU idles)
+//!  /proc/self/task/<waiter>/stat state == S ?   (no: round discarded)
+//!  t0 = now; lock; round = r; unlock;
+//!  cond.notify_one()  ----------------------> returns from wait; t1 = now
+//!  wait until done == r (deadline)  <-------- sample = t1 - t0; done = r; notify waker
+//! ```
+//!
+//! Timestamps are `CLOCK_MONOTONIC` (`Instant`) ns since a shared base, kept in the shared
+//! state. Every wait has a deadline: a wakeup that does not arrive within it counts as `lost`
+//! and the benchmark goes on (or stops that setting if the peer is gone), never hangs.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::procfs::Procfs;
+use gleaner_os::{sched, BadInput};
+use gleaner_policy::stats::Summary;
+use serde::{Deserialize, Serialize};
+
+use crate::measure::pin_current_thread;
+use crate::workload::compute;
+
+/// One of the four settings of Table 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[value(rename_all = "UPPER")]
+pub enum Setting {
+    /// Waker and waiter on the same CPU.
+    A,
+    /// Different CPUs; the waiter's CPU kept busy by a SCHED_IDLE sched_yield() loop.
+    B,
+    /// Different CPUs; the waiter's CPU otherwise idle (halts).
+    C,
+    /// As C, with a CPU-bound co-runner on every CPU.
+    D,
+}
+
+impl Setting {
+    pub const ALL: [Setting; 4] = [Setting::A, Setting::B, Setting::C, Setting::D];
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Setting::A => "same CPU",
+            Setting::B => "different CPUs, waiter's CPU busy with a SCHED_IDLE yielder",
+            Setting::C => "different CPUs, waiter's CPU idle (halts)",
+            Setting::D => "different CPUs, CPU-bound co-runner on every CPU",
+        }
+    }
+
+    /// The paper's figures (p50-like, microseconds): physical machine, virtual machine.
+    pub fn paper_us(self) -> (&'static str, &'static str) {
+        match self {
+            Setting::A => ("4", "6"),
+            Setting::B => ("8", "17"),
+            Setting::C => ("8", "37"),
+            Setting::D => ("17", ">96"),
+        }
+    }
+}
+
+impl std::fmt::Display for Setting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WakeupConfig {
+    pub settings: Vec<Setting>,
+    /// Measured rounds per setting (after the warm-up).
+    pub rounds: u32,
+    /// Warm-up rounds per setting, not recorded.
+    pub warmup: u32,
+    /// Time the waker waits after the waiter blocked, before waking it (µs).
+    pub period_us: u64,
+    pub waker_cpu: u32,
+    pub waiter_cpu: u32,
+    /// How long a wait may last before the wakeup counts as lost (ms).
+    pub deadline_ms: u64,
+}
+
+impl WakeupConfig {
+    /// Defaults for this process's CPUs: waker on the first allowed CPU, waiter on the second.
+    pub fn for_cpus(allowed: &CpuSet) -> WakeupConfig {
+        let v = allowed.to_vec();
+        let waker_cpu = v.first().copied().unwrap_or(0);
+        let waiter_cpu = v.get(1).copied().unwrap_or(waker_cpu);
+        WakeupConfig {
+            settings: Setting::ALL.to_vec(),
+            rounds: 2000,
+            warmup: 20,
+            period_us: 1000,
+            waker_cpu,
+            waiter_cpu,
+            deadline_ms: 0,
+        }
+    }
+
+    /// Check against the CPUs this process may use.
+    pub fn validate(&self, allowed: &CpuSet) -> Result<(), BadInput> {
+        if self.rounds == 0 || self.rounds > 1_000_000 {
+            return Err(BadInput::new("--rounds", self.rounds, "1..=1000000"));
+        }
+        if self.period_us == 0 || self.period_us > 1_000_000 {
+            return Err(BadInput::new("--period-us", self.period_us, "1..=1000000 microseconds"));
+        }
+        if self.settings.is_empty() {
+            return Err(BadInput::new("--setting", "(none)", "A, B, C, D"));
+        }
+        for (flag, cpu) in [("--waker-cpu", self.waker_cpu), ("--waiter-cpu", self.waiter_cpu)] {
+            if !allowed.contains(cpu) {
+                return Err(BadInput::new(flag, cpu, format!("a CPU this process may use: {allowed}")));
+            }
+        }
+        let cross = self.settings.iter().any(|s| *s != Setting::A);
+        if cross && self.waker_cpu == self.waiter_cpu {
+            let allowed_settings = if allowed.len() < 2 { "A only (this process may use one CPU)" } else { "different --waker-cpu and --waiter-cpu for B, C, D" };
+            return Err(BadInput::new("--setting", format!("{:?} with both threads on CPU {}", self.settings, self.waker_cpu), allowed_settings));
+        }
+        Ok(())
+    }
+
+    fn deadline(&self) -> Duration {
+        if self.deadline_ms > 0 {
+            Duration::from_millis(self.deadline_ms)
+        } else {
+            Duration::from_millis(200) + Duration::from_micros(self.period_us) * 10
+        }
+    }
+}
+
+/// The result of one setting. Field names are stable: the simulator loads them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SettingResult {
+    pub setting: Setting,
+    pub description: String,
+    pub waker_cpu: u32,
+    pub waiter_cpu: u32,
+    /// Number of recorded samples.
+    pub samples: usize,
+    pub mean_us: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p90_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub min_us: Option<f64>,
+    pub max_us: Option<f64>,
+    /// Rounds not recorded because the waiter was not yet blocked when the waker woke it.
+    pub discarded: u64,
+    /// Rounds whose wakeup did not arrive before the deadline.
+    pub lost: u64,
+    /// Warm-up rounds (not recorded).
+    pub warmup: u32,
+    /// The raw samples, ns, in round order.
+    pub samples_ns: Vec<u64>,
+}
+
+impl SettingResult {
+    fn from_samples(setting: Setting, cfg: &WakeupConfig, samples_ns: Vec<u64>, discarded: u64, lost: u64) -> Self {
+        let (waker_cpu, waiter_cpu) = placement(setting, cfg);
+        let us: Vec<f64> = samples_ns.iter().map(|&n| n as f64 / 1000.0).collect();
+        let s = Summary::of(&us).ok();
+        SettingResult {
+            setting,
+            description: setting.describe().to_string(),
+            waker_cpu,
+            waiter_cpu,
+            samples: samples_ns.len(),
+            mean_us: s.map(|s| s.mean),
+            p50_us: s.map(|s| s.p50),
+            p90_us: s.map(|s| s.p90),
+            p99_us: s.map(|s| s.p99),
+            min_us: s.map(|s| s.min),
+            max_us: s.map(|s| s.max),
+            discarded,
+            lost,
+            warmup: cfg.warmup,
+            samples_ns,
+        }
+    }
+}
+
+fn placement(setting: Setting, cfg: &WakeupConfig) -> (u32, u32) {
+    match setting {
+        Setting::A => (cfg.waiter_cpu, cfg.waiter_cpu),
+        _ => (cfg.waker_cpu, cfg.waiter_cpu),
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    round: u64,
+    t0_ns: u64,
+    waiting: bool,
+    done: u64,
+    sample_ns: u64,
+    late: bool,
+    stop: bool,
+    waiter_tid: i32,
+    error: Option<String>,
+}
+
+struct Chan {
+    m: Mutex<Shared>,
+    to_waiter: Condvar,
+    to_waker: Condvar,
+    base: Instant,
+}
+
+impl Chan {
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+fn wait_for<'a>(
+    cv: &Condvar,
+    mut g: MutexGuard<'a, Shared>,
+    timeout: Duration,
+    done: impl Fn(&Shared) -> bool,
+) -> (MutexGuard<'a, Shared>, bool) {
+    let until = Instant::now() + timeout;
+    while !done(&g) {
+        let now = Instant::now();
+        if now >= until {
+            return (g, false);
+        }
+        g = cv.wait_timeout(g, until - now).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+    }
+    (g, true)
+}
+
+fn waiter(chan: &Chan, cpu: u32, deadline: Duration) {
+    let mut g = chan.lock();
+    if let Err(e) = pin_current_thread(cpu) {
+        g.error = Some(format!("pinning the waiter to CPU {cpu}: {e}"));
+        g.stop = true;
+        chan.to_waker.notify_all();
+        return;
+    }
+    g.waiter_tid = sched::gettid();
+    loop {
+        if g.stop {
+            break;
+        }
+        let my = g.round;
+        g.waiting = true;
+        chan.to_waker.notify_one();
+        let until = Instant::now() + deadline;
+        let mut timed_out = false;
+        while g.round == my && !g.stop {
+            let now = Instant::now();
+            if now >= until {
+                timed_out = true;
+                break;
+            }
+            let (ng, r) = chan.to_waiter.wait_timeout(g, until - now).unwrap_or_else(std::sync::PoisonError::into_inner);
+            g = ng;
+            timed_out = r.timed_out();
+        }
+        let t1 = chan.now_ns();
+        g.waiting = false;
+        if g.stop {
+            break;
+        }
+        if g.round == my {
+            continue; // the waker did not come within the deadline: announce again
+        }
+        g.sample_ns = t1.saturating_sub(g.t0_ns);
+        g.late = timed_out;
+        g.done = g.round;
+        chan.to_waker.notify_one();
+    }
+}
+
+struct Tally {
+    samples: Vec<u64>,
+    discarded: u64,
+    lost: u64,
+}
+
+fn waker(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> anyhow::Result<Tally> {
+    pin_current_thread(cpu).with_context(|| format!("pinning the waker to CPU {cpu}"))?;
+    let pid = i32::try_from(std::process::id()).context("pid out of range")?;
+    let period = Duration::from_micros(cfg.period_us);
+    let peer_deadline = cfg.deadline() * 2 + Duration::from_secs(1);
+    let mut t = Tally { samples: Vec::with_capacity(cfg.rounds as usize), discarded: 0, lost: 0 };
+    let total = u64::from(cfg.rounds) + u64::from(cfg.warmup);
+    for r in 1..=total {
+        let (g, ok) = wait_for(&chan.to_waker, chan.lock(), peer_deadline, |s| (s.waiting && s.round == r - 1) || s.stop);
+        if let Some(e) = &g.error {
+            anyhow::bail!("{e}");
+        }
+        if !ok {
+            t.lost += total - r + 1;
+            tracing::warn!("waiter thread unresponsive; ending this setting after {} rounds", r - 1);
+            break;
+        }
+        let tid = g.waiter_tid;
+        drop(g);
+        std::thread::sleep(period);
+        let blocked = procfs.task_stat(pid, tid).map(|s| s.state == 'S').unwrap_or(false);
+        let t0 = chan.now_ns();
+        {
+            let mut g = chan.lock();
+            g.round = r;
+            g.t0_ns = t0;
+        }
+        chan.to_waiter.notify_one();
+        let (g, ok) = wait_for(&chan.to_waker, chan.lock(), peer_deadline, |s| s.done == r);
+        if !ok {
+            t.lost += total - r + 1;
+            tracing::warn!("waiter did not report round {r}; ending this setting");
+            break;
+        }
+        if g.late {
+            t.lost += 1;
+        } else if r <= u64::from(cfg.warmup) {
+        } else if !blocked {
+            t.discarded += 1;
+        } else {
+            t.samples.push(g.sample_ns);
+        }
+    }
+    Ok(t)
+}
+
+/// Background load for settings B and D, stopped and joined on drop.
+struct Load {
+    stop: std::sync::Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn none() -> Load {
+        Load { stop: std::sync::Arc::new(AtomicBool::new(false)), threads: Vec::new() }
+    }
+
+    /// A SCHED_IDLE thread on `cpu` calling sched_yield() in a loop.
+    fn yielder(cpu: u32) -> anyhow::Result<Load> {
+        let mut l = Load::none();
+        let stop = l.stop.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        l.threads.push(std::thread::spawn(move || {
+            let r = pin_current_thread(cpu).and_then(|()| sched::set_idle(sched::gettid()));
+            let ok = r.is_ok();
+            let _ = tx.send(r);
+            while ok && !stop.load(Ordering::Relaxed) {
+                sched::yield_now();
+            }
+        }));
+        rx.recv().context("yielder thread died")?.with_context(|| format!("making a SCHED_IDLE yielder on CPU {cpu}"))?;
+        Ok(l)
+    }
+
+    /// A CPU-bound SCHED_OTHER thread on each of `cpus`.
+    fn hogs(cpus: &CpuSet) -> anyhow::Result<Load> {
+        let mut l = Load::none();
+        for cpu in cpus {
+            let stop = l.stop.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            l.threads.push(std::thread::spawn(move || {
+                let ok = pin_current_thread(cpu).is_ok();
+                let _ = tx.send(ok);
+                let mut x = u64::from(cpu);
+                while ok && !stop.load(Ordering::Relaxed) {
+                    x = compute::spin(x, 10_000);
+                }
+            }));
+            if !rx.recv().unwrap_or(false) {
+                anyhow::bail!("cannot pin a co-runner to CPU {cpu}");
+            }
+        }
+        Ok(l)
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Run one setting.
+pub fn run_setting(setting: Setting, cfg: &WakeupConfig, allowed: &CpuSet, procfs: &Procfs) -> anyhow::Result<SettingResult> {
+    let (waker_cpu, waiter_cpu) = placement(setting, cfg);
+    let _load = match setting {
+        Setting::B => Load::yielder(waiter_cpu)?,
+        Setting::D => Load::hogs(allowed)?,
+        Setting::A | Setting::C => Load::none(),
+    };
+    let chan = Chan { m: Mutex::new(Shared::default()), to_waiter: Condvar::new(), to_waker: Condvar::new(), base: Instant::now() };
+    let deadline = cfg.deadline();
+    let tally = std::thread::scope(|s| {
+        let w = s.spawn(|| waiter(&chan, waiter_cpu, deadline));
+        let k = s.spawn(|| waker(&chan, waker_cpu, cfg, procfs));
+        let tally = k.join();
+        chan.lock().stop = true;
+        chan.to_waiter.notify_all();
+        let _ = w.join();
+        tally
+    });
+    let tally = match tally {
+        Ok(t) => t?,
+        Err(p) => std::panic::resume_unwind(p),
+    };
+    Ok(SettingResult::from_samples(setting, cfg, tally.samples, tally.discarded, tally.lost))
+}
+
+/// Run every configured setting in order.
+pub fn run(cfg: &WakeupConfig, allowed: &CpuSet, procfs: &Procfs) -> anyhow::Result<Vec<SettingResult>> {
+    cfg.validate(allowed)?;
+    let mut out = Vec::new();
+    for &s in &cfg.settings {
+        tracing::info!("wakeup setting {s}: {} rounds", cfg.rounds);
+        out.push(run_setting(s, cfg, allowed, procfs).with_context(|| format!("setting {s}"))?);
+    }
+    Ok(out)
+}
