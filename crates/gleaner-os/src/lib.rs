@@ -14,6 +14,34 @@
 //! | [`cgroup`] | cpuset cgroups, v1 and v2 |
 //! | [`sched`] | affinity, SCHED_IDLE/OTHER, EEVDF slice (`sched_setattr`), gettid, getcpu |
 //! | [`rusage`] | getrusage, wait4 |
+//!
+//! ```
+//! use gleaner_os::cpuset::CpuSet;
+//! let cpus = CpuSet::parse("0-3,5").unwrap();
+//! assert_eq!((cpus.len(), cpus.to_string()), (5, "0-3,5".to_string()));
+//! ```
+//!
+//! A typical agent step (needs root and a cpuset controller):
+//!
+//! ```no_run
+//! # fn main() -> gleaner_os::Result<()> {
+//! use std::path::Path;
+//! use gleaner_os::{cgroup::Cgroups, cpuset::CpuSet, procfs::Procfs, sched};
+//! let procfs = Procfs::new();
+//! let group = Cgroups::detect()?.create(Path::new(""), "gleaner-run-42")?;
+//! group.set_cpus(&CpuSet::parse("0-1").unwrap())?;
+//! group.add_process(4242)?;
+//! for tid in procfs.tasks(4242)? {
+//!     match procfs.task_schedstat(4242, tid) {
+//!         Ok(s) => println!("{tid}: {} ns on CPU", s.run_ns),
+//!         Err(e) if e.is_vanished() => continue, // the thread exited meanwhile
+//!         Err(e) => return Err(e),
+//!     }
+//! }
+//! sched::set_slice(0, std::time::Duration::from_millis(1))?;
+//! group.remove()?; // moves 4242 back to the parent, rmdir
+//! # Ok(()) }
+//! ```
 
 pub mod cgroup;
 pub mod cpuset;
