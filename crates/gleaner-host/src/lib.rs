@@ -345,6 +345,18 @@ impl Engine {
     }
 }
 
+/// The next period boundary after `next`; when the loop fell more than a period behind
+/// (a slow step), it restarts from now instead of running a burst of tiny periods.
+fn advance(next: Instant, period: Duration) -> Instant {
+    let n = next + period;
+    let now = Instant::now();
+    if n + period < now {
+        now + period
+    } else {
+        n
+    }
+}
+
 /// Sleeps until `deadline` unless `stop` is set (checked every 10 ms).
 fn sleep_until(deadline: Instant, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
@@ -387,7 +399,7 @@ fn cmd_classify(a: ClassifyArgs) -> anyhow::Result<ExitCode> {
     let mut next = Instant::now();
     for _ in 0..=a.monitor.window {
         e.step()?;
-        next += period;
+        next = advance(next, period);
         sleep_until(next, &stop);
     }
     e.step()?;
@@ -530,7 +542,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let result: anyhow::Result<()> = (|| {
         engine.step()?; // baseline
         loop {
-            next += period;
+            next = advance(next, period);
             sleep_until(next, &STOP);
             if STOP.load(Ordering::SeqCst) {
                 break;
