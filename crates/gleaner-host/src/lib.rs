@@ -345,12 +345,12 @@ impl Engine {
     }
 }
 
-/// The next period boundary after `next`; when the loop fell more than a period behind
-/// (a slow step), it restarts from now instead of running a burst of tiny periods.
+/// The next period boundary after `next`; when the loop fell behind (a slow step), it
+/// restarts from now instead of running a burst of short periods.
 fn advance(next: Instant, period: Duration) -> Instant {
     let n = next + period;
     let now = Instant::now();
-    if n + period < now {
+    if n <= now {
         now + period
     } else {
         n
