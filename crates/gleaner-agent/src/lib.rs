@@ -1,10 +1,300 @@
-//! The Gleaner guest agent: resource retention and consolidation scheduling.
+//! The Gleaner guest agent: resource retention and consolidation scheduling (Gleaner paper,
+//! sections 4 to 6) at user level, for a VM user who cannot touch the hypervisor.
+//!
+//! - [`agent`]: the loop that samples, decides (with `gleaner_policy::gleaner::Controller`)
+//!   and applies, and undoes everything on every exit path.
+//! - [`yielders`]: the `SCHED_IDLE` yielding threads (retention mechanism).
+//! - [`sampler`]: metric snapshots from procfs/sysfs.
+//! - [`state`]: the state file, the guardian process and `restore`.
+//! - [`report`]: status socket, Prometheus text, JSON-lines events.
+//! - [`compare`]: the main job, stock vs Gleaner side by side.
+
+pub mod agent;
+pub mod calibrate;
+pub mod compare;
+pub mod config;
+pub mod report;
+pub mod sampler;
+pub mod state;
+pub mod yielders;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Agent commands: run, attach, daemon, status, restore, compare.
-#[derive(Debug, clap::Subcommand)]
-pub enum AgentCommand {}
+use config::AgentConfig;
 
+/// Flags shared by `run` and `attach` (they override the `--config` file).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct AgentFlags {
+    /// TOML configuration file (see `gleaner daemon --print-config`).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Do not run yielding threads (measure consolidation alone).
+    #[arg(long)]
+    pub no_retention: bool,
+    /// Do not change the workload's cpuset (measure retention alone).
+    #[arg(long)]
+    pub no_consolidation: bool,
+    /// Control period in milliseconds (10..=10000).
+    #[arg(long, value_name = "MS")]
+    pub period_ms: Option<u64>,
+    /// Retention timeout in microseconds; default: calibrated from a measured vCPU wakeup.
+    #[arg(long, value_name = "US")]
+    pub timeout_us: Option<u64>,
+    /// CPUs to manage (kernel list format, e.g. 0-3); default: every online CPU.
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+    /// Serve Prometheus text-format metrics on this address (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics_addr: Option<String>,
+    /// Append one JSON line per decision to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
+    /// Directory of state files and status sockets.
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+}
+
+impl AgentFlags {
+    /// The configuration file (if any) with these flags applied on top.
+    pub fn resolve(&self) -> anyhow::Result<AgentConfig> {
+        let mut cfg = match &self.config {
+            Some(p) => AgentConfig::load(p)?,
+            None => AgentConfig::default(),
+        };
+        if self.no_retention {
+            cfg.retention = false;
+        }
+        if self.no_consolidation {
+            cfg.consolidation = false;
+        }
+        if let Some(v) = self.period_ms {
+            cfg.period_ms = v;
+        }
+        if let Some(v) = self.timeout_us {
+            cfg.timeout_us = Some(v);
+        }
+        if let Some(v) = &self.cpus {
+            cfg.cpus = Some(v.clone());
+        }
+        if let Some(v) = &self.metrics_addr {
+            cfg.metrics_addr = Some(v.clone());
+        }
+        if let Some(v) = &self.events {
+            cfg.events = Some(v.clone());
+        }
+        if let Some(v) = &self.run_dir {
+            cfg.run_dir = v.clone();
+        } else if !nix::unistd::geteuid().is_root() && cfg.run_dir == AgentConfig::default().run_dir {
+            // /run is root's; an unprivileged agent keeps its socket in its own temp dir.
+            cfg.run_dir = std::env::temp_dir().join(format!("gleaner-{}", nix::unistd::geteuid()));
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Agent commands.
+#[derive(Debug, clap::Subcommand)]
+pub enum AgentCommand {
+    /// Run CMD under Gleaner: in a cpuset cgroup the agent manages, with yielding threads on
+    /// the active vCPUs. Passes CMD's output through and exits with its exit status.
+    Run {
+        #[command(flatten)]
+        flags: AgentFlags,
+        /// The command and its arguments.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// Manage an already running workload: a cgroup (its cpuset.cpus is managed and restored)
+    /// or a process and its descendants (moved into a new cgroup and back).
+    Attach {
+        #[command(flatten)]
+        flags: AgentFlags,
+        /// Existing cpuset cgroup (absolute path, or relative to the cpuset hierarchy root).
+        #[arg(long, value_name = "PATH", conflicts_with = "pid", required_unless_present = "pid")]
+        cgroup: Option<PathBuf>,
+        /// Process to manage, with its descendants.
+        #[arg(long, value_name = "PID")]
+        pid: Option<i32>,
+    },
+    /// Run as a service: manage the `[[target]]`s of the configuration file, or, with none,
+    /// keep retention on every vCPU of the VM. See dist/gleaner.service.
+    Daemon {
+        /// Configuration file.
+        #[arg(long, value_name = "FILE", default_value = "/etc/gleaner/gleaner.toml")]
+        config: PathBuf,
+        /// Print a commented sample configuration and exit.
+        #[arg(long)]
+        print_config: bool,
+    },
+    /// Live state of the running agents (over their root-only Unix sockets).
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Directory of the agents' sockets.
+        #[arg(long, value_name = "DIR", default_value = "/run/gleaner")]
+        run_dir: PathBuf,
+    },
+    /// Undo whatever crashed agents left behind (cpusets, cgroups), from their state files.
+    Restore {
+        /// Directory of the agents' state files.
+        #[arg(long, value_name = "DIR", default_value = "/run/gleaner")]
+        run_dir: PathBuf,
+    },
+    /// The main job: run a workload alternately stock and under Gleaner, N times each, and print
+    /// medians, spread and ratios. Default workload: the built-in `pipeline` (dedup-like).
+    Compare(compare::CompareArgs),
+    /// Internal: the guardian process that restores the agent's changes if it dies.
+    #[command(name = "__guardian", hide = true)]
+    Guardian {
+        #[arg(long)]
+        state: PathBuf,
+    },
+}
+
+/// Runs an agent command.
 pub fn run(cmd: AgentCommand) -> anyhow::Result<ExitCode> {
-    match cmd {}
+    match cmd {
+        AgentCommand::Run { flags, cmd } => {
+            let cfg = flags.resolve()?;
+            let opts = agent::RunOptions { status_socket: true, ..Default::default() };
+            let out = agent::run(agent::Target::Command(cmd), &cfg, &opts)?;
+            Ok(exit_code(out.exit_code.or(out.signal.map(|s| 128 + s)).unwrap_or(1)))
+        }
+        AgentCommand::Attach { flags, cgroup, pid } => {
+            let cfg = flags.resolve()?;
+            let target = match (cgroup, pid) {
+                (Some(c), None) => agent::Target::Cgroup(c),
+                (None, Some(p)) => agent::Target::Pid(p),
+                _ => unreachable!("clap enforces exactly one of --cgroup and --pid"),
+            };
+            let opts = agent::RunOptions { status_socket: true, ..Default::default() };
+            let out = agent::run(target, &cfg, &opts)?;
+            Ok(exit_code(out.signal.map(|s| 128 + s).unwrap_or(0)))
+        }
+        AgentCommand::Daemon { config, print_config } => {
+            if print_config {
+                print!("{}", config::SAMPLE_CONFIG);
+                return Ok(ExitCode::SUCCESS);
+            }
+            daemon(&config)
+        }
+        AgentCommand::Status { json, run_dir } => status(json, &run_dir),
+        AgentCommand::Restore { run_dir } => {
+            let cgroups = gleaner_os::cgroup::Cgroups::detect()?;
+            let done = state::restore_dead(&run_dir, &cgroups)?;
+            if done.is_empty() {
+                println!("nothing to restore");
+            }
+            for line in done {
+                println!("{line}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        AgentCommand::Compare(args) => compare::run(args),
+        AgentCommand::Guardian { state } => {
+            state::guardian_main(&state)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn exit_code(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code.clamp(0, 255)).unwrap_or(1))
+}
+
+fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let reports = report::query_all(run_dir)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if reports.is_empty() {
+        println!("no running gleaner agent (no socket in {})", run_dir.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    for r in reports {
+        let m = &r.metrics;
+        let ms = |v: Option<f64>| v.map(|x| format!("{:.1} us", x / 1e3)).unwrap_or_else(|| "-".into());
+        println!("agent {} managing {} (up {:.0} s)", r.agent_pid, r.target, r.uptime_s);
+        println!(
+            "  retention {}  consolidation {}{}",
+            on_off(r.retention),
+            on_off(r.consolidation),
+            r.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+        );
+        println!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}", r.active_cpus, r.all_cpus, m.rho, m.eta);
+        println!(
+            "  l_comp {}  g_comp {}  l_idle {}  utilization {:.2} vCPUs",
+            ms(m.l_comp_ns),
+            ms(m.g_comp_ns),
+            ms(m.l_idle_ns),
+            m.util
+        );
+        println!(
+            "  yields {}  timeouts {}  retention timeout {} us  decisions {}",
+            r.yields, r.timeouts, r.timeout_us, r.decisions
+        );
+        for e in r.recent.iter().rev().take(8) {
+            println!("  [{:>8} ms] {} -> CPUs {}", e.t_ms, e.event, e.active_cpus);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// `gleaner daemon`: one `gleaner attach` per target (each with its own guardian), or
+/// system-wide retention without targets. Stops them all on SIGTERM/SIGINT.
+fn daemon(config: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let cfg = AgentConfig::load(config)?;
+    if cfg.targets.is_empty() {
+        let opts = agent::RunOptions { status_socket: true, ..Default::default() };
+        let out = agent::run(agent::Target::System, &cfg, &opts)?;
+        return Ok(exit_code(out.signal.map(|_| 0).unwrap_or(0)));
+    }
+    agent::install_signal_handlers()?;
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for t in &cfg.targets {
+        let mut c = std::process::Command::new(&exe);
+        c.arg("attach").arg("--config").arg(config);
+        match (&t.cgroup, t.pid) {
+            (Some(p), _) => c.arg("--cgroup").arg(p),
+            (None, Some(pid)) => c.arg("--pid").arg(pid.to_string()),
+            (None, None) => unreachable!("validated"),
+        };
+        children.push(c.spawn()?);
+    }
+    let mut failed = false;
+    loop {
+        if let Some(sig) = agent::pending_signal() {
+            for c in &children {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(c.id() as i32),
+                    nix::sys::signal::Signal::try_from(sig).ok(),
+                );
+            }
+        }
+        let mut running = 0;
+        for c in &mut children {
+            match c.try_wait()? {
+                Some(s) => failed |= !s.success() && agent::pending_signal().is_none(),
+                None => running += 1,
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }

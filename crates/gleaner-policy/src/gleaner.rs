@@ -47,6 +47,10 @@ pub struct Params {
     pub rollback_drop: f64,
     /// Never go below this many active vCPUs.
     pub min_active: usize,
+    /// Utilization (in vCPUs) below which changes of utilization and granularity are noise:
+    /// they neither roll a consolidation back nor count as a major change (an idle
+    /// workload's 0.01 -> 0.008 vCPUs).
+    pub min_util: f64,
     /// Periods with fewer idle periods (`S_yield`) than this carry too little information to
     /// decide on; the controller then keeps the current set.
     pub min_idle_periods: u64,
@@ -64,6 +68,7 @@ impl Default for Params {
             rollback_drop: 0.05,
             min_active: 1,
             min_idle_periods: 8,
+            min_util: 0.05,
         }
     }
 }
@@ -102,6 +107,13 @@ impl Params {
                 name: "min_time_slice_ns",
                 value: "0".into(),
                 allowed: "> 0",
+            });
+        }
+        if !(self.min_util >= 0.0 && self.min_util.is_finite()) {
+            return Err(ParamsError::OutOfRange {
+                name: "min_util",
+                value: self.min_util.to_string(),
+                allowed: "a finite number >= 0",
             });
         }
         if self.min_active == 0 {
@@ -277,7 +289,8 @@ impl Controller {
         let mut out = Vec::new();
         match std::mem::replace(&mut self.phase, Phase::Unsettled) {
             Phase::Probing { cpu, before } => {
-                let dropped = m.util < before.util * (1.0 - self.params.rollback_drop);
+                let dropped = before.util >= self.params.min_util
+                    && m.util < before.util * (1.0 - self.params.rollback_drop);
                 // A vCPU pushed past the major-change threshold is overloaded (the paper's
                 // "100%"): keeping the set would only trigger a reset next period.
                 let saturated = m.max_vcpu_util > self.params.busy_threshold;
@@ -364,10 +377,11 @@ impl Controller {
             return Some(ResetReason::BusyVcpu);
         }
         let base = reference.util.max(1e-9);
-        if (m.util - reference.util).abs() / base > p.util_change && reference.util > 0.0 {
+        let significant = reference.util.max(m.util) >= p.min_util;
+        if significant && (m.util - reference.util).abs() / base > p.util_change && reference.util > 0.0 {
             return Some(ResetReason::UtilizationChange);
         }
-        if let (Some(g0), Some(g1)) = (reference.g_comp_ns, m.g_comp_ns) {
+        if let (true, Some(g0), Some(g1)) = (significant, reference.g_comp_ns, m.g_comp_ns) {
             if g0 > 0.0 && (g1 > g0 * p.gcomp_change || g1 < g0 / p.gcomp_change) {
                 return Some(ResetReason::GranularityChange);
             }

@@ -265,3 +265,23 @@ fn params_validation_names_the_field() {
     assert!(Params { gcomp_change: 1.0, ..Params::default() }.validate().is_err());
     assert!(Params::default().validate().is_ok());
 }
+
+#[test]
+fn noise_of_an_idle_workload_neither_rolls_back_nor_resets() {
+    // Regression: an idle workload (0.013 -> 0.010 vCPUs) was rolled back as a "slowdown",
+    // crushing rho to 0.006.
+    let idle = |cpus: &[u32], work: u64| Snapshot {
+        period_ns: PERIOD,
+        vcpus: cpus
+            .iter()
+            .map(|&cpu| VcpuSample { cpu, t_work_ns: work, t_yield_ns: 0, t_idle_ns: PERIOD - work, s_yield: 40 })
+            .collect(),
+        s_work: 2,
+    };
+    let mut c = Controller::new(vec![0, 1], unit_params());
+    assert_eq!(c.step(&idle(&[0, 1], 2 * MS)), vec![Decision::Deactivate { cpu: 1 }]);
+    assert!(c.step(&idle(&[0], 3 * MS)).is_empty(), "a 25% drop of 1% utilization is noise");
+    assert!(c.step(&idle(&[0], 1 * MS)).is_empty(), "and so is a 3x change");
+    assert_eq!(c.active(), &[0]);
+    assert_eq!(c.params().rho, 1.0);
+}

@@ -1,0 +1,616 @@
+//! The agent loop: set up the target, then once per period sample, decide, apply; on any exit
+//! path undo every change.
+//!
+//! ```text
+//!   setup: cgroup (recorded in the state file, guardian started) -> yielding threads
+//!          -> status socket / metrics / events
+//!   loop:  wait(period | workload exit | signal) -> Sampler::sample -> Controller::step
+//!          -> cpuset.cpus + Yielders::set_active -> status, events
+//!   exit:  stop yielders -> undo state file -> guardian finishes -> servers stop
+//! ```
+
+use std::ffi::CString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gleaner_os::cgroup::{Cgroups, CpusetCgroup};
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::procfs::Procfs;
+use gleaner_os::rusage::Rusage;
+use gleaner_os::sysfs::Sysfs;
+use gleaner_os::BadInput;
+use gleaner_policy::gleaner::{Controller, Decision};
+use gleaner_policy::retention::RetentionConfig;
+use tracing::{info, warn};
+
+use crate::config::AgentConfig;
+use crate::report::{self, EventLog, EventRecord, SharedStatus, StatusReport, RECENT};
+use crate::sampler::Sampler;
+use crate::state::{Change, Guardian, StateFile};
+use crate::yielders::Yielders;
+
+/// What the agent manages.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// Start this command (argv) in a new cgroup and manage it until it exits.
+    Command(Vec<String>),
+    /// Move this process (and its descendants) into a new cgroup.
+    Pid(i32),
+    /// Manage the `cpuset.cpus` of this existing cgroup.
+    Cgroup(PathBuf),
+    /// No workload: keep retention on every managed vCPU until a signal (daemon without targets).
+    System,
+}
+
+impl Target {
+    fn describe(&self) -> String {
+        match self {
+            Target::Command(argv) => format!("command {}", argv.join(" ")),
+            Target::Pid(p) => format!("pid {p}"),
+            Target::Cgroup(p) => format!("cgroup {}", p.display()),
+            Target::System => "system (retention only)".into(),
+        }
+    }
+}
+
+/// How a managed run ended.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Outcome {
+    /// Exit code of the workload (`128+signal` if killed); `None` for attach targets.
+    pub exit_code: Option<i32>,
+    /// Resource usage of the workload's process tree (command targets only).
+    pub rusage: Option<Rusage>,
+    /// Wall time of the agent, setup and cleanup included.
+    pub wall_ns: u64,
+    /// Wall time of the workload alone: from its start to its exit (command targets).
+    pub workload_wall_ns: u64,
+    /// CPU time of the agent process, yielding threads included.
+    pub agent_cpu_ns: u64,
+    /// CPU time of the yielding threads alone.
+    pub yielder_cpu_ns: u64,
+    pub decisions: u64,
+    pub timeouts: u64,
+    /// The signal that stopped the agent, if any.
+    pub signal: Option<i32>,
+    pub final_status: StatusReport,
+}
+
+/// Options that are not configuration (set by the command, not the user's file).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Print nothing on stderr except errors (used by `compare`).
+    pub quiet: bool,
+    /// Send the workload's stdout here instead of passing it through.
+    pub stdout_to: Option<PathBuf>,
+    /// Serve the status socket.
+    pub status_socket: bool,
+}
+
+static SIGNALED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNALED.store(sig, Ordering::SeqCst);
+}
+
+/// Installs handlers for SIGINT, SIGTERM and SIGHUP that only record the signal (no
+/// SA_RESTART, so a blocking poll returns early).
+pub fn install_signal_handlers() -> anyhow::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let act = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), SigSet::empty());
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { sigaction(s, &act) }.context("installing a signal handler")?;
+    }
+    Ok(())
+}
+
+/// The signal received since start, if any.
+pub fn pending_signal() -> Option<i32> {
+    match SIGNALED.load(Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// Resolves the CPUs to manage: the configured list (must be online) or every online CPU.
+pub fn managed_cpus(cfg: &AgentConfig, sysfs: &Sysfs) -> anyhow::Result<CpuSet> {
+    let online = sysfs.online_cpus().context("reading online CPUs")?;
+    let Some(list) = &cfg.cpus else { return Ok(online) };
+    let want = CpuSet::parse(list).map_err(|_| BadInput::new("cpus", list, "a CPU list such as 0-3"))?;
+    if want.is_empty() || !want.iter().all(|c| online.contains(c)) {
+        return Err(BadInput::new("cpus", list, format!("a non-empty subset of the online CPUs {online}")).into());
+    }
+    Ok(want)
+}
+
+/// Decides the retention parameters: configured values, or calibrated on this machine.
+pub fn retention_config(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> RetentionConfig {
+    let threshold_ns = cfg.idle_threshold_us.map(|u| u * 1000).unwrap_or_else(|| {
+        let samples = crate::yielders::sample_yields(2000);
+        gleaner_policy::retention::idle_threshold_from_samples(&samples).unwrap_or(20_000)
+    });
+    let timeout_ns = cfg.timeout_us.map(|u| u * 1000).unwrap_or_else(|| {
+        match crate::calibrate::wakeup_costs(cpus) {
+            Ok((idle, busy)) => {
+                let t = gleaner_policy::retention::timeout_from_wakeup(idle, busy);
+                if !quiet {
+                    eprintln!(
+                        "gleaner: calibrated retention timeout {} us (wakeup p50: {} us idle vCPU, {} us busy vCPU)",
+                        t / 1000,
+                        idle / 1000,
+                        busy / 1000
+                    );
+                }
+                t
+            }
+            Err(e) => {
+                warn!("wakeup calibration failed ({e:#}); using 100 us");
+                100_000
+            }
+        }
+    });
+    RetentionConfig {
+        idle_threshold_ns: threshold_ns,
+        timeout_ns,
+        max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
+        ..RetentionConfig::default()
+    }
+}
+
+/// Why consolidation cannot run here, if it cannot.
+fn consolidation_blocker(cgroups: &gleaner_os::Result<Cgroups>) -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not running as root (no permission to manage cpuset cgroups)".into());
+    }
+    match cgroups {
+        Ok(_) => None,
+        Err(e) => Some(format!("no usable cpuset cgroup ({e:#})")),
+    }
+}
+
+/// The managed workload's cgroup and how to list its threads.
+struct Managed {
+    cgroup: Option<CpusetCgroup>,
+    /// Root of the process tree when there is no cgroup (retention only).
+    root_pid: Option<i32>,
+}
+
+impl Managed {
+    fn tids(&self, procfs: &Procfs) -> Vec<i32> {
+        if let Some(cg) = &self.cgroup {
+            if let Ok(t) = cg.threads() {
+                return t;
+            }
+        }
+        let Some(pid) = self.root_pid else { return Vec::new() };
+        let pids = procfs.descendants(pid, true).unwrap_or_default();
+        let mut tids = Vec::new();
+        for p in pids {
+            tids.extend(procfs.tasks(p).unwrap_or_default());
+        }
+        tids.sort_unstable();
+        tids.dedup();
+        tids
+    }
+}
+
+/// The cpuset cgroup (absolute path) process `pid` is in: where it goes back to.
+fn own_cpuset_cgroup(cgroups: &Cgroups, procfs: &Procfs, pid: i32) -> anyhow::Result<PathBuf> {
+    let lines = procfs.cgroup_of(pid).with_context(|| format!("reading the cgroups of pid {pid}"))?;
+    let v1 = cgroups.layout().version() == 1;
+    let rel = lines
+        .iter()
+        .find(|(id, ctrl, _)| if v1 { ctrl.iter().any(|c| c == "cpuset") } else { *id == 0 && ctrl.is_empty() })
+        .map(|(_, _, path)| path.clone())
+        .with_context(|| format!("pid {pid} is in no cpuset cgroup"))?;
+    Ok(cgroups.root().join(rel.trim_start_matches('/')))
+}
+
+/// Runs the agent on `target` until the workload exits (command), vanishes (pid), empties
+/// (cgroup) or a signal arrives. Every change is undone before returning, also on error.
+pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
+    cfg.validate()?;
+    if let Target::Command(argv) = &target {
+        check_program(argv)?;
+    }
+    let procfs = Procfs::new();
+    let sysfs = Sysfs::new();
+    let cpus = managed_cpus(cfg, &sysfs)?;
+    if let Target::Pid(pid) = &target {
+        if *pid <= 0 || !crate::state::alive(*pid) {
+            return Err(BadInput::new("--pid", pid, "the pid of a running process").into());
+        }
+    }
+    install_signal_handlers()?;
+    let start = Instant::now();
+    let agent_pid = std::process::id() as i32;
+
+    let cgroups = Cgroups::detect();
+    let mut note = None;
+    let consolidation = cfg.consolidation && !matches!(target, Target::System) && {
+        note = consolidation_blocker(&cgroups);
+        note.is_none()
+    };
+    if let Some(n) = &note {
+        if cfg.consolidation && !opts.quiet {
+            eprintln!("gleaner: consolidation disabled: {n}; running with retention only");
+        }
+    }
+    if matches!(target, Target::Cgroup(_)) && !consolidation {
+        return Err(anyhow::anyhow!(
+            "attaching to a cgroup needs consolidation ({})",
+            note.unwrap_or_else(|| "disabled by configuration".into())
+        ));
+    }
+
+    let rcfg = if cfg.retention { Some(retention_config(cfg, &cpus, opts.quiet)) } else { None };
+
+    let status: SharedStatus = Arc::new(Mutex::new(StatusReport {
+        agent_pid,
+        target: target.describe(),
+        retention: cfg.retention,
+        consolidation,
+        note: note.clone(),
+        all_cpus: cpus.to_string(),
+        active_cpus: cpus.to_string(),
+        timeout_us: rcfg.map(|r| r.timeout_ns / 1000).unwrap_or(0),
+        idle_threshold_us: rcfg.map(|r| r.idle_threshold_ns / 1000).unwrap_or(0),
+        period_ms: cfg.period_ms,
+        ..StatusReport::default()
+    }));
+
+    // Everything from here on is undone by `Session::finish`.
+    let mut session = Session { state: None, guardian: None, cgroups: cgroups.ok(), yielders: None, servers: Vec::new() };
+    let result = session.run_inner(&target, cfg, opts, &cpus, consolidation, rcfg, &status, &procfs, &sysfs, start);
+    let finish = session.finish();
+    let mut outcome = result?;
+    finish?;
+    outcome.wall_ns = duration_ns(start.elapsed());
+    outcome.agent_cpu_ns = gleaner_os::rusage::self_rusage().map(|r| r.user_ns + r.sys_ns).unwrap_or(0);
+    outcome.final_status = status.lock().map(|s| s.clone()).unwrap_or_default();
+    Ok(outcome)
+}
+
+struct Session {
+    state: Option<StateFile>,
+    guardian: Option<Guardian>,
+    cgroups: Option<Cgroups>,
+    yielders: Option<Yielders>,
+    servers: Vec<report::Server>,
+}
+
+impl Session {
+    #[allow(clippy::too_many_arguments)]
+    fn run_inner(
+        &mut self,
+        target: &Target,
+        cfg: &AgentConfig,
+        opts: &RunOptions,
+        cpus: &CpuSet,
+        consolidation: bool,
+        rcfg: Option<RetentionConfig>,
+        status: &SharedStatus,
+        procfs: &Procfs,
+        sysfs: &Sysfs,
+        start: Instant,
+    ) -> anyhow::Result<Outcome> {
+        let agent_pid = std::process::id() as i32;
+        let mut managed = Managed { cgroup: None, root_pid: None };
+        let mut child_pid = None;
+        let mut workload_start = Instant::now();
+
+        if consolidation {
+            let cgroups = self.cgroups.as_ref().context("cgroups vanished")?;
+            let mut state = StateFile::create(&cfg.run_dir, agent_pid)?;
+            self.guardian = Some(Guardian::spawn(state.path())?);
+            let fallback = own_cpuset_cgroup(cgroups, procfs, agent_pid)?;
+            match target {
+                Target::Command(_) | Target::Pid(_) => {
+                    let name = format!("gleaner-agent-{agent_pid}");
+                    let path = cgroups.root().join(&name);
+                    state.record(Change::CreatedCgroup { path: path.clone(), fallback: fallback.clone() })?;
+                    let cg = cgroups.create(Path::new(""), &name)?;
+                    for dir in cg.enabled_cpuset_in() {
+                        state.record(Change::EnabledCpuset { dir: dir.clone() })?;
+                    }
+                    cg.set_cpus(cpus)?;
+                    if let Target::Pid(pid) = target {
+                        let pids = procfs.descendants(*pid, true).unwrap_or_default();
+                        for p in pids {
+                            let from = own_cpuset_cgroup(cgroups, procfs, p)?;
+                            state.record(Change::MovedProcess { pid: p, from, to: cg.path().to_path_buf() })?;
+                            cg.add_process(p).with_context(|| format!("moving pid {p} into {}", cg.path().display()))?;
+                        }
+                        managed.root_pid = Some(*pid);
+                    }
+                    managed.cgroup = Some(cg);
+                }
+                Target::System => unreachable!("no consolidation without a workload"),
+                Target::Cgroup(p) => {
+                    let cg = cgroups.open(p).map_err(|e| BadInput::new("--cgroup", p.display(), format!("an existing cpuset cgroup ({e})")))?;
+                    if !cg.exists() {
+                        return Err(BadInput::new("--cgroup", p.display(), "an existing cpuset cgroup").into());
+                    }
+                    let original = cg.cpus()?.to_string();
+                    state.record(Change::SetCpus { path: cg.path().to_path_buf(), original })?;
+                    cg.set_cpus(cpus)?;
+                    managed.cgroup = Some(cg);
+                }
+            }
+            self.state = Some(state);
+        }
+
+        // Yielding threads first, so the workload has them from its first instruction.
+        if let Some(r) = rcfg {
+            self.yielders = Some(Yielders::start(cpus, r)?);
+        }
+        if let Target::Command(argv) = target {
+            workload_start = Instant::now();
+            let pid = spawn_command(argv, managed.cgroup.as_ref(), opts)?;
+            child_pid = Some(pid);
+            managed.root_pid = Some(pid);
+        } else if let Target::Pid(pid) = target {
+            managed.root_pid = Some(*pid);
+        }
+
+        if opts.status_socket {
+            crate::state::create_private_dir(&cfg.run_dir)?;
+            self.servers.push(report::serve_status(&report::socket_path(&cfg.run_dir, agent_pid), Arc::clone(status))?);
+        }
+        if let Some(addr) = &cfg.metrics_addr {
+            self.servers.push(report::serve_metrics(addr, Arc::clone(status))?);
+        }
+        let mut events = cfg.events.as_deref().map(EventLog::open).transpose()?;
+        if !opts.quiet {
+            info!("managing {} on CPUs {cpus}", target.describe());
+        }
+
+        let mut controller = Controller::new(cpus.iter().collect(), cfg.controller.clone());
+        let mut sampler = Sampler::new(procfs.clone(), sysfs.clone());
+        sampler.prime(&managed.tids(procfs), self.yielders.as_ref(), cpus);
+        let waiter = child_pid.map(ChildWaiter::new).transpose()?;
+        let period = Duration::from_millis(cfg.period_ms);
+        let mut outcome = Outcome::default();
+
+        loop {
+            // Wait for the period, the workload's exit, or a signal.
+            if let Some(w) = &waiter {
+                if let Some((code, ru)) = w.wait(period)? {
+                    outcome.workload_wall_ns = duration_ns(workload_start.elapsed());
+                    outcome.exit_code = Some(code);
+                    outcome.rusage = Some(ru);
+                    break;
+                }
+            } else {
+                sleep_interruptible(period);
+            }
+            if let Some(sig) = pending_signal() {
+                outcome.signal = Some(sig);
+                if let Some(pid) = child_pid {
+                    // Pass the signal on and wait (bounded) for the workload to go.
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::try_from(sig).ok());
+                    if let Some(w) = &waiter {
+                        if let Some((code, ru)) = w.wait(Duration::from_secs(5))? {
+                            outcome.exit_code = Some(code);
+                            outcome.rusage = Some(ru);
+                        }
+                    }
+                }
+                break;
+            }
+            match target {
+                Target::Pid(pid) if !crate::state::alive(*pid) => break,
+                Target::Cgroup(_) if managed.cgroup.as_ref().is_some_and(|c| !c.exists() || c.procs().map(|p| p.is_empty()).unwrap_or(true)) => break,
+                _ => {}
+            }
+
+            let tids = managed.tids(procfs);
+            let active_before = CpuSet::from_iter(controller.active().iter().copied());
+            let (snap, extras) = sampler.sample(&tids, self.yielders.as_ref(), &active_before);
+            let decisions = if consolidation { controller.step(&snap) } else {
+                let _ = controller.step(&snap);
+                controller.reset();
+                Vec::new()
+            };
+            let active = CpuSet::from_iter(controller.active().iter().copied());
+            if active != active_before {
+                if let Some(cg) = &managed.cgroup {
+                    if let Err(e) = cg.set_cpus(&active) {
+                        warn!("setting CPUs {active} on {}: {e}; giving every vCPU back", cg.path().display());
+                        controller.reset();
+                        let _ = cg.set_cpus(cpus);
+                    }
+                }
+                if let Some(y) = &self.yielders {
+                    y.set_active(&CpuSet::from_iter(controller.active().iter().copied()));
+                }
+            }
+            let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let metrics = controller.metrics();
+            let mut records: Vec<EventRecord> = decisions
+                .iter()
+                .map(|d| EventRecord {
+                    t_ms,
+                    event: EventRecord::name_of(d).into(),
+                    decision: Some(d.clone()),
+                    count: None,
+                    active_cpus: active.to_string(),
+                    metrics,
+                })
+                .collect();
+            if extras.timeouts > 0 {
+                records.push(EventRecord { t_ms, event: "timeout".into(), decision: None, count: Some(extras.timeouts), active_cpus: active.to_string(), metrics });
+            }
+            for d in &decisions {
+                if !opts.quiet {
+                    info!("{}", describe(d));
+                }
+            }
+            if let Some(log) = &mut events {
+                for r in &records {
+                    log.write(r)?;
+                }
+            }
+            outcome.decisions += decisions.len() as u64;
+            outcome.timeouts += extras.timeouts;
+            outcome.yielder_cpu_ns += extras.yielder_run_ns;
+            if let Ok(mut s) = status.lock() {
+                s.active_cpus = controller.active().iter().copied().collect::<CpuSet>().to_string();
+                s.metrics = metrics;
+                s.periods += 1;
+                s.uptime_s = start.elapsed().as_secs_f64();
+                s.yields += extras.yields;
+                s.timeouts += extras.timeouts;
+                s.decisions += decisions.len() as u64;
+                s.yielder_cpu_ns += extras.yielder_run_ns;
+                s.threads = extras.threads;
+                for r in records.into_iter().filter(|r| r.decision.is_some()) {
+                    if s.recent.len() == RECENT {
+                        s.recent.pop_front();
+                    }
+                    s.recent.push_back(r);
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Undoes everything, in reverse order of setup. Runs on every exit path.
+    fn finish(&mut self) -> anyhow::Result<()> {
+        if let Some(mut y) = self.yielders.take() {
+            y.stop();
+        }
+        let mut result = Ok(());
+        if let Some(state) = self.state.take() {
+            if let Some(cg) = &self.cgroups {
+                result = state.undo(cg);
+            }
+        }
+        if let Some(g) = self.guardian.take() {
+            g.finish();
+        }
+        for s in self.servers.drain(..) {
+            s.stop();
+        }
+        result
+    }
+}
+
+fn describe(d: &Decision) -> String {
+    match d {
+        Decision::Deactivate { cpu } => format!("consolidate: vCPU {cpu} deactivated"),
+        Decision::Restore { cpu } => format!("restore: vCPU {cpu} given back"),
+        Decision::ResetAll { reason } => format!("reset to all vCPUs ({reason:?})"),
+        Decision::SetRho { from, to } => format!("rho {from:.3} -> {to:.3}"),
+        Decision::SetEta { from, to } => format!("eta {from:.3} -> {to:.3}"),
+    }
+}
+
+/// Starts `argv` with its own stdin/stderr; it joins `cgroup` before exec, so every thread it
+/// ever creates is inside.
+fn spawn_command(argv: &[String], cgroup: Option<&CpusetCgroup>, opts: &RunOptions) -> anyhow::Result<i32> {
+    let (prog, args) = argv.split_first().ok_or_else(|| BadInput::new("command", "(empty)", "a program and its arguments after --"))?;
+    let mut cmd = Command::new(prog);
+    cmd.args(args);
+    if let Some(p) = &opts.stdout_to {
+        let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+        cmd.stdout(f);
+    }
+    if let Some(cg) = cgroup {
+        let procs = CString::new(cg.path().join("cgroup.procs").into_os_string().into_encoded_bytes()).context("cgroup path")?;
+        // SAFETY: the closure runs in the forked child before exec and only calls the
+        // async-signal-safe open(2), write(2) and close(2) on memory allocated before fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let r = libc::write(fd, b"0\n".as_ptr().cast(), 2);
+                let err = std::io::Error::last_os_error();
+                libc::close(fd);
+                if r < 0 {
+                    return Err(err);
+                }
+                Ok(())
+            });
+        }
+    }
+    let child = cmd.spawn().map_err(|e| BadInput::new("command", prog, format!("a program that can be started ({e})")))?;
+    Ok(child.id() as i32)
+}
+
+/// Fails early (before any change) if `argv[0]` cannot be found or executed.
+pub fn check_program(argv: &[String]) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let prog = argv.first().ok_or_else(|| BadInput::new("command", "(empty)", "a program and its arguments after --"))?;
+    let runnable = |p: &Path| p.is_file() && p.metadata().map(|m| m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+    let found = if prog.contains('/') {
+        runnable(Path::new(prog))
+    } else {
+        std::env::var_os("PATH")
+            .map(|path| std::env::split_paths(&path).any(|d| runnable(&d.join(prog))))
+            .unwrap_or(false)
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(BadInput::new("command", prog, "an executable file, or a program on PATH").into())
+    }
+}
+
+/// Waits for a child with a timeout, through a pidfd (no polling loop).
+struct ChildWaiter {
+    pid: i32,
+    pidfd: std::os::fd::OwnedFd,
+}
+
+impl ChildWaiter {
+    fn new(pid: i32) -> anyhow::Result<Self> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("pidfd_open");
+        }
+        let fd = i32::try_from(fd).context("pidfd out of range")?;
+        // SAFETY: `fd` is a freshly opened descriptor that nothing else owns.
+        let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        Ok(Self { pid, pidfd })
+    }
+
+    /// Returns the exit code and rusage if the child exited within `timeout` (or a signal
+    /// interrupted the wait and it has exited).
+    fn wait(&self, timeout: Duration) -> anyhow::Result<Option<(i32, Rusage)>> {
+        use std::os::fd::AsRawFd;
+        let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd, count 1.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r <= 0 {
+            return Ok(None);
+        }
+        let (status, ru) = gleaner_os::rusage::wait4(self.pid).with_context(|| format!("waiting for pid {}", self.pid))?;
+        Ok(Some((status.code(), ru)))
+    }
+}
+
+fn sleep_interruptible(d: Duration) {
+    let end = Instant::now() + d;
+    while pending_signal().is_none() {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(50)));
+    }
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

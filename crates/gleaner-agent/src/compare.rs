@@ -1,0 +1,227 @@
+//! `gleaner compare`: the main job. Runs a workload alternately stock and under Gleaner and
+//! reports medians, spread (min..max) and the ratio, measured in the same invocation.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::sysfs::Sysfs;
+use gleaner_os::BadInput;
+use gleaner_policy::stats::Summary;
+use serde::Serialize;
+
+use crate::agent::{self, RunOptions, Target};
+use crate::AgentFlags;
+
+/// `gleaner compare [--runs N] [-- CMD ...]`
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompareArgs {
+    /// Runs of each configuration (they alternate: stock, gleaner, stock, ...).
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub runs: u32,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub flags: AgentFlags,
+    /// Command to measure instead of the built-in pipeline workload.
+    #[arg(last = true, value_name = "CMD")]
+    pub cmd: Vec<String>,
+}
+
+/// One measured run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    pub mode: &'static str,
+    pub wall_ns: u64,
+    pub cpu_ns: u64,
+    pub vcsw: u64,
+    pub nivcsw: u64,
+    pub idle_entries: Option<u64>,
+    pub agent_cpu_ns: Option<u64>,
+    pub decisions: Option<u64>,
+    pub exit_code: i32,
+}
+
+/// The result of `gleaner compare`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompareReport {
+    pub command: Vec<String>,
+    pub runs: u32,
+    pub cpus: String,
+    pub retention: bool,
+    pub consolidation: bool,
+    pub timeout_us: Option<u64>,
+    pub samples: Vec<Sample>,
+    pub stock_wall_s: Summary,
+    pub gleaner_wall_s: Summary,
+    /// Stock median wall time over Gleaner median wall time (> 1: Gleaner is faster).
+    pub speedup: f64,
+    pub stock_cpu_s: Summary,
+    pub gleaner_cpu_s: Summary,
+    pub stock_idle_entries: Option<Summary>,
+    pub gleaner_idle_entries: Option<Summary>,
+    pub gleaner_agent_cpu_s: Option<Summary>,
+}
+
+pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
+    if !(1..=1000).contains(&args.runs) {
+        return Err(BadInput::new("--runs", args.runs, "1..=1000").into());
+    }
+    let mut cfg = args.flags.resolve()?;
+    let sysfs = Sysfs::new();
+    let cpus = agent::managed_cpus(&cfg, &sysfs)?;
+    let builtin = args.cmd.is_empty();
+    let command = if builtin {
+        let exe = std::env::current_exe().context("locating the gleaner binary")?;
+        vec![exe.display().to_string(), "bench".into(), "workload".into(), "pipeline".into(), "--json".into()]
+    } else {
+        args.cmd.clone()
+    };
+    agent::check_program(&command)?;
+    // Calibrate retention once, so every Gleaner run uses the same timeout.
+    if cfg.retention && (cfg.timeout_us.is_none() || cfg.idle_threshold_us.is_none()) {
+        let r = agent::retention_config(&cfg, &cpus, args.json);
+        cfg.timeout_us = Some((r.timeout_ns / 1000).max(1));
+        cfg.idle_threshold_us = Some((r.idle_threshold_ns / 1000).max(1));
+    }
+    let out_dir = tempfile::tempdir().context("creating a temp dir for workload output")?;
+    let opts = RunOptions {
+        quiet: true,
+        stdout_to: builtin.then(|| out_dir.path().join("out.json")),
+        status_socket: false,
+    };
+    let total = args.runs * 2;
+    let mut samples = Vec::new();
+    let t0 = Instant::now();
+    for i in 0..args.runs {
+        for mode in ["stock", "gleaner"] {
+            let n = samples.len() as u32 + 1;
+            if !args.json {
+                let eta = if n > 1 { format!(", ~{:.0} s left", t0.elapsed().as_secs_f64() / f64::from(n - 1) * f64::from(total - n + 1)) } else { String::new() };
+                eprint!("\rgleaner compare: run {n}/{total} ({mode}, round {}){eta}    ", i + 1);
+            }
+            let s = if mode == "stock" { run_stock(&command, &cpus, &sysfs, &opts)? } else { run_gleaner(&command, &cfg, &cpus, &sysfs, &opts)? };
+            if s.exit_code != 0 {
+                anyhow::bail!("the workload failed in a {mode} run (exit status {}): {}", s.exit_code, command.join(" "));
+            }
+            samples.push(s);
+        }
+    }
+    if !args.json {
+        eprintln!();
+    }
+    let report = summarize(command, args.runs, &cpus, &cfg, samples);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_stock(command: &[String], cpus: &CpuSet, sysfs: &Sysfs, opts: &RunOptions) -> anyhow::Result<Sample> {
+    let idle0 = sysfs.total_idle_entries(cpus).ok().flatten();
+    let start = Instant::now();
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    if let Some(p) = &opts.stdout_to {
+        cmd.stdout(std::fs::File::create(p)?);
+    }
+    let child = cmd.spawn().map_err(|e| BadInput::new("command", &command[0], format!("a program that can be started ({e})")))?;
+    let (status, ru) = gleaner_os::rusage::wait4(child.id() as i32)?;
+    let code = status.code();
+    let wall_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let idle1 = sysfs.total_idle_entries(cpus).ok().flatten();
+    Ok(Sample {
+        mode: "stock",
+        wall_ns,
+        cpu_ns: ru.user_ns + ru.sys_ns,
+        vcsw: ru.nvcsw,
+        nivcsw: ru.nivcsw,
+        idle_entries: idle0.zip(idle1).map(|(a, b)| b.saturating_sub(a)),
+        agent_cpu_ns: None,
+        decisions: None,
+        exit_code: code,
+    })
+}
+
+fn run_gleaner(command: &[String], cfg: &crate::config::AgentConfig, cpus: &CpuSet, sysfs: &Sysfs, opts: &RunOptions) -> anyhow::Result<Sample> {
+    let idle0 = sysfs.total_idle_entries(cpus).ok().flatten();
+    let before = gleaner_os::rusage::self_rusage()?;
+    let out = agent::run(Target::Command(command.to_vec()), cfg, opts)?;
+    let after = gleaner_os::rusage::self_rusage()?;
+    let idle1 = sysfs.total_idle_entries(cpus).ok().flatten();
+    let ru = out.rusage.unwrap_or_default();
+    Ok(Sample {
+        mode: "gleaner",
+        wall_ns: out.workload_wall_ns,
+        cpu_ns: ru.user_ns + ru.sys_ns,
+        vcsw: ru.nvcsw,
+        nivcsw: ru.nivcsw,
+        idle_entries: idle0.zip(idle1).map(|(a, b)| b.saturating_sub(a)),
+        agent_cpu_ns: Some((after.user_ns + after.sys_ns).saturating_sub(before.user_ns + before.sys_ns)),
+        decisions: Some(out.decisions),
+        exit_code: out.exit_code.unwrap_or(1),
+    })
+}
+
+fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config::AgentConfig, samples: Vec<Sample>) -> CompareReport {
+    let pick = |mode: &str, f: &dyn Fn(&Sample) -> Option<f64>| -> Vec<f64> {
+        samples.iter().filter(|s| s.mode == mode).filter_map(f).collect()
+    };
+    let secs = |ns: u64| ns as f64 / 1e9;
+    let wall = |m| Summary::of(&pick(m, &|s| Some(secs(s.wall_ns)))).expect("runs >= 1");
+    let cpu = |m| Summary::of(&pick(m, &|s| Some(secs(s.cpu_ns)))).expect("runs >= 1");
+    let idle = |m| Summary::of(&pick(m, &|s| s.idle_entries.map(|v| v as f64))).ok();
+    let stock_wall_s = wall("stock");
+    let gleaner_wall_s = wall("gleaner");
+    CompareReport {
+        command,
+        runs,
+        cpus: cpus.to_string(),
+        retention: cfg.retention,
+        consolidation: cfg.consolidation,
+        timeout_us: cfg.timeout_us,
+        speedup: stock_wall_s.p50 / gleaner_wall_s.p50,
+        stock_wall_s,
+        gleaner_wall_s,
+        stock_cpu_s: cpu("stock"),
+        gleaner_cpu_s: cpu("gleaner"),
+        stock_idle_entries: idle("stock"),
+        gleaner_idle_entries: idle("gleaner"),
+        gleaner_agent_cpu_s: Summary::of(&pick("gleaner", &|s| s.agent_cpu_ns.map(secs))).ok(),
+        samples,
+    }
+}
+
+fn print_table(r: &CompareReport) {
+    let mode = match (r.retention, r.consolidation) {
+        (true, true) => "retention + consolidation",
+        (true, false) => "retention only",
+        (false, true) => "consolidation only",
+        (false, false) => "no mechanism (control run)",
+    };
+    println!("gleaner compare: {}", r.command.join(" "));
+    println!(
+        "  {} runs each, alternating; CPUs {}; {}{}",
+        r.runs,
+        r.cpus,
+        mode,
+        r.timeout_us.map(|t| format!("; retention timeout {t} us")).unwrap_or_default()
+    );
+    println!("  {:<22} {:>26} {:>26}", "median [min..max]", "stock", "gleaner");
+    let row = |name: &str, a: Option<Summary>, b: Option<Summary>, digits: usize| {
+        let f = |s: Option<Summary>| {
+            s.map(|s| format!("{:.d$} [{:.d$}..{:.d$}]", s.p50, s.min, s.max, d = digits)).unwrap_or_else(|| "-".into())
+        };
+        println!("  {:<22} {:>26} {:>26}", name, f(a), f(b));
+    };
+    row("wall time (s)", Some(r.stock_wall_s), Some(r.gleaner_wall_s), 3);
+    row("workload CPU time (s)", Some(r.stock_cpu_s), Some(r.gleaner_cpu_s), 3);
+    row("vCPU idle entries", r.stock_idle_entries, r.gleaner_idle_entries, 0);
+    row("agent CPU time (s)", None, r.gleaner_agent_cpu_s, 3);
+    let verdict = if r.speedup >= 1.0 { "faster" } else { "slower" };
+    println!("  speedup (stock median / gleaner median wall time): {:.2}x ({verdict} under Gleaner)", r.speedup);
+}

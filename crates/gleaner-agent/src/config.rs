@@ -1,0 +1,231 @@
+//! Agent configuration: a TOML file (`--config`, `daemon --config`) plus command-line overrides.
+//!
+//! Raw flags live in the clap structs of `lib.rs`; this module holds the resolved configuration
+//! and its validation. `gleaner daemon --print-config` prints [`SAMPLE_CONFIG`].
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use gleaner_os::BadInput;
+use gleaner_policy::gleaner::Params;
+use serde::{Deserialize, Serialize};
+
+/// The resolved configuration of one agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Keep idle vCPUs busy with SCHED_IDLE yielding threads.
+    pub retention: bool,
+    /// Shrink the workload's cpuset while the section-5 conditions hold.
+    pub consolidation: bool,
+    /// Control period.
+    pub period_ms: u64,
+    /// Retention timeout; `None` calibrates it from a measured vCPU wakeup at start.
+    pub timeout_us: Option<u64>,
+    /// A yield longer than this means the workload ran; `None` calibrates it.
+    pub idle_threshold_us: Option<u64>,
+    /// Longest sleep of a yielding thread whose vCPU stays idle.
+    pub max_sleep_ms: u64,
+    /// CPUs to manage; `None` means every online CPU.
+    pub cpus: Option<String>,
+    /// Controller parameters (rho, eta, min_time_slice_ns, ...).
+    pub controller: Params,
+    /// Prometheus text endpoint, e.g. `127.0.0.1:9464`.
+    pub metrics_addr: Option<String>,
+    /// JSON-lines file of decisions.
+    pub events: Option<PathBuf>,
+    /// Where state files and status sockets live.
+    pub run_dir: PathBuf,
+    /// Targets managed by `gleaner daemon`.
+    #[serde(rename = "target")]
+    pub targets: Vec<Target>,
+}
+
+/// A workload the daemon manages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    /// Manage the processes of this cgroup (absolute path or relative to the cpuset root).
+    pub cgroup: Option<PathBuf>,
+    /// Manage this process and its descendants.
+    pub pid: Option<i32>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            retention: true,
+            consolidation: true,
+            period_ms: 200,
+            timeout_us: None,
+            idle_threshold_us: None,
+            max_sleep_ms: 20,
+            cpus: None,
+            controller: Params::default(),
+            metrics_addr: None,
+            events: None,
+            run_dir: PathBuf::from("/run/gleaner"),
+            targets: Vec::new(),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Reads and validates a TOML file.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| BadInput::new("config file", path.display(), format!("a readable TOML file ({e})")))?;
+        Self::parse(&text).with_context(|| format!("config file {}", path.display()))
+    }
+
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let cfg: Self = toml::from_str(text).map_err(|e| {
+            BadInput::new("configuration", e.message().trim(), "the keys of `gleaner daemon --print-config`")
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks every value against its allowed range; the error names the key.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !(10..=10_000).contains(&self.period_ms) {
+            return Err(BadInput::new("period_ms", self.period_ms, "10..=10000").into());
+        }
+        if let Some(t) = self.timeout_us {
+            if !(1..=100_000).contains(&t) {
+                return Err(BadInput::new("timeout_us", t, "1..=100000").into());
+            }
+        }
+        if let Some(t) = self.idle_threshold_us {
+            if !(1..=10_000).contains(&t) {
+                return Err(BadInput::new("idle_threshold_us", t, "1..=10000").into());
+            }
+        }
+        if !(1..=1000).contains(&self.max_sleep_ms) {
+            return Err(BadInput::new("max_sleep_ms", self.max_sleep_ms, "1..=1000").into());
+        }
+        if let Some(c) = &self.cpus {
+            gleaner_os::cpuset::CpuSet::parse(c)
+                .map_err(|_| BadInput::new("cpus", c, "a CPU list such as 0-3,6"))?;
+        }
+        if let Some(a) = &self.metrics_addr {
+            a.parse::<std::net::SocketAddr>()
+                .map_err(|_| BadInput::new("metrics_addr", a, "IP:PORT, e.g. 127.0.0.1:9464"))?;
+        }
+        self.controller
+            .validate()
+            .map_err(|e| BadInput::new("controller parameter", e, "see `gleaner daemon --print-config`"))?;
+        for t in &self.targets {
+            if t.cgroup.is_some() == t.pid.is_some() {
+                return Err(BadInput::new(
+                    "[[target]]",
+                    format!("{t:?}"),
+                    "exactly one of `cgroup = \"PATH\"` or `pid = N`",
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The commented sample configuration printed by `gleaner daemon --print-config`.
+pub const SAMPLE_CONFIG: &str = r#"# /etc/gleaner/gleaner.toml: configuration of the Gleaner guest agent.
+# Every key is optional; the values shown are the defaults.
+
+# Keep idle vCPUs from halting with SCHED_IDLE threads calling sched_yield() (resource retention).
+retention = true
+# Shrink the workload's cpuset one vCPU at a time while the paper's two conditions hold
+# (consolidation scheduling). Needs root or a delegated cgroup; without it the agent runs
+# with retention only and says so.
+consolidation = true
+# Control period: how often metrics are sampled and the controller decides.
+period_ms = 200
+# Retention timeout: how long a yielding thread spins on an idle vCPU before letting it halt.
+# Unset: calibrated at start from a measured vCPU wakeup (about 1 s of measurement).
+# timeout_us = 100
+# A sched_yield() call longer than this means the workload ran meanwhile. Unset: calibrated.
+# idle_threshold_us = 20
+# Longest sleep of a yielding thread while its vCPU stays idle (the sleep doubles from 50 us).
+max_sleep_ms = 20
+# CPUs to manage (kernel list format). Unset: every online CPU.
+# cpus = "0-3"
+# Prometheus text-format endpoint (loopback only is recommended).
+# metrics_addr = "127.0.0.1:9464"
+# JSON-lines log of every decision (consolidate, restore, reset, factor change, timeout).
+# events = "/var/log/gleaner/events.jsonl"
+# State files (for `gleaner restore`) and root-only status sockets.
+run_dir = "/run/gleaner"
+
+[controller]
+# Load factor rho in (0, 1]: consolidate only if l_comp <= rho * (N-1) * l_idle.
+rho = 1.0
+# Granularity factor eta in (0, 1]: and only if g_comp <= min(eta * l_idle, min_time_slice).
+eta = 1.0
+# The OS's minimum time slice in ns (EEVDF base slice is about 3 ms).
+min_time_slice_ns = 3000000
+# Major-change indicators: relative utilization change, busiest vCPU, g_comp factor.
+util_change = 0.2
+busy_threshold = 0.9
+gcomp_change = 2.0
+# A utilization drop beyond this after a consolidation rolls it back.
+rollback_drop = 0.05
+# Never go below this many vCPUs.
+min_active = 1
+# Periods with fewer idle periods than this are not decided on.
+min_idle_periods = 8
+# Utilization (in vCPUs) below which its changes are noise (no rollback, no reset).
+min_util = 0.05
+
+# Workloads the daemon manages: one [[target]] per workload, with either a cgroup or a pid.
+# [[target]]
+# cgroup = "/sys/fs/cgroup/myapp"
+# [[target]]
+# pid = 1234
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_config_parses_to_defaults() {
+        let cfg = AgentConfig::parse(SAMPLE_CONFIG).unwrap();
+        assert_eq!(cfg, AgentConfig::default());
+    }
+
+    #[test]
+    fn empty_config_is_default() {
+        assert_eq!(AgentConfig::parse("").unwrap(), AgentConfig::default());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = AgentConfig::parse("retension = true").unwrap_err();
+        assert!(e.chain().any(|c| c.is::<BadInput>()));
+        assert!(format!("{e:#}").contains("retension"), "{e:#}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_named() {
+        for (text, key) in [
+            ("period_ms = 0", "period_ms"),
+            ("timeout_us = 0", "timeout_us"),
+            ("cpus = \"3-1\"", "cpus"),
+            ("metrics_addr = \"localhost\"", "metrics_addr"),
+            ("[controller]\nrho = 2.0", "rho"),
+            ("[[target]]\ncgroup = \"/a\"\npid = 3", "[[target]]"),
+        ] {
+            let e = AgentConfig::parse(text).unwrap_err();
+            assert!(e.chain().any(|c| c.is::<BadInput>()), "{text}");
+            assert!(format!("{e:#}").contains(key), "{text}: {e:#}");
+        }
+    }
+
+    #[test]
+    fn malformed_toml_is_bad_input() {
+        let e = AgentConfig::parse("retention = = true").unwrap_err();
+        assert!(e.chain().any(|c| c.is::<BadInput>()));
+    }
+}

@@ -1,0 +1,312 @@
+//! What the agent tells the world: live status (Unix socket), Prometheus text, JSON-lines events.
+//!
+//! The agent loop owns a [`StatusReport`] behind a mutex and updates it once per period; the
+//! status socket and the metrics endpoint only read it.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::Context;
+use gleaner_policy::gleaner::{Decision, Metrics};
+use serde::{Deserialize, Serialize};
+
+/// How many recent decisions the status keeps.
+pub const RECENT: usize = 32;
+
+/// One decision or notable event, as written to `--events` and kept in the status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// Milliseconds since the agent started.
+    pub t_ms: u64,
+    /// `consolidate`, `restore`, `reset`, `factor_change`, `timeout`, `start`, `stop`.
+    pub event: String,
+    /// The controller's decision, when the event is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    /// Timeouts in the period (for `timeout` events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// Active CPUs after the event.
+    pub active_cpus: String,
+    /// The measurements the decision was based on.
+    pub metrics: Metrics,
+}
+
+impl EventRecord {
+    /// The event name of a decision.
+    pub fn name_of(d: &Decision) -> &'static str {
+        match d {
+            Decision::Deactivate { .. } => "consolidate",
+            Decision::Restore { .. } => "restore",
+            Decision::ResetAll { .. } => "reset",
+            Decision::SetRho { .. } | Decision::SetEta { .. } => "factor_change",
+        }
+    }
+}
+
+/// The live state of one agent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub agent_pid: i32,
+    /// What is managed: `command ...`, `pid N`, `cgroup PATH`.
+    pub target: String,
+    pub retention: bool,
+    pub consolidation: bool,
+    /// Why consolidation is off although it was asked for.
+    pub note: Option<String>,
+    pub all_cpus: String,
+    pub active_cpus: String,
+    pub timeout_us: u64,
+    pub idle_threshold_us: u64,
+    pub period_ms: u64,
+    pub periods: u64,
+    pub uptime_s: f64,
+    /// The last period's measurements (l_comp, g_comp, l_idle, utilization, rho, eta).
+    pub metrics: Metrics,
+    /// Totals since start.
+    pub yields: u64,
+    pub timeouts: u64,
+    pub decisions: u64,
+    /// CPU time of the yielding threads since start.
+    pub yielder_cpu_ns: u64,
+    /// Workload threads seen in the last period.
+    pub threads: usize,
+    pub recent: VecDeque<EventRecord>,
+}
+
+/// The shared, live status.
+pub type SharedStatus = Arc<Mutex<StatusReport>>;
+
+/// Appends events as JSON lines.
+#[derive(Debug)]
+pub struct EventLog {
+    file: std::fs::File,
+}
+
+impl EventLog {
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| gleaner_os::BadInput::new("--events file", path.display(), format!("a writable path ({e})")))?;
+        Ok(Self { file })
+    }
+
+    pub fn write(&mut self, e: &EventRecord) -> anyhow::Result<()> {
+        let mut line = serde_json::to_vec(e)?;
+        line.push(b'\n');
+        self.file.write_all(&line).context("writing an event")
+    }
+}
+
+/// A background server thread; stopping it unblocks the accept loop and joins.
+#[derive(Debug)]
+pub struct Server {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    socket: Option<PathBuf>,
+}
+
+impl Server {
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(s) = self.socket.take() {
+            let _ = std::fs::remove_file(s);
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The status socket of agent `pid` in `run_dir`.
+pub fn socket_path(run_dir: &Path, pid: i32) -> PathBuf {
+    run_dir.join(format!("agent-{pid}.sock"))
+}
+
+/// Serves the status as one JSON document per connection on a root-only Unix socket.
+pub fn serve_status(path: &Path, status: SharedStatus) -> anyhow::Result<Server> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod {}", path.display()))?;
+    listener.set_nonblocking(true)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = Arc::clone(&stop);
+    let thread = std::thread::Builder::new().name("gleaner-status".into()).spawn(move || {
+        while !st.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((mut conn, _)) => {
+                    let _ = conn.set_nonblocking(false);
+                    let snapshot = status.lock().map(|s| s.clone()).unwrap_or_default();
+                    if let Ok(text) = serde_json::to_vec(&snapshot) {
+                        let _ = conn.write_all(&text);
+                    }
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    })?;
+    Ok(Server { stop, thread: Some(thread), socket: Some(path.to_path_buf()) })
+}
+
+/// Reads the status of every agent with a socket in `run_dir` (dead sockets are skipped).
+pub fn query_all(run_dir: &Path) -> anyhow::Result<Vec<StatusReport>> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(run_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", run_dir.display())),
+    };
+    let mut paths: Vec<PathBuf> =
+        entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "sock")).collect();
+    paths.sort();
+    for p in paths {
+        let Ok(mut s) = UnixStream::connect(&p) else { continue };
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut buf = Vec::new();
+        let _ = BufReader::new(&mut s).read_until(0, &mut buf);
+        if let Ok(r) = serde_json::from_slice::<StatusReport>(&buf) {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Serves Prometheus text format at `http://addr/metrics` (any path answers).
+pub fn serve_metrics(addr: &str, status: SharedStatus) -> anyhow::Result<Server> {
+    let listener = TcpListener::bind(addr)
+        .map_err(|e| gleaner_os::BadInput::new("--metrics-addr", addr, format!("a free local IP:PORT ({e})")))?;
+    listener.set_nonblocking(true)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = Arc::clone(&stop);
+    let thread = std::thread::Builder::new().name("gleaner-metrics".into()).spawn(move || {
+        while !st.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((mut conn, _)) => {
+                    let _ = conn.set_nonblocking(false);
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+                    // Read (and ignore) the request line and headers.
+                    let mut reader = BufReader::new(conn.try_clone().expect("clone tcp stream"));
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).map(|n| n > 2).unwrap_or(false) {
+                        line.clear();
+                    }
+                    let body = status.lock().map(|s| prometheus_text(&s)).unwrap_or_default();
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+                        body.len(),
+                        body
+                    );
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    })?;
+    Ok(Server { stop, thread: Some(thread), socket: None })
+}
+
+/// Renders the status in the OpenMetrics text format with `prometheus-client`.
+pub fn prometheus_text(s: &StatusReport) -> String {
+    use prometheus_client::encoding::text::encode;
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::gauge::Gauge;
+    use prometheus_client::registry::Registry;
+    use std::sync::atomic::AtomicU64;
+
+    let mut reg = Registry::with_prefix("gleaner");
+    let gauge = |reg: &mut Registry, name: &str, help: &str, v: f64| {
+        let g: Gauge<f64, AtomicU64> = Gauge::default();
+        g.set(v);
+        reg.register(name, help, g);
+    };
+    let counter = |reg: &mut Registry, name: &str, help: &str, v: u64| {
+        let c: Counter = Counter::default();
+        c.inc_by(v);
+        reg.register(name, help, c);
+    };
+    let m = &s.metrics;
+    let active = gleaner_os::cpuset::CpuSet::parse(&s.active_cpus).map(|c| c.len()).unwrap_or(0);
+    gauge(&mut reg, "active_vcpus", "vCPUs the workload may run on", active as f64);
+    gauge(&mut reg, "rho", "Load factor", m.rho);
+    gauge(&mut reg, "eta", "Granularity factor", m.eta);
+    gauge(&mut reg, "l_comp_seconds", "Computation length between idle periods", m.l_comp_ns.unwrap_or(f64::NAN) / 1e9);
+    gauge(&mut reg, "g_comp_seconds", "Computation granularity", m.g_comp_ns.unwrap_or(f64::NAN) / 1e9);
+    gauge(&mut reg, "l_idle_seconds", "Idle period length", m.l_idle_ns.unwrap_or(f64::NAN) / 1e9);
+    gauge(&mut reg, "utilization_vcpus", "Workload utilization in vCPUs", m.util);
+    gauge(&mut reg, "retention_timeout_seconds", "Retention timeout", s.timeout_us as f64 / 1e6);
+    counter(&mut reg, "yields", "sched_yield calls of the yielding threads", s.yields);
+    counter(&mut reg, "timeouts", "Retention timeouts", s.timeouts);
+    counter(&mut reg, "decisions", "Controller decisions", s.decisions);
+    counter(&mut reg, "periods", "Control periods", s.periods);
+    gauge(&mut reg, "yielder_cpu_seconds", "CPU time of the yielding threads", s.yielder_cpu_ns as f64 / 1e9);
+    let mut out = String::new();
+    let _ = encode(&mut out, &reg);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_text_has_metrics() {
+        let s = StatusReport { active_cpus: "0-1".into(), yields: 7, ..StatusReport::default() };
+        let t = prometheus_text(&s);
+        assert!(t.contains("gleaner_active_vcpus 2"), "{t}");
+        assert!(t.contains("gleaner_yields_total 7"), "{t}");
+        assert!(t.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn status_round_trips_over_the_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Arc::new(Mutex::new(StatusReport { agent_pid: 42, target: "pid 1".into(), ..Default::default() }));
+        let server = serve_status(&socket_path(dir.path(), 42), Arc::clone(&status)).unwrap();
+        let got = query_all(dir.path()).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].agent_pid, 42);
+        server.stop();
+        assert!(query_all(dir.path()).unwrap().is_empty(), "socket removed on stop");
+    }
+
+    #[test]
+    fn events_are_json_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("e.jsonl");
+        let mut log = EventLog::open(&p).unwrap();
+        let e = EventRecord {
+            t_ms: 5,
+            event: "consolidate".into(),
+            decision: Some(Decision::Deactivate { cpu: 1 }),
+            count: None,
+            active_cpus: "0".into(),
+            metrics: Metrics::default(),
+        };
+        log.write(&e).unwrap();
+        log.write(&e).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        let lines: Vec<EventRecord> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines, vec![e.clone(), e]);
+    }
+}

@@ -1,0 +1,236 @@
+//! Builds the controller's [`Snapshot`] of one period from the OS (read the world, then decide).
+//!
+//! - `T_work` in total: per-thread `schedstat` run time of the workload's threads (ns exact).
+//! - `T_work` per vCPU: `/proc/stat` busy time of the vCPU minus the yielding thread's run time
+//!   on it, scaled so the vCPUs add up to the exact total (other processes are discounted).
+//! - `T_idle` per vCPU: the period minus its `T_work`; `T_yield`: the yielding thread's idle
+//!   yielding time.
+//! - `S_yield` per vCPU: slow yields of its yielding thread (each ends one idle period), or
+//!   cpuidle entries when retention is off.
+//! - `S_work`: voluntary context switches of the workload's threads (their blocking
+//!   synchronization points; preemptions are not sync points).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::procfs::Procfs;
+use gleaner_os::sysfs::Sysfs;
+use gleaner_policy::gleaner::{Snapshot, VcpuSample};
+
+use crate::yielders::Yielders;
+
+/// Per-thread cumulative values at the previous sample.
+#[derive(Debug, Clone, Copy, Default)]
+struct ThreadPrev {
+    run_ns: u64,
+    vcsw: u64,
+}
+
+/// Extra readings of a period that the controller does not use but status/metrics show.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct PeriodExtras {
+    /// Workload threads seen this period.
+    pub threads: usize,
+    /// Yielding-thread CPU time in the period (the agent's retention cost).
+    pub yielder_run_ns: u64,
+    /// Timeouts of the yielding threads in the period.
+    pub timeouts: u64,
+    /// Yield calls in the period.
+    pub yields: u64,
+}
+
+/// Samples the workload and the vCPUs once per period.
+#[derive(Debug)]
+pub struct Sampler {
+    procfs: Procfs,
+    sysfs: Sysfs,
+    threads: HashMap<i32, ThreadPrev>,
+    cpu_busy_ns: BTreeMap<u32, u64>,
+    yielder: HashMap<u32, YielderPrev>,
+    idle_entries: BTreeMap<u32, u64>,
+    at: Instant,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct YielderPrev {
+    run_ns: u64,
+    busy_returns: u64,
+    idle_yield_ns: u64,
+    timeouts: u64,
+    yields: u64,
+}
+
+impl Sampler {
+    /// A sampler reading `procfs` and `sysfs`; the first [`Sampler::sample`] establishes the
+    /// baseline (call [`Sampler::prime`] right after starting the workload).
+    pub fn new(procfs: Procfs, sysfs: Sysfs) -> Self {
+        Self {
+            procfs,
+            sysfs,
+            threads: HashMap::new(),
+            cpu_busy_ns: BTreeMap::new(),
+            yielder: HashMap::new(),
+            idle_entries: BTreeMap::new(),
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes baseline readings so the next sample covers exactly one period.
+    pub fn prime(&mut self, tids: &[i32], yielders: Option<&Yielders>, cpus: &CpuSet) {
+        let _ = self.sample(tids, yielders, cpus);
+    }
+
+    /// Samples one period ending now. `cpus` are the active vCPUs (the snapshot covers only
+    /// them); `tids` the workload's threads.
+    pub fn sample(&mut self, tids: &[i32], yielders: Option<&Yielders>, cpus: &CpuSet) -> (Snapshot, PeriodExtras) {
+        let now = Instant::now();
+        let period_ns = u64::try_from(now.duration_since(self.at).as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.at = now;
+
+        // Workload threads: exact run time and voluntary switches.
+        let mut t_work_total = 0u64;
+        let mut s_work = 0u64;
+        let mut seen = HashMap::with_capacity(tids.len());
+        for &tid in tids {
+            let Ok(ss) = self.procfs.task_schedstat(tid, tid) else { continue };
+            let vcsw = self.procfs.task_status(tid, tid).map(|s| s.voluntary_ctxt_switches).unwrap_or(0);
+            let prev = self.threads.get(&tid).copied().unwrap_or_default();
+            t_work_total += ss.run_ns.saturating_sub(prev.run_ns);
+            s_work += vcsw.saturating_sub(prev.vcsw);
+            seen.insert(tid, ThreadPrev { run_ns: ss.run_ns, vcsw });
+        }
+        self.threads = seen;
+
+        // Per-vCPU busy time from /proc/stat (tick resolution).
+        let mut busy_delta: BTreeMap<u32, u64> = BTreeMap::new();
+        if let Ok(stat) = self.procfs.stat() {
+            for (&cpu, t) in &stat.cpus {
+                let ns = t.busy_ns(stat.clk_tck);
+                let prev = self.cpu_busy_ns.insert(cpu, ns).unwrap_or(ns);
+                busy_delta.insert(cpu, ns.saturating_sub(prev));
+            }
+        }
+
+        // Yielding threads: their own run time, slow yields, idle yielding.
+        let mut extras = PeriodExtras { threads: tids.len(), ..PeriodExtras::default() };
+        let mut ydelta: HashMap<u32, YielderPrev> = HashMap::new();
+        if let Some(y) = yielders {
+            let pid = std::process::id() as i32;
+            for slot in y.slots() {
+                let tid = slot.tid.load(std::sync::atomic::Ordering::Relaxed);
+                let run_ns = if tid > 0 {
+                    self.procfs.task_schedstat(pid, tid).map(|s| s.run_ns).unwrap_or(0)
+                } else {
+                    0
+                };
+                let c = slot.counters.read();
+                let cur = YielderPrev {
+                    run_ns,
+                    busy_returns: c.busy_returns,
+                    idle_yield_ns: c.idle_yield_ns,
+                    timeouts: c.timeouts,
+                    yields: c.yields,
+                };
+                let prev = self.yielder.insert(slot.cpu, cur).unwrap_or(cur);
+                let d = YielderPrev {
+                    run_ns: cur.run_ns.saturating_sub(prev.run_ns),
+                    busy_returns: cur.busy_returns.saturating_sub(prev.busy_returns),
+                    idle_yield_ns: cur.idle_yield_ns.saturating_sub(prev.idle_yield_ns),
+                    timeouts: cur.timeouts.saturating_sub(prev.timeouts),
+                    yields: cur.yields.saturating_sub(prev.yields),
+                };
+                extras.yielder_run_ns += d.run_ns;
+                extras.timeouts += d.timeouts;
+                extras.yields += d.yields;
+                ydelta.insert(slot.cpu, d);
+            }
+        }
+
+        // Idle-state entries (S_yield without retention).
+        let mut entries_delta: BTreeMap<u32, u64> = BTreeMap::new();
+        if yielders.is_none() {
+            for cpu in cpus.iter() {
+                let Ok(states) = self.sysfs.cpuidle_states(cpu) else { continue };
+                let usage: u64 = states.iter().map(|s| s.usage).sum();
+                let prev = self.idle_entries.insert(cpu, usage).unwrap_or(usage);
+                entries_delta.insert(cpu, usage.saturating_sub(prev));
+            }
+        }
+
+        // Distribute the exact total over the active vCPUs by their busy-minus-yielder time.
+        let raw: Vec<(u32, u64)> = cpus
+            .iter()
+            .map(|cpu| {
+                let busy = busy_delta.get(&cpu).copied().unwrap_or(0);
+                let y = ydelta.get(&cpu).map(|d| d.run_ns).unwrap_or(0);
+                (cpu, busy.saturating_sub(y))
+            })
+            .collect();
+        let per_cpu = split_total(t_work_total, &raw);
+        let fallback_s_yield = if cpus.is_empty() { 0 } else { s_work / cpus.len() as u64 };
+        let vcpus = per_cpu
+            .into_iter()
+            .map(|(cpu, t_work_ns)| {
+                let t_work_ns = t_work_ns.min(period_ns);
+                let s_yield = match (yielders.is_some(), ydelta.get(&cpu), entries_delta.get(&cpu)) {
+                    (true, Some(d), _) => d.busy_returns,
+                    (false, _, Some(&e)) => e,
+                    _ => fallback_s_yield,
+                };
+                VcpuSample {
+                    cpu,
+                    t_work_ns,
+                    t_yield_ns: ydelta.get(&cpu).map(|d| d.idle_yield_ns).unwrap_or(0),
+                    t_idle_ns: period_ns - t_work_ns,
+                    s_yield,
+                }
+            })
+            .collect();
+        (Snapshot { period_ns, vcpus, s_work }, extras)
+    }
+}
+
+/// Splits `total` over CPUs in proportion to their weights (evenly if all weights are zero).
+/// The parts add up to `total` exactly; the remainder goes to the heaviest CPUs first.
+pub fn split_total(total: u64, weights: &[(u32, u64)]) -> Vec<(u32, u64)> {
+    if weights.is_empty() {
+        return Vec::new();
+    }
+    let sum: u128 = weights.iter().map(|&(_, w)| u128::from(w)).sum();
+    let n = weights.len() as u128;
+    let mut parts: Vec<(u32, u64)> = weights
+        .iter()
+        .map(|&(cpu, w)| {
+            let share = if sum == 0 { u128::from(total) / n } else { u128::from(total) * u128::from(w) / sum };
+            (cpu, u64::try_from(share).unwrap_or(u64::MAX))
+        })
+        .collect();
+    let mut rest = total - parts.iter().map(|p| p.1).sum::<u64>();
+    let mut order: Vec<usize> = (0..parts.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(weights[i].1));
+    for &i in order.iter().cycle() {
+        if rest == 0 {
+            break;
+        }
+        parts[i].1 += 1;
+        rest -= 1;
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_is_exact_and_proportional() {
+        let p = split_total(1000, &[(0, 3), (1, 1)]);
+        assert_eq!(p, vec![(0, 750), (1, 250)]);
+        let p = split_total(10, &[(0, 0), (1, 0), (2, 0)]);
+        assert_eq!(p.iter().map(|x| x.1).sum::<u64>(), 10);
+        let p = split_total(7, &[(0, 1), (1, 1)]);
+        assert_eq!(p.iter().map(|x| x.1).sum::<u64>(), 7);
+        assert!(split_total(5, &[]).is_empty());
+    }
+}

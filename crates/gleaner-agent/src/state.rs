@@ -1,0 +1,297 @@
+//! Leave no trace: every change the agent makes is recorded in a state file *before* it is made,
+//! and undone from that record on exit, by the guardian process after `kill -9`, or by
+//! `gleaner restore` after a crash.
+//!
+//! ```text
+//!   agent ──writes──> /run/gleaner/agent-<pid>.json   (changes, in order)
+//!     │ stdin pipe
+//!     ▼
+//!   guardian (`gleaner __guardian`): blocks reading the pipe; EOF means the agent is gone.
+//!     If the state file still exists the agent died without cleaning up: undo it (< 1 s).
+//! ```
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+
+use anyhow::Context;
+use gleaner_os::cgroup::Cgroups;
+use gleaner_os::cpuset::CpuSet;
+use serde::{Deserialize, Serialize};
+
+/// One change, recorded before it is made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Change {
+    /// We created the cpuset cgroup `path`; whatever is left in it goes to `fallback`.
+    CreatedCgroup { path: PathBuf, fallback: PathBuf },
+    /// We moved process `pid` from cgroup `from` into `to`.
+    MovedProcess { pid: i32, from: PathBuf, to: PathBuf },
+    /// We changed `cpuset.cpus` of an existing cgroup; `original` is the value to put back.
+    SetCpus { path: PathBuf, original: String },
+    /// We enabled the cpuset controller in `dir/cgroup.subtree_control` (cgroup v2).
+    EnabledCpuset { dir: PathBuf },
+}
+
+/// The state file of one agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentState {
+    pub agent_pid: i32,
+    pub changes: Vec<Change>,
+}
+
+/// The state file on disk, rewritten atomically on every change.
+#[derive(Debug)]
+pub struct StateFile {
+    path: PathBuf,
+    state: AgentState,
+}
+
+impl StateFile {
+    /// Creates `run_dir/agent-<pid>.json` (and `run_dir`, mode 0700).
+    pub fn create(run_dir: &Path, agent_pid: i32) -> anyhow::Result<Self> {
+        create_private_dir(run_dir)?;
+        let me = Self { path: state_path(run_dir, agent_pid), state: AgentState { agent_pid, changes: Vec::new() } };
+        me.write()?;
+        Ok(me)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn state(&self) -> &AgentState {
+        &self.state
+    }
+
+    /// Records a change (call before making it).
+    pub fn record(&mut self, change: Change) -> anyhow::Result<()> {
+        self.state.changes.push(change);
+        self.write()
+    }
+
+    fn write(&self) -> anyhow::Result<()> {
+        let tmp = self.path.with_extension("json.tmp");
+        let text = serde_json::to_vec_pretty(&self.state)?;
+        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &self.path).with_context(|| format!("renaming {}", tmp.display()))?;
+        Ok(())
+    }
+
+    /// Undoes every recorded change (newest first) and removes the file. Errors are collected:
+    /// one failed step does not stop the others.
+    pub fn undo(self, cgroups: &Cgroups) -> anyhow::Result<()> {
+        let errors = undo_changes(cgroups, &self.state.changes);
+        let _ = std::fs::remove_file(&self.path);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("restore incomplete: {}", errors.join("; "))
+        }
+    }
+}
+
+/// Where agent `pid` keeps its state file.
+pub fn state_path(run_dir: &Path, pid: i32) -> PathBuf {
+    run_dir.join(format!("agent-{pid}.json"))
+}
+
+/// Creates `dir` readable by root only.
+pub fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))
+}
+
+/// Undoes `changes` newest first; returns the errors met (empty on success).
+pub fn undo_changes(cgroups: &Cgroups, changes: &[Change]) -> Vec<String> {
+    let mut errors = Vec::new();
+    for change in changes.iter().rev() {
+        let r: anyhow::Result<()> = (|| {
+            match change {
+                Change::SetCpus { path, original } => {
+                    let cg = cgroups.open(path)?;
+                    if cg.exists() {
+                        let cpus = CpuSet::parse(original)
+                            .map_err(|e| anyhow::anyhow!("recorded cpus '{original}': {e}"))?;
+                        cg.set_cpus(&cpus)?;
+                    }
+                }
+                Change::MovedProcess { pid, from, to } => {
+                    let dest = cgroups.open(from)?;
+                    let src = cgroups.open(to)?;
+                    // Only move it back if it is still where we put it.
+                    if src.exists() && src.procs().unwrap_or_default().contains(pid) && dest.exists() {
+                        ignore_vanished(dest.add_process(*pid))?;
+                    }
+                }
+                Change::EnabledCpuset { dir } => {
+                    // Only while no child group (ours is gone by now) could depend on it.
+                    let busy = std::fs::read_dir(dir)
+                        .map(|d| d.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir())))
+                        .unwrap_or(true);
+                    if !busy {
+                        std::fs::write(dir.join("cgroup.subtree_control"), "-cpuset")
+                            .with_context(|| format!("disabling cpuset in {}", dir.display()))?;
+                    }
+                }
+                Change::CreatedCgroup { path, fallback } => {
+                    let cg = cgroups.open(path)?;
+                    if cg.exists() {
+                        let dest = cgroups.open(fallback)?;
+                        for pid in cg.procs().unwrap_or_default() {
+                            ignore_vanished(dest.add_process(pid))?;
+                        }
+                        cg.remove()?;
+                    }
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            errors.push(format!("{change:?}: {e:#}"));
+        }
+    }
+    errors
+}
+
+/// A process that exited between listing and moving is not an error.
+fn ignore_vanished(r: gleaner_os::Result<()>) -> anyhow::Result<()> {
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if is_vanished(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn is_vanished(e: &gleaner_os::OsError) -> bool {
+    e.is_vanished()
+}
+
+/// Whether process `pid` is alive.
+pub fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// Undoes what dead agents left: state files whose agent is gone, then `gleaner-agent-<pid>`
+/// cgroups of dead agents without a state file. Returns a line per thing restored.
+pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<String>> {
+    let mut done = Vec::new();
+    let mut errors = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(run_dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            // Status sockets of dead agents.
+            if let Some(pid) = name.strip_prefix("agent-").and_then(|s| s.strip_suffix(".sock")).and_then(|s| s.parse::<i32>().ok()) {
+                if !alive(pid) && std::fs::remove_file(&p).is_ok() {
+                    done.push(format!("removed stale socket {}", p.display()));
+                }
+                continue;
+            }
+            let Some(pid) = name.strip_prefix("agent-").and_then(|s| s.strip_suffix(".json")).and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            if alive(pid) && pid != std::process::id() as i32 {
+                continue;
+            }
+            let text = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+            let state: AgentState = serde_json::from_slice(&text)
+                .map_err(|err| gleaner_os::BadInput::new("state file", p.display(), format!("an agent state file ({err})")))?;
+            let errs = undo_changes(cgroups, &state.changes);
+            if errs.is_empty() {
+                let _ = std::fs::remove_file(&p);
+                done.push(format!("restored {} change(s) of dead agent {pid} ({})", state.changes.len(), p.display()));
+            } else {
+                errors.extend(errs);
+            }
+        }
+    }
+    for cg in cgroups.list_gleaner_groups()? {
+        let name = cg.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let Some(pid) = name.strip_prefix("gleaner-agent-").and_then(|s| s.parse::<i32>().ok()) else { continue };
+        if alive(pid) {
+            continue;
+        }
+        let parent = cg.parent().map(Path::to_path_buf).unwrap_or_default();
+        let errs = undo_changes(cgroups, &[Change::CreatedCgroup { path: cg.clone(), fallback: parent }]);
+        if errs.is_empty() {
+            done.push(format!("removed orphan cgroup {}", cg.display()));
+        } else {
+            errors.extend(errs);
+        }
+    }
+    if errors.is_empty() {
+        Ok(done)
+    } else {
+        anyhow::bail!("restore incomplete: {}", errors.join("; "))
+    }
+}
+
+/// The guardian process of an agent. Dropping the handle (or the agent dying) closes its pipe.
+#[derive(Debug)]
+pub struct Guardian {
+    child: Child,
+    pipe: Option<ChildStdin>,
+}
+
+impl Guardian {
+    /// Starts `gleaner __guardian --state FILE`.
+    pub fn spawn(state_file: &Path) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("locating the gleaner binary")?;
+        let mut child = Command::new(exe)
+            .arg("__guardian")
+            .arg("--state")
+            .arg(state_file)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting the guardian process")?;
+        let pipe = child.stdin.take();
+        Ok(Self { child, pipe })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Closes the pipe (the agent cleaned up) and reaps the guardian.
+    pub fn finish(mut self) {
+        self.pipe.take();
+        let _ = self.child.wait();
+    }
+}
+
+/// Body of `gleaner __guardian`: wait for the agent to go away, then undo what it left.
+pub fn guardian_main(state_file: &Path) -> anyhow::Result<()> {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: installing SIG_IGN has no handler code to be async-signal-safe.
+        unsafe { signal(s, SigHandler::SigIgn) }.context("ignoring signals")?;
+    }
+    let mut buf = [0u8; 64];
+    let mut stdin = std::io::stdin();
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    let Ok(text) = std::fs::read(state_file) else { return Ok(()) };
+    let state: AgentState = serde_json::from_slice(&text).context("parsing the agent state file")?;
+    let cgroups = Cgroups::detect()?;
+    let errors = undo_changes(&cgroups, &state.changes);
+    let _ = std::fs::remove_file(state_file);
+    let _ = std::fs::remove_file(state_file.with_extension("sock"));
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("guardian restore incomplete: {}", errors.join("; "))
+    }
+}

@@ -1,0 +1,204 @@
+//! Resource retention mechanism: one `SCHED_IDLE` yielding thread pinned to each managed vCPU.
+//!
+//! The decisions (idle or not, when to let the vCPU halt, how long to sleep) are made by
+//! [`gleaner_policy::retention::IdleDetector`]; this module only runs the loop, publishes the
+//! detector's counters in atomics for the sampler, and parks threads of deactivated vCPUs.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::sched;
+use gleaner_policy::retention::{IdleDetector, RetentionAction, RetentionConfig, RetentionCounters};
+
+/// Counters of one yielding thread, readable from other threads.
+#[derive(Debug, Default)]
+pub struct SlotCounters {
+    pub yields: AtomicU64,
+    pub busy_returns: AtomicU64,
+    pub idle_yield_ns: AtomicU64,
+    pub timeouts: AtomicU64,
+    pub sleep_ns: AtomicU64,
+}
+
+impl SlotCounters {
+    fn publish(&self, c: &RetentionCounters) {
+        self.yields.store(c.yields, Ordering::Relaxed);
+        self.busy_returns.store(c.busy_returns, Ordering::Relaxed);
+        self.idle_yield_ns.store(c.idle_yield_ns, Ordering::Relaxed);
+        self.timeouts.store(c.timeouts, Ordering::Relaxed);
+        self.sleep_ns.store(c.sleep_ns, Ordering::Relaxed);
+    }
+
+    /// A consistent-enough copy (each field is monotonic).
+    pub fn read(&self) -> RetentionCounters {
+        RetentionCounters {
+            yields: self.yields.load(Ordering::Relaxed),
+            busy_returns: self.busy_returns.load(Ordering::Relaxed),
+            idle_yield_ns: self.idle_yield_ns.load(Ordering::Relaxed),
+            timeouts: self.timeouts.load(Ordering::Relaxed),
+            sleep_ns: self.sleep_ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One vCPU's yielding thread, as seen from the agent.
+#[derive(Debug)]
+pub struct Slot {
+    pub cpu: u32,
+    /// The thread's tid once it runs (0 before).
+    pub tid: AtomicI32,
+    pub counters: SlotCounters,
+    active: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    stop: AtomicBool,
+    /// Wakes parked threads (deactivated vCPUs, or stop).
+    gate: Mutex<()>,
+    wake: Condvar,
+}
+
+/// The set of yielding threads. Dropping it stops and joins them.
+#[derive(Debug)]
+pub struct Yielders {
+    slots: Vec<Arc<Slot>>,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Yielders {
+    /// Starts one thread per CPU of `cpus`, pinned and `SCHED_IDLE`. Fails (and stops the
+    /// threads already started) if a thread cannot be pinned or made `SCHED_IDLE`.
+    pub fn start(cpus: &CpuSet, cfg: RetentionConfig) -> anyhow::Result<Self> {
+        let shared = Arc::new(Shared::default());
+        let mut me = Self { slots: Vec::new(), shared, threads: Vec::new() };
+        for cpu in cpus.iter() {
+            let slot = Arc::new(Slot {
+                cpu,
+                tid: AtomicI32::new(0),
+                counters: SlotCounters::default(),
+                active: AtomicBool::new(true),
+            });
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let (s, sh) = (Arc::clone(&slot), Arc::clone(&me.shared));
+            let handle = std::thread::Builder::new()
+                .name(format!("gleaner-yield{cpu}"))
+                .spawn(move || {
+                    let setup = setup_thread(cpu);
+                    let ok = setup.is_ok();
+                    let _ = ready_tx.send(setup);
+                    if ok {
+                        s.tid.store(sched::gettid(), Ordering::Relaxed);
+                        yield_loop(&s, &sh, cfg);
+                    }
+                })
+                .context("spawning a yielding thread")?;
+            me.threads.push(handle);
+            me.slots.push(slot);
+            let setup = ready_rx.recv().context("yielding thread died during setup")?;
+            setup.with_context(|| format!("setting up the yielding thread of CPU {cpu}"))?;
+        }
+        Ok(me)
+    }
+
+    pub fn slots(&self) -> &[Arc<Slot>] {
+        &self.slots
+    }
+
+    /// Activates the threads of `active` CPUs and parks the others.
+    pub fn set_active(&self, active: &CpuSet) {
+        for s in &self.slots {
+            s.active.store(active.contains(s.cpu), Ordering::Relaxed);
+        }
+        let _g = self.shared.gate.lock().unwrap_or_else(|e| e.into_inner());
+        self.shared.wake.notify_all();
+    }
+
+    /// Sum of the counters of every thread.
+    pub fn totals(&self) -> RetentionCounters {
+        self.slots.iter().fold(RetentionCounters::default(), |mut acc, s| {
+            let c = s.counters.read();
+            acc.yields += c.yields;
+            acc.busy_returns += c.busy_returns;
+            acc.idle_yield_ns += c.idle_yield_ns;
+            acc.timeouts += c.timeouts;
+            acc.sleep_ns += c.sleep_ns;
+            acc
+        })
+    }
+
+    /// Stops and joins every thread.
+    pub fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        {
+            let _g = self.shared.gate.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Yielders {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn setup_thread(cpu: u32) -> anyhow::Result<()> {
+    let tid = sched::gettid();
+    sched::set_affinity(tid, &CpuSet::from_iter([cpu]))?;
+    sched::set_idle(tid)?;
+    Ok(())
+}
+
+fn yield_loop(slot: &Slot, shared: &Shared, cfg: RetentionConfig) {
+    let mut det = IdleDetector::new(cfg);
+    let mut n: u32 = 0;
+    while !shared.stop.load(Ordering::Relaxed) {
+        if !slot.active.load(Ordering::Relaxed) {
+            slot.counters.publish(&det.counters());
+            let g = shared.gate.lock().unwrap_or_else(|e| e.into_inner());
+            // Re-check under the lock: set_active/stop notify while holding it.
+            if !slot.active.load(Ordering::Relaxed) && !shared.stop.load(Ordering::Relaxed) {
+                let _ = shared.wake.wait_timeout(g, Duration::from_millis(500));
+            }
+            det.reset();
+            continue;
+        }
+        let t0 = Instant::now();
+        sched::yield_now();
+        let d = duration_ns(t0.elapsed());
+        if let RetentionAction::Sleep { ns } = det.on_yield(d) {
+            std::thread::sleep(Duration::from_nanos(ns));
+            slot.counters.publish(&det.counters());
+        }
+        n = n.wrapping_add(1);
+        if n % 64 == 0 {
+            slot.counters.publish(&det.counters());
+        }
+    }
+    slot.counters.publish(&det.counters());
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Measures `samples` back-to-back `sched_yield()` calls on the current thread (for the idle
+/// threshold calibration): call it from a thread pinned to a CPU with nothing else runnable.
+pub fn sample_yields(samples: usize) -> Vec<u64> {
+    (0..samples)
+        .map(|_| {
+            let t0 = Instant::now();
+            sched::yield_now();
+            duration_ns(t0.elapsed())
+        })
+        .collect()
+}

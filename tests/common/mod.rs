@@ -1,0 +1,135 @@
+//! Helpers shared by the binary-level tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// The `gleaner` binary under test.
+pub fn gleaner() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gleaner"))
+}
+
+/// Polls `cond` every 10 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits for a child with a deadline; kills it (by its PID) if the deadline passes.
+pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+pub fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) with a pid we started and a valid signal number.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+pub fn alive(pid: i32) -> bool {
+    // A zombie still answers kill(0); look at the state instead.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')).unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+/// Direct children of `pid`.
+pub fn children_of(pid: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            out.extend(text.split_whitespace().filter_map(|s| s.parse::<i32>().ok()));
+        }
+    }
+    out
+}
+
+pub fn no_agent_threads_of(pid: u32) -> bool {
+    !Path::new(&format!("/proc/{pid}/task")).exists() || !alive(pid as i32)
+}
+
+/// The cpuset hierarchy root and whether it is cgroup v1.
+pub fn cpuset_root() -> Option<(PathBuf, bool)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    for line in info.lines() {
+        let (pre, post) = line.split_once(" - ")?;
+        let mount = PathBuf::from(pre.split_whitespace().nth(4)?);
+        let mut post = post.split_whitespace();
+        let fstype = post.next()?;
+        let opts = post.nth(1).unwrap_or("");
+        if fstype == "cgroup" && opts.split(',').any(|o| o == "cpuset") {
+            return Some((mount, true));
+        }
+        if fstype == "cgroup2" {
+            let ctrl = std::fs::read_to_string(mount.join("cgroup.controllers")).unwrap_or_default();
+            if ctrl.split_whitespace().any(|c| c == "cpuset") {
+                return Some((mount, false));
+            }
+        }
+    }
+    None
+}
+
+/// Fails (never skips) when the test cannot run for real.
+pub fn require_root_and_cpuset() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root (CI runs as root)");
+    assert!(cpuset_root().is_some(), "this test needs a cpuset cgroup hierarchy (cgroup v1 cpuset or cgroup2 with cpuset)");
+}
+
+/// Every directory named `gleaner*` in the cgroup hierarchies (depth <= 3).
+pub fn gleaner_groups() -> Vec<PathBuf> {
+    fn walk(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {
+        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        for e in rd.flatten() {
+            let p = e.path();
+            if !e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                continue;
+            }
+            if e.file_name().to_string_lossy().starts_with("gleaner") {
+                out.push(p.clone());
+            }
+            if depth > 1 {
+                walk(&p, depth - 1, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(Path::new("/sys/fs/cgroup"), 3, &mut out);
+    out
+}
+
+/// Removes a cgroup directory we created when dropped (moving stragglers to the parent).
+pub struct RemoveDir(pub PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        if let (Ok(procs), Some(parent)) = (std::fs::read_to_string(self.0.join("cgroup.procs")), self.0.parent()) {
+            for p in procs.lines() {
+                let _ = std::fs::write(parent.join("cgroup.procs"), p);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
