@@ -20,7 +20,12 @@ pub mod report;
 pub mod wakeup;
 pub mod workload;
 
-pub use commands::{overhead_of, OverheadReport};
+pub use commands::{overhead_of, OverheadReport, WakeupDoc};
+
+/// Library entry points of the commands (for tests and other crates).
+pub mod commands_for_tests {
+    pub use crate::commands::{run_doc, wakeup_config, workload_doc, workload_params};
+}
 
 /// `gleaner bench ...`
 #[derive(Debug, clap::Args)]

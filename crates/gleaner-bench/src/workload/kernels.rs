@@ -66,9 +66,9 @@ fn pipeline(p: &WorkloadParams, iters: u64) -> KResult {
     let w = Workload::Pipeline;
     let t = p.threads;
     let cap = 2 * t;
-    let q1: BoundedQueue<u64> = BoundedQueue::new(cap);
-    let q2: BoundedQueue<(u64, u64)> = BoundedQueue::new(cap);
-    let q3: BoundedQueue<(u64, u64)> = BoundedQueue::new(cap);
+    let q1: BoundedQueue<u64> = BoundedQueue::with_timeout(cap, p.stall_timeout());
+    let q2: BoundedQueue<(u64, u64)> = BoundedQueue::with_timeout(cap, p.stall_timeout());
+    let q3: BoundedQueue<(u64, u64)> = BoundedQueue::with_timeout(cap, p.stall_timeout());
     let abort = || {
         q1.abort();
         q2.abort();
@@ -172,7 +172,7 @@ fn pipeline(p: &WorkloadParams, iters: u64) -> KResult {
 fn barrier(p: &WorkloadParams, iters: u64) -> KResult {
     let w = Workload::Barrier;
     let t = p.threads;
-    let b = Barrier::new(t);
+    let b = Barrier::with_timeout(t, p.stall_timeout());
     let results = std::thread::scope(|s| {
         let hs: Vec<_> = (0..t)
             .map(|tid| {
@@ -214,7 +214,7 @@ fn verify_accumulators(w: Workload, p: &WorkloadParams, iters: u64, accs: &[u64]
 fn condvar(p: &WorkloadParams, iters: u64) -> KResult {
     let w = Workload::Condvar;
     let pairs = (p.threads / 2).max(1);
-    let boxes: Vec<Mailbox<u64>> = (0..pairs).map(|_| Mailbox::new()).collect();
+    let boxes: Vec<Mailbox<u64>> = (0..pairs).map(|_| Mailbox::with_timeout(p.stall_timeout())).collect();
     let abort_all = || boxes.iter().for_each(Mailbox::abort);
     let results = std::thread::scope(|s| {
         let mut hs = Vec::new();
@@ -303,7 +303,7 @@ fn mutex(p: &WorkloadParams, iters: u64) -> KResult {
 fn spin_barrier(p: &WorkloadParams, iters: u64) -> KResult {
     let w = Workload::SpinBarrier;
     let t = p.threads;
-    let b = SpinBarrier::new(t);
+    let b = SpinBarrier::with_timeout(t, p.stall_timeout());
     let results = std::thread::scope(|s| {
         let hs: Vec<_> = (0..t)
             .map(|tid| {

@@ -122,6 +122,10 @@ pub struct WorkloadParams {
     #[serde(skip)]
     #[doc(hidden)]
     pub fault: Option<Fault>,
+    /// How long any single wait may last before the run fails as stalled, ms
+    /// (default: 30 000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_timeout_ms: Option<u64>,
 }
 
 /// Online CPUs as seen by this process (at least 1).
@@ -136,14 +140,14 @@ impl WorkloadParams {
         let cpus = available_cpus();
         let (threads, work_us, items) = match w {
             Workload::Pipeline => (cpus, 10.0, 60_000),
-            Workload::Barrier => (cpus, 50.0, 20_000),
+            Workload::Barrier => (cpus, 50.0, 15_000),
             Workload::Condvar => (cpus.max(2), 10.0, 60_000),
             Workload::Mutex => (cpus.max(2) * 2, 5.0, 200_000),
-            Workload::SpinBarrier => (cpus, 50.0, 20_000),
+            Workload::SpinBarrier => (cpus, 50.0, 10_000),
             Workload::Matmul => (cpus, 0.0, 6_000),
-            Workload::Freqsleep => (cpus, 0.0, 40_000),
+            Workload::Freqsleep => (cpus, 0.0, 30_000),
         };
-        WorkloadParams { threads, work_us, items, iters_per_us: None, fault: None }
+        WorkloadParams { threads, work_us, items, iters_per_us: None, fault: None, stall_timeout_ms: None }
     }
 
     /// A small size (well under a second) for tests and quick checks.
@@ -151,6 +155,11 @@ impl WorkloadParams {
         let mut p = Self::default_for(w);
         p.items = (p.items / 50).max(10);
         p
+    }
+
+    /// The stall timeout of every wait.
+    pub fn stall_timeout(&self) -> std::time::Duration {
+        self.stall_timeout_ms.map_or(sync::STALL_TIMEOUT, std::time::Duration::from_millis)
     }
 
     /// Reject sizes that make no sense, naming the value and what is allowed.

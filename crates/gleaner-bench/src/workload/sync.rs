@@ -56,22 +56,29 @@ pub struct BoundedQueue<T> {
     not_empty: Condvar,
     not_full: Condvar,
     cap: usize,
+    timeout: Duration,
 }
 
 impl<T> BoundedQueue<T> {
     pub fn new(cap: usize) -> Self {
+        Self::with_timeout(cap, STALL_TIMEOUT)
+    }
+
+    /// A queue whose waits give up after `timeout`.
+    pub fn with_timeout(cap: usize, timeout: Duration) -> Self {
         Self {
             state: Mutex::new(QueueState { items: VecDeque::with_capacity(cap), closed: false, aborted: false }),
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
             cap: cap.max(1),
+            timeout,
         }
     }
 
     /// Append `item`, blocking while the queue is full.
     pub fn push(&self, item: T) -> Result<(), SyncError> {
         let cap = self.cap;
-        let mut g = wait_until("queue push", &self.not_full, lock(&self.state), STALL_TIMEOUT, |s| {
+        let mut g = wait_until("queue push", &self.not_full, lock(&self.state), self.timeout, |s| {
             s.items.len() < cap || s.aborted
         })?;
         if g.aborted {
@@ -85,7 +92,7 @@ impl<T> BoundedQueue<T> {
 
     /// Take the oldest item, blocking while empty; `None` once closed and drained.
     pub fn pop(&self) -> Result<Option<T>, SyncError> {
-        let mut g = wait_until("queue pop", &self.not_empty, lock(&self.state), STALL_TIMEOUT, |s| {
+        let mut g = wait_until("queue pop", &self.not_empty, lock(&self.state), self.timeout, |s| {
             !s.items.is_empty() || s.closed || s.aborted
         })?;
         if g.aborted {
@@ -124,11 +131,17 @@ pub struct Barrier {
     state: Mutex<BarrierState>,
     cv: Condvar,
     n: usize,
+    timeout: Duration,
 }
 
 impl Barrier {
     pub fn new(n: usize) -> Self {
-        Self { state: Mutex::new(BarrierState { count: 0, generation: 0, aborted: false }), cv: Condvar::new(), n }
+        Self::with_timeout(n, STALL_TIMEOUT)
+    }
+
+    /// A barrier whose waits give up after `timeout`.
+    pub fn with_timeout(n: usize, timeout: Duration) -> Self {
+        Self { state: Mutex::new(BarrierState { count: 0, generation: 0, aborted: false }), cv: Condvar::new(), n, timeout }
     }
 
     /// Block until `n` threads have arrived; true for exactly one thread per phase.
@@ -146,7 +159,7 @@ impl Barrier {
             return Ok(true);
         }
         let gen = g.generation;
-        let g = wait_until("barrier", &self.cv, g, STALL_TIMEOUT, |s| s.generation != gen || s.aborted)?;
+        let g = wait_until("barrier", &self.cv, g, self.timeout, |s| s.generation != gen || s.aborted)?;
         if g.generation == gen {
             return Err(SyncError::Aborted { what: "barrier" });
         }
@@ -163,15 +176,21 @@ impl Barrier {
 pub struct Mailbox<T> {
     slot: Mutex<(Option<T>, bool)>,
     cv: Condvar,
+    timeout: Duration,
 }
 
 impl<T> Mailbox<T> {
     pub fn new() -> Self {
-        Self { slot: Mutex::new((None, false)), cv: Condvar::new() }
+        Self::with_timeout(STALL_TIMEOUT)
+    }
+
+    /// A mailbox whose waits give up after `timeout`.
+    pub fn with_timeout(timeout: Duration) -> Self {
+        Self { slot: Mutex::new((None, false)), cv: Condvar::new(), timeout }
     }
 
     pub fn put(&self, v: T) -> Result<(), SyncError> {
-        let mut g = wait_until("mailbox put", &self.cv, lock(&self.slot), STALL_TIMEOUT, |s| s.0.is_none() || s.1)?;
+        let mut g = wait_until("mailbox put", &self.cv, lock(&self.slot), self.timeout, |s| s.0.is_none() || s.1)?;
         if g.1 {
             return Err(SyncError::Aborted { what: "mailbox put" });
         }
@@ -182,7 +201,7 @@ impl<T> Mailbox<T> {
     }
 
     pub fn take(&self) -> Result<T, SyncError> {
-        let mut g = wait_until("mailbox take", &self.cv, lock(&self.slot), STALL_TIMEOUT, |s| s.0.is_some() || s.1)?;
+        let mut g = wait_until("mailbox take", &self.cv, lock(&self.slot), self.timeout, |s| s.0.is_some() || s.1)?;
         match g.0.take() {
             Some(v) => {
                 drop(g);
@@ -213,11 +232,17 @@ pub struct SpinBarrier {
     generation: std::sync::atomic::AtomicU64,
     aborted: AtomicBool,
     n: usize,
+    timeout: Duration,
 }
 
 impl SpinBarrier {
     pub fn new(n: usize) -> Self {
-        Self { count_lock: Mutex::new(n), generation: std::sync::atomic::AtomicU64::new(0), aborted: AtomicBool::new(false), n }
+        Self::with_timeout(n, STALL_TIMEOUT)
+    }
+
+    /// A barrier whose spinning gives up after `timeout`.
+    pub fn with_timeout(n: usize, timeout: Duration) -> Self {
+        Self { count_lock: Mutex::new(n), generation: std::sync::atomic::AtomicU64::new(0), aborted: AtomicBool::new(false), n, timeout }
     }
 
     pub fn wait(&self) -> Result<(), SyncError> {
@@ -231,7 +256,7 @@ impl SpinBarrier {
                 return Ok(());
             }
         }
-        let deadline = Instant::now() + STALL_TIMEOUT;
+        let deadline = Instant::now() + self.timeout;
         let mut spins = 0u32;
         while self.generation.load(Ordering::Acquire) == gen {
             std::hint::spin_loop();
@@ -241,7 +266,7 @@ impl SpinBarrier {
                     return Err(SyncError::Aborted { what: "spin barrier" });
                 }
                 if Instant::now() >= deadline {
-                    return Err(SyncError::Stalled { what: "spin barrier", timeout_ms: STALL_TIMEOUT.as_millis() });
+                    return Err(SyncError::Stalled { what: "spin barrier", timeout_ms: self.timeout.as_millis() });
                 }
             }
         }
