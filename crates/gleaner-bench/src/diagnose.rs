@@ -21,7 +21,7 @@ use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use serde::{Deserialize, Serialize};
 
-use crate::measure::{self, SystemMeter};
+use crate::measure;
 use crate::wakeup::{self, Setting, SettingResult, WakeupConfig};
 use crate::workload::{self, Workload, WorkloadParams};
 use crate::DiagnoseArgs;
@@ -165,10 +165,8 @@ pub fn diagnose(rounds: u32) -> anyhow::Result<DiagnoseReport> {
 
     eprintln!("diagnose: running the pipeline kernel to measure the idle-transition rate...");
     let mut p = WorkloadParams::default_for(Workload::Pipeline);
-    p.items /= 3;
+    p.items /= 2;
     let ((), m) = measure::measure_in_process(&procfs, &sysfs, &allowed, || workload::run_workload(Workload::Pipeline, &p).map(|_| ()))?;
-    let meter_end = SystemMeter::start(&procfs, &sysfs, &allowed)?;
-    drop(meter_end);
     let stat1 = procfs.stat().context("reading /proc/stat")?;
 
     let mut r = DiagnoseReport {

@@ -149,8 +149,8 @@ pub struct DiagnoseArgs {
     /// Print one JSON document on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Wakeup rounds per setting (B and C).
-    #[arg(long, default_value_t = 400)]
+    /// Wakeup rounds per setting (B and C), 1 ms apart.
+    #[arg(long, default_value_t = 1000)]
     pub rounds: u32,
 }
 

@@ -56,21 +56,19 @@ pub struct Curve {
     pub values: Vec<f64>,
 }
 
-/// Draw the empirical CDFs of `curves` into `path` (.png or .svg). The x axis ends at the
-/// largest p99 times 1.5, so rare outliers do not flatten the curves.
+/// Draw the empirical CDFs of `curves` into `path` (.png or .svg), x axis log-scaled.
 pub fn cdf(path: &Path, title: &str, x_desc: &str, curves: &[Curve]) -> anyhow::Result<()> {
     let fmt = format_of(path)?;
     register_font()?;
-    let mut xmax: f64 = 1.0;
-    for c in curves {
-        if let Ok(p99) = gleaner_policy::stats::percentile(&c.values, 99.0) {
-            xmax = xmax.max(p99 * 1.5);
-        }
-    }
+    // Log-scaled x axis from the smallest to the largest sample: the body (tens of µs) and the
+    // tail (ms) of a wakeup distribution are both visible.
+    let all = curves.iter().flat_map(|c| c.values.iter().copied()).filter(|v| v.is_finite() && *v > 0.0);
+    let (lo, hi) = all.fold((f64::MAX, 0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (xmin, xmax) = if hi > 0.0 { ((lo * 0.8).max(1e-3), hi * 1.25) } else { (0.1, 10.0) };
     let size = (900, 560);
     match fmt {
-        Format::Png => draw(BitMapBackend::new(path, size).into_drawing_area(), title, x_desc, curves, xmax),
-        Format::Svg => draw(SVGBackend::new(path, size).into_drawing_area(), title, x_desc, curves, xmax),
+        Format::Png => draw(BitMapBackend::new(path, size).into_drawing_area(), title, x_desc, curves, (xmin, xmax)),
+        Format::Svg => draw(SVGBackend::new(path, size).into_drawing_area(), title, x_desc, curves, (xmin, xmax)),
     }
     .with_context(|| format!("drawing {}", path.display()))
 }
@@ -80,7 +78,7 @@ fn draw<DB: DrawingBackend>(
     title: &str,
     x_desc: &str,
     curves: &[Curve],
-    xmax: f64,
+    (xmin, xmax): (f64, f64),
 ) -> anyhow::Result<()> {
     root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let mut chart = ChartBuilder::on(&root)
@@ -88,7 +86,7 @@ fn draw<DB: DrawingBackend>(
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(55)
-        .build_cartesian_2d(0f64..xmax, 0f64..1f64)
+        .build_cartesian_2d((xmin..xmax).log_scale(), 0f64..1f64)
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     chart
         .configure_mesh()
@@ -100,7 +98,7 @@ fn draw<DB: DrawingBackend>(
     for (i, c) in curves.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let pts = gleaner_policy::stats::ecdf(&c.values)?;
-        let pts: Vec<(f64, f64)> = pts.into_iter().map(|(x, y)| (x.min(xmax), y)).collect();
+        let pts: Vec<(f64, f64)> = pts.into_iter().map(|(x, y)| (x.clamp(xmin, xmax), y)).collect();
         chart
             .draw_series(LineSeries::new(pts, color.stroke_width(2)))
             .map_err(|e| anyhow::anyhow!("{e:?}"))?
@@ -130,5 +128,5 @@ pub fn wakeup_cdf(path: &Path, results: &[SettingResult]) -> anyhow::Result<()> 
             values: r.samples_ns.iter().map(|&n| n as f64 / 1000.0).collect(),
         })
         .collect();
-    cdf(path, "Blocked-waiter wakeup latency", "wakeup latency (us)", &curves)
+    cdf(path, "Blocked-waiter wakeup latency", "wakeup latency (us, log scale)", &curves)
 }
