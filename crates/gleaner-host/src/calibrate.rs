@@ -5,8 +5,8 @@
 //!
 //! | type | kernel | performance |
 //! |---|---|---|
-//! | IOInt | a server thread woken every 2 ms by a "device" thread on another CPU, ~50 us of work per request | 1 / median response latency |
-//! | ConSpin | two threads sharing a spin lock (short critical sections) | lock acquisitions per second |
+//! | IOInt | a server thread woken every 2 ms by a "device" thread on another CPU, 500 us of work per request (the paper's heterogeneous web server: requests plus CGI computing) | 1 / median response latency |
+//! | ConSpin | two threads sharing a spin lock (short critical sections), one on the measured pCPU and one on another pCPU, each among `competitors` burners (vCPUs of one VM spread over pCPUs) | lock acquisitions per second |
 //! | LLCF | pointer chase over half the LLC | loads per second |
 //! | LoLCF | pointer chase over 90% of L2 | loads per second |
 //! | LLCO | pointer chase over twice the LLC | loads per second |
@@ -148,12 +148,14 @@ fn measure(p: &CalibrationParams, ty: VcpuType, slice: Duration, thrash: &Arc<Ve
         VcpuType::ConSpin => 2,
         _ => 1,
     };
-    let total = kernel_threads + p.competitors as usize + usize::from(ty == VcpuType::IoInt) + 1;
+    // ConSpin: the second spinner and its own competitors run on the other pCPU.
+    let comp_cpus: Vec<u32> = if ty == VcpuType::ConSpin { vec![p.cpu, p.device_cpu] } else { vec![p.cpu] };
+    let total = kernel_threads + p.competitors as usize * comp_cpus.len() + usize::from(ty == VcpuType::IoInt) + 1;
     let barrier = Arc::new(Barrier::new(total));
     let mut handles = Vec::new();
     let cpu = p.cpu;
     // Competitors: cache-thrashing streams over a buffer twice the LLC.
-    for c in 0..p.competitors {
+    for (c, cpu) in comp_cpus.iter().flat_map(|&cpu| (0..p.competitors).map(move |c| (c, cpu))) {
         let (run, barrier, buf) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(thrash));
         handles.push(std::thread::spawn(move || {
             let r = pin_and_slice(cpu, slice);
@@ -202,10 +204,10 @@ fn measure(p: &CalibrationParams, ty: VcpuType, slice: Duration, thrash: &Arc<Ve
         VcpuType::ConSpin => {
             unit = "acquisitions/s";
             let lock = Arc::new(AtomicBool::new(false));
-            for _ in 0..2 {
+            for spin_cpu in [p.cpu, p.device_cpu] {
                 let (run, barrier, lock) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(&lock));
                 handles.push(std::thread::spawn(move || {
-                    let r = pin_and_slice(cpu, slice);
+                    let r = pin_and_slice(spin_cpu, slice);
                     barrier.wait();
                     if let Err(e) = r {
                         return run.fail(e);
@@ -263,8 +265,8 @@ fn measure(p: &CalibrationParams, ty: VcpuType, slice: Duration, thrash: &Arc<Ve
                                 None => return,
                             }
                         };
-                        // The request's work (a CGI script's worth of computing, ~50 us).
-                        let until = Instant::now() + Duration::from_micros(50);
+                        // The request's work (a CGI script's worth of computing).
+                        let until = Instant::now() + Duration::from_micros(500);
                         while Instant::now() < until {
                             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
                         }
@@ -367,7 +369,7 @@ pub fn calibrate(p: &CalibrationParams, types: &[VcpuType], mut progress: impl F
                 unit = u;
             }
             let m = median(&samples);
-            progress(&format!("{ty:8} slice {ms:3} ms: {m:.4e} {unit}"));
+            progress(&format!("{:8} slice {ms:3} ms: {m:.4e} {unit}", ty.name()));
             meds.push((ms, m, unit.to_string(), samples));
         }
         let reference = meds.iter().find(|m| m.0 == 30).map(|m| m.1).unwrap_or(meds[meds.len() / 2].1);

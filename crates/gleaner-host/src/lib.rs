@@ -169,8 +169,9 @@ pub struct CalibrateArgs {
     /// Slices to try, in ms (1..=100).
     #[arg(long, value_delimiter = ',', default_value = "1,10,30,60,90")]
     pub slices_ms: Vec<u64>,
-    /// Measurement time per point (after a warm-up of a fifth of it).
-    #[arg(long, default_value_t = 500)]
+    /// Measurement time per point (after a warm-up of a fifth of it); several rounds of the
+    /// largest slice over all threads sharing the pCPU.
+    #[arg(long, default_value_t = 2000)]
     pub duration_ms: u64,
     /// Repeats per point (the median is kept).
     #[arg(long, default_value_t = 3)]
