@@ -87,6 +87,8 @@ pub struct RunOptions {
     pub quiet: bool,
     /// Send the workload's stdout here instead of passing it through.
     pub stdout_to: Option<PathBuf>,
+    /// Send the workload's stderr here instead of passing it through.
+    pub stderr_to: Option<PathBuf>,
     /// Serve the status socket.
     pub status_socket: bool,
 }
@@ -520,6 +522,10 @@ fn spawn_command(argv: &[String], cgroup: Option<&CpusetCgroup>, opts: &RunOptio
     if let Some(p) = &opts.stdout_to {
         let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
         cmd.stdout(f);
+    }
+    if let Some(p) = &opts.stderr_to {
+        let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
+        cmd.stderr(f);
     }
     if let Some(cg) = cgroup {
         let procs = CString::new(cg.path().join("cgroup.procs").into_os_string().into_encoded_bytes()).context("cgroup path")?;

@@ -90,6 +90,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     let opts = RunOptions {
         quiet: true,
         stdout_to: builtin.then(|| out_dir.path().join("out.json")),
+        stderr_to: builtin.then(|| out_dir.path().join("err.txt")),
         status_socket: false,
     };
     let total = args.runs * 2;
@@ -104,7 +105,13 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
             }
             let s = if mode == "stock" { run_stock(&command, &cpus, &sysfs, &opts)? } else { run_gleaner(&command, &cfg, &cpus, &sysfs, &opts)? };
             if s.exit_code != 0 {
-                anyhow::bail!("the workload failed in a {mode} run (exit status {}): {}", s.exit_code, command.join(" "));
+                let err = std::fs::read_to_string(out_dir.path().join("err.txt")).unwrap_or_default();
+                anyhow::bail!(
+                    "the workload failed in a {mode} run (exit status {}): {}{}",
+                    s.exit_code,
+                    command.join(" "),
+                    if err.is_empty() { String::new() } else { format!(": {}", err.trim()) }
+                );
             }
             samples.push(s);
         }
@@ -128,6 +135,9 @@ fn run_stock(command: &[String], cpus: &CpuSet, sysfs: &Sysfs, opts: &RunOptions
     cmd.args(&command[1..]);
     if let Some(p) = &opts.stdout_to {
         cmd.stdout(std::fs::File::create(p)?);
+    }
+    if let Some(p) = &opts.stderr_to {
+        cmd.stderr(std::fs::File::create(p)?);
     }
     let child = cmd.spawn().map_err(|e| BadInput::new("command", &command[0], format!("a program that can be started ({e})")))?;
     let (status, ru) = gleaner_os::rusage::wait4(child.id() as i32)?;
