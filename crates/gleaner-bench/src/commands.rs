@@ -52,6 +52,7 @@ pub fn wakeup_config(a: &WakeupArgs, allowed: &gleaner_os::cpuset::CpuSet) -> Re
     let mut cfg = WakeupConfig::for_cpus(allowed);
     cfg.settings = a.settings.clone();
     cfg.settings.dedup();
+    cfg.primitive = a.primitive;
     cfg.rounds = a.rounds;
     cfg.warmup = a.warmup;
     cfg.period_us = a.period_us;
@@ -81,8 +82,8 @@ pub(crate) fn wakeup(a: &WakeupArgs) -> anyhow::Result<ExitCode> {
     let procfs = Procfs::new();
     let sysfs = Sysfs::new();
     eprintln!(
-        "measuring wakeup latency: settings {:?}, {} rounds each, period {} us, waker CPU {}, waiter CPU {}",
-        cfg.settings, cfg.rounds, cfg.period_us, cfg.waker_cpu, cfg.waiter_cpu
+        "measuring wakeup latency ({:?}): settings {:?}, {} rounds each, period {} us, waker CPU {}, waiter CPU {}",
+        cfg.primitive, cfg.settings, cfg.rounds, cfg.period_us, cfg.waker_cpu, cfg.waiter_cpu
     );
     let results = wakeup::run(&cfg, &allowed, &procfs)?;
     if let Some(p) = &a.plot {
@@ -91,7 +92,7 @@ pub(crate) fn wakeup(a: &WakeupArgs) -> anyhow::Result<ExitCode> {
     }
     let doc = WakeupDoc {
         kind: "wakeup".into(),
-        primitive: "condvar (futex): notify_one -> waiter back from wait".into(),
+        primitive: cfg.primitive.describe().into(),
         rounds: cfg.rounds,
         warmup: cfg.warmup,
         period_us: cfg.period_us,

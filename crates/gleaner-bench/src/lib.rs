@@ -55,6 +55,10 @@ pub struct WakeupArgs {
     /// C: waiter's CPU idle; D: CPU-bound co-runner on every CPU). Comma-separated.
     #[arg(long = "setting", value_enum, ignore_case = true, value_delimiter = ',', default_values_t = wakeup::Setting::ALL)]
     pub settings: Vec<wakeup::Setting>,
+    /// Primitive the waiter blocks in: condvar (timed from notify, pthread_cond_signal) or
+    /// mutex (a glibc pthread mutex, timed from pthread_mutex_unlock, as in the paper).
+    #[arg(long, value_enum, default_value_t = wakeup::Primitive::Condvar)]
+    pub primitive: wakeup::Primitive,
     /// Measured rounds per setting.
     #[arg(long, default_value_t = 2000)]
     pub rounds: u32,

@@ -85,10 +85,34 @@ impl std::fmt::Display for Setting {
     }
 }
 
+/// The blocking primitive the waiter sleeps in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Primitive {
+    /// `std::sync::Condvar` (futex): timed from `notify_one` (pthread_cond_signal).
+    #[default]
+    Condvar,
+    /// glibc `pthread_mutex_t` (default type, no spinning): timed from
+    /// `pthread_mutex_unlock` to `pthread_mutex_timedlock` returning (the paper's Table 2).
+    Mutex,
+}
+
+impl Primitive {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Primitive::Condvar => "condvar (futex): notify_one -> waiter back from wait",
+            Primitive::Mutex => "pthread mutex: pthread_mutex_unlock -> waiter back from pthread_mutex_timedlock",
+        }
+    }
+}
+
 /// What to measure.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WakeupConfig {
     pub settings: Vec<Setting>,
+    /// The primitive the waiter blocks in.
+    #[serde(default)]
+    pub primitive: Primitive,
     /// Measured rounds per setting (after the warm-up).
     pub rounds: u32,
     /// Warm-up rounds per setting, not recorded.
@@ -109,6 +133,7 @@ impl WakeupConfig {
         let waiter_cpu = v.get(1).copied().unwrap_or(waker_cpu);
         WakeupConfig {
             settings: Setting::ALL.to_vec(),
+            primitive: Primitive::Condvar,
             rounds: 2000,
             warmup: 20,
             period_us: 1000,
@@ -226,6 +251,54 @@ struct Chan {
     to_waiter: Condvar,
     to_waker: Condvar,
     base: Instant,
+    /// The mutex the waiter blocks in with [`Primitive::Mutex`].
+    pm: PthreadMutex,
+    /// t0 for [`Primitive::Mutex`]: published before the unlock, read after the lock.
+    t0_ns: std::sync::atomic::AtomicU64,
+}
+
+/// A glibc `pthread_mutex_t` of the default type (no adaptive spinning: a contended lock
+/// sleeps in the kernel at once), boxed so its address never changes.
+struct PthreadMutex(Box<std::cell::UnsafeCell<libc::pthread_mutex_t>>);
+
+// SAFETY: pthread mutexes exist to be used from several threads at once; the value is only
+// ever accessed through the pthread functions, at a stable heap address.
+unsafe impl Sync for PthreadMutex {}
+// SAFETY: as above; moving the Box does not move the mutex.
+unsafe impl Send for PthreadMutex {}
+
+impl PthreadMutex {
+    fn new() -> Self {
+        Self(Box::new(std::cell::UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER)))
+    }
+
+    /// Lock, giving up after `timeout`; true when locked (the caller then owns it).
+    fn lock_for(&self, timeout: Duration) -> bool {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `ts` is a valid, writable timespec for the call.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        let total_ns = i128::from(ts.tv_nsec) + i128::try_from(timeout.as_nanos()).unwrap_or(i128::MAX / 4);
+        ts.tv_sec = ts.tv_sec.saturating_add(libc::time_t::try_from(total_ns / 1_000_000_000).unwrap_or(libc::time_t::MAX / 2));
+        ts.tv_nsec = libc::c_long::try_from(total_ns % 1_000_000_000).unwrap_or(0);
+        // SAFETY: the mutex was initialized by PTHREAD_MUTEX_INITIALIZER and lives at a stable
+        // address for the lifetime of `self`; `ts` is valid for the call.
+        unsafe { libc::pthread_mutex_timedlock(self.0.get(), &ts) == 0 }
+    }
+
+    /// Unlock; only called by the thread that locked it.
+    fn unlock(&self) {
+        // SAFETY: initialized mutex at a stable address, owned by the calling thread (every
+        // call site pairs with its own successful `lock_for`).
+        unsafe { libc::pthread_mutex_unlock(self.0.get()) };
+    }
+}
+
+impl Drop for PthreadMutex {
+    fn drop(&mut self) {
+        // SAFETY: no thread uses the mutex any more (we have `&mut self`) and it is unlocked
+        // (every lock is paired with an unlock before the threads exit).
+        unsafe { libc::pthread_mutex_destroy(self.0.get()) };
+    }
 }
 
 impl Chan {
@@ -297,6 +370,93 @@ fn waiter(chan: &Chan, cpu: u32, deadline: Duration) {
     }
 }
 
+/// The waiter of [`Primitive::Mutex`]: waits (condvar) for the round to start, then blocks
+/// in `pthread_mutex_timedlock` on the mutex the waker holds.
+fn waiter_mutex(chan: &Chan, cpu: u32, deadline: Duration) {
+    let mut g = chan.lock();
+    if let Err(e) = pin_current_thread(cpu) {
+        g.error = Some(format!("pinning the waiter to CPU {cpu}: {e}"));
+        g.stop = true;
+        chan.to_waker.notify_all();
+        return;
+    }
+    g.waiter_tid = sched::gettid();
+    loop {
+        if g.stop {
+            break;
+        }
+        let my = g.round;
+        g.waiting = true;
+        chan.to_waker.notify_one();
+        let (ng, _) = wait_for(&chan.to_waiter, g, deadline, |s| s.round != my || s.stop);
+        g = ng;
+        g.waiting = false;
+        if g.stop {
+            break;
+        }
+        if g.round == my {
+            continue;
+        }
+        drop(g);
+        let locked = chan.pm.lock_for(deadline);
+        let t1 = chan.now_ns();
+        if locked {
+            chan.pm.unlock();
+        }
+        let t0 = chan.t0_ns.load(Ordering::Acquire);
+        g = chan.lock();
+        g.sample_ns = t1.saturating_sub(t0);
+        g.late = !locked;
+        g.done = g.round;
+        chan.to_waker.notify_one();
+    }
+}
+
+/// The waker of [`Primitive::Mutex`]: holds the mutex, starts the round, lets the waiter
+/// block on the mutex, then unlocks it.
+fn waker_mutex(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> anyhow::Result<Tally> {
+    pin_current_thread(cpu).with_context(|| format!("pinning the waker to CPU {cpu}"))?;
+    let pid = i32::try_from(std::process::id()).context("pid out of range")?;
+    let period = Duration::from_micros(cfg.period_us);
+    let peer_deadline = cfg.deadline() * 2 + Duration::from_secs(1);
+    let mut t = Tally { samples: Vec::with_capacity(cfg.rounds as usize), discarded: 0, lost: 0 };
+    let total = u64::from(cfg.rounds) + u64::from(cfg.warmup);
+    for r in 1..=total {
+        let (mut g, ok) = wait_for(&chan.to_waker, chan.lock(), peer_deadline, |s| (s.waiting && s.round == r - 1) || s.stop);
+        if let Some(e) = &g.error {
+            anyhow::bail!("{e}");
+        }
+        if !ok || !chan.pm.lock_for(peer_deadline) {
+            t.lost += total - (r - 1).max(u64::from(cfg.warmup));
+            tracing::warn!("waiter thread unresponsive; ending this setting after {} rounds", r - 1);
+            break;
+        }
+        let tid = g.waiter_tid;
+        g.round = r;
+        drop(g);
+        chan.to_waiter.notify_one();
+        std::thread::sleep(period);
+        let blocked = procfs.task_stat(pid, tid).map(|s| s.state == 'S').unwrap_or(false);
+        chan.t0_ns.store(chan.now_ns(), Ordering::Release);
+        chan.pm.unlock();
+        let (g, ok) = wait_for(&chan.to_waker, chan.lock(), peer_deadline, |s| s.done == r);
+        if !ok {
+            t.lost += total - (r - 1).max(u64::from(cfg.warmup));
+            tracing::warn!("waiter did not report round {r}; ending this setting");
+            break;
+        }
+        if r <= u64::from(cfg.warmup) {
+        } else if g.late {
+            t.lost += 1;
+        } else if !blocked {
+            t.discarded += 1;
+        } else {
+            t.samples.push(g.sample_ns);
+        }
+    }
+    Ok(t)
+}
+
 struct Tally {
     samples: Vec<u64>,
     discarded: u64,
@@ -316,7 +476,7 @@ fn waker(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> anyhow::
             anyhow::bail!("{e}");
         }
         if !ok {
-            t.lost += total - r + 1;
+            t.lost += total - (r - 1).max(u64::from(cfg.warmup));
             tracing::warn!("waiter thread unresponsive; ending this setting after {} rounds", r - 1);
             break;
         }
@@ -333,13 +493,13 @@ fn waker(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> anyhow::
         chan.to_waiter.notify_one();
         let (g, ok) = wait_for(&chan.to_waker, chan.lock(), peer_deadline, |s| s.done == r);
         if !ok {
-            t.lost += total - r + 1;
+            t.lost += total - (r - 1).max(u64::from(cfg.warmup));
             tracing::warn!("waiter did not report round {r}; ending this setting");
             break;
         }
-        if g.late {
+        if r <= u64::from(cfg.warmup) {
+        } else if g.late {
             t.lost += 1;
-        } else if r <= u64::from(cfg.warmup) {
         } else if !blocked {
             t.discarded += 1;
         } else {
@@ -416,11 +576,23 @@ pub fn run_setting(setting: Setting, cfg: &WakeupConfig, allowed: &CpuSet, procf
         Setting::D => Load::hogs(allowed)?,
         Setting::A | Setting::C => Load::none(),
     };
-    let chan = Chan { m: Mutex::new(Shared::default()), to_waiter: Condvar::new(), to_waker: Condvar::new(), base: Instant::now() };
+    let chan = Chan {
+        m: Mutex::new(Shared::default()),
+        to_waiter: Condvar::new(),
+        to_waker: Condvar::new(),
+        base: Instant::now(),
+        pm: PthreadMutex::new(),
+        t0_ns: std::sync::atomic::AtomicU64::new(0),
+    };
     let deadline = cfg.deadline();
     let tally = std::thread::scope(|s| {
-        let w = s.spawn(|| waiter(&chan, waiter_cpu, deadline));
-        let k = s.spawn(|| waker(&chan, waker_cpu, cfg, procfs));
+        let (w, k) = match cfg.primitive {
+            Primitive::Condvar => (s.spawn(|| waiter(&chan, waiter_cpu, deadline)), s.spawn(|| waker(&chan, waker_cpu, cfg, procfs))),
+            Primitive::Mutex => (
+                s.spawn(|| waiter_mutex(&chan, waiter_cpu, deadline)),
+                s.spawn(|| waker_mutex(&chan, waker_cpu, cfg, procfs)),
+            ),
+        };
         let tally = k.join();
         chan.lock().stop = true;
         chan.to_waiter.notify_all();

@@ -1,17 +1,27 @@
 //! The wakeup benchmark returns samples for each setting and never hangs.
 
 use gleaner_bench::measure::allowed_cpu_set;
-use gleaner_bench::wakeup::{self, Setting, WakeupConfig};
+use gleaner_bench::wakeup::{self, Primitive, Setting, WakeupConfig};
 use gleaner_os::procfs::Procfs;
 
 #[test]
 fn every_setting_returns_samples_without_hanging() {
+    every_setting(Primitive::Condvar);
+}
+
+#[test]
+fn every_setting_returns_samples_with_a_pthread_mutex() {
+    every_setting(Primitive::Mutex);
+}
+
+fn every_setting(primitive: Primitive) {
     let allowed = allowed_cpu_set();
     assert!(allowed.len() >= 2, "settings B-D need 2 CPUs; this process may use only {allowed}");
     let mut cfg = WakeupConfig::for_cpus(&allowed);
     cfg.rounds = 60;
     cfg.warmup = 5;
     cfg.period_us = 300;
+    cfg.primitive = primitive;
     let t = std::time::Instant::now();
     let res = wakeup::run(&cfg, &allowed, &Procfs::new()).expect("wakeup benchmark");
     assert!(t.elapsed() < std::time::Duration::from_secs(60), "took {:?}", t.elapsed());
