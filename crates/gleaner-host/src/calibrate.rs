@@ -1,7 +1,9 @@
 //! Section 3.4: find each type's best quantum by measurement. Each type's representative
 //! kernel runs on one pCPU together with `competitors` cache-thrashing CPU burners (the paper
 //! colocates 2-4 vCPUs per pCPU), every thread with the same EEVDF slice, for each slice in
-//! 1, 10, 30, 60, 90 ms. The best slice is the one with the highest median performance.
+//! 1, 10, 30, 60, 90 ms. A slice replaces the default 30 ms only if its median performance
+//! beats the default's by more than the noise of the repeats (and at least `agnostic_spread`);
+//! see [`choose`].
 //!
 //! | type | kernel | performance |
 //! |---|---|---|
@@ -61,6 +63,9 @@ pub struct Best {
     pub slice_ms: u64,
     /// (max - min) / max of the medians across slices.
     pub spread: f64,
+    /// What a slice had to beat the default by (the larger of `agnostic_spread` and the median
+    /// noise of the repeats).
+    pub threshold: f64,
     pub agnostic: bool,
 }
 
@@ -330,6 +335,33 @@ fn measure(p: &CalibrationParams, ty: VcpuType, slice: Duration, thrash: &Arc<Ve
     Ok((perf, unit))
 }
 
+/// Relative range of repeated samples: `(max - min) / median`.
+fn noise(samples: &[f64], median: f64) -> f64 {
+    let max = samples.iter().copied().fold(f64::MIN, f64::max);
+    let min = samples.iter().copied().fold(f64::MAX, f64::min);
+    if median > 0.0 {
+        (max - min) / median
+    } else {
+        0.0
+    }
+}
+
+/// Picks a type's slice from `(slice_ms, median performance, noise)`: the default (30 ms, or
+/// the middle slice) stays unless another slice beats it by more than the threshold
+/// `max(agnostic_spread, median noise)`; then the best median wins. The type is agnostic when
+/// all medians are within the threshold of the best.
+pub fn choose(ty: VcpuType, meds: &[(u64, f64, f64)], agnostic_spread: f64) -> Best {
+    let mut noises: Vec<f64> = meds.iter().map(|m| m.2).collect();
+    noises.sort_by(f64::total_cmp);
+    let threshold = agnostic_spread.max(noises.get(noises.len() / 2).copied().unwrap_or(0.0));
+    let default = meds.iter().find(|m| m.0 == 30).copied().unwrap_or(meds[meds.len() / 2]);
+    let top = meds.iter().copied().fold(default, |acc, m| if m.1 > acc.1 { m } else { acc });
+    let chosen = if top.1 > default.1 * (1.0 + threshold) { top } else { default };
+    let min = meds.iter().map(|m| m.1).fold(f64::MAX, f64::min);
+    let spread = if top.1 > 0.0 { (top.1 - min) / top.1 } else { 0.0 };
+    Best { ty, slice_ms: chosen.0, spread, threshold, agnostic: spread <= threshold }
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -376,10 +408,8 @@ pub fn calibrate(p: &CalibrationParams, types: &[VcpuType], mut progress: impl F
         for (ms, m, unit, samples) in &meds {
             points.push(Point { ty, slice_ms: *ms, performance: *m, unit: unit.clone(), samples: samples.clone(), normalized: m / reference });
         }
-        let (bms, bmax) = meds.iter().fold((0, f64::MIN), |acc, m| if m.1 > acc.1 { (m.0, m.1) } else { acc });
-        let min = meds.iter().map(|m| m.1).fold(f64::MAX, f64::min);
-        let spread = (bmax - min) / bmax;
-        best.push(Best { ty, slice_ms: bms, spread, agnostic: spread < p.agnostic_spread });
+        let summary: Vec<(u64, f64, f64)> = meds.iter().map(|(ms, m, _, s)| (*ms, *m, noise(s, *m))).collect();
+        best.push(choose(ty, &summary, p.agnostic_spread));
     }
     let date_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     Ok(Calibration { params: p.clone(), points, best, date_unix_s })
@@ -406,8 +436,24 @@ mod tests {
     }
 
     #[test]
+    fn choice_keeps_the_default_within_noise() {
+        // Clearly better at 1 ms.
+        let b = choose(VcpuType::IoInt, &[(1, 2.0, 0.01), (10, 1.1, 0.01), (30, 1.0, 0.01), (90, 0.9, 0.01)], 0.05);
+        assert_eq!((b.slice_ms, b.agnostic), (1, false));
+        // 3% better at 90 ms: within the 5% threshold, 30 ms stays; all within -> agnostic.
+        let b = choose(VcpuType::Llco, &[(1, 0.98, 0.01), (30, 1.0, 0.01), (90, 1.03, 0.01)], 0.05);
+        assert_eq!((b.slice_ms, b.agnostic), (30, true));
+        // 20% better but the repeats vary by 50%: not convincing.
+        let b = choose(VcpuType::Llcf, &[(1, 1.0, 0.5), (30, 1.0, 0.5), (90, 1.2, 0.5)], 0.05);
+        assert_eq!((b.slice_ms, b.threshold), (30, 0.5));
+        // One slice clearly worse: not agnostic, default kept.
+        let b = choose(VcpuType::IoInt, &[(1, 0.5, 0.01), (30, 1.0, 0.01), (90, 1.0, 0.01)], 0.05);
+        assert_eq!((b.slice_ms, b.agnostic), (30, false));
+    }
+
+    #[test]
     fn quanta_from_measurements() {
-        let mk = |ty, slice_ms, agnostic| Best { ty, slice_ms, spread: 0.0, agnostic };
+        let mk = |ty, slice_ms, agnostic| Best { ty, slice_ms, spread: 0.0, threshold: 0.05, agnostic };
         let c = Calibration {
             params: CalibrationParams { cpu: 0, device_cpu: 1, slices_ms: vec![1, 30, 90], duration_ms: 1, repeats: 1, competitors: 1, llc_bytes: 1, l2_bytes: 1, agnostic_spread: 0.05 },
             points: vec![],

@@ -185,7 +185,8 @@ pub struct CalibrateArgs {
     /// Types to calibrate (IOInt, ConSpin, LLCF, LoLCF, LLCO). Default: all.
     #[arg(long, value_delimiter = ',')]
     pub types: Vec<String>,
-    /// Relative spread across slices under which LoLCF/LLCO are written as quantum agnostic.
+    /// Least relative gain over the 30 ms default for another slice to be chosen (raised to the
+    /// repeats' noise when that is larger); types whose slices all stay within it are agnostic.
     #[arg(long, default_value_t = 0.05)]
     pub agnostic_spread: f64,
     /// Config file to write.
