@@ -392,7 +392,15 @@ impl Controller {
     /// Section 5's two conditions, as a pure predicate on one period's measurements.
     pub fn may_consolidate(params: &Params, m: &Metrics) -> bool {
         let n = m.active;
-        if n <= params.min_active || m.s_yield < params.min_idle_periods {
+        if n <= params.min_active {
+            return false;
+        }
+        // An (almost) idle workload has nothing to overload; its vCPUs may go. It also gives
+        // few idle periods to count once retention keeps the vCPUs from halting.
+        if m.util < params.min_util {
+            return true;
+        }
+        if m.s_yield < params.min_idle_periods {
             return false;
         }
         let (Some(l_comp), Some(l_idle)) = (m.l_comp_ns, m.l_idle_ns) else { return false };

@@ -285,3 +285,19 @@ fn noise_of_an_idle_workload_neither_rolls_back_nor_resets() {
     assert_eq!(c.active(), &[0]);
     assert_eq!(c.params().rho, 1.0);
 }
+
+#[test]
+fn idle_workload_consolidates_without_idle_period_counts() {
+    // Regression: with retention working, an idle workload yields almost no slow yields
+    // (S_yield < min_idle_periods) and was never consolidated.
+    let mut c = Controller::new(vec![0, 1], unit_params());
+    let s = Snapshot {
+        period_ns: PERIOD,
+        vcpus: vec![
+            VcpuSample { cpu: 0, t_work_ns: 100_000, t_yield_ns: PERIOD / 2, t_idle_ns: PERIOD - 100_000, s_yield: 1 },
+            VcpuSample { cpu: 1, t_work_ns: 0, t_yield_ns: PERIOD / 2, t_idle_ns: PERIOD, s_yield: 0 },
+        ],
+        s_work: 1,
+    };
+    assert_eq!(c.step(&s), vec![Decision::Deactivate { cpu: 1 }]);
+}
