@@ -319,3 +319,63 @@ fn print_config_is_a_valid_config() {
     let out = gleaner().args(["run", "--no-consolidation", "--timeout-us", "50", "--config"]).arg(&cfg).args(["--", "true"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+#[serial(host)]
+fn metrics_endpoint_serves_prometheus_text() {
+    use std::io::{Read, Write};
+    require_root_and_cpuset();
+    let run_dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", 20_000 + std::process::id() % 20_000);
+    let mut agent = gleaner()
+        .args(["run", "--timeout-us", "50", "--period-ms", "50", "--metrics-addr", &addr, "--run-dir"])
+        .arg(run_dir.path())
+        .args(["--", "sleep", "3"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut body = String::new();
+    let ok = wait_until(Duration::from_secs(5), || {
+        let Ok(mut s) = std::net::TcpStream::connect(&addr) else { return false };
+        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        body.clear();
+        let _ = s.read_to_string(&mut body);
+        body.contains("gleaner_periods_total") && !body.contains("gleaner_periods_total 0\n")
+    });
+    assert!(ok, "no metrics served: {body}");
+    for m in ["gleaner_active_vcpus", "gleaner_rho", "gleaner_eta", "gleaner_yields_total", "gleaner_timeouts_total"] {
+        assert!(body.contains(m), "{m} missing: {body}");
+    }
+    assert!(agent.wait().unwrap().success());
+    assert_no_leftovers(run_dir.path());
+}
+
+#[test]
+#[serial(host)]
+fn daemon_manages_its_targets_and_stops_cleanly() {
+    require_root_and_cpuset();
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let mut workload = Command::new("sleep").arg("30").spawn().unwrap();
+    let original = cpuset_cgroup_of(workload.id());
+    let cfg = dir.path().join("gleaner.toml");
+    std::fs::write(
+        &cfg,
+        format!("timeout_us = 50\nrun_dir = \"{}\"\n\n[[target]]\npid = {}\n", run_dir.display(), workload.id()),
+    )
+    .unwrap();
+    let mut daemon = gleaner().args(["daemon", "--config"]).arg(&cfg).stderr(Stdio::null()).spawn().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || cpuset_cgroup_of(workload.id()).contains("gleaner-agent-")),
+        "daemon did not manage its target"
+    );
+    let out = gleaner().args(["status", "--json", "--run-dir"]).arg(&run_dir).output().unwrap();
+    let reports: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reports.as_array().map(Vec::len), Some(1), "{reports}");
+    signal(daemon.id() as i32, libc::SIGTERM);
+    wait_child(&mut daemon, Duration::from_secs(10)).expect("daemon did not stop on SIGTERM");
+    assert!(wait_until(Duration::from_secs(2), || cpuset_cgroup_of(workload.id()) == original));
+    let _ = workload.kill();
+    let _ = workload.wait();
+    assert_no_leftovers(&run_dir);
+}
