@@ -15,13 +15,14 @@ pub struct NativeProc {
     child: Child,
     pub pid: u32,
     out: Option<std::thread::JoinHandle<String>>,
+    err: Option<std::thread::JoinHandle<String>>,
     pub started: Instant,
 }
 
 impl NativeProc {
     pub fn spawn(program: &Path, args: &[String], pcpus: &[usize]) -> Result<Self, LabError> {
         let mut cmd = Command::new(program);
-        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd.process_group(0);
         let cpus = pcpus.to_vec();
         // SAFETY: runs in the forked child before exec; only async-signal-safe syscalls.
@@ -40,18 +41,22 @@ impl NativeProc {
             .spawn()
             .map_err(|source| LabError::Spawn { what: program.display().to_string(), source })?;
         let pid = child.id();
-        let mut stdout = child.stdout.take();
-        let out = std::thread::spawn(move || {
-            let mut s = String::new();
-            if let Some(o) = stdout.as_mut() {
-                let _ = o.read_to_string(&mut s);
-            }
-            s
-        });
-        Ok(Self { child, pid, out: Some(out), started: Instant::now() })
+        let collect = |pipe: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                if let Some(mut o) = pipe {
+                    let _ = o.read_to_string(&mut s);
+                }
+                s
+            })
+        };
+        let out = collect(child.stdout.take().map(|o| Box::new(o) as Box<dyn Read + Send>));
+        let err = collect(child.stderr.take().map(|o| Box::new(o) as Box<dyn Read + Send>));
+        Ok(Self { child, pid, out: Some(out), err: Some(err), started: Instant::now() })
     }
 
-    /// Waits for exit before `deadline`; returns (exit code, stdout, wall time).
+    /// Waits for exit before `deadline`; returns (exit code, stdout, wall time). A failed
+    /// run's stderr is appended to its stdout after a `[stderr]` line.
     pub fn wait(mut self, deadline: Instant, name: &str) -> Result<(i32, String, Duration), LabError> {
         loop {
             if interrupt::requested() {
@@ -59,8 +64,14 @@ impl NativeProc {
             }
             if let Ok(Some(st)) = self.child.try_wait() {
                 let wall = self.started.elapsed();
-                let out = self.out.take().and_then(|h| h.join().ok()).unwrap_or_default();
-                return Ok((st.code().unwrap_or(-1), out, wall));
+                let mut out = self.out.take().and_then(|h| h.join().ok()).unwrap_or_default();
+                let err = self.err.take().and_then(|h| h.join().ok()).unwrap_or_default();
+                let rc = st.code().unwrap_or(-1);
+                if rc != 0 {
+                    out.push_str("\n[stderr]\n");
+                    out.push_str(&err);
+                }
+                return Ok((rc, out, wall));
             }
             if Instant::now() >= deadline {
                 return Err(LabError::Timeout {
@@ -82,7 +93,7 @@ impl Drop for NativeProc {
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGKILL);
         }
         let _ = self.child.wait();
-        if let Some(h) = self.out.take() {
+        for h in [self.out.take(), self.err.take()].into_iter().flatten() {
             let _ = h.join();
         }
     }

@@ -93,14 +93,24 @@ pub fn mode_command(gleaner: &Path, workload: &[String], agent: Option<&[String]
 
 /// The measured guest's job: modes interleaved run by run (`off.1 on.1 off.2 on.2 ...`).
 pub fn workload_job(exp: &Experiment, gleaner: &Path, quick: bool, runs: u32) -> String {
-    let w = exp.workload_args(quick);
+    workload_job_with(exp, &exp.workload_args(quick), gleaner, runs)
+}
+
+fn workload_job_with(exp: &Experiment, w: &[String], gleaner: &Path, runs: u32) -> String {
     let mut s = String::new();
     for rep in 1..=runs {
         for m in &exp.modes {
-            s.push_str(&format!("step {}.{rep} {}\n", m.name, mode_command(gleaner, &w, m.agent.as_deref())));
+            s.push_str(&format!("step {}.{rep} {}\n", m.name, mode_command(gleaner, w, m.agent.as_deref())));
         }
     }
     s
+}
+
+/// `params.iters_per_us` of a bench JSON document.
+pub fn calibrated_rate(stdout: &str) -> Option<f64> {
+    let start = stdout.find('{')?;
+    let v: serde_json::Value = serde_json::Deserializer::from_str(&stdout[start..]).into_iter().next()?.ok()?;
+    v.get("params")?.get("iters_per_us")?.as_f64().filter(|r| *r > 0.0)
 }
 
 /// The co-runner guest's job: the co-runner in a loop until the guest is killed.
@@ -200,9 +210,24 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
         format!("{}m{:02}s left", s / 60, s % 60)
     };
 
+    // --- Calibration: fix the amount of compute per item across native and guest runs ---
+    let mut wargs = exp.workload_args(opts.quick);
+    if wargs.first().is_some_and(|a| a == "bench") && !wargs.iter().any(|a| a == "--iters-per-us") {
+        pb.set_message(format!("{}: calibrating the compute rate natively", exp.name));
+        let p = NativeProc::spawn(&gleaner, &wargs, &pcpus)?;
+        let (_, out, _) = p.wait(deadline, "native calibration")?;
+        match calibrated_rate(&out) {
+            Some(rate) => {
+                wargs.push("--iters-per-us".into());
+                wargs.push(format!("{rate:.3}"));
+                notes.push(format!("compute per item fixed for native and guest runs with --iters-per-us {rate:.3} (calibrated natively)"));
+            }
+            None => notes.push("could not read iters_per_us from a native run: each run calibrates its own compute rate".into()),
+        }
+    }
+
     // --- Native baseline ---
     let mut rows: Vec<Row> = Vec::new();
-    let wargs = exp.workload_args(opts.quick);
     for rep in 1..=runs {
         pb.set_message(format!("{}: native x{n_inst} run {rep}/{runs} ({})", exp.name, left(deadline)));
         let procs: Vec<NativeProc> = (0..n_inst)
@@ -212,6 +237,9 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
             let (rc, out, wall) = p.wait(deadline, "native baseline")?;
             let mut row = Row { env: "native".into(), instance: format!("native-{}", i + 1), mode: "native".into(), halt_poll: "n/a".into(), rep, rc, gamma: gamma_native, end_s: wall.as_secs_f64(), ..Default::default() };
             fill_from_bench(&mut row, &out);
+            if rc != 0 && row.error.is_none() {
+                row.error = Some(format!("exit {rc}: {}", out.chars().take(300).collect::<String>()));
+            }
             rows.push(row);
         }
         pb.inc(1);
@@ -220,7 +248,7 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
     // --- Guests ---
     let mut boot_s = BTreeMap::new();
     let mut kvm_stats = BTreeMap::new();
-    let a_job = workload_job(exp, &gleaner, opts.quick, runs);
+    let a_job = workload_job_with(exp, &wargs, &gleaner, runs);
     let base_spec = |name: &str, job: String| {
         GuestSpec::new(name).vcpus(exp.vcpus).memory_mib(exp.memory_mib).accel(acc).pin(Some(pcpus.clone())).cgroup(exp.guest_cgroup).job(job)
     };
@@ -392,14 +420,21 @@ mod tests {
         let job = workload_job(&exp, g, true, 2);
         let lines: Vec<&str> = job.lines().collect();
         assert_eq!(lines.len(), 4);
-        assert_eq!(lines[0], "step off.1 /work/main/target/release/gleaner bench workload pipeline --json --quick");
+        assert_eq!(lines[0], "step off.1 /work/main/target/release/gleaner bench workload pipeline --json --quick --items 6000");
         assert_eq!(
             lines[1],
-            "step on.1 /work/main/target/release/gleaner run -- /work/main/target/release/gleaner bench workload pipeline --json --quick"
+            "step on.1 /work/main/target/release/gleaner run -- /work/main/target/release/gleaner bench workload pipeline --json --quick --items 6000"
         );
         assert!(lines[3].starts_with("step on.2 "));
         let co = co_runner_job(&exp.co_runner_args(true).unwrap(), g);
         assert!(co.contains("step co.$i /work/main/target/release/gleaner bench workload matmul --json --quick"));
+    }
+
+    #[test]
+    fn calibration_rate_from_bench_json() {
+        assert_eq!(calibrated_rate("{\"params\":{\"iters_per_us\":61.5},\"runs\":[]}"), Some(61.5));
+        assert_eq!(calibrated_rate("{\"params\":{}}"), None);
+        assert_eq!(calibrated_rate(""), None);
     }
 
     #[test]
