@@ -56,8 +56,7 @@ impl Engine {
     pub(crate) fn yield_resume(&mut self, v: u32) -> bool {
         let now = self.now;
         let y = self.vcpus[v as usize].yielder.as_mut().expect("yield state without yielder");
-        if let YState::Woken { asked, since } = y.state {
-            y.det.on_sleep_end(asked, now - since);
+        if let YState::Woken { .. } = y.state {
             y.state = YState::Awake;
         }
         if let Some(pa) = y.paused_at.take() {

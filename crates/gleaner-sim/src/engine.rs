@@ -83,7 +83,6 @@ pub(crate) struct Pcpu {
     pub cur: u32,
     pub rq: Vec<u32>,
     pub seg_start: Ns,
-    pub gen: u32,
     pub last: u32,
     pub dirty: bool,
 }
@@ -331,7 +330,7 @@ impl Engine {
             halt_poll: if s.virt { s.halt_poll } else { None },
             ple_window_ns: s.ple_window_ns,
             pcpus: (0..s.pcpus)
-                .map(|_| Pcpu { cur: NONE, rq: Vec::new(), seg_start: 0, gen: 0, last: NONE, dirty: false })
+                .map(|_| Pcpu { cur: NONE, rq: Vec::new(), seg_start: 0, last: NONE, dirty: false })
                 .collect(),
             vcpus: Vec::new(),
             vload: Vec::new(),
@@ -588,12 +587,7 @@ impl Engine {
 
     fn handle(&mut self, ev: Ev) -> bool {
         match ev {
-            Ev::Pcpu { p, gen } => {
-                if self.pcpus[p as usize].gen != gen {
-                    return false;
-                }
-                self.drive(p);
-            }
+            Ev::Pcpu { p, .. } => self.drive(p),
             Ev::Kick { v } => self.on_kick(v),
             Ev::ThreadTimer { t, gen } => {
                 let th = &self.threads[t as usize];
@@ -711,11 +705,10 @@ impl Engine {
     }
 
     fn replan(&mut self, p: u32) {
-        let pc = &mut self.pcpus[p as usize];
-        pc.gen = pc.gen.wrapping_add(1);
-        let gen = pc.gen;
+        let pc = &self.pcpus[p as usize];
         let v = pc.cur;
         if v == NONE {
+            self.q.cancel_pcpu(p);
             return;
         }
         let now = self.now;
@@ -750,8 +743,10 @@ impl Engine {
                 Idle::Halted => t = t.min(vc.poll_end.max(now)),
             }
         }
-        if t != Ns::MAX {
-            self.q.push(t, Ev::Pcpu { p, gen });
+        if t == Ns::MAX {
+            self.q.cancel_pcpu(p);
+        } else {
+            self.q.set_pcpu(p, t);
         }
     }
 

@@ -55,15 +55,137 @@ impl Ord for Entry {
 }
 
 /// Min-heap of timed events with FIFO order among equal times.
+///
+/// Per-pCPU boundaries live in a separate indexed heap (one slot per pCPU, updated in place),
+/// because they are rescheduled on almost every event: lazy cancellation would fill the main
+/// heap with stale entries. Both heaps order by `(time, seq)` with one shared counter, so the
+/// merged order is the same total FIFO order.
 #[derive(Debug, Default)]
 pub struct EventQueue {
     heap: BinaryHeap<Entry>,
     seq: u64,
+    slots: IndexedHeap,
+}
+
+/// A binary min-heap of at most one `(time, seq)` per key, with in-place update and removal.
+#[derive(Debug, Default)]
+struct IndexedHeap {
+    /// (time, seq, key)
+    heap: Vec<(Ns, u64, u32)>,
+    /// Position of each key in `heap`, `u32::MAX` if absent.
+    pos: Vec<u32>,
+}
+
+impl IndexedHeap {
+    fn less(a: &(Ns, u64, u32), b: &(Ns, u64, u32)) -> bool {
+        (a.0, a.1) < (b.0, b.1)
+    }
+
+    fn swap(&mut self, i: usize, j: usize) {
+        self.heap.swap(i, j);
+        self.pos[self.heap[i].2 as usize] = i as u32;
+        self.pos[self.heap[j].2 as usize] = j as u32;
+    }
+
+    fn up(&mut self, mut i: usize) {
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if Self::less(&self.heap[i], &self.heap[parent]) {
+                self.swap(i, parent);
+                i = parent;
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn down(&mut self, mut i: usize) {
+        let n = self.heap.len();
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut m = i;
+            if l < n && Self::less(&self.heap[l], &self.heap[m]) {
+                m = l;
+            }
+            if r < n && Self::less(&self.heap[r], &self.heap[m]) {
+                m = r;
+            }
+            if m == i {
+                break;
+            }
+            self.swap(i, m);
+            i = m;
+        }
+    }
+
+    fn set(&mut self, key: u32, time: Ns, seq: u64) {
+        let k = key as usize;
+        if k >= self.pos.len() {
+            self.pos.resize(k + 1, u32::MAX);
+        }
+        let p = self.pos[k];
+        if p == u32::MAX {
+            self.heap.push((time, seq, key));
+            let i = self.heap.len() - 1;
+            self.pos[k] = i as u32;
+            self.up(i);
+        } else {
+            let i = p as usize;
+            let later = Self::less(&self.heap[i], &(time, seq, key));
+            self.heap[i] = (time, seq, key);
+            if later {
+                self.down(i);
+            } else {
+                self.up(i);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: u32) {
+        let k = key as usize;
+        let Some(&p) = self.pos.get(k) else { return };
+        if p == u32::MAX {
+            return;
+        }
+        let i = p as usize;
+        let last = self.heap.len() - 1;
+        if i != last {
+            self.swap(i, last);
+        }
+        self.heap.pop();
+        self.pos[k] = u32::MAX;
+        if i < self.heap.len() {
+            self.up(i);
+            self.down(i);
+        }
+    }
+
+    fn peek(&self) -> Option<&(Ns, u64, u32)> {
+        self.heap.first()
+    }
+
+    fn len(&self) -> usize {
+        self.heap.len()
+    }
 }
 
 impl EventQueue {
     pub fn with_capacity(n: usize) -> Self {
-        Self { heap: BinaryHeap::with_capacity(n), seq: 0 }
+        Self { heap: BinaryHeap::with_capacity(n), seq: 0, slots: IndexedHeap::default() }
+    }
+
+    /// Schedules (or moves) pCPU `p`'s single boundary event to `time`.
+    #[inline]
+    pub fn set_pcpu(&mut self, p: u32, time: Ns) {
+        let seq = self.seq;
+        self.seq += 1;
+        self.slots.set(p, time, seq);
+    }
+
+    /// Cancels pCPU `p`'s boundary event.
+    #[inline]
+    pub fn cancel_pcpu(&mut self, p: u32) {
+        self.slots.remove(p);
     }
 
     /// Schedules `ev` at `time`.
@@ -74,23 +196,39 @@ impl EventQueue {
         self.heap.push(Entry { time, seq, ev });
     }
 
-    /// The earliest event, FIFO among equal times.
+    /// The earliest event, FIFO among equal times. A returned `Ev::Pcpu` stays scheduled until
+    /// the caller moves or cancels it: handling it must call `set_pcpu` or `cancel_pcpu`.
     #[inline]
     pub fn pop(&mut self) -> Option<(Ns, Ev)> {
-        self.heap.pop().map(|e| (e.time, e.ev))
+        let slot_first = match (self.slots.peek(), self.heap.peek()) {
+            (Some(s), Some(e)) => (s.0, s.1) < (e.time, e.seq),
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        if slot_first {
+            // The slot stays: the handler of a pCPU event always moves or cancels it
+            // (`set_pcpu`/`cancel_pcpu`), which saves a removal and a re-insertion.
+            self.slots.peek().map(|&(t, _, p)| (t, Ev::Pcpu { p, gen: 0 }))
+        } else {
+            self.heap.pop().map(|e| (e.time, e.ev))
+        }
     }
 
     /// Time of the earliest event.
     pub fn peek_time(&self) -> Option<Ns> {
-        self.heap.peek().map(|e| e.time)
+        match (self.slots.peek(), self.heap.peek()) {
+            (Some(s), Some(e)) => Some(s.0.min(e.time)),
+            (Some(s), None) => Some(s.0),
+            (None, e) => e.map(|e| e.time),
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.heap.len() + self.slots.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.len() == 0
     }
 }
 
@@ -138,6 +276,54 @@ mod tests {
             assert!(t >= last);
             last = t;
         }
+    }
+
+    #[test]
+    fn pcpu_slots_merge_in_fifo_order_and_move_in_place() {
+        let mut q = EventQueue::default();
+        q.set_pcpu(0, 50);
+        q.push(10, Ev::Kick { v: 9 });
+        q.set_pcpu(1, 10);
+        q.set_pcpu(0, 5);
+        q.set_pcpu(2, 7);
+        q.cancel_pcpu(2);
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.pop(), Some((5, Ev::Pcpu { p: 0, gen: 0 })));
+        q.cancel_pcpu(0);
+        assert_eq!(q.pop(), Some((10, Ev::Kick { v: 9 })), "pushed before pCPU 1's slot");
+        assert_eq!(q.pop(), Some((10, Ev::Pcpu { p: 1, gen: 0 })));
+        q.set_pcpu(1, 12);
+        assert_eq!(q.pop(), Some((12, Ev::Pcpu { p: 1, gen: 0 })));
+        q.cancel_pcpu(1);
+        assert_eq!(q.pop(), None);
+        // Randomized: the indexed heap agrees with a sort.
+        let mut x: u64 = 99;
+        let mut want = std::collections::BTreeMap::new();
+        for i in 0..2000u32 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let p = (x >> 33) as u32 % 64;
+            if i % 7 == 0 {
+                q.cancel_pcpu(p);
+                want.remove(&p);
+            } else {
+                let t = (x >> 40) % 1000;
+                q.set_pcpu(p, t);
+                want.insert(p, t);
+            }
+        }
+        let mut got: Vec<Ns> = std::iter::from_fn(|| {
+            let (t, ev) = q.pop()?;
+            if let Ev::Pcpu { p, .. } = ev {
+                q.cancel_pcpu(p);
+            }
+            Some(t)
+        })
+        .collect();
+        let mut exp: Vec<Ns> = want.values().copied().collect();
+        exp.sort_unstable();
+        assert!(got.windows(2).all(|w| w[0] <= w[1]));
+        got.sort_unstable();
+        assert_eq!(got, exp);
     }
 
     #[test]

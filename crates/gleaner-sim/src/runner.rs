@@ -30,7 +30,7 @@ pub struct Perf {
     pub events: u64,
     pub stale_events: u64,
     pub simulated_s: f64,
-    /// Sum of the runs' wall times (each run is single-threaded).
+    /// Sum of the runs' thread CPU times (each run is single-threaded).
     pub cpu_s: f64,
     /// Elapsed wall time of the whole command (runs in parallel).
     pub wall_s: f64,
@@ -222,6 +222,13 @@ pub fn native_setup(sc: &Scenario, vm_index: usize, seed: u64) -> anyhow::Result
     ))
 }
 
+/// CPU time of the calling thread: each run is single-threaded, so this is one core's time
+/// spent on it, unaffected by other processes competing for the cores.
+fn thread_cpu_s() -> f64 {
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(0.0, |t| t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9)
+}
+
 enum Job {
     Variant { case: usize, var: usize },
     Native { case: usize, vm: usize },
@@ -265,9 +272,9 @@ pub fn run_cases(
                 }
                 Job::Native { case, vm } => native_setup(&cases[case].1, vm, seed)?,
             };
-            let start = Instant::now();
+            let start = thread_cpu_s();
             let outcome = Engine::new(setup).run();
-            Ok(Done { outcome, secs: start.elapsed().as_secs_f64(), cores })
+            Ok(Done { outcome, secs: thread_cpu_s() - start, cores })
         })
         .collect();
     let mut done = Vec::with_capacity(results.len());

@@ -45,7 +45,7 @@ impl Hist {
         self.max_ns = self.max_ns.max(ns);
     }
 
-    /// Quantile as the upper edge of the bucket holding it (1 us resolution).
+    /// Quantile as the lower edge of the bucket holding it (1 us resolution, rounded down).
     fn quantile_us(&self, q: f64) -> f64 {
         if self.count == 0 {
             return 0.0;
@@ -55,7 +55,7 @@ impl Hist {
         for (i, &c) in self.buckets.iter().enumerate() {
             acc += c as u64;
             if acc >= rank {
-                return (i + 1) as f64;
+                return i as f64;
             }
         }
         self.max_ns as f64 / 1000.0
@@ -163,8 +163,8 @@ mod tests {
         }
         let s = h.summary();
         assert_eq!(s.count, 100);
-        assert_eq!(s.p50_us, 50.0);
-        assert_eq!(s.p99_us, 99.0);
+        assert_eq!(s.p50_us, 49.0);
+        assert_eq!(s.p99_us, 98.0);
         h.record(50_000_000);
         assert_eq!(h.summary().max_us, 50_000.0);
     }

@@ -1,0 +1,231 @@
+//! Event core and schedulers: small setups with exact or tightly bounded answers.
+
+use gleaner_sim::engine::{Engine, HaltPoll, Outcome, Setup, SetupVm};
+use gleaner_sim::policy::StockHost;
+use gleaner_sim::scenario::{Costs, CostsCfg, GuestPolicy};
+use gleaner_sim::workload::{CacheProfile, GroupCfg, WorkloadCfg};
+
+fn wl(groups: Vec<GroupCfg>) -> WorkloadCfg {
+    WorkloadCfg {
+        description: String::new(),
+        cache: CacheProfile { refill_ns_per_kb: 0.0, ..CacheProfile::default() },
+        queue_capacity: 4,
+        groups,
+    }
+}
+
+fn group(name: &str, threads: u32, iterations: Option<u64>, pin: Vec<u32>, ops: &[&str]) -> GroupCfg {
+    GroupCfg { name: name.into(), threads: Some(threads), iterations, pin, ops: ops.iter().map(|s| s.to_string()).collect() }
+}
+
+fn vm(name: &str, w: WorkloadCfg, vcpus: u32, pin: Option<u32>, background: bool, guest: GuestPolicy) -> SetupVm {
+    SetupVm {
+        name: name.into(),
+        workload: w.resolve(name, vcpus, vcpus).expect("workload resolves"),
+        vcpus,
+        pin_offset: pin,
+        background,
+        guest,
+        gleaner: Default::default(),
+        haltpoll: Default::default(),
+    }
+}
+
+fn costs() -> Costs {
+    let c = CostsCfg::default();
+    Costs::from_table2(&c.vm, c.ipi_send_us, c.poll_wake_us, c.ple_exit_us)
+}
+
+fn setup(pcpus: u32, vms: Vec<SetupVm>) -> Setup {
+    Setup {
+        pcpus,
+        host_slice_ns: 3_000_000,
+        wakeup_preemption: true,
+        wakeup_gran_ns: 1_000_000,
+        guest_slice_ns: 3_000_000,
+        halt_poll: None,
+        ple_window_ns: 20_000,
+        virt: true,
+        costs: costs(),
+        vms,
+        seed: 7,
+        stop_at: None,
+        max_ns: 10_000_000_000,
+        host_policy: Box::new(StockHost),
+    }
+}
+
+fn run(s: Setup) -> Outcome {
+    Engine::new(s).run()
+}
+
+#[test]
+fn lone_compute_thread_takes_exactly_its_work_plus_start_costs() {
+    let w = wl(vec![group("g", 1, Some(10), vec![], &["compute 100us"])]);
+    let o = run(setup(1, vec![vm("a", w, 1, None, false, GuestPolicy::Stock)]));
+    assert!(o.finished);
+    let c = costs();
+    // resume of the initially halted vCPU (RV) + one thread switch (RT) + 10 x 100 us
+    assert_eq!(o.vms[0].done_at, Some(c.rv + c.rt + 1_000_000));
+    assert_eq!(o.vms[0].work_ns, 1_000_000);
+}
+
+#[test]
+fn two_vcpus_share_one_pcpu_fairly() {
+    let hog = || wl(vec![group("g", 1, None, vec![], &["compute 10ms"])]);
+    let mut s = setup(1, vec![
+        vm("a", hog(), 1, None, true, GuestPolicy::Stock),
+        vm("b", hog(), 1, None, true, GuestPolicy::Stock),
+    ]);
+    s.stop_at = Some(300_000_000);
+    let o = run(s);
+    let (a, b) = (o.vms[0].work_ns as f64, o.vms[1].work_ns as f64);
+    assert!((a / b - 1.0).abs() < 0.05, "fair share: {a} vs {b}");
+    assert!(a + b > 0.95 * 300e6, "the pCPU is never idle: {}", a + b);
+}
+
+#[test]
+fn guest_round_robin_shares_a_vcpu() {
+    let w = wl(vec![group("g", 2, None, vec![0], &["compute 1ms"])]);
+    let mut s = setup(1, vec![vm("a", w, 1, None, true, GuestPolicy::Stock)]);
+    s.stop_at = Some(60_000_000);
+    let o = run(s);
+    // 2 threads rotating every 3 ms guest slice: about 20 switches in 60 ms.
+    assert!(o.vms[0].context_switches >= 15, "switches {}", o.vms[0].context_switches);
+}
+
+/// Ping-pong between two pinned threads: the wake-up latency is the composition of the costs.
+fn pingpong(same_vcpu: bool, guest: GuestPolicy, hog: bool, halt_poll: bool) -> Outcome {
+    let w = wl(vec![
+        group("ping", 1, Some(200), vec![0], &["compute 50us", "signal ping", "wait pong"]),
+        group("pong", 1, Some(200), vec![if same_vcpu { 0 } else { 1 }], &["wait ping", "compute 30us", "signal pong"]),
+    ]);
+    let mut vms = vec![vm("app", w, 2, Some(0), false, guest)];
+    if hog {
+        vms.push(vm("hog", wl(vec![group("g", 2, None, vec![], &["compute 10ms"])]), 2, Some(0), true, GuestPolicy::Stock));
+    }
+    let mut s = setup(2, vms);
+    if halt_poll {
+        s.halt_poll = Some(HaltPoll { max_ns: 200_000, grow: 2, grow_start: 10_000, shrink: 0 });
+    }
+    run(s)
+}
+
+#[test]
+fn wakeup_costs_compose_as_in_table2() {
+    let c = costs();
+    let p50 = |o: &Outcome| o.vms[0].lat.summary().p50_us;
+    let a = p50(&pingpong(true, GuestPolicy::Stock, false, false));
+    let cc = p50(&pingpong(false, GuestPolicy::Stock, false, false));
+    let d = p50(&pingpong(false, GuestPolicy::Stock, true, false));
+    // 1 us histogram buckets: the p50 is rounded down to the microsecond.
+    let us = |ns: u64| ns as f64 / 1000.0;
+    assert!((a - us(c.rt)).abs() <= 1.0, "A {a}");
+    assert!((cc - us(c.ipi + c.rv + c.rt)).abs() <= 1.0, "C {cc}");
+    assert!((d - us(c.ipi + c.pv + c.rv + c.rt)).abs() <= 1.0, "D {d}");
+}
+
+#[test]
+fn retention_keeps_the_vcpu_and_pays_only_the_ipi() {
+    let c = costs();
+    let o = pingpong(false, GuestPolicy::Retention, false, false);
+    let b = o.vms[0].lat.summary().p50_us;
+    // The default timeout (100 us) is longer than the idle periods (at most 50 us), and every
+    // work period is longer than the idle threshold (20 us): no halts. (With work periods under
+    // the threshold the detector sees one long idle stretch and lets the vCPU halt.)
+    assert!((b - (c.ipi + c.rt) as f64 / 1000.0).abs() <= 1.0, "B {b}");
+    assert!(o.vms[0].exits_hlt < 20, "the yielder keeps vCPUs from halting: {}", o.vms[0].exits_hlt);
+    assert!(o.vms[0].yield_ns > 0);
+}
+
+#[test]
+fn kvm_halt_polling_catches_short_halts() {
+    let o = pingpong(false, GuestPolicy::Stock, false, true);
+    let v = &o.vms[0];
+    assert!(v.halt_poll_attempts > 300, "attempts {}", v.halt_poll_attempts);
+    let rate = v.halt_poll_successes as f64 / v.halt_poll_attempts as f64;
+    assert!(rate > 0.9, "50 us halts fit in the grown window: {rate}");
+    let c = costs();
+    assert!(v.lat.summary().p50_us < (c.ipi + c.rv + c.rt) as f64 / 1000.0, "polling beats a full resume");
+    // Next to a hog, KVM does not poll when another task wants the pCPU.
+    let o = pingpong(false, GuestPolicy::Stock, true, true);
+    let v = &o.vms[0];
+    assert!(v.halt_poll_successes * 10 <= v.exits_hlt, "polls {} of {} halts", v.halt_poll_successes, v.exits_hlt);
+}
+
+#[test]
+fn halt_poll_window_shrinks_on_long_halts() {
+    // 1 ms sleeps: every halt is longer than halt_poll_ns, so the window resets to 0.
+    let w = wl(vec![group("g", 1, Some(200), vec![], &["sleep 1ms", "compute 5us"])]);
+    let mut s = setup(1, vec![vm("a", w, 1, None, false, GuestPolicy::Stock)]);
+    s.halt_poll = Some(HaltPoll { max_ns: 200_000, grow: 2, grow_start: 10_000, shrink: 0 });
+    let o = run(s);
+    let v = &o.vms[0];
+    assert_eq!(v.halt_poll_successes, 0);
+    assert!(v.halt_poll_attempts <= v.exits_hlt / 2, "attempts {} halts {}", v.halt_poll_attempts, v.exits_hlt);
+    assert_eq!(v.exits_timer, 200, "one TSC-deadline write per sleep");
+}
+
+#[test]
+fn idle_poll_never_halts_and_costs_cpu() {
+    let w = wl(vec![group("g", 2, Some(100), vec![], &["compute 20us", "lock m", "compute 20us", "unlock m", "sleep 50us"])]);
+    let o = run(setup(2, vec![vm("a", w, 2, None, false, GuestPolicy::IdlePoll)]));
+    assert!(o.finished);
+    let v = &o.vms[0];
+    assert_eq!(v.exits_hlt, 0);
+    assert!(v.guest_poll_ns > 0);
+    assert!(v.run_ns as f64 > 1.8 * v.done_at.expect("done") as f64, "both vCPUs run all the time");
+}
+
+#[test]
+fn mutex_and_queues_conserve_work() {
+    let w = wl(vec![
+        group("prod", 2, Some(300), vec![], &["compute 10us", "push q"]),
+        group("cons", 3, None, vec![], &["pop q", "lock m", "compute 5us", "unlock m"]),
+    ]);
+    let o = run(setup(4, vec![vm("a", w, 4, None, false, GuestPolicy::Stock)]));
+    assert!(o.finished, "consumers end when the queue closes");
+    assert_eq!(o.vms[0].work_ns, 600 * 10_000 + 600 * 5_000);
+}
+
+#[test]
+fn barrier_and_spin_barrier_release_everyone() {
+    let w = wl(vec![group("g", 4, Some(50), vec![], &["compute 30us +-50%", "barrier b", "compute 10us", "spin_barrier s"])]);
+    let o = run(setup(4, vec![vm("a", w, 4, None, false, GuestPolicy::Stock)]));
+    assert!(o.finished);
+    assert!(o.vms[0].spin_ns > 0);
+    // Over-subscribed spin barrier: 4 threads on 2 vCPUs still finish (guest slices rotate).
+    let w = wl(vec![group("g", 4, Some(5), vec![], &["compute 30us", "spin_barrier s"])]);
+    let o = run(setup(2, vec![vm("a", w, 2, None, false, GuestPolicy::Stock)]));
+    assert!(o.finished);
+}
+
+#[test]
+fn spinning_vcpus_take_pause_loop_exits() {
+    let w = wl(vec![group("g", 2, Some(20), vec![], &["compute 200us +-90%", "spin_barrier s"])]);
+    let o = run(setup(2, vec![vm("a", w, 2, None, false, GuestPolicy::Stock)]));
+    assert!(o.vms[0].exits_ple > 0);
+}
+
+#[test]
+fn native_has_no_exits() {
+    let w = wl(vec![group("g", 2, Some(100), vec![], &["compute 20us", "lock m", "compute 20us", "unlock m", "sleep 50us"])]);
+    let mut s = setup(2, vec![vm("a", w, 2, Some(0), false, GuestPolicy::Stock)]);
+    s.virt = false;
+    let o = run(s);
+    let v = &o.vms[0];
+    assert!(o.finished);
+    assert_eq!(v.exits_hlt + v.exits_ipi + v.exits_timer + v.exits_ple + v.exits_io, 0);
+    assert!(v.idle_entries > 0);
+}
+
+#[test]
+fn consolidation_shrinks_an_underused_vm() {
+    // 8 threads taking turns on one mutex: about one vCPU of work spread over 8 vCPUs.
+    let w = wl(vec![group("g", 8, Some(4000), vec![], &["compute 5us", "lock m", "compute 10us", "unlock m"])]);
+    let o = run(setup(8, vec![vm("a", w, 8, None, false, GuestPolicy::Gleaner)]));
+    assert!(o.finished);
+    let v = &o.vms[0];
+    assert!(v.gleaner_decisions > 0);
+    assert!(v.gleaner_active_end.expect("controller") < 8, "active at end {:?}", v.gleaner_active_end);
+}
