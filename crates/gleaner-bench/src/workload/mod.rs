@@ -182,6 +182,13 @@ impl WorkloadParams {
     }
 }
 
+impl Default for WorkloadParams {
+    /// The default size of the `pipeline` kernel (see [`WorkloadParams::default_for`]).
+    fn default() -> Self {
+        Self::default_for(Workload::Pipeline)
+    }
+}
+
 /// What a kernel did, after its check passed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkloadOutcome {
