@@ -93,7 +93,9 @@ impl Engine {
                     }
                     return false;
                 }
-                // Resumed with nothing to do (the thread was taken elsewhere): halt again.
+                // Resumed with nothing to do (another vCPU's newidle balance took the thread):
+                // halt again, one more transition to idle.
+                self.vcpus[vi].c.idle_entries += 1;
                 self.halt(v, p);
                 true
             }
