@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use serde::{Deserialize, Serialize};
@@ -76,6 +77,9 @@ pub struct DiagnoseReport {
     pub wakeup_c: Option<SettingResult>,
     /// p50(C) / p50(B).
     pub c_over_b: Option<f64>,
+    /// Idle fraction of the waiter's CPU during setting C (low: other load kept it from
+    /// halting, so C understates the cost of waking a halted vCPU).
+    pub c_waiter_cpu_idle_fraction: Option<f64>,
     /// vCPU idle entries per second under the built-in pipeline kernel.
     pub pipeline_idle_entries_per_s: Option<f64>,
     pub pipeline_wall_ms: f64,
@@ -128,6 +132,12 @@ fn recommendations(r: &DiagnoseReport) -> Vec<String> {
             r.steal_fraction_since_boot * 100.0
         ));
     }
+    if let Some(f) = r.c_waiter_cpu_idle_fraction.filter(|f| *f < 0.5) {
+        out.insert(0, format!(
+            "Other load kept the waiter's CPU busy during setting C (idle only {:.0}% of the time), so it rarely halted: the C/B ratio understates the exposure. Run `gleaner diagnose` again on a quiet machine.",
+            f * 100.0
+        ));
+    }
     if r.cpus < 2 {
         out.push("Only one vCPU: cross-vCPU wakeups do not happen; more vCPUs may expose the problem.".into());
     }
@@ -145,15 +155,20 @@ pub fn diagnose(rounds: u32) -> anyhow::Result<DiagnoseReport> {
 
     let mut wb = None;
     let mut wc = None;
+    let mut c_idle = None;
     if allowed.len() >= 2 {
         let mut cfg = WakeupConfig::for_cpus(&allowed);
-        cfg.settings = vec![Setting::B, Setting::C];
         cfg.rounds = rounds;
         cfg.warmup = 10;
         eprintln!("diagnose: measuring wakeup latency (settings B and C, {rounds} rounds each)...");
-        let mut res = wakeup::run(&cfg, &allowed, &procfs)?;
-        wc = res.pop();
-        wb = res.pop();
+        wb = Some(wakeup::run_setting(Setting::B, &cfg, &allowed, &procfs).context("setting B")?);
+        // How idle the waiter's CPU was during C: other load keeps it from halting.
+        let waiter: CpuSet = std::iter::once(cfg.waiter_cpu).collect();
+        let meter = measure::SystemMeter::start(&procfs, &sysfs, &waiter)?;
+        wc = Some(wakeup::run_setting(Setting::C, &cfg, &allowed, &procfs).context("setting C")?);
+        let d = meter.stop()?;
+        let total = d.idle_ns + d.busy_ns + d.steal_ns;
+        c_idle = (total > 0).then(|| d.idle_ns as f64 / total as f64);
     }
     let c_over_b = match (&wb, &wc) {
         (Some(b), Some(c)) => match (b.p50_us, c.p50_us) {
@@ -183,6 +198,7 @@ pub fn diagnose(rounds: u32) -> anyhow::Result<DiagnoseReport> {
         steal_fraction_since_boot: steal_fraction(&stat1.total),
         steal_fraction_now: steal_fraction(&stat1.total.delta(&stat0.total)),
         c_over_b,
+        c_waiter_cpu_idle_fraction: c_idle,
         wakeup_b: wb,
         wakeup_c: wc,
         pipeline_idle_entries_per_s: m.idle_entries_per_s,
@@ -230,6 +246,9 @@ fn print(r: &DiagnoseReport) {
     match r.pipeline_idle_entries_per_s {
         Some(x) => println!("idle transitions:   {x:.0} vCPU idle entries/s under the pipeline kernel ({:.0} ms)", r.pipeline_wall_ms),
         None => println!("idle transitions:   no cpuidle counters on this machine"),
+    }
+    if let Some(f) = r.c_waiter_cpu_idle_fraction {
+        println!("waiter CPU idle:    {:.0}% of the time during C", f * 100.0);
     }
     let ratio = r.c_over_b.map_or_else(|| "not measured".into(), |x| format!("C/B = {x:.2}"));
     println!("exposure:           {:?} ({ratio}; high >= {HIGH_RATIO}, moderate >= {MODERATE_RATIO})", r.exposure);

@@ -134,18 +134,18 @@ pub fn available_cpus() -> usize {
 }
 
 impl WorkloadParams {
-    /// The default size: about 1-3 s on a 2-CPU VM (pipeline about 2-3 s, so that
-    /// `gleaner compare` can do 5 + 5 runs in about a minute).
+    /// The default size: about 1-3 s on an otherwise idle 2-vCPU VM (pipeline about 2 s, so
+    /// that `gleaner compare` can do 5 + 5 runs in about a minute; longer under other load).
     pub fn default_for(w: Workload) -> WorkloadParams {
         let cpus = available_cpus();
         let (threads, work_us, items) = match w {
-            Workload::Pipeline => (cpus, 10.0, 60_000),
+            Workload::Pipeline => (cpus, 10.0, 100_000),
             Workload::Barrier => (cpus, 50.0, 15_000),
-            Workload::Condvar => (cpus.max(2), 10.0, 60_000),
-            Workload::Mutex => (cpus.max(2) * 2, 5.0, 200_000),
-            Workload::SpinBarrier => (cpus, 50.0, 10_000),
-            Workload::Matmul => (cpus, 0.0, 6_000),
-            Workload::Freqsleep => (cpus, 0.0, 30_000),
+            Workload::Condvar => (cpus.max(2), 10.0, 150_000),
+            Workload::Mutex => (cpus.max(2) * 2, 5.0, 400_000),
+            Workload::SpinBarrier => (cpus, 50.0, 4_000),
+            Workload::Matmul => (cpus, 0.0, 15_000),
+            Workload::Freqsleep => (cpus, 0.0, 45_000),
         };
         WorkloadParams { threads, work_us, items, iters_per_us: None, fault: None, stall_timeout_ms: None }
     }
