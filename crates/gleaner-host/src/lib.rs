@@ -540,6 +540,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let mut next = Instant::now();
     let mut current = Plan::default();
     let mut last_diff = PlanDiff::default();
+    let mut pending: Option<Plan> = None;
     let (mut periods, mut applied) = (0u64, 0u64);
     let result: anyhow::Result<()> = (|| {
         engine.step()?; // baseline
@@ -566,7 +567,15 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
                     last_diff = diff;
                     break;
                 }
-                if !diff.is_empty() {
+                // A changed plan is applied when two consecutive decisions agree (or it is the
+                // first): vCPUs whose type flaps between windows do not migrate every window.
+                let confirmed = current.pools.is_empty() || pending.as_ref() == Some(&new);
+                if diff.is_empty() {
+                    pending = None;
+                } else if !confirmed {
+                    pending = Some(new);
+                } else {
+                    pending = None;
                     if let Some(act) = actuator.as_mut() {
                         act.apply(&new, &placements(&new, &engine.vms))?;
                     }
