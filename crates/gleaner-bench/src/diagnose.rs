@@ -84,6 +84,9 @@ pub struct DiagnoseReport {
     pub pipeline_idle_entries_per_s: Option<f64>,
     pub pipeline_wall_ms: f64,
     pub exposure: Exposure,
+    /// False when other load kept the waiter's CPU from idling during C (the ratio then
+    /// understates the exposure).
+    pub verdict_reliable: bool,
     pub recommendations: Vec<String>,
 }
 
@@ -204,6 +207,7 @@ pub fn diagnose(rounds: u32) -> anyhow::Result<DiagnoseReport> {
         pipeline_idle_entries_per_s: m.idle_entries_per_s,
         pipeline_wall_ms: m.wall_ns as f64 / 1e6,
         exposure: Exposure::Low,
+        verdict_reliable: c_idle.is_none_or(|f| f >= 0.5),
         recommendations: Vec::new(),
     };
     r.exposure = exposure(r.c_over_b, r.virtualized);
@@ -251,7 +255,8 @@ fn print(r: &DiagnoseReport) {
         println!("waiter CPU idle:    {:.0}% of the time during C", f * 100.0);
     }
     let ratio = r.c_over_b.map_or_else(|| "not measured".into(), |x| format!("C/B = {x:.2}"));
-    println!("exposure:           {:?} ({ratio}; high >= {HIGH_RATIO}, moderate >= {MODERATE_RATIO})", r.exposure);
+    let caveat = if r.verdict_reliable { "" } else { "; UNRELIABLE: measured under other load" };
+    println!("exposure:           {:?} ({ratio}; high >= {HIGH_RATIO}, moderate >= {MODERATE_RATIO}{caveat})", r.exposure);
     for rec in &r.recommendations {
         println!("- {rec}");
     }
