@@ -108,6 +108,10 @@ pub struct MonitorArgs {
     /// paper's quanta.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Hysteresis in cursor points: a vCPU keeps its type until another cursor average beats
+    /// it by more than this (0 = the paper's rule).
+    #[arg(long, default_value_t = 10.0)]
+    pub hysteresis_points: f64,
 }
 
 impl MonitorArgs {
@@ -117,6 +121,9 @@ impl MonitorArgs {
         }
         if !(1..=1000).contains(&self.window) {
             return Err(BadInput::new("--window", self.window, "1..=1000").into());
+        }
+        if !(0.0..=100.0).contains(&self.hysteresis_points) {
+            return Err(BadInput::new("--hysteresis-points", self.hysteresis_points, "0..=100").into());
         }
         Ok(())
     }
@@ -280,14 +287,14 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(filter: VmFilter, window: usize, limits: aql::Limits) -> anyhow::Result<Self> {
+    fn new(filter: VmFilter, window: usize, limits: aql::Limits, hysteresis: f64) -> anyhow::Result<Self> {
         let procfs = Procfs::new();
         let vms = find_vms(&procfs, &filter)?;
         Ok(Self {
             monitor: Monitor::new(procfs.clone(), ProcExtra::new()),
             procfs,
             filter,
-            recognizer: TypeRecognizer::new(window, limits),
+            recognizer: TypeRecognizer::new(window, limits).with_hysteresis(hysteresis),
             vms,
             last: BTreeMap::new(),
             vm_io: Vec::new(),
@@ -394,7 +401,7 @@ fn fmt_class(c: &Option<Classification>) -> String {
 fn cmd_classify(a: ClassifyArgs) -> anyhow::Result<ExitCode> {
     a.monitor.validate()?;
     let cfg = HostConfig::load(a.monitor.config.as_deref())?;
-    let mut e = Engine::new(a.monitor.filter.clone(), a.monitor.window, cfg.config.limits)?;
+    let mut e = Engine::new(a.monitor.filter.clone(), a.monitor.window, cfg.config.limits, a.monitor.hysteresis_points)?;
     let stop = AtomicBool::new(false);
     let period = Duration::from_millis(a.monitor.period_ms);
     // One baseline sample plus `window` periods.
@@ -521,7 +528,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let cfg = HostConfig::load(a.monitor.config.as_deref())?;
     let quanta = cfg.config.quanta;
     let topo = topology(a.cpus.as_deref(), a.reserve_cpus.as_deref(), &CpuTopo::new(), &Sysfs::new())?;
-    let mut engine = Engine::new(a.monitor.filter.clone(), a.monitor.window, cfg.config.limits)?;
+    let mut engine = Engine::new(a.monitor.filter.clone(), a.monitor.window, cfg.config.limits, a.monitor.hysteresis_points)?;
     let metrics = metrics::Metrics::new();
     if let Some(addr) = metrics_addr {
         let local = metrics.serve(addr)?;

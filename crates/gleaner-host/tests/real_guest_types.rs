@@ -144,6 +144,7 @@ fn io_guest_and_cpu_guest_get_their_pools() {
                 period_ms: 30,
                 window: 4,
                 config: Some(write_paper_config(d.path())),
+                hysteresis_points: 10.0,
             },
             dry_run: false,
             duration_s: Some(20.0),

@@ -249,7 +249,7 @@ fn discover_classify_apply_restore() {
 fn run_args(vm: &str, state: &Path, duration_s: Option<f64>, dry_run: bool, exit_when_no_vms: bool) -> HostArgs {
     HostArgs {
         command: HostCommand::Run(RunArgs {
-            monitor: MonitorArgs { filter: VmFilter { vms: vec![vm.to_string()] }, period_ms: 30, window: 4, config: None },
+            monitor: MonitorArgs { filter: VmFilter { vms: vec![vm.to_string()] }, period_ms: 30, window: 4, config: None, hysteresis_points: 10.0 },
             dry_run,
             duration_s,
             exit_when_no_vms,

@@ -32,6 +32,10 @@
 //! assert_eq!(changes.pools_added.len(), 1);
 //! ```
 //!
+//! `TypeRecognizer::with_hysteresis(points)` (not in the paper, off by default) keeps a vCPU's
+//! class until another cursor beats it by more than `points`: the host agent uses it so that a
+//! vCPU near a boundary does not migrate between pools every window.
+//!
 //! # Missing sources
 //!
 //! A counter that cannot be read on a host (no hardware LLC counters, no KVM statistics for a

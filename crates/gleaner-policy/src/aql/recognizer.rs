@@ -34,6 +34,8 @@ pub struct Classification {
 struct History {
     window: VecDeque<Cursors>,
     missing: VecDeque<Vec<Source>>,
+    /// The class given at the last [`TypeRecognizer::observe`] (for hysteresis).
+    class: Option<VcpuClass>,
 }
 
 /// Per-vCPU sliding windows of cursors (the paper's 5 x n matrix per vCPU).
@@ -41,7 +43,25 @@ struct History {
 pub struct TypeRecognizer {
     window: usize,
     limits: Limits,
+    margin: f64,
     hist: BTreeMap<VcpuId, History>,
+}
+
+/// Window averages of each cursor over the periods that had it.
+fn averages(h: &History) -> Averages {
+    let avg = |f: &dyn Fn(&Cursors) -> Option<f64>| {
+        let v: Vec<f64> = h.window.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    };
+    let cache = match (
+        avg(&|c| c.cache.map(|k| k.lolcf)),
+        avg(&|c| c.cache.map(|k| k.llcf)),
+        avg(&|c| c.cache.map(|k| k.llco)),
+    ) {
+        (Some(lolcf), Some(llcf), Some(llco)) => Some(CacheCursors { lolcf, llcf, llco }),
+        _ => None,
+    };
+    Averages { io_int: avg(&|c| c.io_int), con_spin: avg(&|c| c.con_spin), cache }
 }
 
 /// The largest of the three cache cursors is at least this (they sum to 100).
@@ -50,7 +70,14 @@ const CACHE_MAX_LOWER_BOUND: f64 = 100.0 / 3.0;
 impl TypeRecognizer {
     /// `window` periods per decision (the paper's n = 4); at least 1.
     pub fn new(window: usize, limits: Limits) -> Self {
-        Self { window: window.max(1), limits, hist: BTreeMap::new() }
+        Self { window: window.max(1), limits, margin: 0.0, hist: BTreeMap::new() }
+    }
+
+    /// Hysteresis (not in the paper; default 0 = the paper's rule): a vCPU keeps its class
+    /// until another cursor average beats its own by more than `points`.
+    pub fn with_hysteresis(mut self, points: f64) -> Self {
+        self.margin = points.max(0.0);
+        self
     }
 
     /// The window length.
@@ -73,6 +100,8 @@ impl TypeRecognizer {
             h.window.pop_front();
             h.missing.pop_front();
         }
+        let a = averages(h);
+        h.class = Some(decide(&a, h.class, self.margin));
         c
     }
 
@@ -94,24 +123,11 @@ impl TypeRecognizer {
     /// The verdict for `id` from its window, `None` if it was never observed.
     pub fn classify(&self, id: VcpuId) -> Option<Classification> {
         let h = self.hist.get(&id)?;
-        let avg = |f: &dyn Fn(&Cursors) -> Option<f64>| {
-            let v: Vec<f64> = h.window.iter().filter_map(f).collect();
-            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-        };
-        let io_int = avg(&|c| c.io_int);
-        let con_spin = avg(&|c| c.con_spin);
-        let cache = match (
-            avg(&|c| c.cache.map(|k| k.lolcf)),
-            avg(&|c| c.cache.map(|k| k.llcf)),
-            avg(&|c| c.cache.map(|k| k.llco)),
-        ) {
-            (Some(lolcf), Some(llcf), Some(llco)) => Some(CacheCursors { lolcf, llcf, llco }),
-            _ => None,
-        };
-        let averages = Averages { io_int, con_spin, cache };
+        let averages = averages(h);
+        let cache = averages.cache;
         let missing: BTreeSet<Source> = h.missing.iter().flatten().copied().collect();
         Some(Classification {
-            class: decide(&averages),
+            class: h.class.unwrap_or(VcpuClass::Unknown),
             trashing: cache.is_some_and(|k| k.llco > k.llcf && k.llco > k.lolcf),
             averages,
             periods: h.window.len(),
@@ -120,33 +136,43 @@ impl TypeRecognizer {
     }
 }
 
-/// The highest average cursor wins; ties go to the earlier in the paper's order (IOInt,
-/// ConSpin, LLCF, LoLCF, LLCO). Unknown cache cursors count as `CpuBurn` at their lower bound.
-fn decide(a: &Averages) -> VcpuClass {
-    let mut best: Option<(VcpuClass, f64)> = None;
-    let mut consider = |class: VcpuClass, v: Option<f64>| {
-        if let Some(v) = v {
-            if best.is_none_or(|(_, b)| v > b) {
-                best = Some((class, v));
-            }
-        }
-    };
-    consider(VcpuClass::IoInt, a.io_int);
-    consider(VcpuClass::ConSpin, a.con_spin);
-    match a.cache {
-        Some(k) => {
-            consider(VcpuClass::Llcf, Some(k.llcf));
-            consider(VcpuClass::Lolcf, Some(k.lolcf));
-            consider(VcpuClass::Llco, Some(k.llco));
-        }
-        None if a.io_int.is_some() || a.con_spin.is_some() => {
-            // Strictly above the bound to be IOInt/ConSpin: a tie means "not shown".
-            let top = a.io_int.unwrap_or(0.0).max(a.con_spin.unwrap_or(0.0));
-            if top <= CACHE_MAX_LOWER_BOUND {
-                return VcpuClass::CpuBurn;
-            }
-        }
-        None => {}
+/// The candidate classes and their window averages, in tie-break order: the paper's order
+/// (IOInt, ConSpin, LLCF, LoLCF, LLCO); when the cache cursors are unknown, `CpuBurn` at their
+/// lower bound 100/3 comes first (a tie means "not shown to be IOInt/ConSpin").
+fn candidates(a: &Averages) -> Vec<(VcpuClass, f64)> {
+    let mut c = Vec::new();
+    if a.cache.is_none() && (a.io_int.is_some() || a.con_spin.is_some()) {
+        c.push((VcpuClass::CpuBurn, CACHE_MAX_LOWER_BOUND));
     }
-    best.map_or(VcpuClass::Unknown, |(c, _)| c)
+    if let Some(v) = a.io_int {
+        c.push((VcpuClass::IoInt, v));
+    }
+    if let Some(v) = a.con_spin {
+        c.push((VcpuClass::ConSpin, v));
+    }
+    if let Some(k) = a.cache {
+        c.extend([(VcpuClass::Llcf, k.llcf), (VcpuClass::Lolcf, k.lolcf), (VcpuClass::Llco, k.llco)]);
+    }
+    c
+}
+
+/// The highest average cursor wins (first in [`candidates`] order on ties). With a previous
+/// class and a `margin` > 0, the previous class is kept unless the winner beats it by more
+/// than `margin` points (hysteresis).
+fn decide(a: &Averages, previous: Option<VcpuClass>, margin: f64) -> VcpuClass {
+    let c = candidates(a);
+    let Some(&(best, top)) = c.iter().fold(None, |acc: Option<&(VcpuClass, f64)>, x| match acc {
+        Some(b) if x.1 <= b.1 => Some(b),
+        _ => Some(x),
+    }) else {
+        return VcpuClass::Unknown;
+    };
+    if let Some(prev) = previous.filter(|_| margin > 0.0) {
+        if let Some(&(_, pv)) = c.iter().find(|x| x.0 == prev) {
+            if top <= pv + margin {
+                return prev;
+            }
+        }
+    }
+    best
 }

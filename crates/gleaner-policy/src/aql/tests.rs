@@ -136,6 +136,32 @@ fn without_llc_counters_classify_from_what_exists() {
     assert_eq!(r.classify(nothing).unwrap().class, VcpuClass::Unknown);
 }
 
+#[test]
+fn hysteresis_keeps_the_class_near_the_boundary() {
+    let id = VcpuId { vm: 1, vcpu: 0 };
+    let io = |n| VcpuCounters { period_ns: P30, io_events: Some(n), ..Default::default() };
+    // 120 I/O per 30 ms = 40 (IOInt), 90 per 30 ms = 30 (CpuBurn: below 100/3).
+    let mut plain = TypeRecognizer::new(1, Limits::default());
+    let mut damped = TypeRecognizer::new(1, Limits::default()).with_hysteresis(10.0);
+    let mut flips = (0, 0);
+    let mut last = (None, None);
+    for i in 0..20 {
+        let c = io(if i % 2 == 0 { 120 } else { 90 });
+        plain.observe(id, &c);
+        damped.observe(id, &c);
+        let (p, d) = (plain.classify(id).unwrap().class, damped.classify(id).unwrap().class);
+        flips.0 += usize::from(last.0.is_some_and(|x| x != p));
+        flips.1 += usize::from(last.1.is_some_and(|x| x != d));
+        last = (Some(p), Some(d));
+    }
+    assert_eq!(flips, (19, 0));
+    // A clear change still goes through: 300 per 30 ms = 100.
+    damped.observe(id, &io(0));
+    assert_eq!(damped.classify(id).unwrap().class, VcpuClass::CpuBurn);
+    damped.observe(id, &io(300));
+    assert_eq!(damped.classify(id).unwrap().class, VcpuClass::IoInt);
+}
+
 fn vcpus(vm: u64, n: u32, class: VcpuClass, trashing: bool) -> Vec<VcpuInfo> {
     (0..n).map(|i| VcpuInfo::new(VcpuId { vm, vcpu: i }, class, trashing)).collect()
 }
