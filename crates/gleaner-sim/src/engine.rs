@@ -867,7 +867,7 @@ impl Engine {
         if halt_ns <= cur {
             // woke up during the poll: keep the window
         } else if cur > 0 && halt_ns > hp.max_ns {
-            vc.kvm_poll_ns = if hp.shrink == 0 { 0 } else { cur / hp.shrink };
+            vc.kvm_poll_ns = cur.checked_div(hp.shrink).unwrap_or(0);
         } else if cur < hp.max_ns && halt_ns < hp.max_ns {
             let mut val = cur.saturating_mul(hp.grow);
             if val < hp.grow_start {

@@ -310,7 +310,7 @@ impl Engine {
             }
             vc.guest_poll_limit = val.min(hp.guest_halt_poll_ns);
         } else if block > hp.guest_halt_poll_ns {
-            vc.guest_poll_limit = if hp.guest_halt_poll_shrink == 0 { 0 } else { limit / hp.guest_halt_poll_shrink };
+            vc.guest_poll_limit = limit.checked_div(hp.guest_halt_poll_shrink).unwrap_or(0);
         }
     }
 

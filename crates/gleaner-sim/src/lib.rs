@@ -17,6 +17,11 @@
 //! built-ins), [`scenario`] (files, validation), [`runner`] (runs, report), [`stats`].
 //! See docs/sim.md for the model and its fidelity.
 
+// Entity indices (pCPUs, vCPUs, threads, sync objects) are u32 by design and bounded by scenario
+// validation (<= 4096 CPUs, <= 2^20 threads per group); f64 -> u64 casts are of validated,
+// finite, non-negative durations (and `as` saturates).
+#![allow(clippy::cast_possible_truncation)]
+
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
