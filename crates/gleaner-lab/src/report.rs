@@ -51,7 +51,7 @@ pub fn main_table(r: &LabResults) -> String {
     );
     for s in &r.summary {
         let vc = if s.host_vcpu_s.is_empty() { "-".into() } else { s.host_vcpu_s.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / ") };
-        let who = if s.mode == "native" { "native (host)".to_string() } else { format!("VM {}", s.instance) };
+        let who = if s.mode == "native" { format!("{} (host)", s.instance) } else { format!("VM {}", s.instance) };
         let _ = writeln!(
             t,
             "| {who} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {vc} | {} | {} | {} | {} | {} |",

@@ -97,7 +97,8 @@ impl Session {
                 if let Some(f) = &st.failed {
                     return Err(LabError::GuestFailed { guest: self.guests[n].name.clone(), what: format!("guest init failed: {f}"), console: self.guests[n].console_tail(25) });
                 }
-                if st.exited && !cond(self) {
+                // A guest that finished its job powers off: only an exit before DONE is a failure.
+                if st.exited && st.done.is_none() {
                     return Err(LabError::GuestFailed { guest: self.guests[n].name.clone(), what: format!("QEMU exited before {what}"), console: self.guests[n].console_tail(25) });
                 }
             }

@@ -113,3 +113,18 @@ fn interrupt_kills_all_guests_and_removes_temp_dirs() {
         assert!(no_process_mentions(tmp));
     }
 }
+
+/// Regression (oc2): a guest that finishes its job and powers off first is not a failure while
+/// the session waits for the other guest.
+#[test]
+#[serial_test::serial(host)]
+fn guest_finishing_first_is_not_a_failure() {
+    let k = kernel();
+    let mut s = Session::new(k, busybox());
+    let a = s.start(&GuestSpec::new("lab-test-first-a").vcpus(1).memory_mib(256).job("step quick true\n")).unwrap();
+    let b = s.start(&GuestSpec::new("lab-test-first-b").vcpus(1).memory_mib(256).job("step slow sleep 4\n")).unwrap();
+    s.drive(Instant::now() + Duration::from_secs(90), "both jobs", &[a, b], &|s| s.states.iter().all(|x| x.done.is_some()), &mut |_| {})
+        .expect("both guests finish");
+    assert!(s.states[a].steps[0].0.rc == 0 && s.states[b].steps[0].0.rc == 0);
+    assert!(s.states[b].steps[0].0.end_s - s.states[b].steps[0].0.begin_s >= 3.5);
+}
