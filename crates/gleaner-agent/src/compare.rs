@@ -25,7 +25,8 @@ pub struct CompareArgs {
     pub json: bool,
     #[command(flatten)]
     pub flags: AgentFlags,
-    /// Command to measure instead of the built-in pipeline workload.
+    /// Command to measure instead of the built-in pipeline workload. Its output is captured
+    /// and shown only if it fails.
     #[arg(last = true, value_name = "CMD")]
     pub cmd: Vec<String>,
 }
@@ -40,6 +41,8 @@ pub struct Sample {
     pub nivcsw: u64,
     pub idle_entries: Option<u64>,
     pub agent_cpu_ns: Option<u64>,
+    /// Peak resident memory of the agent process (KiB) after the run.
+    pub agent_maxrss_kib: Option<u64>,
     pub decisions: Option<u64>,
     pub exit_code: i32,
 }
@@ -63,6 +66,8 @@ pub struct CompareReport {
     pub stock_idle_entries: Option<Summary>,
     pub gleaner_idle_entries: Option<Summary>,
     pub gleaner_agent_cpu_s: Option<Summary>,
+    /// Peak resident memory of the agent (MiB).
+    pub agent_maxrss_mib: Option<f64>,
 }
 
 pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
@@ -89,8 +94,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     let out_dir = tempfile::tempdir().context("creating a temp dir for workload output")?;
     let opts = RunOptions {
         quiet: true,
-        stdout_to: builtin.then(|| out_dir.path().join("out.json")),
-        stderr_to: builtin.then(|| out_dir.path().join("err.txt")),
+        stdout_to: Some(out_dir.path().join("out.txt")),
+        stderr_to: Some(out_dir.path().join("err.txt")),
         status_socket: false,
     };
     let total = args.runs * 2;
@@ -152,6 +157,7 @@ fn run_stock(command: &[String], cpus: &CpuSet, sysfs: &Sysfs, opts: &RunOptions
         nivcsw: ru.nivcsw,
         idle_entries: idle0.zip(idle1).map(|(a, b)| b.saturating_sub(a)),
         agent_cpu_ns: None,
+        agent_maxrss_kib: None,
         decisions: None,
         exit_code: code,
     })
@@ -172,6 +178,7 @@ fn run_gleaner(command: &[String], cfg: &crate::config::AgentConfig, cpus: &CpuS
         nivcsw: ru.nivcsw,
         idle_entries: idle0.zip(idle1).map(|(a, b)| b.saturating_sub(a)),
         agent_cpu_ns: Some((after.user_ns + after.sys_ns).saturating_sub(before.user_ns + before.sys_ns)),
+        agent_maxrss_kib: Some(after.maxrss_kib),
         decisions: Some(out.decisions),
         exit_code: out.exit_code.unwrap_or(1),
     })
@@ -202,6 +209,7 @@ fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config
         stock_idle_entries: idle("stock"),
         gleaner_idle_entries: idle("gleaner"),
         gleaner_agent_cpu_s: Summary::of(&pick("gleaner", &|s| s.agent_cpu_ns.map(secs))).ok(),
+        agent_maxrss_mib: samples.iter().filter_map(|s| s.agent_maxrss_kib).max().map(|k| k as f64 / 1024.0),
         samples,
     }
 }
@@ -232,6 +240,9 @@ fn print_table(r: &CompareReport) {
     row("workload CPU time (s)", Some(r.stock_cpu_s), Some(r.gleaner_cpu_s), 3);
     row("vCPU idle entries", r.stock_idle_entries, r.gleaner_idle_entries, 0);
     row("agent CPU time (s)", None, r.gleaner_agent_cpu_s, 3);
+    if let Some(m) = r.agent_maxrss_mib {
+        println!("  {:<22} {:>26} {:>26}", "agent peak RSS (MiB)", "-", format!("{m:.1}"));
+    }
     let verdict = if r.speedup >= 1.0 { "faster" } else { "slower" };
     println!("  speedup (stock median / gleaner median wall time): {:.2}x ({verdict} under Gleaner)", r.speedup);
 }
