@@ -807,6 +807,7 @@ impl Engine {
             let cache = &self.vms[vc.vm as usize].cache;
             oh += (cache.wss_kb * cache.refill_ns_per_kb) as u64;
             vc.c.llc_misses += cache.wss_kb * 16.0;
+            vc.c.llc_refs += cache.wss_kb * 16.0; // a refill miss is also a reference
         }
         vc.overhead += oh;
         vc.host = Host::Running(p);

@@ -106,6 +106,11 @@ fn aql_host_policy_runs_and_changes_slices() {
     let aql = r.cases[0].variants.iter().find(|v| v.name == "aql").expect("aql variant");
     assert!(aql.host_plans > 0, "AQL applied plans");
     assert!(aql.vms[0].finished);
+    // Regression: the spin-barrier VM was typed LoLCF, put in the 90 ms pool with the hog and
+    // ran 27x slower than with the fixed slice. Typed ConSpin it gets a 1 ms pool of its own.
+    let stock = r.cases[0].variants.iter().find(|v| v.name == "stock").expect("stock variant");
+    let (a, s) = (aql.vms[0].wall_ns as f64, stock.vms[0].wall_ns as f64);
+    assert!(a < s / 1.5, "AQL spin VM {a} ns should beat the fixed slice {s} ns by 1.5x");
 }
 
 fn bad(text: &str) -> gleaner_os::BadInput {
