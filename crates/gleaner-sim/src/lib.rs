@@ -50,6 +50,7 @@ pub const SCENARIOS: &[(&str, &str, &str)] = &[
     ("fig7", "Figure 7: Gleaner on an oversubscribed host (app VM + matmul VM)", include_str!("../scenarios/fig7.toml")),
     ("idle-policies", "stock vs halt polling off/on vs guest haltpoll vs idle=poll vs Gleaner on dedup", include_str!("../scenarios/idle-policies.toml")),
     ("aql", "AQL_Sched vs a fixed slice: spin barriers next to an LLC-friendly hog", include_str!("../scenarios/aql.toml")),
+    ("aql-fig6", "AQL_Sched Figure 6: per-type performance vs a fixed 30 ms slice, 16 vCPUs on 4 pCPUs", include_str!("../scenarios/aql-fig6.toml")),
     ("scale", "64 pCPUs, 4 VMs x 64 vCPUs x 256 pipeline threads, 1 simulated second", include_str!("../scenarios/scale.toml")),
 ];
 
