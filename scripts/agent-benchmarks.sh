@@ -21,7 +21,7 @@ import json, sys, os
 d = sys.argv[1]
 def load(name):
     j = json.load(open(os.path.join(d, name)))
-    rs = j["results"] if isinstance(j, dict) and "results" in j else j
+    rs = j["settings"]
     return {r["setting"]: r for r in rs}
 s, r, g = load("wakeup-stock.json"), load("wakeup-retention.json"), load("wakeup-gleaner.json")
 print(f"{'':28} {'p50 us':>8} {'mean us':>8} {'p99 us':>8}")

@@ -17,7 +17,7 @@
 //!             |  |  | g_comp x2 or /2) => ResetAll               |      |
 //!             |  |  +--------------------------------------------+      |
 //!             |  +--- next period: utilization kept => accept ---------+ |
-//!             +------ utilization dropped or a vCPU saturated =>          |
+//!             +------ utilization and sync rate dropped, or a vCPU >90% =>   |
 //!                     Restore(cpu) and lower eta (saturated) or rho ------+
 //! ```
 //!
@@ -199,6 +199,8 @@ pub struct Metrics {
     pub s_yield: u64,
     /// Workload context switches (`S_work`).
     pub s_work: u64,
+    /// Workload synchronization rate, `S_work` per second: the controller's progress proxy.
+    pub sync_rate: f64,
 }
 
 impl Metrics {
@@ -222,6 +224,7 @@ impl Metrics {
             eta,
             s_yield,
             s_work: s.s_work,
+            sync_rate: s.s_work as f64 * 1e9 / period,
         }
     }
 }
@@ -289,8 +292,13 @@ impl Controller {
         let mut out = Vec::new();
         match std::mem::replace(&mut self.phase, Phase::Unsettled) {
             Phase::Probing { cpu, before } => {
+                // A utilization drop is a slowdown only if the workload's progress (its
+                // synchronization rate) dropped too: a time-paced workload uses less CPU once
+                // its wakeups stop crossing vCPUs, which is the point of consolidating.
+                let keep = 1.0 - self.params.rollback_drop;
                 let dropped = before.util >= self.params.min_util
-                    && m.util < before.util * (1.0 - self.params.rollback_drop);
+                    && m.util < before.util * keep
+                    && (before.sync_rate == 0.0 || m.sync_rate < before.sync_rate * keep);
                 // A vCPU pushed past the major-change threshold is overloaded (the paper's
                 // "100%"): keeping the set would only trigger a reset next period.
                 let saturated = m.max_vcpu_util > self.params.busy_threshold;
