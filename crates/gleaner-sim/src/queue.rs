@@ -68,54 +68,63 @@ pub struct EventQueue {
 }
 
 /// A binary min-heap of at most one `(time, seq)` per key, with in-place update and removal.
+///
+/// `(time, seq)` is packed into one `u128` (time in the high half) so an order test is one
+/// comparison, and sifting moves a hole instead of swapping (one store per level).
 #[derive(Debug, Default)]
 struct IndexedHeap {
-    /// (time, seq, key)
-    heap: Vec<(Ns, u64, u32)>,
+    /// (time << 64 | seq, key)
+    heap: Vec<(u128, u32)>,
     /// Position of each key in `heap`, `u32::MAX` if absent.
     pos: Vec<u32>,
 }
 
+#[inline]
+fn pack(time: Ns, seq: u64) -> u128 {
+    (u128::from(time) << 64) | u128::from(seq)
+}
+
 impl IndexedHeap {
-    fn less(a: &(Ns, u64, u32), b: &(Ns, u64, u32)) -> bool {
-        (a.0, a.1) < (b.0, b.1)
-    }
-
-    fn swap(&mut self, i: usize, j: usize) {
-        self.heap.swap(i, j);
-        self.pos[self.heap[i].2 as usize] = i as u32;
-        self.pos[self.heap[j].2 as usize] = j as u32;
-    }
-
-    fn up(&mut self, mut i: usize) {
+    /// Moves `item` up from the hole at `i` to its place.
+    #[inline]
+    fn up(&mut self, mut i: usize, item: (u128, u32)) {
         while i > 0 {
             let parent = (i - 1) / 2;
-            if Self::less(&self.heap[i], &self.heap[parent]) {
-                self.swap(i, parent);
+            let pe = self.heap[parent];
+            if item.0 < pe.0 {
+                self.heap[i] = pe;
+                self.pos[pe.1 as usize] = i as u32;
                 i = parent;
             } else {
                 break;
             }
         }
+        self.heap[i] = item;
+        self.pos[item.1 as usize] = i as u32;
     }
 
-    fn down(&mut self, mut i: usize) {
+    /// Moves `item` down from the hole at `i` to its place.
+    #[inline]
+    fn down(&mut self, mut i: usize, item: (u128, u32)) {
         let n = self.heap.len();
         loop {
-            let (l, r) = (2 * i + 1, 2 * i + 2);
-            let mut m = i;
-            if l < n && Self::less(&self.heap[l], &self.heap[m]) {
-                m = l;
-            }
-            if r < n && Self::less(&self.heap[r], &self.heap[m]) {
-                m = r;
-            }
-            if m == i {
+            let l = 2 * i + 1;
+            if l >= n {
                 break;
             }
-            self.swap(i, m);
-            i = m;
+            let r = l + 1;
+            let c = if r < n && self.heap[r].0 < self.heap[l].0 { r } else { l };
+            let ce = self.heap[c];
+            if ce.0 < item.0 {
+                self.heap[i] = ce;
+                self.pos[ce.1 as usize] = i as u32;
+                i = c;
+            } else {
+                break;
+            }
         }
+        self.heap[i] = item;
+        self.pos[item.1 as usize] = i as u32;
     }
 
     fn set(&mut self, key: u32, time: Ns, seq: u64) {
@@ -123,20 +132,18 @@ impl IndexedHeap {
         if k >= self.pos.len() {
             self.pos.resize(k + 1, u32::MAX);
         }
+        let item = (pack(time, seq), key);
         let p = self.pos[k];
         if p == u32::MAX {
-            self.heap.push((time, seq, key));
+            self.heap.push(item);
             let i = self.heap.len() - 1;
-            self.pos[k] = i as u32;
-            self.up(i);
+            self.up(i, item);
         } else {
             let i = p as usize;
-            let later = Self::less(&self.heap[i], &(time, seq, key));
-            self.heap[i] = (time, seq, key);
-            if later {
-                self.down(i);
+            if self.heap[i].0 < item.0 {
+                self.down(i, item);
             } else {
-                self.up(i);
+                self.up(i, item);
             }
         }
     }
@@ -148,20 +155,22 @@ impl IndexedHeap {
             return;
         }
         let i = p as usize;
-        let last = self.heap.len() - 1;
-        if i != last {
-            self.swap(i, last);
-        }
-        self.heap.pop();
         self.pos[k] = u32::MAX;
+        let last = self.heap.pop().expect("a present key is in the heap");
         if i < self.heap.len() {
-            self.up(i);
-            self.down(i);
+            // Put the former last element in the hole at i, sifting whichever way it must go.
+            if i > 0 && last.0 < self.heap[(i - 1) / 2].0 {
+                self.up(i, last);
+            } else {
+                self.down(i, last);
+            }
         }
     }
 
-    fn peek(&self) -> Option<&(Ns, u64, u32)> {
-        self.heap.first()
+    /// The earliest `(time, seq, key)`.
+    #[inline]
+    fn peek(&self) -> Option<(Ns, u64, u32)> {
+        self.heap.first().map(|&(k, key)| ((k >> 64) as Ns, k as u64, key))
     }
 
     fn len(&self) -> usize {
@@ -208,7 +217,7 @@ impl EventQueue {
         if slot_first {
             // The slot stays: the handler of a pCPU event always moves or cancels it
             // (`set_pcpu`/`cancel_pcpu`), which saves a removal and a re-insertion.
-            self.slots.peek().map(|&(t, _, p)| (t, Ev::Pcpu { p, gen: 0 }))
+            self.slots.peek().map(|(t, _, p)| (t, Ev::Pcpu { p, gen: 0 }))
         } else {
             self.heap.pop().map(|e| (e.time, e.ev))
         }
