@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::discover::Vm;
 use crate::extra::ProcExtra;
 use crate::perf::LlcCounters;
-use crate::qmp::Qmp;
+use crate::qmp::{Qmp, VcpuQueries};
 
 /// KVM statistics counted as spin events if a kernel exposes one.
 const SPIN_STATS: [&str; 2] = ["pause_exits", "ple_exits"];
@@ -116,7 +116,7 @@ impl Monitor {
         let st = self.vms.entry(vm.pid).or_insert_with(|| VmState { qmp: None, qmp_threads: BTreeMap::new(), qmp_error: None });
         let Some(sock) = &vm.qmp_socket else { return BTreeMap::new() };
         if st.qmp.is_none() && st.qmp_error.is_none() {
-            match Qmp::connect(sock).and_then(|mut q| q.cpu_threads().map(|t| (q, t))) {
+            match Qmp::connect(sock, crate::qmp::TIMEOUT).and_then(|mut q| q.cpu_threads().map(|t| (q, t))) {
                 Ok((q, t)) => {
                     st.qmp = Some(q);
                     st.qmp_threads = t;

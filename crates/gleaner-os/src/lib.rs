@@ -48,6 +48,7 @@ pub mod cpuset;
 pub mod error;
 pub mod input;
 pub mod procfs;
+pub mod qmp;
 pub mod rusage;
 pub mod sched;
 pub mod sysfs;
