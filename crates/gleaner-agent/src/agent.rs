@@ -160,6 +160,7 @@ pub fn retention_config(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> Retent
         idle_threshold_ns: threshold_ns,
         timeout_ns,
         max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
+        step_aside_ns: cfg.step_aside_us * 1_000,
         ..RetentionConfig::default()
     }
 }
@@ -275,6 +276,16 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     outcome.wall_ns = duration_ns(start.elapsed());
     outcome.agent_cpu_ns = gleaner_os::rusage::self_rusage().map(|r| r.user_ns + r.sys_ns).unwrap_or(0);
     outcome.final_status = status.lock().map(|s| s.clone()).unwrap_or_default();
+    let f = &outcome.final_status;
+    info!(
+        "done: {} periods, {} decisions, {} yields, {} timeouts, {} step-asides, yielders {} ms CPU",
+        f.periods,
+        f.decisions,
+        f.yields,
+        f.timeouts,
+        f.step_asides,
+        f.yielder_cpu_ns / 1_000_000
+    );
     Ok(outcome)
 }
 
@@ -468,6 +479,7 @@ impl Session {
                 s.uptime_s = start.elapsed().as_secs_f64();
                 s.yields += extras.yields;
                 s.timeouts += extras.timeouts;
+                s.step_asides += extras.step_asides;
                 s.decisions += decisions.len() as u64;
                 s.yielder_cpu_ns += extras.yielder_run_ns;
                 s.threads = extras.threads;

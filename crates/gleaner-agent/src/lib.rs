@@ -35,6 +35,10 @@ pub struct AgentFlags {
     /// Do not change the workload's cpuset (measure retention alone).
     #[arg(long)]
     pub no_consolidation: bool,
+    /// Sleep (microseconds, 0..=1000) of a yielding thread that steps aside so the kernel can
+    /// pull a thread waiting on another vCPU; 0 never steps aside (see docs/agent.md).
+    #[arg(long, value_name = "US")]
+    pub step_aside_us: Option<u64>,
     /// Control period in milliseconds (10..=10000).
     #[arg(long, value_name = "MS")]
     pub period_ms: Option<u64>,
@@ -67,6 +71,9 @@ impl AgentFlags {
         }
         if self.no_consolidation {
             cfg.consolidation = false;
+        }
+        if let Some(v) = self.step_aside_us {
+            cfg.step_aside_us = v;
         }
         if let Some(v) = self.period_ms {
             cfg.period_ms = v;
@@ -234,8 +241,8 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
             m.util
         );
         println!(
-            "  yields {}  timeouts {}  retention timeout {} us  decisions {}",
-            r.yields, r.timeouts, r.timeout_us, r.decisions
+            "  yields {}  timeouts {}  step-asides {}  retention timeout {} us  decisions {}",
+            r.yields, r.timeouts, r.step_asides, r.timeout_us, r.decisions
         );
         for e in r.recent.iter().rev().take(8) {
             println!("  [{:>8} ms] {} -> CPUs {}", e.t_ms, e.event, e.active_cpus);

@@ -73,6 +73,9 @@ pub struct StatusReport {
     /// Totals since start.
     pub yields: u64,
     pub timeouts: u64,
+    /// Times a yielding thread stepped aside for a thread waiting on another vCPU.
+    #[serde(default)]
+    pub step_asides: u64,
     pub decisions: u64,
     /// CPU time of the yielding threads since start.
     pub yielder_cpu_ns: u64,
@@ -257,6 +260,7 @@ pub fn prometheus_text(s: &StatusReport) -> String {
     gauge(&mut reg, "retention_timeout_seconds", "Retention timeout", s.timeout_us as f64 / 1e6);
     counter(&mut reg, "yields", "sched_yield calls of the yielding threads", s.yields);
     counter(&mut reg, "timeouts", "Retention timeouts", s.timeouts);
+    counter(&mut reg, "step_asides", "Yielding threads stepping aside for a thread waiting on another vCPU", s.step_asides);
     counter(&mut reg, "decisions", "Controller decisions", s.decisions);
     counter(&mut reg, "periods", "Control periods", s.periods);
     gauge(&mut reg, "yielder_cpu_seconds", "CPU time of the yielding threads", s.yielder_cpu_ns as f64 / 1e9);

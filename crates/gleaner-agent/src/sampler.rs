@@ -38,6 +38,8 @@ pub struct PeriodExtras {
     pub timeouts: u64,
     /// Yield calls in the period.
     pub yields: u64,
+    /// Times a yielding thread stepped aside for a thread waiting on another vCPU.
+    pub step_asides: u64,
 }
 
 /// Samples the workload and the vCPUs once per period.
@@ -59,6 +61,7 @@ struct YielderPrev {
     idle_yield_ns: u64,
     timeouts: u64,
     yields: u64,
+    step_asides: u64,
 }
 
 impl Sampler {
@@ -131,6 +134,7 @@ impl Sampler {
                     idle_yield_ns: c.idle_yield_ns,
                     timeouts: c.timeouts,
                     yields: c.yields,
+                    step_asides: c.step_asides,
                 };
                 let prev = self.yielder.insert(slot.cpu, cur).unwrap_or(cur);
                 let d = YielderPrev {
@@ -139,10 +143,12 @@ impl Sampler {
                     idle_yield_ns: cur.idle_yield_ns.saturating_sub(prev.idle_yield_ns),
                     timeouts: cur.timeouts.saturating_sub(prev.timeouts),
                     yields: cur.yields.saturating_sub(prev.yields),
+                    step_asides: cur.step_asides.saturating_sub(prev.step_asides),
                 };
                 extras.yielder_run_ns += d.run_ns;
                 extras.timeouts += d.timeouts;
                 extras.yields += d.yields;
+                extras.step_asides += d.step_asides;
                 ydelta.insert(slot.cpu, d);
             }
         }

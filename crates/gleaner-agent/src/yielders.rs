@@ -4,7 +4,7 @@
 //! [`gleaner_policy::retention::IdleDetector`]; this module only runs the loop, publishes the
 //! detector's counters in atomics for the sampler, and parks threads of deactivated vCPUs.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -22,6 +22,7 @@ pub struct SlotCounters {
     pub idle_yield_ns: AtomicU64,
     pub timeouts: AtomicU64,
     pub sleep_ns: AtomicU64,
+    pub step_asides: AtomicU64,
 }
 
 impl SlotCounters {
@@ -31,6 +32,7 @@ impl SlotCounters {
         self.idle_yield_ns.store(c.idle_yield_ns, Ordering::Relaxed);
         self.timeouts.store(c.timeouts, Ordering::Relaxed);
         self.sleep_ns.store(c.sleep_ns, Ordering::Relaxed);
+        self.step_asides.store(c.step_asides, Ordering::Relaxed);
     }
 
     /// A consistent-enough copy (each field is monotonic).
@@ -41,6 +43,7 @@ impl SlotCounters {
             idle_yield_ns: self.idle_yield_ns.load(Ordering::Relaxed),
             timeouts: self.timeouts.load(Ordering::Relaxed),
             sleep_ns: self.sleep_ns.load(Ordering::Relaxed),
+            step_asides: self.step_asides.load(Ordering::Relaxed),
         }
     }
 }
@@ -58,6 +61,11 @@ pub struct Slot {
 #[derive(Debug, Default)]
 struct Shared {
     stop: AtomicBool,
+    /// Yielding threads that are runnable now (in the yield loop, not sleeping or parked):
+    /// subtracted from the kernel's runnable count to see the other threads.
+    runnable: AtomicU32,
+    /// Online CPUs: more other threads runnable than this minus one means one is waiting.
+    online_cpus: u32,
     /// Wakes parked threads (deactivated vCPUs, or stop).
     gate: Mutex<()>,
     wake: Condvar,
@@ -75,7 +83,9 @@ impl Yielders {
     /// Starts one thread per CPU of `cpus`, pinned and `SCHED_IDLE`. Fails (and stops the
     /// threads already started) if a thread cannot be pinned or made `SCHED_IDLE`.
     pub fn start(cpus: &CpuSet, cfg: RetentionConfig) -> anyhow::Result<Self> {
-        let shared = Arc::new(Shared::default());
+        let online = gleaner_os::sysfs::Sysfs::new().online_cpus().map(|c| c.len()).unwrap_or(0);
+        let online_cpus = u32::try_from(online).unwrap_or(u32::MAX).max(cpus.len() as u32);
+        let shared = Arc::new(Shared { online_cpus, ..Shared::default() });
         let mut me = Self { slots: Vec::new(), shared, threads: Vec::new() };
         for cpu in cpus.iter() {
             let slot = Arc::new(Slot {
@@ -128,6 +138,7 @@ impl Yielders {
             acc.idle_yield_ns += c.idle_yield_ns;
             acc.timeouts += c.timeouts;
             acc.sleep_ns += c.sleep_ns;
+            acc.step_asides += c.step_asides;
             acc
         })
     }
@@ -155,35 +166,60 @@ fn setup_thread(cpu: u32) -> anyhow::Result<()> {
     let tid = sched::gettid();
     sched::set_affinity(tid, &CpuSet::from_iter([cpu]))?;
     sched::set_idle(tid)?;
+    // The step-aside sleep is a microsecond; the default 50 us slack would stretch it.
+    sched::set_own_timer_slack(1_000)?;
     Ok(())
+}
+
+/// Sleeps `ns` while not counted as a runnable yielder.
+fn sleep_uncounted(shared: &Shared, ns: u64) {
+    shared.runnable.fetch_sub(1, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_nanos(ns));
+    shared.runnable.fetch_add(1, Ordering::Relaxed);
 }
 
 fn yield_loop(slot: &Slot, shared: &Shared, cfg: RetentionConfig) {
     let mut det = IdleDetector::new(cfg);
+    // Without /proc/loadavg the thread cannot see waiting threads: it just never steps aside.
+    let mut loadavg = gleaner_os::procfs::Procfs::new().open_loadavg().ok();
     let mut n: u32 = 0;
+    shared.runnable.fetch_add(1, Ordering::Relaxed);
     while !shared.stop.load(Ordering::Relaxed) {
         if !slot.active.load(Ordering::Relaxed) {
             slot.counters.publish(&det.counters());
+            shared.runnable.fetch_sub(1, Ordering::Relaxed);
             let g = shared.gate.lock().unwrap_or_else(|e| e.into_inner());
             // Re-check under the lock: set_active/stop notify while holding it.
             if !slot.active.load(Ordering::Relaxed) && !shared.stop.load(Ordering::Relaxed) {
                 let _ = shared.wake.wait_timeout(g, Duration::from_millis(500));
             }
+            shared.runnable.fetch_add(1, Ordering::Relaxed);
             det.reset();
             continue;
         }
         let t0 = Instant::now();
         sched::yield_now();
         let d = duration_ns(t0.elapsed());
-        if let RetentionAction::Sleep { ns } = det.on_yield(d) {
-            std::thread::sleep(Duration::from_nanos(ns));
-            slot.counters.publish(&det.counters());
+        let others_waiting = || {
+            let Some(runnable) = loadavg.as_mut().and_then(|l| l.runnable().ok()) else { return false };
+            let others = runnable.saturating_sub(shared.runnable.load(Ordering::Relaxed));
+            // This CPU is idle, so at most online - 1 of the others run: the rest wait.
+            others >= shared.online_cpus
+        };
+        match det.on_yield_with(d, others_waiting) {
+            RetentionAction::KeepYielding => {}
+            RetentionAction::Sleep { ns } => {
+                sleep_uncounted(shared, ns);
+                slot.counters.publish(&det.counters());
+            }
+            RetentionAction::StepAside { ns } => sleep_uncounted(shared, ns),
         }
         n = n.wrapping_add(1);
         if n % 64 == 0 {
             slot.counters.publish(&det.counters());
         }
     }
+    shared.runnable.fetch_sub(1, Ordering::Relaxed);
     slot.counters.publish(&det.counters());
 }
 

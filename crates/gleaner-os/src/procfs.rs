@@ -169,6 +169,34 @@ pub struct MountInfo {
 /// path within the hierarchy.
 pub type CgroupLine = (u32, Vec<String>, String);
 
+/// An open `/proc/loadavg`: each [`Loadavg::runnable`] re-reads it with one `pread` (the
+/// kernel regenerates the text at offset 0), no allocation, so a hot loop can afford it.
+#[derive(Debug)]
+pub struct Loadavg {
+    path: PathBuf,
+    file: std::fs::File,
+}
+
+impl Loadavg {
+    /// Tasks runnable right now on all CPUs (running or waiting in a run queue), the
+    /// numerator of the fourth field ("2/78"); it counts the calling thread.
+    pub fn runnable(&mut self) -> Result<u32> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 128];
+        let n = self.file.read_at(&mut buf, 0).map_err(|source| OsError::Read { path: self.path.clone(), source })?;
+        parse_loadavg_runnable(&buf[..n]).ok_or_else(|| {
+            parse_err(&self.path, 1, format!("no 'R/T' fourth field in '{}'", String::from_utf8_lossy(&buf[..n]).trim()))
+        })
+    }
+}
+
+/// The runnable count of a `/proc/loadavg` text: the digits before '/' in the fourth field.
+fn parse_loadavg_runnable(text: &[u8]) -> Option<u32> {
+    let field = text.split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty()).nth(3)?;
+    let slash = field.iter().position(|&b| b == b'/')?;
+    std::str::from_utf8(&field[..slash]).ok()?.parse().ok()
+}
+
 impl Default for Procfs {
     fn default() -> Self {
         Self::new()
@@ -201,6 +229,13 @@ impl Procfs {
 
     fn task_dir(&self, pid: i32, tid: i32) -> PathBuf {
         self.root.join(pid.to_string()).join("task").join(tid.to_string())
+    }
+
+    /// Opens `/proc/loadavg` for repeated cheap reads of the number of runnable tasks.
+    pub fn open_loadavg(&self) -> Result<Loadavg> {
+        let path = self.root.join("loadavg");
+        let file = std::fs::File::open(&path).map_err(|source| OsError::Read { path: path.clone(), source })?;
+        Ok(Loadavg { path, file })
     }
 
     /// `/proc/stat`.

@@ -214,6 +214,16 @@ pub fn slice(tid: i32) -> Result<Duration> {
     Ok(Duration::from_nanos(get_attr(tid)?.sched_runtime))
 }
 
+/// Sets the calling thread's timer slack (how late the kernel may fire its sleep timers to
+/// batch wake-ups; 50 us by default), so a microsecond sleep stays a microsecond.
+pub fn set_own_timer_slack(ns: u64) -> Result<()> {
+    if ns == 0 {
+        // prctl treats 0 as "back to the default slack", which is not what a caller means.
+        return Err(BadInput::new("timer slack", "0 ns", "at least 1 ns").into());
+    }
+    nix::sys::prctl::set_timerslack(ns).map_err(|e| syscall_err("prctl(PR_SET_TIMERSLACK)", gettid(), io::Error::from(e)))
+}
+
 /// The CPU the calling thread is running on now.
 pub fn current_cpu() -> Result<u32> {
     let c = nix::sched::sched_getcpu().map_err(|e| syscall_err("sched_getcpu", 0, io::Error::from(e)))?;

@@ -17,6 +17,20 @@
 //! (a timeout of spinning per `max_sleep`), and snaps back to `min_sleep` as soon as work shows up.
 //! Work is seen only through slow yields, never through how long a sleep took: on tick-based
 //! guests (this development VM) any sleep of a `SCHED_IDLE` thread takes at least a 4 ms tick.
+//!
+//! **Stepping aside** (not in the paper). A CPU whose only runnable task is a `SCHED_IDLE`
+//! yielder never becomes "newly idle", so the kernel's new-idle load balancing, which pulls a
+//! thread waiting in another CPU's run queue the moment a CPU runs out of work, does not run;
+//! the waiting thread stays queued until the periodic balancer (milliseconds) or its CPU frees.
+//! With more runnable threads than vCPUs (a pipeline) that costs more than retention gains. So
+//! on a quick yield, if more threads are runnable than the other CPUs can run, the detector
+//! asks for one very short sleep (`step_aside_ns`): the CPU goes newly idle, the kernel pulls
+//! the waiting thread, and the yielder is back behind it a microsecond later. At most once per
+//! idle period (until the workload runs here again or the timeout), so threads pinned
+//! elsewhere cannot make it halt over and over. Off by default: on the development VM it did
+//! not speed up the pipeline workload measurably, and with other processes running it made an
+//! idle workload's yielders spin more (a pulled thread looks like workload activity and resets
+//! the sleep backoff); docs/agent.md has the numbers.
 
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +46,9 @@ pub struct RetentionConfig {
     pub min_sleep_ns: u64,
     /// Longest sleep while the vCPU stays idle.
     pub max_sleep_ns: u64,
+    /// Length of the sleep that lets the kernel's new-idle balancing pull a waiting thread
+    /// (see the module documentation); 0 turns stepping aside off.
+    pub step_aside_ns: u64,
 }
 
 impl Default for RetentionConfig {
@@ -41,6 +58,7 @@ impl Default for RetentionConfig {
             timeout_ns: 100_000,
             min_sleep_ns: 50_000,
             max_sleep_ns: 20_000_000,
+            step_aside_ns: 0,
         }
     }
 }
@@ -52,6 +70,8 @@ pub enum RetentionAction {
     KeepYielding,
     /// Timeout: sleep this long so the vCPU can halt.
     Sleep { ns: u64 },
+    /// Sleep this long so the kernel's new-idle balancing can pull a waiting thread here.
+    StepAside { ns: u64 },
 }
 
 /// Counters kept by the detector (monotonic; the agent takes differences per period).
@@ -67,6 +87,9 @@ pub struct RetentionCounters {
     pub timeouts: u64,
     /// Time asked to sleep.
     pub sleep_ns: u64,
+    /// Times the thread stepped aside for a thread waiting elsewhere.
+    #[serde(default)]
+    pub step_asides: u64,
 }
 
 /// The pure state machine of one yielding thread.
@@ -75,12 +98,20 @@ pub struct IdleDetector {
     cfg: RetentionConfig,
     idle_acc_ns: u64,
     next_sleep_ns: u64,
+    /// Stepped aside in this idle period already.
+    stepped: bool,
     counters: RetentionCounters,
 }
 
 impl IdleDetector {
     pub fn new(cfg: RetentionConfig) -> Self {
-        Self { idle_acc_ns: 0, next_sleep_ns: cfg.min_sleep_ns.max(1), counters: Default::default(), cfg }
+        Self {
+            idle_acc_ns: 0,
+            next_sleep_ns: cfg.min_sleep_ns.max(1),
+            stepped: false,
+            counters: Default::default(),
+            cfg,
+        }
     }
 
     pub fn config(&self) -> &RetentionConfig {
@@ -91,11 +122,30 @@ impl IdleDetector {
         self.counters
     }
 
-    /// Feeds the duration of one `sched_yield()` call.
+    /// Feeds the duration of one `sched_yield()` call, with a way to learn whether threads
+    /// wait in other CPUs' run queues (asked only when the answer matters: a quick yield,
+    /// stepping aside enabled and not yet done in this idle period).
+    pub fn on_yield_with(&mut self, yield_duration_ns: u64, others_waiting: impl FnOnce() -> bool) -> RetentionAction {
+        let action = self.on_yield(yield_duration_ns);
+        if action != RetentionAction::KeepYielding
+            || yield_duration_ns > self.cfg.idle_threshold_ns
+            || self.cfg.step_aside_ns == 0
+            || self.stepped
+            || !others_waiting()
+        {
+            return action;
+        }
+        self.stepped = true;
+        self.counters.step_asides += 1;
+        RetentionAction::StepAside { ns: self.cfg.step_aside_ns }
+    }
+
+    /// Feeds the duration of one `sched_yield()` call (without stepping aside).
     pub fn on_yield(&mut self, yield_duration_ns: u64) -> RetentionAction {
         self.counters.yields += 1;
         if yield_duration_ns > self.cfg.idle_threshold_ns {
             self.counters.busy_returns += 1;
+            self.stepped = false;
             self.idle_acc_ns = 0;
             self.next_sleep_ns = self.cfg.min_sleep_ns.max(1);
             return RetentionAction::KeepYielding;
@@ -106,6 +156,7 @@ impl IdleDetector {
             return RetentionAction::KeepYielding;
         }
         self.idle_acc_ns = 0;
+        self.stepped = false;
         let ns = self.next_sleep_ns;
         self.next_sleep_ns = (ns.saturating_mul(2)).min(self.cfg.max_sleep_ns.max(ns));
         self.counters.timeouts += 1;
@@ -116,6 +167,7 @@ impl IdleDetector {
     /// Forgets accumulated idleness and backoff (e.g. after the vCPU was reactivated).
     pub fn reset(&mut self) {
         self.idle_acc_ns = 0;
+        self.stepped = false;
         self.next_sleep_ns = self.cfg.min_sleep_ns.max(1);
     }
 }
@@ -151,7 +203,50 @@ mod tests {
     use super::*;
 
     fn cfg() -> RetentionConfig {
-        RetentionConfig { idle_threshold_ns: 10_000, timeout_ns: 100_000, min_sleep_ns: 50_000, max_sleep_ns: 400_000 }
+        RetentionConfig {
+            idle_threshold_ns: 10_000,
+            timeout_ns: 100_000,
+            min_sleep_ns: 50_000,
+            max_sleep_ns: 400_000,
+            step_aside_ns: 1_000,
+        }
+    }
+
+    #[test]
+    fn steps_aside_once_per_idle_period_when_threads_wait_elsewhere() {
+        let mut d = IdleDetector::new(cfg());
+        // Nobody waiting: keep yielding, and the question is asked.
+        let mut asked = 0;
+        assert_eq!(d.on_yield_with(1_000, || { asked += 1; false }), RetentionAction::KeepYielding);
+        assert_eq!(asked, 1);
+        // Someone waiting: step aside once...
+        assert_eq!(d.on_yield_with(1_000, || true), RetentionAction::StepAside { ns: 1_000 });
+        // ...and not again in the same idle period (the question is not even asked).
+        assert_eq!(d.on_yield_with(1_000, || panic!("asked twice")), RetentionAction::KeepYielding);
+        // Work ran here (slow yield): a new idle period may step aside again. A slow yield
+        // itself never asks.
+        assert_eq!(d.on_yield_with(50_000, || panic!("asked on a slow yield")), RetentionAction::KeepYielding);
+        assert_eq!(d.on_yield_with(1_000, || true), RetentionAction::StepAside { ns: 1_000 });
+        assert_eq!(d.counters().step_asides, 2);
+    }
+
+    #[test]
+    fn timeout_wins_over_stepping_aside_and_rearms_it() {
+        let mut d = IdleDetector::new(cfg());
+        for _ in 0..99 {
+            d.on_yield_with(1_000, || false);
+        }
+        assert_eq!(d.on_yield_with(1_000, || panic!("not asked at the timeout")), RetentionAction::Sleep { ns: 50_000 });
+        assert_eq!(d.on_yield_with(1_000, || true), RetentionAction::StepAside { ns: 1_000 });
+    }
+
+    #[test]
+    fn stepping_aside_can_be_turned_off() {
+        let mut d = IdleDetector::new(RetentionConfig { step_aside_ns: 0, ..cfg() });
+        for _ in 0..50 {
+            assert_eq!(d.on_yield_with(1_000, || panic!("asked while off")), RetentionAction::KeepYielding);
+        }
+        assert_eq!(d.counters().step_asides, 0);
     }
 
     #[test]

@@ -40,6 +40,9 @@ impl Engine {
                 y.acc = 0;
                 Some(ns)
             }
+            // `on_yield` never steps aside; the model's guest scheduler has no new-idle
+            // balancing for a yielder to get in the way of (docs/sim.md, assumptions).
+            RetentionAction::StepAside { .. } => None,
         }
     }
 

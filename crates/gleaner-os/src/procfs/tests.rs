@@ -387,3 +387,29 @@ fn real_exited_thread_is_vanished() {
     assert!(p.task_stat(me, tid).unwrap_err().is_vanished());
     assert!(!p.tasks(me).unwrap().contains(&tid));
 }
+
+#[test]
+fn loadavg_runnable_is_reread_at_each_call() {
+    let (d, p) = fixture();
+    write(d.path(), "loadavg", "0.00 0.30 2.03 2/78 16254\n");
+    let mut l = p.open_loadavg().unwrap();
+    assert_eq!(l.runnable().unwrap(), 2);
+    write(d.path(), "loadavg", "7.88 4.02 2.88 13/96 20133\n");
+    assert_eq!(l.runnable().unwrap(), 13);
+    write(d.path(), "loadavg", "7.88 4.02 2.88\n");
+    let e = l.runnable().unwrap_err().to_string();
+    assert!(e.contains("loadavg") && e.contains("fourth field"), "{e}");
+}
+
+#[test]
+fn loadavg_missing_names_the_file() {
+    let (_d, p) = fixture();
+    let e = p.open_loadavg().unwrap_err().to_string();
+    assert!(e.contains("loadavg"), "{e}");
+}
+
+#[test]
+fn loadavg_of_this_machine_counts_the_caller() {
+    let mut l = Procfs::new().open_loadavg().unwrap();
+    assert!(l.runnable().unwrap() >= 1);
+}

@@ -121,3 +121,17 @@ fn policy_numbers() {
     assert!(Policy::Batch.is_fair() && !Policy::Fifo.is_fair());
     assert!(Policy::Idle.is_fair() && !Policy::Idle.accepts_slice() && Policy::Other.accepts_slice());
 }
+
+#[test]
+fn timer_slack_is_set_on_the_calling_thread_only() {
+    let read = || nix::sys::prctl::get_timerslack().unwrap();
+    let before = read();
+    std::thread::spawn(move || {
+        set_own_timer_slack(1).unwrap();
+        assert_eq!(read(), 1);
+        assert!(matches!(set_own_timer_slack(0), Err(OsError::BadInput(b)) if b.to_string().contains("timer slack")));
+    })
+    .join()
+    .unwrap();
+    assert_eq!(read(), before);
+}
