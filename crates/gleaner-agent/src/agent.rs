@@ -480,6 +480,7 @@ impl Session {
                 s.yields += extras.yields;
                 s.timeouts += extras.timeouts;
                 s.step_asides += extras.step_asides;
+                s.noise_returns += extras.noise_returns;
                 s.decisions += decisions.len() as u64;
                 s.yielder_cpu_ns += extras.yielder_run_ns;
                 s.threads = extras.threads;

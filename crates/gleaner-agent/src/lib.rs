@@ -241,8 +241,8 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
             m.util
         );
         println!(
-            "  yields {}  timeouts {}  step-asides {}  retention timeout {} us  decisions {}",
-            r.yields, r.timeouts, r.step_asides, r.timeout_us, r.decisions
+            "  yields {}  timeouts {}  noise {}  step-asides {}  retention timeout {} us  decisions {}",
+            r.yields, r.timeouts, r.noise_returns, r.step_asides, r.timeout_us, r.decisions
         );
         for e in r.recent.iter().rev().take(8) {
             println!("  [{:>8} ms] {} -> CPUs {}", e.t_ms, e.event, e.active_cpus);

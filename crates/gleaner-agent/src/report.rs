@@ -76,6 +76,10 @@ pub struct StatusReport {
     /// Times a yielding thread stepped aside for a thread waiting on another vCPU.
     #[serde(default)]
     pub step_asides: u64,
+    /// Slow yields during which no other task ran (interrupts, host preemption): noise, not
+    /// idle periods.
+    #[serde(default)]
+    pub noise_returns: u64,
     pub decisions: u64,
     /// CPU time of the yielding threads since start.
     pub yielder_cpu_ns: u64,
@@ -261,6 +265,7 @@ pub fn prometheus_text(s: &StatusReport) -> String {
     counter(&mut reg, "yields", "sched_yield calls of the yielding threads", s.yields);
     counter(&mut reg, "timeouts", "Retention timeouts", s.timeouts);
     counter(&mut reg, "step_asides", "Yielding threads stepping aside for a thread waiting on another vCPU", s.step_asides);
+    counter(&mut reg, "noise_yields", "Slow yields with no other task run (interrupts, host preemption): not counted as work", s.noise_returns);
     counter(&mut reg, "decisions", "Controller decisions", s.decisions);
     counter(&mut reg, "periods", "Control periods", s.periods);
     gauge(&mut reg, "yielder_cpu_seconds", "CPU time of the yielding threads", s.yielder_cpu_ns as f64 / 1e9);

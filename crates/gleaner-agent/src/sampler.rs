@@ -40,6 +40,9 @@ pub struct PeriodExtras {
     pub yields: u64,
     /// Times a yielding thread stepped aside for a thread waiting on another vCPU.
     pub step_asides: u64,
+    /// Slow yields during which no other task ran (interrupts, host preemption): not counted
+    /// as idle periods.
+    pub noise_returns: u64,
 }
 
 /// Samples the workload and the vCPUs once per period.
@@ -62,6 +65,7 @@ struct YielderPrev {
     timeouts: u64,
     yields: u64,
     step_asides: u64,
+    noise_returns: u64,
 }
 
 impl Sampler {
@@ -135,6 +139,7 @@ impl Sampler {
                     timeouts: c.timeouts,
                     yields: c.yields,
                     step_asides: c.step_asides,
+                    noise_returns: c.noise_returns,
                 };
                 let prev = self.yielder.insert(slot.cpu, cur).unwrap_or(cur);
                 let d = YielderPrev {
@@ -144,11 +149,13 @@ impl Sampler {
                     timeouts: cur.timeouts.saturating_sub(prev.timeouts),
                     yields: cur.yields.saturating_sub(prev.yields),
                     step_asides: cur.step_asides.saturating_sub(prev.step_asides),
+                    noise_returns: cur.noise_returns.saturating_sub(prev.noise_returns),
                 };
                 extras.yielder_run_ns += d.run_ns;
                 extras.timeouts += d.timeouts;
                 extras.yields += d.yields;
                 extras.step_asides += d.step_asides;
+                extras.noise_returns += d.noise_returns;
                 ydelta.insert(slot.cpu, d);
             }
         }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::sched;
-use gleaner_policy::retention::{IdleDetector, RetentionAction, RetentionConfig, RetentionCounters};
+use gleaner_policy::retention::{IdleDetector, RetentionAction, RetentionConfig, RetentionCounters, YieldProbe};
 
 /// Counters of one yielding thread, readable from other threads.
 #[derive(Debug, Default)]
@@ -23,6 +23,7 @@ pub struct SlotCounters {
     pub timeouts: AtomicU64,
     pub sleep_ns: AtomicU64,
     pub step_asides: AtomicU64,
+    pub noise_returns: AtomicU64,
 }
 
 impl SlotCounters {
@@ -33,6 +34,7 @@ impl SlotCounters {
         self.timeouts.store(c.timeouts, Ordering::Relaxed);
         self.sleep_ns.store(c.sleep_ns, Ordering::Relaxed);
         self.step_asides.store(c.step_asides, Ordering::Relaxed);
+        self.noise_returns.store(c.noise_returns, Ordering::Relaxed);
     }
 
     /// A consistent-enough copy (each field is monotonic).
@@ -44,6 +46,7 @@ impl SlotCounters {
             timeouts: self.timeouts.load(Ordering::Relaxed),
             sleep_ns: self.sleep_ns.load(Ordering::Relaxed),
             step_asides: self.step_asides.load(Ordering::Relaxed),
+            noise_returns: self.noise_returns.load(Ordering::Relaxed),
         }
     }
 }
@@ -139,6 +142,7 @@ impl Yielders {
             acc.timeouts += c.timeouts;
             acc.sleep_ns += c.sleep_ns;
             acc.step_asides += c.step_asides;
+            acc.noise_returns += c.noise_returns;
             acc
         })
     }
@@ -178,10 +182,49 @@ fn sleep_uncounted(shared: &Shared, ns: u64) {
     shared.runnable.fetch_add(1, Ordering::Relaxed);
 }
 
+/// What a yielding thread can find out about its CPU (see [`YieldProbe`]).
+struct ThreadProbe<'a> {
+    shared: &'a Shared,
+    loadavg: Option<gleaner_os::procfs::Loadavg>,
+    /// This thread's involuntary context switches when last asked. A `sched_yield()` that hands
+    /// the CPU to another task is an involuntary switch; sleeping and parking are voluntary, so
+    /// they do not disturb the count.
+    nivcsw: Option<u64>,
+}
+
+impl ThreadProbe<'_> {
+    fn involuntary_switches() -> Option<u64> {
+        gleaner_os::rusage::thread_rusage().ok().map(|r| r.nivcsw)
+    }
+}
+
+impl YieldProbe for ThreadProbe<'_> {
+    fn other_task_ran(&mut self) -> bool {
+        let now = Self::involuntary_switches();
+        let before = std::mem::replace(&mut self.nivcsw, now);
+        match (before, now) {
+            (Some(a), Some(b)) => b != a,
+            // Cannot tell: count it as work, as the paper does.
+            _ => true,
+        }
+    }
+
+    fn others_waiting(&mut self) -> bool {
+        let Some(runnable) = self.loadavg.as_mut().and_then(|l| l.runnable().ok()) else { return false };
+        let others = runnable.saturating_sub(self.shared.runnable.load(Ordering::Relaxed));
+        // This CPU is idle, so at most online - 1 of the others run: the rest wait.
+        others >= self.shared.online_cpus
+    }
+}
+
 fn yield_loop(slot: &Slot, shared: &Shared, cfg: RetentionConfig) {
     let mut det = IdleDetector::new(cfg);
     // Without /proc/loadavg the thread cannot see waiting threads: it just never steps aside.
-    let mut loadavg = gleaner_os::procfs::Procfs::new().open_loadavg().ok();
+    let mut probe = ThreadProbe {
+        shared,
+        loadavg: gleaner_os::procfs::Procfs::new().open_loadavg().ok(),
+        nivcsw: ThreadProbe::involuntary_switches(),
+    };
     let mut n: u32 = 0;
     shared.runnable.fetch_add(1, Ordering::Relaxed);
     while !shared.stop.load(Ordering::Relaxed) {
@@ -200,13 +243,7 @@ fn yield_loop(slot: &Slot, shared: &Shared, cfg: RetentionConfig) {
         let t0 = Instant::now();
         sched::yield_now();
         let d = duration_ns(t0.elapsed());
-        let others_waiting = || {
-            let Some(runnable) = loadavg.as_mut().and_then(|l| l.runnable().ok()) else { return false };
-            let others = runnable.saturating_sub(shared.runnable.load(Ordering::Relaxed));
-            // This CPU is idle, so at most online - 1 of the others run: the rest wait.
-            others >= shared.online_cpus
-        };
-        match det.on_yield_with(d, others_waiting) {
+        match det.on_yield_with(d, &mut probe) {
             RetentionAction::KeepYielding => {}
             RetentionAction::Sleep { ns } => {
                 sleep_uncounted(shared, ns);

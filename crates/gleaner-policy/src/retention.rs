@@ -18,6 +18,15 @@
 //! Work is seen only through slow yields, never through how long a sleep took: on tick-based
 //! guests (this development VM) any sleep of a `SCHED_IDLE` thread takes at least a 4 ms tick.
 //!
+//! **Noise is not work.** A yield can also be slow because an interrupt was handled or the
+//! hypervisor preempted the vCPU during the call; no other task ran. On the development VM an
+//! idle CPU sees about ten such 20-80 us yields a second, and treating each one as work reset
+//! the backoff so often that an idle workload's yielders spent 3-6% of a CPU. So when the
+//! caller can tell ([`YieldProbe::other_task_ran`], from the thread's involuntary context
+//! switch count), a slow yield during which no other task ran is *noise*: counted apart,
+//! added to the idle time like a quick yield, and neither ends the idle period nor resets the
+//! backoff.
+//!
 //! **Stepping aside** (not in the paper). A CPU whose only runnable task is a `SCHED_IDLE`
 //! yielder never becomes "newly idle", so the kernel's new-idle load balancing, which pulls a
 //! thread waiting in another CPU's run queue the moment a CPU runs out of work, does not run;
@@ -90,6 +99,48 @@ pub struct RetentionCounters {
     /// Times the thread stepped aside for a thread waiting elsewhere.
     #[serde(default)]
     pub step_asides: u64,
+    /// Slow calls during which no other task ran (an interrupt or the hypervisor took the
+    /// vCPU): not work, so they neither end an idle period nor reset the backoff.
+    #[serde(default)]
+    pub noise_returns: u64,
+}
+
+/// What the yielding thread can find out about its CPU, asked by the detector only when the
+/// answer matters (so the answers may cost a system call).
+pub trait YieldProbe {
+    /// Did another task run on this CPU during the slow call just fed? Asked once per slow
+    /// call. `true` when the caller cannot tell (then every slow call counts as work, as in the
+    /// paper).
+    fn other_task_ran(&mut self) -> bool;
+    /// Are more threads runnable than the other CPUs can run (one waits in a run queue)?
+    /// Asked on quick calls, only when stepping aside is on and not yet done in this period.
+    fn others_waiting(&mut self) -> bool;
+}
+
+/// A probe made of two closures: `FnProbe(other_task_ran, others_waiting)`.
+#[derive(Debug, Clone, Copy)]
+pub struct FnProbe<R, W>(pub R, pub W);
+
+impl<R: FnMut() -> bool, W: FnMut() -> bool> YieldProbe for FnProbe<R, W> {
+    fn other_task_ran(&mut self) -> bool {
+        (self.0)()
+    }
+    fn others_waiting(&mut self) -> bool {
+        (self.1)()
+    }
+}
+
+/// A probe that knows nothing: every slow call is work, nobody waits elsewhere.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProbe;
+
+impl YieldProbe for NoProbe {
+    fn other_task_ran(&mut self) -> bool {
+        true
+    }
+    fn others_waiting(&mut self) -> bool {
+        false
+    }
 }
 
 /// The pure state machine of one yielding thread.
@@ -122,16 +173,18 @@ impl IdleDetector {
         self.counters
     }
 
-    /// Feeds the duration of one `sched_yield()` call, with a way to learn whether threads
-    /// wait in other CPUs' run queues (asked only when the answer matters: a quick yield,
-    /// stepping aside enabled and not yet done in this idle period).
-    pub fn on_yield_with(&mut self, yield_duration_ns: u64, others_waiting: impl FnOnce() -> bool) -> RetentionAction {
-        let action = self.on_yield(yield_duration_ns);
-        if action != RetentionAction::KeepYielding
-            || yield_duration_ns > self.cfg.idle_threshold_ns
+    /// Feeds the duration of one `sched_yield()` call, asking `probe` what only the caller can
+    /// find out: whether a slow call was work or noise, and whether threads wait elsewhere.
+    pub fn on_yield_with(&mut self, yield_duration_ns: u64, probe: &mut impl YieldProbe) -> RetentionAction {
+        let slow = yield_duration_ns > self.cfg.idle_threshold_ns;
+        let noise = slow && !probe.other_task_ran();
+        let action = self.feed(yield_duration_ns, slow && !noise);
+        if noise
+            || action != RetentionAction::KeepYielding
+            || slow
             || self.cfg.step_aside_ns == 0
             || self.stepped
-            || !others_waiting()
+            || !probe.others_waiting()
         {
             return action;
         }
@@ -140,15 +193,23 @@ impl IdleDetector {
         RetentionAction::StepAside { ns: self.cfg.step_aside_ns }
     }
 
-    /// Feeds the duration of one `sched_yield()` call (without stepping aside).
+    /// Feeds the duration of one `sched_yield()` call when nothing else is known: every slow
+    /// call is work (the paper's rule), and the thread never steps aside.
     pub fn on_yield(&mut self, yield_duration_ns: u64) -> RetentionAction {
+        self.on_yield_with(yield_duration_ns, &mut NoProbe)
+    }
+
+    fn feed(&mut self, yield_duration_ns: u64, work: bool) -> RetentionAction {
         self.counters.yields += 1;
-        if yield_duration_ns > self.cfg.idle_threshold_ns {
+        if work {
             self.counters.busy_returns += 1;
             self.stepped = false;
             self.idle_acc_ns = 0;
             self.next_sleep_ns = self.cfg.min_sleep_ns.max(1);
             return RetentionAction::KeepYielding;
+        }
+        if yield_duration_ns > self.cfg.idle_threshold_ns {
+            self.counters.noise_returns += 1;
         }
         self.counters.idle_yield_ns += yield_duration_ns;
         self.idle_acc_ns += yield_duration_ns;
@@ -217,16 +278,16 @@ mod tests {
         let mut d = IdleDetector::new(cfg());
         // Nobody waiting: keep yielding, and the question is asked.
         let mut asked = 0;
-        assert_eq!(d.on_yield_with(1_000, || { asked += 1; false }), RetentionAction::KeepYielding);
+        assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || { asked += 1; false })), RetentionAction::KeepYielding);
         assert_eq!(asked, 1);
         // Someone waiting: step aside once...
-        assert_eq!(d.on_yield_with(1_000, || true), RetentionAction::StepAside { ns: 1_000 });
+        assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || true)), RetentionAction::StepAside { ns: 1_000 });
         // ...and not again in the same idle period (the question is not even asked).
-        assert_eq!(d.on_yield_with(1_000, || panic!("asked twice")), RetentionAction::KeepYielding);
+        assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || panic!("asked twice"))), RetentionAction::KeepYielding);
         // Work ran here (slow yield): a new idle period may step aside again. A slow yield
         // itself never asks.
-        assert_eq!(d.on_yield_with(50_000, || panic!("asked on a slow yield")), RetentionAction::KeepYielding);
-        assert_eq!(d.on_yield_with(1_000, || true), RetentionAction::StepAside { ns: 1_000 });
+        assert_eq!(d.on_yield_with(50_000, &mut FnProbe(|| true, || panic!("asked on a slow yield"))), RetentionAction::KeepYielding);
+        assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || true)), RetentionAction::StepAside { ns: 1_000 });
         assert_eq!(d.counters().step_asides, 2);
     }
 
@@ -234,17 +295,17 @@ mod tests {
     fn timeout_wins_over_stepping_aside_and_rearms_it() {
         let mut d = IdleDetector::new(cfg());
         for _ in 0..99 {
-            d.on_yield_with(1_000, || false);
+            d.on_yield_with(1_000, &mut FnProbe(|| true, || false));
         }
-        assert_eq!(d.on_yield_with(1_000, || panic!("not asked at the timeout")), RetentionAction::Sleep { ns: 50_000 });
-        assert_eq!(d.on_yield_with(1_000, || true), RetentionAction::StepAside { ns: 1_000 });
+        assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || panic!("not asked at the timeout"))), RetentionAction::Sleep { ns: 50_000 });
+        assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || true)), RetentionAction::StepAside { ns: 1_000 });
     }
 
     #[test]
     fn stepping_aside_can_be_turned_off() {
         let mut d = IdleDetector::new(RetentionConfig { step_aside_ns: 0, ..cfg() });
         for _ in 0..50 {
-            assert_eq!(d.on_yield_with(1_000, || panic!("asked while off")), RetentionAction::KeepYielding);
+            assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || panic!("asked while off"))), RetentionAction::KeepYielding);
         }
         assert_eq!(d.counters().step_asides, 0);
     }
@@ -311,6 +372,55 @@ mod tests {
         drop(next);
         d.on_yield(5_000_000);
         assert_eq!(d.counters().busy_returns, 1);
+    }
+
+    #[test]
+    fn interrupts_and_host_preemption_do_not_reset_the_backoff() {
+        // Regression: every slow yield used to count as work, and on the development VM an
+        // idle CPU sees about ten interrupt- or steal-stretched yields a second, so the backoff
+        // kept snapping back to 50 us and an idle workload cost 0.13-0.25 s of agent CPU per 2 s.
+        let mut d = IdleDetector::new(cfg());
+        let next = |d: &mut IdleDetector| loop {
+            if let RetentionAction::Sleep { ns } = d.on_yield_with(10_000, &mut FnProbe(|| panic!("asked on a quick yield"), || false)) {
+                return ns;
+            }
+        };
+        assert_eq!((next(&mut d), next(&mut d), next(&mut d)), (50_000, 100_000, 200_000));
+        // A slow yield with no other task run: noise. Its time counts as idle.
+        let mut asked = 0;
+        let before = d.counters().idle_yield_ns;
+        assert_eq!(d.on_yield_with(60_000, &mut FnProbe(|| { asked += 1; false }, || false)), RetentionAction::KeepYielding);
+        assert_eq!(asked, 1);
+        assert_eq!(d.counters().idle_yield_ns - before, 60_000);
+        assert_eq!((d.counters().noise_returns, d.counters().busy_returns), (1, 0));
+        // The backoff kept growing; the noise even brought the next timeout closer.
+        assert_eq!(next(&mut d), 400_000);
+        // A slow yield during which another task ran is work: the backoff snaps back.
+        d.on_yield_with(60_000, &mut FnProbe(|| true, || false));
+        assert_eq!(d.counters().busy_returns, 1);
+        assert_eq!(next(&mut d), 50_000);
+    }
+
+    #[test]
+    fn noise_longer_than_the_timeout_lets_the_vcpu_halt() {
+        // The hypervisor took the vCPU for 5 ms in the middle of a yield: the vCPU was idle
+        // all along, so the timeout is reached and the thread sleeps.
+        let mut d = IdleDetector::new(cfg());
+        assert_eq!(d.on_yield_with(5_000_000, &mut FnProbe(|| false, || false)), RetentionAction::Sleep { ns: 50_000 });
+        assert_eq!(d.counters().noise_returns, 1);
+    }
+
+    #[test]
+    fn without_a_probe_every_slow_yield_is_work() {
+        let mut d = IdleDetector::new(cfg());
+        d.on_yield(60_000);
+        assert_eq!((d.counters().busy_returns, d.counters().noise_returns), (1, 0));
+    }
+
+    #[test]
+    fn noise_never_steps_aside() {
+        let mut d = IdleDetector::new(cfg());
+        assert_eq!(d.on_yield_with(60_000, &mut FnProbe(|| false, || panic!("asked on noise"))), RetentionAction::KeepYielding);
     }
 
     #[test]

@@ -7,13 +7,14 @@
 //!  runs when the vCPU has no thread; a stretch      snapshot of T_work, T_yield, T_idle,
 //!  of quick yields is fed to IdleDetector when       S_yield per vCPU and S_work (guest view:
 //!  it ends; a yield interrupted by work or by       time with a thread current counts as
-//!  the host is one slow yield; Sleep{ns} lets       work, steal included, as in schedstat)
+//!  the host is one slow yield (work only if a       work, steal included, as in schedstat)
+//!  thread ran, else noise); Sleep{ns} lets
 //!  the vCPU halt until the sleep ends               -> Controller::step -> Deactivate/Restore/
 //!                                                      ResetAll applied to the allowed set
 //! ```
 
 use gleaner_policy::gleaner::{Decision, Snapshot, VcpuSample};
-use gleaner_policy::retention::RetentionAction;
+use gleaner_policy::retention::{FnProbe, RetentionAction};
 
 use crate::engine::{ms_to_ns, Engine, Host, Idle, Ts, YState, NONE};
 use crate::policy::{HostView, VcpuCounters};
@@ -26,15 +27,17 @@ impl Engine {
     }
 
     /// Feeds one `sched_yield()` duration to the detector (and its mirror); `Some(ns)` = sleep.
-    fn feed(&mut self, v: u32, d: Ns) -> Option<Ns> {
+    /// `work`: a guest thread ran during the call (else a slow call is noise, as the real
+    /// agent sees a yield stretched by the host: no context switch).
+    fn feed(&mut self, v: u32, d: Ns, work: bool) -> Option<Ns> {
         let y = self.vcpus[v as usize].yielder.as_mut()?;
         let cfg = *y.det.config();
-        if d > cfg.idle_threshold_ns {
+        if d > cfg.idle_threshold_ns && work {
             y.acc = 0;
         } else {
             y.acc += d;
         }
-        match y.det.on_yield(d) {
+        match y.det.on_yield_with(d, &mut FnProbe(|| work, || false)) {
             RetentionAction::KeepYielding => None,
             RetentionAction::Sleep { ns } => {
                 y.acc = 0;
@@ -63,7 +66,8 @@ impl Engine {
             y.state = YState::Awake;
         }
         if let Some(pa) = y.paused_at.take() {
-            if let Some(ns) = self.feed(v, now - pa) {
+            let work = std::mem::take(&mut y.paused_for_work);
+            if let Some(ns) = self.feed(v, now - pa, work) {
                 self.yielder_sleep(v, ns);
                 return false;
             }
@@ -72,18 +76,19 @@ impl Engine {
         true
     }
 
-    /// The yielder stops running while awake (a thread arrived or the host took the pCPU):
-    /// the quick yields of the stretch are fed, and the pending call becomes a slow one.
-    pub(crate) fn yield_pause(&mut self, v: u32) {
+    /// The yielder stops running while awake (a thread arrived: `work`, or the host took the
+    /// pCPU): the quick yields of the stretch are fed, and the pending call becomes a slow one.
+    pub(crate) fn yield_pause(&mut self, v: u32, work: bool) {
         let yn = self.yield_ns(v);
         let Some(y) = self.vcpus[v as usize].yielder.as_mut() else { return };
         if y.state != YState::Awake {
             return;
         }
+        y.paused_for_work |= work;
         let k = y.run_ns / yn;
         y.run_ns = 0;
         for _ in 0..k {
-            if let Some(ns) = self.feed(v, yn) {
+            if let Some(ns) = self.feed(v, yn, false) {
                 self.yielder_sleep(v, ns);
                 return;
             }
@@ -101,7 +106,7 @@ impl Engine {
             k
         };
         for _ in 0..k {
-            if let Some(ns) = self.feed(v, yn) {
+            if let Some(ns) = self.feed(v, yn, false) {
                 self.gv_flush(v);
                 self.yielder_sleep(v, ns);
                 return;
@@ -117,6 +122,7 @@ impl Engine {
         y.state = YState::Sleeping { asked: ns, since: now };
         y.gen = y.gen.wrapping_add(1);
         y.paused_at = None;
+        y.paused_for_work = false;
         y.run_ns = 0;
         let gen = y.gen;
         self.q.push(now + ns, Ev::YielderTimer { v, gen });
@@ -231,7 +237,7 @@ impl Engine {
         if self.vcpus[vi].yielder.is_some() {
             if self.vcpus[vi].idle == Idle::Yield {
                 // Leave the yield state now; the vCPU halts when it is next driven.
-                self.yield_pause(v);
+                self.yield_pause(v, false);
                 self.gv_flush(v);
                 self.vcpus[vi].idle = Idle::Busy;
             }
@@ -267,6 +273,7 @@ impl Engine {
             y.acc = 0;
             y.state = YState::Awake;
             y.paused_at = None;
+            y.paused_for_work = false;
             y.run_ns = 0;
             y.gen = y.gen.wrapping_add(1);
         }

@@ -120,6 +120,9 @@ pub(crate) struct Yielder {
     pub state: YState,
     /// When the yielder last stopped running while awake (its pending yield call started).
     pub paused_at: Option<Ns>,
+    /// A guest thread ran since `paused_at` (the pending slow yield is work); false when only
+    /// the host took the pCPU (noise to the real agent, which sees no context switch).
+    pub paused_for_work: bool,
     /// Running time of the current stretch of quick yields.
     pub run_ns: Ns,
     /// Running time at which the current stretch times out.
@@ -426,6 +429,7 @@ impl Engine {
                 det: IdleDetector::new(vm.gleaner.retention),
                 state: YState::Awake,
                 paused_at: None,
+                paused_for_work: false,
                 run_ns: 0,
                 target_ns: 0,
                 acc: 0,
@@ -823,7 +827,7 @@ impl Engine {
     pub(crate) fn take_off(&mut self, v: u32) -> u32 {
         let Host::Running(p) = self.vcpus[v as usize].host else { unreachable!("vCPU {v} is not running") };
         if self.vcpus[v as usize].idle == Idle::Yield {
-            self.yield_pause(v);
+            self.yield_pause(v, false);
         }
         self.pcpus[p as usize].cur = NONE;
         self.idle_pcpus += 1;

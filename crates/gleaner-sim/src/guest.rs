@@ -52,7 +52,7 @@ impl Engine {
                     return true;
                 }
                 if !self.yielder_runnable(v) {
-                    self.yield_pause(v);
+                    self.yield_pause(v, false);
                     self.enter_idle(v, p);
                     return true;
                 }
@@ -274,7 +274,7 @@ impl Engine {
         let now = self.now;
         let vi = v as usize;
         match self.vcpus[vi].idle {
-            Idle::Yield => self.yield_pause(v),
+            Idle::Yield => self.yield_pause(v, true),
             Idle::Poll { .. } => self.haltpoll_adjust(v),
             Idle::Halted => {
                 if self.vcpus[vi].hpolling {
