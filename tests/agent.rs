@@ -257,6 +257,35 @@ fn idle_workload_costs_almost_no_cpu() {
 
 #[test]
 #[serial(host)]
+fn calibration_decides_whether_retention_pays_and_says_why() {
+    require_root_and_cpuset();
+    let run_dir = tempfile::tempdir().unwrap();
+    let out = gleaner()
+        .args(["compare", "--runs", "1", "--json", "--no-consolidation", "--run-dir"])
+        .arg(run_dir.path())
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let on = r["retention"].as_bool().unwrap();
+    let note = r["retention_note"].as_str();
+    if on {
+        // Retention pays: a calibrated timeout within the policy's clamp, and no excuse.
+        let t = r["timeout_us"].as_u64().expect("a retention timeout");
+        assert!((10..=2000).contains(&t), "timeout {t} us");
+        assert!(note.is_none(), "{r}");
+    } else {
+        // Off although asked for: the note carries the three medians that decided it.
+        let note = note.expect("retention off without a reason");
+        assert!(note.contains("us busy vCPU") && note.contains("us idle"), "{note}");
+        assert!(r["timeout_us"].is_null(), "{r}");
+    }
+    assert_no_leftovers(run_dir.path());
+}
+
+#[test]
+#[serial(host)]
 fn retention_only_without_root_says_so() {
     require_root_and_cpuset();
     // Run as nobody through setpriv, from a copy of the binary that user can reach.

@@ -25,7 +25,7 @@ use gleaner_os::rusage::Rusage;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
 use gleaner_policy::gleaner::{Controller, Decision};
-use gleaner_policy::retention::RetentionConfig;
+use gleaner_policy::retention::{retention_verdict, RetentionConfig, RetentionVerdict, WakeupCosts};
 use tracing::{info, warn};
 
 use crate::config::AgentConfig;
@@ -130,38 +130,80 @@ pub fn managed_cpus(cfg: &AgentConfig, sysfs: &Sysfs) -> anyhow::Result<CpuSet> 
     Ok(want)
 }
 
+/// Retention as decided at start: its parameters, or why it stays off.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetentionPlan {
+    On(RetentionConfig),
+    /// Asked for, but measured not to pay on this machine.
+    Off(String),
+}
+
 /// Decides the retention parameters: configured values, or calibrated on this machine.
-pub fn retention_config(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> RetentionConfig {
+///
+/// A calibrated timeout comes with a second measurement: how fast a vCPU idle for exactly
+/// the timeout wakes. If the host already keeps halted vCPUs polling that long (KVM halt
+/// polling), retention would burn CPU for nothing and stays off
+/// ([`gleaner_policy::retention::retention_verdict`]). A configured `timeout_us` skips both
+/// measurements and always retains.
+pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> RetentionPlan {
+    let say = |m: &str| {
+        if !quiet {
+            eprintln!("gleaner: {m}");
+        }
+    };
     let threshold_ns = cfg.idle_threshold_us.map(|u| u * 1000).unwrap_or_else(|| {
         let samples = crate::yielders::sample_yields(2000);
         gleaner_policy::retention::idle_threshold_from_samples(&samples).unwrap_or(20_000)
     });
-    let timeout_ns = cfg.timeout_us.map(|u| u * 1000).unwrap_or_else(|| {
-        match crate::calibrate::wakeup_costs(cpus) {
-            Ok((idle, busy)) => {
-                let t = gleaner_policy::retention::timeout_from_wakeup(idle, busy);
-                if !quiet {
-                    eprintln!(
-                        "gleaner: calibrated retention timeout {} us (wakeup p50: {} us idle vCPU, {} us busy vCPU)",
-                        t / 1000,
-                        idle / 1000,
-                        busy / 1000
-                    );
-                }
-                t
-            }
-            Err(e) => {
-                warn!("wakeup calibration failed ({e:#}); using 100 us");
-                100_000
-            }
-        }
-    });
-    RetentionConfig {
+    let with_timeout = |timeout_ns: u64| RetentionConfig {
         idle_threshold_ns: threshold_ns,
         timeout_ns,
         max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
         step_aside_ns: cfg.step_aside_us * 1_000,
         ..RetentionConfig::default()
+    };
+    if let Some(us) = cfg.timeout_us {
+        return RetentionPlan::On(with_timeout(us * 1000));
+    }
+    let (idle, busy) = match crate::calibrate::wakeup_costs(cpus) {
+        Ok(v) => v,
+        Err(e) => {
+            warn!("wakeup calibration failed ({e:#}); using 100 us");
+            return RetentionPlan::On(with_timeout(100_000));
+        }
+    };
+    let t = gleaner_policy::retention::timeout_from_wakeup(idle, busy);
+    let at_t = match crate::calibrate::idle_wakeup_after(cpus, t / 1000) {
+        Ok(v) => v,
+        Err(e) => {
+            warn!("host polling check failed ({e:#}); retaining");
+            return RetentionPlan::On(with_timeout(t));
+        }
+    };
+    let costs = WakeupCosts { busy_ns: busy, idle_long_ns: idle, idle_at_timeout_ns: at_t };
+    let measured = format!(
+        "wakeup p50: {} us busy vCPU, {} us after {} us idle, {} us after {} us idle",
+        busy / 1000,
+        at_t / 1000,
+        t / 1000,
+        idle / 1000,
+        crate::calibrate::LONG_GAP_US
+    );
+    match retention_verdict(&costs) {
+        RetentionVerdict::Pays => {
+            say(&format!("calibrated retention timeout {} us ({measured})", t / 1000));
+            RetentionPlan::On(with_timeout(t))
+        }
+        RetentionVerdict::HostPolls => {
+            let why = format!("the host polls halted vCPUs for at least the {} us timeout ({measured})", t / 1000);
+            say(&format!("retention off: {why}; --timeout-us forces it"));
+            RetentionPlan::Off(why)
+        }
+        RetentionVerdict::NoHaltPenalty => {
+            let why = format!("no halt penalty to hide ({measured})");
+            say(&format!("retention off: {why}; --timeout-us forces it"));
+            RetentionPlan::Off(why)
+        }
     }
 }
 
@@ -251,12 +293,17 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
         ));
     }
 
-    let rcfg = if cfg.retention { Some(retention_config(cfg, &cpus, opts.quiet)) } else { None };
+    let (rcfg, retention_note) = match cfg.retention.then(|| retention_plan(cfg, &cpus, opts.quiet)) {
+        Some(RetentionPlan::On(r)) => (Some(r), None),
+        Some(RetentionPlan::Off(why)) => (None, Some(why)),
+        None => (None, None),
+    };
 
     let status: SharedStatus = Arc::new(Mutex::new(StatusReport {
         agent_pid,
         target: target.describe(),
-        retention: cfg.retention,
+        retention: rcfg.is_some(),
+        retention_note,
         consolidation,
         note: note.clone(),
         all_cpus: cpus.to_string(),

@@ -54,6 +54,8 @@ pub struct CompareReport {
     pub runs: u32,
     pub cpus: String,
     pub retention: bool,
+    /// Why retention is off although it was asked for (measured not to pay here).
+    pub retention_note: Option<String>,
     pub consolidation: bool,
     pub timeout_us: Option<u64>,
     pub samples: Vec<Sample>,
@@ -86,10 +88,19 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     };
     agent::check_program(&command)?;
     // Calibrate retention once, so every Gleaner run uses the same timeout.
+    // Retention measured not to pay here is off for every run, and the report says why.
+    let mut retention_note = None;
     if cfg.retention && (cfg.timeout_us.is_none() || cfg.idle_threshold_us.is_none()) {
-        let r = agent::retention_config(&cfg, &cpus, args.json);
-        cfg.timeout_us = Some((r.timeout_ns / 1000).max(1));
-        cfg.idle_threshold_us = Some((r.idle_threshold_ns / 1000).max(1));
+        match agent::retention_plan(&cfg, &cpus, args.json) {
+            agent::RetentionPlan::On(r) => {
+                cfg.timeout_us = Some((r.timeout_ns / 1000).max(1));
+                cfg.idle_threshold_us = Some((r.idle_threshold_ns / 1000).max(1));
+            }
+            agent::RetentionPlan::Off(why) => {
+                cfg.retention = false;
+                retention_note = Some(why);
+            }
+        }
     }
     let out_dir = tempfile::tempdir().context("creating a temp dir for workload output")?;
     let opts = RunOptions {
@@ -124,7 +135,8 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     if !args.json {
         eprintln!();
     }
-    let report = summarize(command, args.runs, &cpus, &cfg, samples);
+    let mut report = summarize(command, args.runs, &cpus, &cfg, samples);
+    report.retention_note = retention_note;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -199,8 +211,9 @@ fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config
         runs,
         cpus: cpus.to_string(),
         retention: cfg.retention,
+        retention_note: None,
         consolidation: cfg.consolidation,
-        timeout_us: cfg.timeout_us,
+        timeout_us: cfg.timeout_us.filter(|_| cfg.retention),
         speedup: stock_wall_s.p50 / gleaner_wall_s.p50,
         stock_wall_s,
         gleaner_wall_s,
@@ -229,6 +242,9 @@ fn print_table(r: &CompareReport) {
         mode,
         r.timeout_us.map(|t| format!("; retention timeout {t} us")).unwrap_or_default()
     );
+    if let Some(n) = &r.retention_note {
+        println!("  retention off: {n}");
+    }
     println!("  {:<22} {:>26} {:>26}", "median [min..max]", "stock", "gleaner");
     let row = |name: &str, a: Option<Summary>, b: Option<Summary>, digits: usize| {
         let f = |s: Option<Summary>| {
@@ -243,6 +259,43 @@ fn print_table(r: &CompareReport) {
     if let Some(m) = r.agent_maxrss_mib {
         println!("  {:<22} {:>26} {:>26}", "agent peak RSS (MiB)", "-", format!("{m:.1}"));
     }
-    let verdict = if r.speedup >= 1.0 { "faster" } else { "slower" };
-    println!("  speedup (stock median / gleaner median wall time): {:.2}x ({verdict} under Gleaner)", r.speedup);
+    println!(
+        "  speedup (stock median / gleaner median wall time): {:.2}x ({})",
+        r.speedup,
+        verdict(&r.stock_wall_s, &r.gleaner_wall_s)
+    );
+}
+
+/// Says "faster"/"slower" only when the runs do not overlap: a median ahead by less than
+/// the run-to-run spread is no result.
+fn verdict(stock: &Summary, gleaner: &Summary) -> &'static str {
+    if gleaner.max < stock.min {
+        "faster under Gleaner in every run"
+    } else if gleaner.min > stock.max {
+        "slower under Gleaner in every run"
+    } else if gleaner.p50 < stock.p50 {
+        "median faster under Gleaner, within the run-to-run spread"
+    } else if gleaner.p50 > stock.p50 {
+        "median slower under Gleaner, within the run-to-run spread"
+    } else {
+        "same median"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(v: &[f64]) -> Summary {
+        Summary::of(v).unwrap()
+    }
+
+    #[test]
+    fn a_verdict_needs_runs_that_do_not_overlap() {
+        assert_eq!(verdict(&runs(&[2.0, 2.1]), &runs(&[1.0, 1.1])), "faster under Gleaner in every run");
+        assert_eq!(verdict(&runs(&[1.0, 1.1]), &runs(&[2.0, 2.1])), "slower under Gleaner in every run");
+        assert_eq!(verdict(&runs(&[1.9, 2.0, 2.1]), &runs(&[1.85, 1.95, 2.2])), "median faster under Gleaner, within the run-to-run spread");
+        assert_eq!(verdict(&runs(&[1.9, 2.0, 2.1]), &runs(&[1.95, 2.05, 2.08])), "median slower under Gleaner, within the run-to-run spread");
+        assert_eq!(verdict(&runs(&[1.0]), &runs(&[1.0])), "same median");
+    }
 }

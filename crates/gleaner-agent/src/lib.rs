@@ -227,8 +227,9 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         let ms = |v: Option<f64>| v.map(|x| format!("{:.1} us", x / 1e3)).unwrap_or_else(|| "-".into());
         println!("agent {} managing {} (up {:.0} s)", r.agent_pid, r.target, r.uptime_s);
         println!(
-            "  retention {}  consolidation {}{}",
+            "  retention {}{}  consolidation {}{}",
             on_off(r.retention),
+            r.retention_note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default(),
             on_off(r.consolidation),
             r.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
         );

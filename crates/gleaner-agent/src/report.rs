@@ -58,6 +58,9 @@ pub struct StatusReport {
     /// What is managed: `command ...`, `pid N`, `cgroup PATH`.
     pub target: String,
     pub retention: bool,
+    /// Why retention is off although it was asked for (measured not to pay here).
+    #[serde(default)]
+    pub retention_note: Option<String>,
     pub consolidation: bool,
     /// Why consolidation is off although it was asked for.
     pub note: Option<String>,

@@ -259,6 +259,51 @@ pub fn timeout_from_wakeup(wake_idle_ns: u64, wake_busy_ns: u64) -> u64 {
     t.clamp(10_000, 2_000_000)
 }
 
+/// Wakeup latencies (medians, ns) that decide whether retention can pay on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WakeupCosts {
+    /// The waiter's vCPU is kept busy by a yielding thread (Table 2 setting B).
+    pub busy_ns: u64,
+    /// The waiter's vCPU was idle long enough to halt for good (setting C, long gap).
+    pub idle_long_ns: u64,
+    /// The waiter's vCPU was idle for as long as the retention timeout (setting C with a gap
+    /// equal to the timeout): the longest idle period retention would cover.
+    pub idle_at_timeout_ns: u64,
+}
+
+/// Whether keeping idle vCPUs busy can make wakeups cheaper here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RetentionVerdict {
+    /// Waking a vCPU that has been idle for the timeout costs clearly more than waking a busy
+    /// one: retention pays.
+    Pays,
+    /// A vCPU idle for as long as the timeout still wakes about as fast as a busy one. The
+    /// host keeps a halted vCPU polling for at least that long (KVM halt polling, a guest
+    /// haltpoll cpuidle driver), so every wakeup retention could speed up is already cheap
+    /// and its yielding threads would only take CPU from others.
+    HostPolls,
+    /// Even after a long idle period a halted vCPU wakes about as fast as a busy one: there is
+    /// no halt penalty to hide.
+    NoHaltPenalty,
+}
+
+/// A halt penalty (long-idle minus busy wakeup) below this is measurement noise.
+pub const MIN_HALT_PENALTY_NS: u64 = 3_000;
+
+/// Decides from measured wakeups whether retention pays: it does when a vCPU idle for the
+/// timeout has paid more than half the halt penalty (`idle_long - busy`) already.
+pub fn retention_verdict(c: &WakeupCosts) -> RetentionVerdict {
+    let penalty = c.idle_long_ns.saturating_sub(c.busy_ns);
+    if penalty < MIN_HALT_PENALTY_NS {
+        return RetentionVerdict::NoHaltPenalty;
+    }
+    if c.idle_at_timeout_ns <= c.busy_ns + penalty / 2 {
+        RetentionVerdict::HostPolls
+    } else {
+        RetentionVerdict::Pays
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,5 +478,35 @@ mod tests {
         assert_eq!(timeout_from_wakeup(100_000, 10_000), 180_000);
         assert_eq!(timeout_from_wakeup(1_000, 900), 10_000);
         assert_eq!(timeout_from_wakeup(50_000_000, 0), 2_000_000);
+    }
+
+    fn costs(busy: u64, long: u64, at_timeout: u64) -> WakeupCosts {
+        WakeupCosts { busy_ns: busy * 1000, idle_long_ns: long * 1000, idle_at_timeout_ns: at_timeout * 1000 }
+    }
+
+    #[test]
+    fn retention_pays_where_a_halted_vcpu_is_slow_to_wake() {
+        // The paper's VM (Table 2): busy 17 us, idle 37 us, no polling: a vCPU idle for the
+        // timeout is as slow to wake as one idle for long.
+        assert_eq!(retention_verdict(&costs(17, 37, 36)), RetentionVerdict::Pays);
+        // Polling covers part of the timeout only: most of the penalty is already paid.
+        assert_eq!(retention_verdict(&costs(13, 33, 24)), RetentionVerdict::Pays);
+    }
+
+    #[test]
+    fn retention_is_redundant_where_the_host_polls_past_the_timeout() {
+        // The development VM: busy 13 us, idle 32 us after 1 ms, 7 us after 28 us (halt
+        // polling answers faster than a yielding thread).
+        assert_eq!(retention_verdict(&costs(13, 32, 7)), RetentionVerdict::HostPolls);
+        // Exactly half the penalty paid still counts as polled.
+        assert_eq!(retention_verdict(&costs(10, 30, 20)), RetentionVerdict::HostPolls);
+        assert_eq!(retention_verdict(&costs(10, 30, 21)), RetentionVerdict::Pays);
+    }
+
+    #[test]
+    fn no_halt_penalty_means_nothing_to_retain() {
+        assert_eq!(retention_verdict(&costs(10, 12, 30)), RetentionVerdict::NoHaltPenalty);
+        // A busy vCPU slower than a halted one (a noisy host) is no penalty either.
+        assert_eq!(retention_verdict(&costs(20, 8, 8)), RetentionVerdict::NoHaltPenalty);
     }
 }
