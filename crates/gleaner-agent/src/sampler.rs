@@ -160,11 +160,17 @@ impl Sampler {
             }
         }
 
-        // Idle-state entries (S_yield without retention).
+        // Idle-state entries (S_yield without retention). A CPU without cpuidle states (no
+        // cpuidle driver, as on the development VM) has no count: it falls back to the
+        // workload's voluntary switches below rather than reading as never idle, which kept
+        // consolidation from ever running there.
         let mut entries_delta: BTreeMap<u32, u64> = BTreeMap::new();
         if yielders.is_none() {
             for cpu in cpus.iter() {
                 let Ok(states) = self.sysfs.cpuidle_states(cpu) else { continue };
+                if states.is_empty() {
+                    continue;
+                }
                 let usage: u64 = states.iter().map(|s| s.usage).sum();
                 let prev = self.idle_entries.insert(cpu, usage).unwrap_or(usage);
                 entries_delta.insert(cpu, usage.saturating_sub(prev));
@@ -245,5 +251,75 @@ mod tests {
         let p = split_total(7, &[(0, 1), (1, 1)]);
         assert_eq!(p.iter().map(|x| x.1).sum::<u64>(), 7);
         assert!(split_total(5, &[]).is_empty());
+    }
+
+    /// A /proc with one workload thread and a /sys with CPUs 0-1, cpuidle states optional.
+    struct Fixture {
+        dir: tempfile::TempDir,
+    }
+
+    impl Fixture {
+        fn new(cpuidle: bool) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let f = Self { dir };
+            std::fs::write(f.proc().join("stat"), "cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n").unwrap();
+            for cpu in 0..2 {
+                let d = f.sys().join(format!("devices/system/cpu/cpu{cpu}"));
+                std::fs::create_dir_all(&d).unwrap();
+                if cpuidle {
+                    let s = d.join("cpuidle/state0");
+                    std::fs::create_dir_all(&s).unwrap();
+                    std::fs::write(s.join("name"), "HLT\n").unwrap();
+                    std::fs::write(s.join("time"), "0\n").unwrap();
+                }
+            }
+            f.set(0, 0, 0);
+            f
+        }
+        fn proc(&self) -> std::path::PathBuf {
+            let p = self.dir.path().join("proc");
+            std::fs::create_dir_all(p.join("7/task/7")).unwrap();
+            p
+        }
+        fn sys(&self) -> std::path::PathBuf {
+            self.dir.path().join("sys")
+        }
+        /// The thread's run time and voluntary switches, and each CPU's idle-state entries.
+        fn set(&self, run_ns: u64, vcsw: u64, idle_usage: u64) {
+            let t = self.proc().join("7/task/7");
+            std::fs::write(t.join("schedstat"), format!("{run_ns} 0 0\n")).unwrap();
+            std::fs::write(t.join("status"), format!("Name:\tw\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\t{vcsw}\nnonvoluntary_ctxt_switches:\t0\n")).unwrap();
+            for cpu in 0..2 {
+                let s = self.sys().join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state0"));
+                if s.is_dir() {
+                    std::fs::write(s.join("usage"), format!("{idle_usage}\n")).unwrap();
+                }
+            }
+        }
+        fn sampler(&self) -> Sampler {
+            Sampler::new(Procfs::with_root(self.proc()), Sysfs::with_root(self.sys()))
+        }
+    }
+
+    fn s_yields(cpuidle: bool) -> Vec<u64> {
+        let f = Fixture::new(cpuidle);
+        let cpus = CpuSet::parse("0-1").unwrap();
+        let mut s = f.sampler();
+        s.prime(&[7], None, &cpus);
+        f.set(1_000_000, 100, 30);
+        let (snap, _) = s.sample(&[7], None, &cpus);
+        assert_eq!(snap.s_work, 100);
+        snap.vcpus.iter().map(|v| v.s_yield).collect()
+    }
+
+    #[test]
+    fn idle_periods_come_from_cpuidle_counters_when_there_are_any() {
+        assert_eq!(s_yields(true), vec![30, 30]);
+    }
+
+    #[test]
+    fn without_a_cpuidle_driver_idle_periods_fall_back_to_workload_switches() {
+        // Regression: no cpuidle states read as zero idle periods, and consolidation never ran.
+        assert_eq!(s_yields(false), vec![50, 50]);
     }
 }
