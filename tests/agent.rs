@@ -136,13 +136,16 @@ fn kill_9_gives_the_workload_its_cpus_back_within_a_second() {
     let run_dir = tempfile::tempdir().unwrap();
     let mut workload = Command::new("sleep").arg("30").spawn().unwrap();
     let original = cpuset_cgroup_of(workload.id());
+    // The guardian inherits this stderr: its undo errors end up in the failure message.
+    let err_path = run_dir.path().with_extension("stderr");
     let mut agent = gleaner()
         .args(["attach", "--timeout-us", "50", "--run-dir"])
         .arg(run_dir.path())
         .args(["--pid", &workload.id().to_string()])
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
         .spawn()
         .unwrap();
+    let stderr = || std::fs::read_to_string(&err_path).unwrap_or_default();
     assert!(
         wait_until(Duration::from_secs(5), || cpuset_cgroup_of(workload.id()).contains("gleaner-agent-")),
         "workload never moved into the agent's cgroup"
@@ -156,13 +159,14 @@ fn kill_9_gives_the_workload_its_cpus_back_within_a_second() {
         cpuset_cgroup_of(workload.id())
     );
     eprintln!("guardian restored the workload in {:?}", t0.elapsed());
-    assert!(wait_until(Duration::from_secs(2), || agent_groups().is_empty()), "cgroup left: {:?}", agent_groups());
+    assert!(wait_until(Duration::from_secs(3), || agent_groups().is_empty()), "cgroup left: {:?}; agent/guardian stderr: {}", agent_groups(), stderr());
     let out = gleaner().args(["restore", "--run-dir"]).arg(run_dir.path()).output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to restore"), "{}", String::from_utf8_lossy(&out.stdout));
     let _ = workload.kill();
     let _ = workload.wait();
     assert_no_leftovers(run_dir.path());
+    let _ = std::fs::remove_file(&err_path);
 }
 
 #[test]

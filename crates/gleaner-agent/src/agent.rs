@@ -364,6 +364,16 @@ impl Session {
         let mut child_pid = None;
         let mut workload_start = Instant::now();
 
+        // Status first: once the workload is in our cgroup, `gleaner status` must find us (a
+        // test raced the old order, which opened the socket after starting the yielders).
+        if opts.status_socket {
+            crate::state::create_private_dir(&cfg.run_dir)?;
+            self.servers.push(report::serve_status(&report::socket_path(&cfg.run_dir, agent_pid), Arc::clone(status))?);
+        }
+        if let Some(addr) = &cfg.metrics_addr {
+            self.servers.push(report::serve_metrics(addr, Arc::clone(status))?);
+        }
+
         if consolidation {
             let cgroups = self.cgroups.as_ref().context("cgroups vanished")?;
             let mut state = StateFile::create(&cfg.run_dir, agent_pid)?;
@@ -418,13 +428,6 @@ impl Session {
             managed.root_pid = Some(*pid);
         }
 
-        if opts.status_socket {
-            crate::state::create_private_dir(&cfg.run_dir)?;
-            self.servers.push(report::serve_status(&report::socket_path(&cfg.run_dir, agent_pid), Arc::clone(status))?);
-        }
-        if let Some(addr) = &cfg.metrics_addr {
-            self.servers.push(report::serve_metrics(addr, Arc::clone(status))?);
-        }
         let mut events = cfg.events.as_deref().map(EventLog::open).transpose()?;
         if !opts.quiet {
             info!("managing {} on CPUs {cpus}", target.describe());
