@@ -413,6 +413,11 @@ impl Guest {
         s
     }
 
+    /// The whole serial console so far (the guest's stderr goes there).
+    pub fn console(&self) -> String {
+        fs::read(self.tmp.path().join("console.log")).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+    }
+
     /// Kills the process group now (idempotent) and reaps QEMU.
     pub fn kill(&mut self) {
         if let Ok(pgid) = i32::try_from(self.pid) {

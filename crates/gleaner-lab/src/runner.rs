@@ -91,6 +91,26 @@ pub fn mode_command(gleaner: &Path, workload: &[String], agent: Option<&[String]
     }
 }
 
+/// The agent's start-up decisions in a guest console, each distinct line with its count:
+/// the calibrated retention timeout, or retention off and why. Numbers differ run to run, so
+/// lines group by their text before the first parenthesis with digits left out; the first
+/// line of each group is kept whole.
+pub fn agent_decisions(console: &str) -> Vec<(String, usize)> {
+    let mut out: Vec<(String, usize)> = Vec::new();
+    for l in console.lines().map(str::trim) {
+        let Some(rest) = l.strip_prefix("gleaner: ") else { continue };
+        if !(rest.starts_with("retention off:") || rest.starts_with("calibrated retention timeout") || rest.starts_with("consolidation disabled:")) {
+            continue;
+        }
+        let key = |t: &str| -> String { t.split(" (").next().unwrap_or(t).chars().filter(|c| !c.is_ascii_digit()).collect() };
+        match out.iter_mut().find(|(k, _)| key(k) == key(rest)) {
+            Some(e) => e.1 += 1,
+            None => out.push((rest.to_string(), 1)),
+        }
+    }
+    out
+}
+
 /// The measured guest's job: modes interleaved run by run (`off.1 on.1 off.2 on.2 ...`).
 pub fn workload_job(exp: &Experiment, gleaner: &Path, quick: bool, runs: u32) -> String {
     workload_job_with(exp, &exp.workload_args(quick), gleaner, runs)
@@ -313,6 +333,13 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
             }
         }
         s.kill_all();
+        // What the agent decided inside each measured guest (retention on or off, and why):
+        // the verdict depends on the guest's own wakeup costs, so the report must say it.
+        for id in std::iter::once(a).chain(if exp.scenario == Scenario::Oc2 { b } else { None }) {
+            for (line, n) in agent_decisions(&s.guests[id].console()) {
+                notes.push(format!("{} (halt_poll {hp}), {n} run(s): {line}", s.guests[id].name));
+            }
+        }
         for id in std::iter::once(a).chain(b) {
             if let Some(bs) = s.boot_s(id) {
                 boot_s.insert(format!("{}@{hp}", s.guests[id].name), bs);
@@ -411,6 +438,21 @@ pub fn is_interrupt(e: &anyhow::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn agent_decisions_are_grouped_and_counted() {
+        let console = "[    1.2] random: crng init done\n\
+            gleaner: retention off: the host polls halted vCPUs for at least the 30 us timeout (wakeup p50: 9 us busy vCPU)\n\
+            @@LAB BEGIN on.1\n\
+            gleaner: retention off: the host polls halted vCPUs for at least the 41 us timeout (wakeup p50: 8 us busy vCPU)\n\
+            gleaner: calibrated retention timeout 120 us (wakeup p50: 50 us busy vCPU)\n\
+            gleaner: something else\n";
+        let d = agent_decisions(console);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d[0].0.contains("the 30 us timeout (wakeup p50: 9 us") && d[0].1 == 2, "{d:?}");
+        assert!(d[1].0.starts_with("calibrated retention timeout 120 us") && d[1].1 == 1, "{d:?}");
+        assert!(agent_decisions("").is_empty());
+    }
     use super::*;
 
     #[test]
