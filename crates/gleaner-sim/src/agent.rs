@@ -220,6 +220,7 @@ impl Engine {
                 keep.push_back(t);
             }
         }
+        self.rqlen[vi] = keep.len() as u32;
         self.vcpus[vi].rq = keep;
         moved.append(&mut self.vcpus[vi].inbox);
         let cur = self.vcpus[vi].cur;

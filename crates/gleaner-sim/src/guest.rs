@@ -125,12 +125,29 @@ impl Engine {
         }
     }
 
+    /// Appends thread `t` to vCPU `v`'s run queue, counting it in the VM's queued threads and
+    /// the compact `rqlen`.
+    pub(crate) fn rq_push(&mut self, v: u32, t: u32) {
+        let vc = &mut self.vcpus[v as usize];
+        vc.rq.push_back(t);
+        self.vms[vc.vm as usize].queued += 1;
+        self.rqlen[v as usize] += 1;
+    }
+
+    /// Takes the thread at position `pos` of vCPU `v`'s run queue (the counterpart of
+    /// [`Self::rq_push`]).
+    fn rq_take(&mut self, v: u32, pos: usize) -> Option<u32> {
+        let vc = &mut self.vcpus[v as usize];
+        let t = if pos == 0 { vc.rq.pop_front() } else { vc.rq.remove(pos) }?;
+        self.vms[vc.vm as usize].queued -= 1;
+        self.rqlen[v as usize] -= 1;
+        Some(t)
+    }
+
     /// The vCPU has no current thread: run the next one, steal one, or go idle.
     pub(crate) fn guest_next(&mut self, v: u32, p: u32) {
         let vi = v as usize;
-        if let Some(t) = self.vcpus[vi].rq.pop_front() {
-            let vm = self.vcpus[vi].vm as usize;
-            self.vms[vm].queued -= 1;
+        if let Some(t) = self.rq_take(v, 0) {
             self.dispatch(v, t);
             return;
         }
@@ -177,9 +194,7 @@ impl Engine {
         let t = self.vcpus[vi].cur;
         self.threads[t as usize].state = Ts::Runnable;
         self.vcpus[vi].cur = NONE;
-        self.vcpus[vi].rq.push_back(t);
-        let vm = self.vcpus[vi].vm as usize;
-        self.vms[vm].queued += 1;
+        self.rq_push(v, t);
         self.guest_next(v, p);
     }
 
@@ -190,13 +205,12 @@ impl Engine {
             return None;
         }
         let (base, n) = (self.vms[vm].vcpu_base, self.vms[vm].nvcpus);
+        // The first vCPU with the longest run queue. `v`'s own queue is empty (`guest_next`
+        // found nothing), so it is never chosen; a vCPU with a queued thread has a load.
+        debug_assert_eq!(self.rqlen[v as usize], 0);
         let mut best = NONE;
         let mut best_len = 0;
-        for u in base..base + n {
-            if u == v || self.vload[u as usize] == 0 {
-                continue;
-            }
-            let len = self.vcpus[u as usize].rq.len();
+        for (u, &len) in (base..).zip(&self.rqlen[base as usize..(base + n) as usize]) {
             if len > best_len {
                 best = u;
                 best_len = len;
@@ -207,8 +221,7 @@ impl Engine {
         }
         let rq = &self.vcpus[best as usize].rq;
         let pos = (0..rq.len()).rev().find(|&i| self.threads[rq[i] as usize].pin == NONE)?;
-        let t = self.vcpus[best as usize].rq.remove(pos).expect("index in range");
-        self.vms[vm].queued -= 1;
+        let t = self.rq_take(best, pos).expect("index in range");
         self.vload[best as usize] -= 1;
         self.vload[v as usize] += 1;
         Some(t)
@@ -365,11 +378,9 @@ impl Engine {
         let vi = v as usize;
         self.vload[vi] += 1;
         self.threads[t as usize].vcpu = v;
-        let vm = self.vcpus[vi].vm as usize;
         let polling = matches!(self.vcpus[vi].idle, Idle::Poll { .. });
         if src == v || self.vcpus[vi].cur != NONE || polling {
-            self.vcpus[vi].rq.push_back(t);
-            self.vms[vm].queued += 1;
+            self.rq_push(v, t);
             if src != v {
                 if let Host::Running(p) = self.vcpus[vi].host {
                     self.settle(p);

@@ -56,131 +56,143 @@ impl Ord for Entry {
 
 /// Min-heap of timed events with FIFO order among equal times.
 ///
-/// Per-pCPU boundaries live in a separate indexed heap (one slot per pCPU, updated in place),
+/// Per-pCPU boundaries live in a separate tournament tree (one slot per pCPU, updated in place),
 /// because they are rescheduled on almost every event: lazy cancellation would fill the main
-/// heap with stale entries. Both heaps order by `(time, seq)` with one shared counter, so the
+/// heap with stale entries. Both order by `(time, seq)` with one shared counter, so the
 /// merged order is the same total FIFO order.
 #[derive(Debug, Default)]
 pub struct EventQueue {
     heap: BinaryHeap<Entry>,
     seq: u64,
-    slots: IndexedHeap,
+    slots: Tournament,
 }
 
-/// A binary min-heap of at most one `(time, seq)` per key, with in-place update and removal.
+/// A tournament (winner) tree over the pCPUs: at most one `(time, seq)` per key, updated in
+/// place, the earliest on top.
 ///
-/// `(time, seq)` is packed into one `u128` (time in the high half) so an order test is one
-/// comparison, and sifting moves a hole instead of swapping (one store per level).
-#[derive(Debug, Default)]
-struct IndexedHeap {
-    /// (time << 64 | seq, key)
-    heap: Vec<(u128, u32)>,
-    /// Position of each key in `heap`, `u32::MAX` if absent.
-    pos: Vec<u32>,
+/// Every pCPU event moves its own key (pop, then reschedule later), so the operation that
+/// matters is "change one key"; an indexed binary heap did that with a sift of data-dependent,
+/// badly predicted branches (a fifth of the run time at 64 pCPUs). Here an update walks the
+/// fixed path from the leaf to the root, replaying one match per level against the sibling
+/// subtree's winner: the siblings are off the path, so their loads do not wait for the walk,
+/// and each match is comparisons and conditional moves (no mispredictions, no position index
+/// to maintain). Measured alone at 64 keys: about 15 ns per update against 50 for the heap.
+///
+/// `(time, seq)` are kept as two `u64`s rather than one `u128`: the backend turns a selection
+/// of `u128`s in a loop back into a branch, but keeps conditional moves of `u64`s. The key
+/// rides in the low [`KEY_BITS`] of the second word (`seq << KEY_BITS | key`): seqs are unique,
+/// so the order is still `(time, seq)`, and a match moves two words instead of three.
+/// [`ABSENT`] marks a key without an event.
+#[derive(Debug)]
+struct Tournament {
+    /// Node `i` (1-based; children `2i`, `2i + 1`) holds the winner of its subtree; the leaves
+    /// are `tree[n + key]` with `n = tree.len() / 2`, a power of two, and `tree[1]` is the
+    /// overall winner (`tree[0]` is unused).
+    tree: Vec<Node>,
+    /// Keys that hold an event.
+    present: usize,
 }
 
-#[inline]
-fn pack(time: Ns, seq: u64) -> u128 {
-    (u128::from(time) << 64) | u128::from(seq)
+/// One match's winner: its time and `seq << KEY_BITS | key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Node {
+    time: Ns,
+    tag: u64,
 }
 
-impl IndexedHeap {
-    /// Moves `item` up from the hole at `i` to its place.
+impl Node {
+    /// `(time, tag)` as one number, for a single comparison.
     #[inline]
-    fn up(&mut self, mut i: usize, item: (u128, u32)) {
-        while i > 0 {
-            let parent = (i - 1) / 2;
-            let pe = self.heap[parent];
-            if item.0 < pe.0 {
-                self.heap[i] = pe;
-                self.pos[pe.1 as usize] = i as u32;
-                i = parent;
-            } else {
-                break;
-            }
-        }
-        self.heap[i] = item;
-        self.pos[item.1 as usize] = i as u32;
+    fn packed(self) -> u128 {
+        (u128::from(self.time) << 64) | u128::from(self.tag)
+    }
+}
+
+/// Bits of a tag that hold the key: pCPUs are at most 4096 (scenario validation).
+const KEY_BITS: u32 = 16;
+
+/// A key without an event: after every real event.
+const ABSENT: Node = Node { time: Ns::MAX, tag: u64::MAX };
+
+impl Default for Tournament {
+    fn default() -> Self {
+        // One leaf, which is also the root.
+        Self { tree: vec![ABSENT; 2], present: 0 }
+    }
+}
+
+impl Tournament {
+    /// Number of leaves.
+    #[inline]
+    fn leaves(&self) -> usize {
+        self.tree.len() / 2
     }
 
-    /// Moves `item` down from the hole at `i` to its place.
-    #[inline]
-    fn down(&mut self, mut i: usize, item: (u128, u32)) {
-        let n = self.heap.len();
-        loop {
-            let l = 2 * i + 1;
-            if l >= n {
-                break;
-            }
-            let r = l + 1;
-            let c = if r < n && self.heap[r].0 < self.heap[l].0 { r } else { l };
-            let ce = self.heap[c];
-            if ce.0 < item.0 {
-                self.heap[i] = ce;
-                self.pos[ce.1 as usize] = i as u32;
-                i = c;
-            } else {
-                break;
-            }
+    /// Makes room for key `k` (doubling the leaves and rebuilding; only while a run starts).
+    #[cold]
+    fn grow(&mut self, k: usize) {
+        assert!(k < 1 << KEY_BITS, "tournament key {k} out of range");
+        let old = self.leaves();
+        let n = (k + 1).next_power_of_two();
+        let mut tree = vec![ABSENT; 2 * n];
+        tree[n..n + old].copy_from_slice(&self.tree[old..]);
+        for i in (1..n).rev() {
+            let (l, r) = (tree[2 * i], tree[2 * i + 1]);
+            tree[i] = if r.packed() < l.packed() { r } else { l };
         }
-        self.heap[i] = item;
-        self.pos[item.1 as usize] = i as u32;
+        self.tree = tree;
+    }
+
+    /// Sets key `k`'s leaf and replays the matches on its path to the root.
+    #[inline]
+    fn update(&mut self, k: usize, mut best: Node) {
+        if k >= self.leaves() {
+            self.grow(k);
+        }
+        let mut node = self.leaves() + k;
+        let was = self.tree[node];
+        self.present = self.present + usize::from(best != ABSENT) - usize::from(was != ABSENT);
+        self.tree[node] = best;
+        while node > 1 {
+            let sib = self.tree[node ^ 1];
+            // Which side wins is data, not a pattern: a branch would mispredict often. (`|` and
+            // `&` rather than `||`, `&&` or a 128-bit comparison, which compile to branches.)
+            let lt = (sib.time < best.time) | ((sib.time == best.time) & (sib.tag < best.tag));
+            best.time = std::hint::select_unpredictable(lt, sib.time, best.time);
+            best.tag = std::hint::select_unpredictable(lt, sib.tag, best.tag);
+            node /= 2;
+            self.tree[node] = best;
+        }
     }
 
     fn set(&mut self, key: u32, time: Ns, seq: u64) {
-        let k = key as usize;
-        if k >= self.pos.len() {
-            self.pos.resize(k + 1, u32::MAX);
-        }
-        let item = (pack(time, seq), key);
-        let p = self.pos[k];
-        if p == u32::MAX {
-            self.heap.push(item);
-            let i = self.heap.len() - 1;
-            self.up(i, item);
-        } else {
-            let i = p as usize;
-            if self.heap[i].0 < item.0 {
-                self.down(i, item);
-            } else {
-                self.up(i, item);
-            }
-        }
+        // 2^48 events: a year of one run at ten million events per second.
+        assert!(seq < 1 << (64 - KEY_BITS), "event sequence number overflow");
+        self.update(key as usize, Node { time, tag: seq << KEY_BITS | u64::from(key) });
     }
 
     fn remove(&mut self, key: u32) {
         let k = key as usize;
-        let Some(&p) = self.pos.get(k) else { return };
-        if p == u32::MAX {
-            return;
-        }
-        let i = p as usize;
-        self.pos[k] = u32::MAX;
-        let last = self.heap.pop().expect("a present key is in the heap");
-        if i < self.heap.len() {
-            // Put the former last element in the hole at i, sifting whichever way it must go.
-            if i > 0 && last.0 < self.heap[(i - 1) / 2].0 {
-                self.up(i, last);
-            } else {
-                self.down(i, last);
-            }
+        if k < self.leaves() && self.tree[self.leaves() + k] != ABSENT {
+            self.update(k, ABSENT);
         }
     }
 
     /// The earliest `(time, seq, key)`.
     #[inline]
     fn peek(&self) -> Option<(Ns, u64, u32)> {
-        self.heap.first().map(|&(k, key)| ((k >> 64) as Ns, k as u64, key))
+        let w = self.tree[1];
+        (w != ABSENT).then_some((w.time, w.tag >> KEY_BITS, (w.tag & ((1 << KEY_BITS) - 1)) as u32))
     }
 
     fn len(&self) -> usize {
-        self.heap.len()
+        self.present
     }
 }
 
 impl EventQueue {
     pub fn with_capacity(n: usize) -> Self {
-        Self { heap: BinaryHeap::with_capacity(n), seq: 0, slots: IndexedHeap::default() }
+        Self { heap: BinaryHeap::with_capacity(n), seq: 0, slots: Tournament::default() }
     }
 
     /// Schedules (or moves) pCPU `p`'s single boundary event to `time`.
@@ -305,7 +317,7 @@ mod tests {
         assert_eq!(q.pop(), Some((12, Ev::Pcpu { p: 1, gen: 0 })));
         q.cancel_pcpu(1);
         assert_eq!(q.pop(), None);
-        // Randomized: the indexed heap agrees with a sort.
+        // Randomized: the tournament tree agrees with a sort.
         let mut x: u64 = 99;
         let mut want = std::collections::BTreeMap::new();
         for i in 0..2000u32 {
