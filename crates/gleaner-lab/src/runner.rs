@@ -309,7 +309,18 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
                 let b = s.start(&base_spec(&format!("lab-{}-B", exp.name), co_runner_job(&co, &gleaner)))?;
                 s.drive(deadline, "the co-runner to start in VM B", &[b], &|s| s.states[0].current_step().is_some() || !s.states[0].steps.is_empty(), &mut tick)?;
                 let a = s.start(&base_spec(&format!("lab-{}-A", exp.name), a_job.clone()))?;
-                s.drive(deadline, "the workload's steps in VM A", &[a, b], &|s| s.states[1].done.is_some(), &mut tick)?;
+                s.drive(deadline, "the workload's steps in VM A", &[a, b], &|s| s.states[a].done.is_some(), &mut tick)?;
+                // Let the co-runner finish the iteration under way: an iteration that spans
+                // A's whole last step would otherwise never be counted, and that step would
+                // have no co-runner rate (seen with short steps under load). Best effort.
+                if let Some(a_end) = s.states[a].steps.last().map(|x| x.2) {
+                    let wait = deadline.min(Instant::now() + Duration::from_secs(30));
+                    let ended_after = |s: &Session| s.states[b].steps.last().is_some_and(|x| x.2 >= a_end);
+                    match s.drive(wait, "the co-runner's iteration in VM B", &[b], &ended_after, &mut tick) {
+                        Ok(()) | Err(LabError::Timeout { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
                 (a, Some(b))
             }
             Scenario::Oc2 => {
