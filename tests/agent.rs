@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use gleaner_policy::retention::{retention_verdict, RetentionVerdict, WakeupCosts};
 use common::*;
 use serial_test::serial;
 
@@ -274,6 +275,9 @@ fn calibration_decides_whether_retention_pays_and_says_why() {
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let on = r["retention"].as_bool().unwrap();
     let note = r["retention_note"].as_str();
+    // The decision follows the policy's verdict on the medians it reports.
+    let costs: WakeupCosts = serde_json::from_value(r["wakeup_costs"].clone()).expect("the measured wakeups");
+    assert_eq!(on, retention_verdict(&costs) == RetentionVerdict::Pays, "{r}");
     if on {
         // Retention pays: a calibrated timeout within the policy's clamp, and no excuse.
         let t = r["timeout_us"].as_u64().expect("a retention timeout");

@@ -133,9 +133,21 @@ pub fn managed_cpus(cfg: &AgentConfig, sysfs: &Sysfs) -> anyhow::Result<CpuSet> 
 /// Retention as decided at start: its parameters, or why it stays off.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RetentionPlan {
-    On(RetentionConfig),
+    /// `measured`: the wakeups behind a calibrated timeout (`None` when configured, or when
+    /// the measurement failed and a default is used).
+    On { config: RetentionConfig, measured: Option<WakeupCosts> },
     /// Asked for, but measured not to pay on this machine.
-    Off(String),
+    Off { why: String, measured: WakeupCosts },
+}
+
+impl RetentionPlan {
+    /// The wakeup medians the decision was made from, if it was measured.
+    pub fn measured(&self) -> Option<WakeupCosts> {
+        match self {
+            Self::On { measured, .. } => *measured,
+            Self::Off { measured, .. } => Some(*measured),
+        }
+    }
 }
 
 /// Decides the retention parameters: configured values, or calibrated on this machine.
@@ -144,32 +156,34 @@ pub enum RetentionPlan {
 /// the timeout wakes. If the host already keeps halted vCPUs polling that long (KVM halt
 /// polling), retention would burn CPU for nothing and stays off
 /// ([`gleaner_policy::retention::retention_verdict`]). A configured `timeout_us` skips both
-/// measurements and always retains.
+/// measurements and always retains. The idle threshold is sampled only when retaining.
+///
+/// The lines printed here start with `gleaner: calibrated retention timeout` or
+/// `gleaner: retention off:`; the lab's `runner::agent_decisions` reads them from guest
+/// consoles, so keep those prefixes.
 pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> RetentionPlan {
-    let say = |m: &str| {
-        if !quiet {
-            eprintln!("gleaner: {m}");
-        }
-    };
-    let threshold_ns = cfg.idle_threshold_us.map(|u| u * 1000).unwrap_or_else(|| {
-        let samples = crate::yielders::sample_yields(2000);
-        gleaner_policy::retention::idle_threshold_from_samples(&samples).unwrap_or(20_000)
-    });
-    let with_timeout = |timeout_ns: u64| RetentionConfig {
-        idle_threshold_ns: threshold_ns,
-        timeout_ns,
-        max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
-        step_aside_ns: cfg.step_aside_us * 1_000,
-        ..RetentionConfig::default()
+    let on = |timeout_ns: u64, measured: Option<WakeupCosts>| {
+        let idle_threshold_ns = cfg.idle_threshold_us.map(|u| u * 1000).unwrap_or_else(|| {
+            let samples = crate::yielders::sample_yields(2000);
+            gleaner_policy::retention::idle_threshold_from_samples(&samples).unwrap_or(20_000)
+        });
+        let config = RetentionConfig {
+            idle_threshold_ns,
+            timeout_ns,
+            max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
+            step_aside_ns: cfg.step_aside_us * 1_000,
+            ..RetentionConfig::default()
+        };
+        RetentionPlan::On { config, measured }
     };
     if let Some(us) = cfg.timeout_us {
-        return RetentionPlan::On(with_timeout(us * 1000));
+        return on(us * 1000, None);
     }
     let (idle, busy) = match crate::calibrate::wakeup_costs(cpus) {
         Ok(v) => v,
         Err(e) => {
             warn!("wakeup calibration failed ({e:#}); using 100 us");
-            return RetentionPlan::On(with_timeout(100_000));
+            return on(100_000, None);
         }
     };
     let t = gleaner_policy::retention::timeout_from_wakeup(idle, busy);
@@ -177,11 +191,11 @@ pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> Retentio
         Ok(v) => v,
         Err(e) => {
             warn!("host polling check failed ({e:#}); retaining");
-            return RetentionPlan::On(with_timeout(t));
+            return on(t, None);
         }
     };
-    let costs = WakeupCosts { busy_ns: busy, idle_long_ns: idle, idle_at_timeout_ns: at_t };
-    let measured = format!(
+    let measured = WakeupCosts { busy_ns: busy, idle_long_ns: idle, idle_at_timeout_ns: at_t };
+    let medians = format!(
         "wakeup p50: {} us busy vCPU, {} us after {} us idle, {} us after {} us idle",
         busy / 1000,
         at_t / 1000,
@@ -189,22 +203,20 @@ pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> Retentio
         idle / 1000,
         crate::calibrate::LONG_GAP_US
     );
-    match retention_verdict(&costs) {
+    let why = match retention_verdict(&measured) {
         RetentionVerdict::Pays => {
-            say(&format!("calibrated retention timeout {} us ({measured})", t / 1000));
-            RetentionPlan::On(with_timeout(t))
+            if !quiet {
+                eprintln!("gleaner: calibrated retention timeout {} us ({medians})", t / 1000);
+            }
+            return on(t, Some(measured));
         }
-        RetentionVerdict::HostPolls => {
-            let why = format!("the host polls halted vCPUs for at least the {} us timeout ({measured})", t / 1000);
-            say(&format!("retention off: {why}; --timeout-us forces it"));
-            RetentionPlan::Off(why)
-        }
-        RetentionVerdict::NoHaltPenalty => {
-            let why = format!("no halt penalty to hide ({measured})");
-            say(&format!("retention off: {why}; --timeout-us forces it"));
-            RetentionPlan::Off(why)
-        }
+        RetentionVerdict::HostPolls => format!("the host polls halted vCPUs for at least the {} us timeout ({medians})", t / 1000),
+        RetentionVerdict::NoHaltPenalty => format!("no halt penalty to hide ({medians})"),
+    };
+    if !quiet {
+        eprintln!("gleaner: retention off: {why}; --timeout-us forces it");
     }
+    RetentionPlan::Off { why, measured }
 }
 
 /// Why consolidation cannot run here, if it cannot.
@@ -294,8 +306,8 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     }
 
     let (rcfg, retention_note) = match cfg.retention.then(|| retention_plan(cfg, &cpus, opts.quiet)) {
-        Some(RetentionPlan::On(r)) => (Some(r), None),
-        Some(RetentionPlan::Off(why)) => (None, Some(why)),
+        Some(RetentionPlan::On { config, .. }) => (Some(config), None),
+        Some(RetentionPlan::Off { why, .. }) => (None, Some(why)),
         None => (None, None),
     };
 

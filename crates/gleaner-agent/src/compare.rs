@@ -8,6 +8,7 @@ use anyhow::Context;
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
+use gleaner_policy::retention::WakeupCosts;
 use gleaner_policy::stats::Summary;
 use serde::Serialize;
 
@@ -47,6 +48,13 @@ pub struct Sample {
     pub exit_code: i32,
 }
 
+/// What the one start-up calibration of `compare` decided about retention.
+#[derive(Debug, Default)]
+struct Calibration {
+    retention_note: Option<String>,
+    wakeup_costs: Option<WakeupCosts>,
+}
+
 /// The result of `gleaner compare`.
 #[derive(Debug, Clone, Serialize)]
 pub struct CompareReport {
@@ -56,6 +64,8 @@ pub struct CompareReport {
     pub retention: bool,
     /// Why retention is off although it was asked for (measured not to pay here).
     pub retention_note: Option<String>,
+    /// The wakeup medians retention was decided from (`None` when `--timeout-us` was given).
+    pub wakeup_costs: Option<WakeupCosts>,
     pub consolidation: bool,
     pub timeout_us: Option<u64>,
     pub samples: Vec<Sample>,
@@ -87,18 +97,20 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         args.cmd.clone()
     };
     agent::check_program(&command)?;
-    // Calibrate retention once, so every Gleaner run uses the same timeout.
-    // Retention measured not to pay here is off for every run, and the report says why.
-    let mut retention_note = None;
+    // Calibrate retention once, so every Gleaner run uses the same timeout. Retention
+    // measured not to pay here is off for every run, and the report says why.
+    let mut calibration = Calibration::default();
     if cfg.retention && (cfg.timeout_us.is_none() || cfg.idle_threshold_us.is_none()) {
-        match agent::retention_plan(&cfg, &cpus, args.json) {
-            agent::RetentionPlan::On(r) => {
-                cfg.timeout_us = Some((r.timeout_ns / 1000).max(1));
-                cfg.idle_threshold_us = Some((r.idle_threshold_ns / 1000).max(1));
+        let plan = agent::retention_plan(&cfg, &cpus, args.json);
+        calibration.wakeup_costs = plan.measured();
+        match plan {
+            agent::RetentionPlan::On { config, .. } => {
+                cfg.timeout_us = Some((config.timeout_ns / 1000).max(1));
+                cfg.idle_threshold_us = Some((config.idle_threshold_ns / 1000).max(1));
             }
-            agent::RetentionPlan::Off(why) => {
+            agent::RetentionPlan::Off { why, .. } => {
                 cfg.retention = false;
-                retention_note = Some(why);
+                calibration.retention_note = Some(why);
             }
         }
     }
@@ -135,8 +147,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     if !args.json {
         eprintln!();
     }
-    let mut report = summarize(command, args.runs, &cpus, &cfg, samples);
-    report.retention_note = retention_note;
+    let report = summarize(command, args.runs, &cpus, &cfg, calibration, samples);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -196,7 +207,7 @@ fn run_gleaner(command: &[String], cfg: &crate::config::AgentConfig, cpus: &CpuS
     })
 }
 
-fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config::AgentConfig, samples: Vec<Sample>) -> CompareReport {
+fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config::AgentConfig, calibration: Calibration, samples: Vec<Sample>) -> CompareReport {
     let pick = |mode: &str, f: &dyn Fn(&Sample) -> Option<f64>| -> Vec<f64> {
         samples.iter().filter(|s| s.mode == mode).filter_map(f).collect()
     };
@@ -211,7 +222,8 @@ fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config
         runs,
         cpus: cpus.to_string(),
         retention: cfg.retention,
-        retention_note: None,
+        retention_note: calibration.retention_note,
+        wakeup_costs: calibration.wakeup_costs,
         consolidation: cfg.consolidation,
         timeout_us: cfg.timeout_us.filter(|_| cfg.retention),
         speedup: stock_wall_s.p50 / gleaner_wall_s.p50,

@@ -20,7 +20,8 @@ pub struct AgentConfig {
     pub consolidation: bool,
     /// Control period.
     pub period_ms: u64,
-    /// Retention timeout; `None` calibrates it from a measured vCPU wakeup at start.
+    /// Retention timeout; `None` calibrates it from a measured vCPU wakeup at start (and
+    /// keeps retention off where it would not pay); a value always retains.
     pub timeout_us: Option<u64>,
     /// A yield longer than this means the workload ran; `None` calibrates it.
     pub idle_threshold_us: Option<u64>,
@@ -150,7 +151,8 @@ consolidation = true
 # Control period: how often metrics are sampled and the controller decides.
 period_ms = 200
 # Retention timeout: how long a yielding thread spins on an idle vCPU before letting it halt.
-# Unset: calibrated at start from a measured vCPU wakeup (about 1 s of measurement).
+# Unset: calibrated at start from a measured vCPU wakeup (about 1 s of measurement), and
+# retention stays off where the host already polls halted vCPUs that long. Set: always retain.
 # timeout_us = 100
 # A sched_yield() call longer than this means the workload ran meanwhile. Unset: calibrated.
 # idle_threshold_us = 20

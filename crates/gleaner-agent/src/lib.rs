@@ -42,7 +42,9 @@ pub struct AgentFlags {
     /// Control period in milliseconds (10..=10000).
     #[arg(long, value_name = "MS")]
     pub period_ms: Option<u64>,
-    /// Retention timeout in microseconds; default: calibrated from a measured vCPU wakeup.
+    /// Retention timeout in microseconds. Default: calibrated from a measured vCPU wakeup, and
+    /// retention stays off where the host already polls halted vCPUs that long; giving a
+    /// timeout skips both measurements and always retains.
     #[arg(long, value_name = "US")]
     pub timeout_us: Option<u64>,
     /// CPUs to manage (kernel list format, e.g. 0-3); default: every online CPU.

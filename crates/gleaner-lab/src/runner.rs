@@ -449,6 +449,7 @@ pub fn is_interrupt(e: &anyhow::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn agent_decisions_are_grouped_and_counted() {
@@ -464,7 +465,6 @@ mod tests {
         assert!(d[1].0.starts_with("calibrated retention timeout 120 us") && d[1].1 == 1, "{d:?}");
         assert!(agent_decisions("").is_empty());
     }
-    use super::*;
 
     #[test]
     fn jobs_interleave_modes_and_wrap_the_agent() {
