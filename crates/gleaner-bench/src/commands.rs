@@ -16,7 +16,7 @@ use crate::measure::{self, SystemMeter};
 use crate::report::{BenchDoc, HostInfo, RunSummary};
 use crate::wakeup::{self, SettingResult, WakeupConfig};
 use crate::workload::{self, Workload, WorkloadParams};
-use crate::{OverheadArgs, RunArgs, WakeupArgs, WorkloadArgs};
+use crate::{OverheadArgs, RunArgs, WakeupArgs, WorkloadArgs, YieldersArgs};
 
 fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
@@ -349,4 +349,31 @@ pub(crate) fn overhead(a: &OverheadArgs) -> anyhow::Result<ExitCode> {
     println!("overhead impact factor      omega   = {:.3}  ((1 + d_eta_t) / (1 + d_eta_r))", r.metrics.omega);
     println!("note: {}", r.note);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `gleaner bench yielders -- CMD`: CMD runs as a child (its CPU time is its own) while this
+/// process keeps a SCHED_IDLE yielding thread on every CPU; exits with CMD's status
+/// (`128+n` if killed by signal n).
+pub(crate) fn yielders(a: &YieldersArgs) -> anyhow::Result<ExitCode> {
+    let allowed = measure::allowed_cpu_set();
+    let cpus = match &a.cpus {
+        None => allowed.clone(),
+        Some(list) => {
+            let c = gleaner_os::cpuset::CpuSet::parse(list).map_err(|_| BadInput::new("--cpus", list, "a CPU list such as 0-3"))?;
+            if c.is_empty() || !c.iter().all(|x| allowed.contains(x)) {
+                return Err(BadInput::new("--cpus", list, format!("a non-empty subset of the CPUs this process may use ({allowed})")).into());
+            }
+            c
+        }
+    };
+    let (prog, args) = a.command.split_first().ok_or_else(|| BadInput::new("command", "(empty)", "a program and its arguments after --"))?;
+    let loads = cpus.iter().map(wakeup::yielder_load).collect::<anyhow::Result<Vec<_>>>()?;
+    let status = Command::new(prog)
+        .args(args)
+        .status()
+        .map_err(|e| BadInput::new("command", prog, format!("a program that can be started ({e})")))?;
+    drop(loads);
+    use std::os::unix::process::ExitStatusExt;
+    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    Ok(ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1)))
 }

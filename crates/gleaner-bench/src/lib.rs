@@ -20,7 +20,7 @@ pub mod report;
 pub mod wakeup;
 pub mod workload;
 
-pub use commands::{overhead_of, OverheadReport, WakeupDoc};
+pub use commands::{overhead_of, workload_params, OverheadReport, WakeupDoc};
 
 /// Library entry points of the commands (for tests and other crates).
 pub mod commands_for_tests {
@@ -46,6 +46,32 @@ pub enum BenchCommand {
     Run(RunArgs),
     /// The survey's overhead metrics (d_eta_r, d_eta_t, omega) from two result files.
     Overhead(OverheadArgs),
+    /// Run CMD with naive, always-on retention: a SCHED_IDLE `sched_yield()` loop on every CPU
+    /// (no timeout, no consolidation), the user-level idle daemon of the Fudan technical report
+    /// the Gleaner paper cites. A baseline policy for `gleaner lab`; exits with CMD's status.
+    Yielders(YieldersArgs),
+    /// Print this machine's compute rate (LCG steps per microsecond, the fastest of N ~1 ms
+    /// trials): pass it to `bench workload --iters-per-us` so runs do the same work.
+    Rate(RateArgs),
+}
+
+/// `gleaner bench rate`
+#[derive(Debug, Clone, clap::Args)]
+pub struct RateArgs {
+    /// Trials; the fastest one counts (the least disturbed by preemption), 1..=1000.
+    #[arg(long, default_value_t = 20)]
+    pub trials: u32,
+}
+
+/// `gleaner bench yielders`
+#[derive(Debug, Clone, clap::Args)]
+pub struct YieldersArgs {
+    /// CPUs to keep busy (kernel list, e.g. 0-3); default: every CPU this process may use.
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 /// `gleaner bench wakeup`
@@ -164,6 +190,14 @@ pub fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Workload(a) => commands::workload(&a),
         BenchCommand::Run(a) => commands::run(&a),
         BenchCommand::Overhead(a) => commands::overhead(&a),
+        BenchCommand::Yielders(a) => commands::yielders(&a),
+        BenchCommand::Rate(a) => {
+            if !(1..=1000).contains(&a.trials) {
+                return Err(gleaner_os::BadInput::new("--trials", a.trials, "1..=1000").into());
+            }
+            println!("{:.3}", workload::compute::best_iters_per_us(a.trials));
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

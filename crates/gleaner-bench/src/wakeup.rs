@@ -509,6 +509,12 @@ fn waker(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> anyhow::
     Ok(t)
 }
 
+/// A SCHED_IDLE thread on `cpu` calling `sched_yield()` until the returned value is dropped
+/// (the yielder of setting B; `gleaner bench yielders`).
+pub fn yielder_load(cpu: u32) -> anyhow::Result<impl Drop> {
+    Load::yielder(cpu)
+}
+
 /// Background load for settings B and D, stopped and joined on drop.
 struct Load {
     stop: std::sync::Arc<AtomicBool>,

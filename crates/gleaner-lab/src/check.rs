@@ -88,8 +88,8 @@ pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Pa
     let font = std::env::var_os("GLEANER_FONT").map_or_else(|| "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf".into(), |v| v.to_string_lossy().into_owned());
     items.push(item("font", Path::new(&font).is_file(), false, font.clone(), Some("apt-get install fonts-dejavu-core (report plots)")));
     if let Some(g) = gleaner {
-        let vis = guest::visible_in_guest(g);
-        items.push(item("gleaner", g.is_file() && vis, true, format!("{}{}", g.display(), if vis { "" } else { " (hidden in the guest: under a guest tmpfs)" }), Some("cargo build --release, or pass --gleaner PATH outside /tmp")));
+        let share = if guest::visible_in_guest(g) { "" } else { " (under a guest tmpfs: its directory is shared into the guests)" };
+        items.push(item("gleaner", g.is_file() && guest::shareable(g), true, format!("{}{share}", g.display()), Some("cargo build --release, or pass --gleaner PATH (not under /dev, /proc, /sys)")));
     }
     items
 }

@@ -25,14 +25,135 @@ pub enum Scenario {
     Oc2,
 }
 
-/// A Gleaner setting inside the guest.
+/// What keeps (or does not keep) the measured guest's idle vCPUs from halting: the policy
+/// matrix of issue 13, each a way a VM user or operator could attack the blocked-waiter
+/// wakeup problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Nothing: the stock guest (idle vCPUs halt).
+    Stock,
+    /// Naive always-on retention: a `SCHED_IDLE` `sched_yield()` loop on every vCPU, no
+    /// timeout (`gleaner bench yielders -- ...`).
+    Yielders,
+    /// The guest kernel booted with `idle=poll`: idle vCPUs spin in the kernel, never halt.
+    IdlePoll,
+    /// The guest's cpuidle-haltpoll driver (`cpuidle_haltpoll.force=1`): poll adaptively, then
+    /// halt. Loads only where the guest sees KVM's paravirtual CPUID leaves.
+    Haltpoll,
+    /// Gleaner's resource retention alone (`gleaner run --no-consolidation`).
+    Retention,
+    /// Gleaner's consolidation scheduling alone (`gleaner run --no-retention`).
+    Consolidation,
+    /// Gleaner, both mechanisms (`gleaner run`).
+    Gleaner,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 7] =
+        [Policy::Stock, Policy::Yielders, Policy::IdlePoll, Policy::Haltpoll, Policy::Retention, Policy::Consolidation, Policy::Gleaner];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Stock => "stock",
+            Policy::Yielders => "yielders",
+            Policy::IdlePoll => "idle-poll",
+            Policy::Haltpoll => "haltpoll",
+            Policy::Retention => "retention",
+            Policy::Consolidation => "consolidation",
+            Policy::Gleaner => "gleaner",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Policy, BadInput> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| BadInput::new("policy", s, Policy::ALL.map(Policy::name).join(", ")))
+    }
+
+    /// Kernel command-line arguments the guest must boot with.
+    pub fn kernel_args(self) -> &'static [&'static str] {
+        match self {
+            Policy::IdlePoll => &["idle=poll"],
+            Policy::Haltpoll => &["cpuidle_haltpoll.force=1"],
+            _ => &[],
+        }
+    }
+
+    /// `gleaner run` arguments of the agent policies; `None` for policies without the agent.
+    pub fn agent_args(self) -> Option<&'static [&'static str]> {
+        match self {
+            Policy::Retention => Some(&["--no-consolidation"]),
+            Policy::Consolidation => Some(&["--no-retention"]),
+            Policy::Gleaner => Some(&[]),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One way of running the workload in the measured guest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Mode {
     pub name: String,
-    /// Arguments of `gleaner run` (e.g. `["--no-consolidation"]`); absent: stock run.
+    /// The policy; absent: `gleaner` when `agent` is given, else `stock`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Policy>,
+    /// Extra arguments of `gleaner run` (agent policies only), e.g. `["--period-ms", "100"]`.
     #[serde(default)]
     pub agent: Option<Vec<String>>,
+}
+
+impl Mode {
+    pub fn stock(name: &str) -> Self {
+        Self { name: name.into(), policy: Some(Policy::Stock), agent: None }
+    }
+
+    pub fn of(policy: Policy) -> Self {
+        Self { name: policy.name().into(), policy: Some(policy), agent: None }
+    }
+
+    /// The policy this mode runs.
+    pub fn policy(&self) -> Policy {
+        self.policy.unwrap_or(if self.agent.is_some() { Policy::Gleaner } else { Policy::Stock })
+    }
+
+    /// Every `gleaner run` argument of this mode (`None`: the agent does not run).
+    pub fn agent_args(&self) -> Option<Vec<String>> {
+        let base = self.policy().agent_args()?;
+        let mut a: Vec<String> = base.iter().map(|s| (*s).to_string()).collect();
+        a.extend(self.agent.iter().flatten().cloned());
+        Some(a)
+    }
+
+    /// Kernel arguments of the boot this mode needs (modes with equal ones share a boot).
+    pub fn kernel_args(&self) -> Vec<String> {
+        self.policy().kernel_args().iter().map(|s| (*s).to_string()).collect()
+    }
+}
+
+/// How much compute a workload item is, in the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compute {
+    /// The same iterations as natively (`--iters-per-us` measured on the host): the same
+    /// instructions everywhere. Under TCG the compute loop runs almost at native speed but the
+    /// guest kernel's synchronization paths (futex, scheduler, IPIs) cost ~20x more CPU, so
+    /// the guest run is far more synchronization-bound than the native one.
+    #[default]
+    Native,
+    /// The same share of CPU in synchronization as natively: a sizing guest alone on the pCPUs
+    /// measures the synchronization cost per item (the workload with `--work-us 0`) and the
+    /// guest's compute rate, and guest runs compute `work_us` times the guest/native
+    /// synchronization cost ratio (docs/lab.md).
+    Balanced,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,6 +173,10 @@ pub struct Experiment {
     pub pcpus: Option<String>,
     /// `gleaner` arguments of the measured workload (must print a bench JSON document).
     pub workload: Vec<String>,
+    /// Arguments added for full runs (e.g. the number of items).
+    #[serde(default)]
+    pub full_args: Vec<String>,
+    /// Arguments added with `--quick`.
     #[serde(default)]
     pub quick_args: Vec<String>,
     /// `gleaner` arguments of the co-runner VM's loop (oc only).
@@ -73,6 +198,10 @@ pub struct Experiment {
     pub halt_poll: Vec<String>,
     #[serde(default)]
     pub guest_cgroup: GuestCgroup,
+    /// Compute per item in the guest: `native` (same iterations) or `guest` (same
+    /// microseconds of the guest's own clock).
+    #[serde(default)]
+    pub compute: Compute,
 }
 
 fn default_vcpus() -> u32 {
@@ -82,10 +211,10 @@ fn default_memory() -> u32 {
     512
 }
 fn default_runs() -> u32 {
-    5
+    7
 }
 fn default_quick_runs() -> u32 {
-    2
+    5
 }
 fn default_timeout() -> u64 {
     1800
@@ -141,10 +270,22 @@ impl Experiment {
         if self.modes.is_empty() {
             return bad("modes", "[]".into(), "at least one [[modes]] entry");
         }
-        for m in &self.modes {
+        for (i, m) in self.modes.iter().enumerate() {
             if m.name.is_empty() || !m.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
                 return bad("mode name", m.name.clone(), "letters, digits, - and _");
             }
+            if m.name == "native" || m.name == "co-runner" || m.name == "setup" {
+                return bad("mode name", m.name.clone(), "a name other than native, co-runner and setup (used by the lab)");
+            }
+            if self.modes[..i].iter().any(|o| o.name == m.name) {
+                return bad("mode name", m.name.clone(), "a name no other mode has");
+            }
+            if m.agent.is_some() && m.policy().agent_args().is_none() {
+                return bad(&format!("agent of mode {}", m.name), format!("{:?}", m.agent), &format!("no agent arguments: policy {} does not run the agent", m.policy()));
+            }
+        }
+        if !self.modes.iter().any(|m| m.policy() == Policy::Stock) {
+            return bad("modes", self.modes.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "), "a stock mode (policy stock, or no agent): speedups are relative to it");
         }
         if self.scenario == Scenario::Oc && self.co_runner.as_ref().is_none_or(Vec::is_empty) {
             return bad("co_runner", "missing".into(), "gleaner arguments of the co-runner (oc needs one)");
@@ -162,6 +303,24 @@ impl Experiment {
         Ok(())
     }
 
+    /// The stock mode every speedup is relative to (the first one).
+    pub fn stock_mode(&self) -> &Mode {
+        self.modes.iter().find(|m| m.policy() == Policy::Stock).unwrap_or(&self.modes[0])
+    }
+
+    /// Modes grouped by the guest boot they need (same kernel arguments), in first-use order.
+    pub fn boot_groups(&self) -> Vec<(Vec<String>, Vec<&Mode>)> {
+        let mut out: Vec<(Vec<String>, Vec<&Mode>)> = Vec::new();
+        for m in &self.modes {
+            let k = m.kernel_args();
+            match out.iter_mut().find(|(a, _)| *a == k) {
+                Some((_, ms)) => ms.push(m),
+                None => out.push((k, vec![m])),
+            }
+        }
+        out
+    }
+
     pub fn runs_for(&self, quick: bool) -> u32 {
         if quick { self.quick_runs } else { self.runs }
     }
@@ -172,9 +331,7 @@ impl Experiment {
 
     pub fn workload_args(&self, quick: bool) -> Vec<String> {
         let mut a = self.workload.clone();
-        if quick {
-            a.extend(self.quick_args.iter().cloned());
-        }
+        a.extend(if quick { &self.quick_args } else { &self.full_args }.iter().cloned());
         a
     }
 
@@ -218,12 +375,14 @@ mod tests {
         for (name, _) in BUILTIN {
             let e = Experiment::load(name).unwrap();
             assert_eq!(&e.name, name);
-            assert!(e.modes.iter().any(|m| m.agent.is_none()), "{name} has a stock mode");
-            assert!(e.modes.iter().any(|m| m.agent.is_some()), "{name} has a Gleaner mode");
+            assert_eq!(e.stock_mode().policy(), Policy::Stock, "{name} has a stock mode");
+            assert!(e.modes.iter().any(|m| m.policy() == Policy::Gleaner), "{name} has a Gleaner mode");
+            assert_eq!((e.runs, e.quick_runs, e.compute), (7, 5, Compute::Balanced), "{name}: >= 7 full, >= 5 quick runs");
         }
         let oc = Experiment::load("oc").unwrap();
         assert_eq!(oc.scenario, Scenario::Oc);
         assert_eq!(oc.co_runner_args(true).unwrap(), vec!["bench", "workload", "matmul", "--json", "--quick"]);
+        assert_eq!(oc.workload_args(false), vec!["bench", "workload", "pipeline", "--json", "--items", "20000"]);
     }
 
     #[test]
@@ -235,6 +394,25 @@ mod tests {
         let unknown = "name='x'\nscenario='uc'\nworkload=['a']\nbogus=1\n[[modes]]\nname='off'\n";
         assert!(Experiment::parse(unknown, "x.toml").is_err());
         assert!(Experiment::load("no-such-experiment").unwrap_err().to_string().contains("uc, oc, oc2"));
+    }
+
+    #[test]
+    fn modes_are_checked_and_typed() {
+        let base = "name='x'\nscenario='uc'\nworkload=['a']\n";
+        // An old-style file (agent without policy) still means Gleaner.
+        let e = Experiment::parse(&format!("{base}[[modes]]\nname='off'\n[[modes]]\nname='on'\nagent=['--no-retention']\n"), "x").unwrap();
+        assert_eq!((e.modes[0].policy(), e.modes[1].policy()), (Policy::Stock, Policy::Gleaner));
+        assert_eq!(e.modes[1].agent_args().unwrap(), ["--no-retention"]);
+        let p = Experiment::parse(&format!("{base}[[modes]]\nname='s'\n[[modes]]\nname='c'\npolicy='consolidation'\nagent=['--period-ms','100']\n"), "x").unwrap();
+        assert_eq!(p.modes[1].agent_args().unwrap(), ["--no-retention", "--period-ms", "100"]);
+        let err = |t: &str| Experiment::parse(&format!("{base}{t}"), "x").unwrap_err().to_string();
+        assert!(err("[[modes]]\nname='s'\n[[modes]]\nname='p'\npolicy='magic'\n").contains("magic"));
+        assert!(err("[[modes]]\nname='s'\n[[modes]]\nname='s'\n").contains("no other mode"));
+        assert!(err("[[modes]]\nname='g'\npolicy='gleaner'\n").contains("a stock mode"));
+        assert!(err("[[modes]]\nname='s'\n[[modes]]\nname='y'\npolicy='yielders'\nagent=[]\n").contains("does not run the agent"));
+        assert!(err("[[modes]]\nname='native'\n").contains("other than native"));
+        assert_eq!(Policy::parse("idle-poll").unwrap().kernel_args(), ["idle=poll"]);
+        assert!(Policy::parse("x").unwrap_err().to_string().contains("stock, yielders, idle-poll, haltpoll, retention, consolidation, gleaner"));
     }
 
     #[test]

@@ -100,6 +100,12 @@ pub struct GuestSpec {
     /// The job script (POSIX sh, run by the host's `/bin/sh` inside the chroot).
     pub job: String,
     pub qemu: PathBuf,
+    /// Extra kernel command-line arguments (e.g. `idle=poll`).
+    pub kernel_args: Vec<String>,
+    /// Host directories the guest would not see at their own path (under its tmpfs mounts,
+    /// e.g. a checkout in /tmp): each is shared read-only over its own 9p device and mounted
+    /// over the guest's tmpfs at the same path.
+    pub shares: Vec<PathBuf>,
 }
 
 impl GuestSpec {
@@ -113,6 +119,8 @@ impl GuestSpec {
             cgroup: GuestCgroup::V2,
             job: "true\n".into(),
             qemu: PathBuf::from("qemu-system-x86_64"),
+            kernel_args: Vec::new(),
+            shares: Vec::new(),
         }
     }
     pub fn vcpus(mut self, n: u32) -> Self {
@@ -139,6 +147,27 @@ impl GuestSpec {
         self.job = script.into();
         self
     }
+    pub fn kernel_args(mut self, args: Vec<String>) -> Self {
+        self.kernel_args = args;
+        self
+    }
+    /// Makes `path` (a file's directory, or a directory) visible in the guest at the same
+    /// path, also where the guest mounts its own tmpfs (/tmp, /run, /var/tmp).
+    pub fn share(mut self, dir: &Path) -> Self {
+        if !visible_in_guest(dir) && !self.shares.iter().any(|d| d == dir) {
+            self.shares.push(dir.to_path_buf());
+        }
+        self
+    }
+    /// The kernel command line.
+    pub fn cmdline(&self) -> String {
+        let mut s = String::from("console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off rdinit=/init");
+        for a in &self.kernel_args {
+            s.push(' ');
+            s.push_str(a);
+        }
+        s
+    }
 }
 
 /// What the reader thread saw on the result port.
@@ -154,6 +183,10 @@ pub enum EventKind {
     Done { rc: i32 },
     /// Init could not set up the guest.
     Fail(String),
+    /// A file the job sends after step `step` (e.g. the agent's `events` JSON lines): the
+    /// lines up to [`EventKind::AttachEnd`] belong to it, not to a step's stdout.
+    Attach { step: String, kind: String },
+    AttachEnd,
     /// QEMU closed its stdout (it exited).
     Exited,
 }
@@ -182,6 +215,11 @@ pub fn parse_line(line: &str) -> EventKind {
         }
         Some("DONE") => EventKind::Done { rc: rc(it.next()) },
         Some("FAIL") => EventKind::Fail(it.collect::<Vec<_>>().join(" ")),
+        Some("ATTACH") => {
+            let step = it.next().unwrap_or("").to_string();
+            EventKind::Attach { step, kind: it.next().unwrap_or("").to_string() }
+        }
+        Some("ATTACH-END") => EventKind::AttachEnd,
         _ => EventKind::Line(line.to_string()),
     }
 }
@@ -206,8 +244,16 @@ impl fmt::Debug for Guest {
 
 const GUEST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-fn init_script(kernel: &Kernel, cgroup: GuestCgroup) -> String {
+fn init_script(kernel: &Kernel, cgroup: GuestCgroup, shares: &[PathBuf]) -> String {
     let modules = kernel.modules.join(" ");
+    let share_mounts: String = shares
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let d = crate::accel::shell_quote(&d.display().to_string());
+            format!("mkdir -p $H{d} && mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 {SHARE_TAG}{i} $H{d} || fail mount-share-{i}\n")
+        })
+        .collect();
     let cgroup_setup = match cgroup {
         GuestCgroup::V2 => {
             "mount -t cgroup2 cgroup2 $H/sys/fs/cgroup || fail cgroup2\n\
@@ -239,7 +285,7 @@ mkdir -p $H/dev/shm $H/dev/pts
 mount -t tmpfs tmpfs $H/dev/shm
 mount -t devpts devpts $H/dev/pts
 for d in /tmp /run /var/tmp; do [ -d $H$d ] && mount -t tmpfs tmpfs $H$d; done
-{cgroup_setup}mkdir -p $H/run/gleaner-lab
+{share_mounts}{cgroup_setup}mkdir -p $H/run/gleaner-lab
 cp /job.sh $H/run/gleaner-lab/job.sh
 echo "@@LAB READY" > $R
 cd /host
@@ -254,12 +300,31 @@ echo o > /proc/sysrq-trigger
 }
 
 /// Shell prelude of every job script: `step NAME CMD...` wraps a command's stdout in markers.
+/// `attach STEP KIND FILE` sends FILE (if not empty) as an attachment of STEP, then removes it.
 pub const JOB_PRELUDE: &str = r#"step() { n=$1; shift; echo "@@LAB BEGIN $n"; "$@"; rc=$?; echo; echo "@@LAB END $n rc=$rc"; }
+attach() { if [ -s "$3" ]; then echo "@@LAB ATTACH $1 $2"; cat "$3"; echo; echo "@@LAB ATTACH-END"; fi; rm -f "$3"; }
 "#;
 
 /// Paths the guest covers with its own tmpfs or pseudo filesystems: host files there are
 /// invisible inside the guest.
 pub const GUEST_HIDDEN: &[&str] = &["/tmp", "/run", "/var/tmp", "/dev", "/proc", "/sys"];
+
+/// Where the guest mounts its own tmpfs: host paths there can be shared back ([`GuestSpec::share`]).
+pub const GUEST_TMPFS: &[&str] = &["/tmp", "/run", "/var/tmp"];
+
+/// 9p mount tags of [`GuestSpec::share`] directories: `glshare0`, `glshare1`, ...
+const SHARE_TAG: &str = "glshare";
+
+/// QEMU's option syntax doubles a comma inside a value.
+fn qemu_opt_escape(v: &str) -> String {
+    v.replace(',', ",,")
+}
+
+/// True when a host path can be made visible in the guest: visible already, or under one of
+/// the guest's tmpfs mounts (then shared with [`GuestSpec::share`]); not under /dev, /proc, /sys.
+pub fn shareable(p: &Path) -> bool {
+    visible_in_guest(p) || GUEST_TMPFS.iter().any(|h| p.starts_with(h))
+}
 
 /// True when a host path is visible inside the guest (not under a guest tmpfs/pseudo fs).
 pub fn visible_in_guest(p: &Path) -> bool {
@@ -314,7 +379,7 @@ pub fn build_initramfs(kernel: &Kernel, spec: &GuestSpec, busybox: &Path) -> Res
     }
     c.file("bin/busybox", 0o755, &rd(busybox)?);
     c.symlink("bin/sh", "busybox");
-    c.file("init", 0o755, init_script(kernel, spec.cgroup).as_bytes());
+    c.file("init", 0o755, init_script(kernel, spec.cgroup, &spec.shares).as_bytes());
     for m in &kernel.modules {
         c.file(&format!("modules/{m}.ko"), 0o644, &rd(&kernel.module_path(m))?);
     }
@@ -355,8 +420,11 @@ impl Guest {
         };
         cmd.arg("-smp").arg(spec.vcpus.to_string()).arg("-m").arg(spec.memory_mib.to_string());
         cmd.arg("-kernel").arg(kernel.image()).arg("-initrd").arg(&initrd);
-        cmd.arg("-append").arg("console=ttyS0 quiet loglevel=3 panic=-1 mitigations=off rdinit=/init");
+        cmd.arg("-append").arg(spec.cmdline());
         cmd.args(["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"]);
+        for (i, d) in spec.shares.iter().enumerate() {
+            cmd.arg("-virtfs").arg(format!("local,path={},mount_tag={SHARE_TAG}{i},security_model=none,readonly=on,multidevs=remap", qemu_opt_escape(&d.display().to_string())));
+        }
         cmd.arg("-serial").arg(format!("file:{}", console.display()));
         cmd.args(["-serial", "stdio"]);
         cmd.arg("-qmp").arg(format!("unix:{},server=on,wait=off", qmp.display()));
@@ -477,8 +545,8 @@ fn read_results(id: usize, pid: u32, out: impl Read, tx: &Sender<GuestEvent>) {
         let line = line.trim_end_matches(['\n', '\r']).trim_start_matches('\r');
         let kind = parse_line(line);
         let cpu = match kind {
-            EventKind::Line(_) => None,
-            _ => Some(procs.snapshot(pid)),
+            EventKind::Begin(_) | EventKind::End { .. } => Some(procs.snapshot(pid)),
+            _ => None,
         };
         if tx.send(GuestEvent { guest: id, at, kind, cpu }).is_err() {
             return;
@@ -520,6 +588,8 @@ mod tests {
         assert_eq!(parse_line("@@LAB END 1-off rc=0"), EventKind::End { step: "1-off".into(), rc: 0 });
         assert_eq!(parse_line("@@LAB DONE rc=3"), EventKind::Done { rc: 3 });
         assert_eq!(parse_line("@@LAB FAIL mount-9p"), EventKind::Fail("mount-9p".into()));
+        assert_eq!(parse_line("@@LAB ATTACH on.1 events"), EventKind::Attach { step: "on.1".into(), kind: "events".into() });
+        assert_eq!(parse_line("@@LAB ATTACH-END"), EventKind::AttachEnd);
     }
 
     #[test]

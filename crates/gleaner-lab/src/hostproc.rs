@@ -1,22 +1,33 @@
-//! Host-side CPU time of each QEMU thread, from `/proc/<pid>/task/<tid>/{comm,schedstat}`.
+//! Host-side scheduling counters of each QEMU thread: CPU time, time waiting for a CPU, and
+//! context switches, read through `gleaner_os::procfs` (`/proc/<pid>/task/<tid>/{comm,
+//! schedstat,status}`).
 //!
 //! With `-name NAME,debug-threads=on` QEMU names its vCPU threads `CPU <n>/TCG` or
-//! `CPU <n>/KVM`; every other thread (main loop, I/O, RCU) is "other". (This small reader
-//! belongs in `gleaner-os::procfs` once that adapter lands; it keeps the `with_root` shape.)
+//! `CPU <n>/KVM`; every other thread (main loop, I/O, RCU) is "other". A vCPU thread's
+//! voluntary context switches are the times it blocked: a halted vCPU (HLT: the thread sleeps
+//! until an interrupt) or, rarer, a wait for QEMU's big lock; its involuntary ones are host
+//! preemptions; its wait time is how long it was runnable but not running (the host's
+//! scheduling delay, e.g. behind a co-runner VM).
 
-use std::fs;
-use std::path::{Path, PathBuf};
-
+use gleaner_os::procfs::Procfs;
 use serde::{Deserialize, Serialize};
 
-/// CPU time of one thread at one instant.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Counters of one thread at one instant (or their difference over a step).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ThreadCpu {
     pub tid: u32,
     pub name: String,
-    /// Time spent running on a CPU, in nanoseconds (`schedstat` field 1; `stat` utime+stime
-    /// as a fallback at clock-tick resolution).
+    /// Time spent running on a CPU, ns (`schedstat` field 1).
     pub run_ns: u64,
+    /// Time runnable but waiting for a CPU, ns (`schedstat` field 2).
+    #[serde(default)]
+    pub wait_ns: u64,
+    /// Times the thread blocked (`voluntary_ctxt_switches`).
+    #[serde(default)]
+    pub voluntary: u64,
+    /// Times the thread was preempted (`nonvoluntary_ctxt_switches`).
+    #[serde(default)]
+    pub involuntary: u64,
 }
 
 impl ThreadCpu {
@@ -27,31 +38,42 @@ impl ThreadCpu {
     }
 }
 
-/// Reads per-thread CPU time under a procfs root.
+/// Reads per-thread counters under a procfs root.
 #[derive(Debug, Clone)]
 pub struct ProcThreads {
-    root: PathBuf,
+    procfs: Procfs,
 }
 
 impl ProcThreads {
     pub fn new() -> Self {
-        Self::with_root("/proc")
+        Self { procfs: Procfs::new() }
     }
 
-    pub fn with_root(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+    pub fn with_root(root: impl Into<std::path::PathBuf>) -> Self {
+        Self { procfs: Procfs::with_root(root) }
     }
 
-    /// All threads of `pid` (empty once the process is gone).
+    /// All threads of `pid` (empty once the process is gone; a thread that vanishes while
+    /// being read is left out).
     pub fn snapshot(&self, pid: u32) -> Vec<ThreadCpu> {
-        let task = self.root.join(pid.to_string()).join("task");
-        let mut out: Vec<ThreadCpu> = fs::read_dir(&task)
+        let Ok(pid) = i32::try_from(pid) else { return Vec::new() };
+        let mut out: Vec<ThreadCpu> = self
+            .procfs
+            .tasks(pid)
+            .unwrap_or_default()
             .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                let tid: u32 = e.file_name().to_str()?.parse().ok()?;
-                read_thread(&e.path(), tid)
+            .filter_map(|tid| {
+                let name = self.procfs.task_comm(pid, tid).ok()?;
+                let ss = self.procfs.task_schedstat(pid, tid).ok()?;
+                let st = self.procfs.task_status(pid, tid).unwrap_or_default();
+                Some(ThreadCpu {
+                    tid: u32::try_from(tid).ok()?,
+                    name,
+                    run_ns: ss.run_ns,
+                    wait_ns: ss.wait_ns,
+                    voluntary: st.voluntary_ctxt_switches,
+                    involuntary: st.nonvoluntary_ctxt_switches,
+                })
             })
             .collect();
         out.sort_by_key(|t| t.tid);
@@ -65,42 +87,22 @@ impl Default for ProcThreads {
     }
 }
 
-fn read_thread(dir: &Path, tid: u32) -> Option<ThreadCpu> {
-    let name = fs::read_to_string(dir.join("comm")).ok()?.trim_end().to_string();
-    let run_ns = fs::read_to_string(dir.join("schedstat"))
-        .ok()
-        .and_then(|s| parse_schedstat(&s))
-        .or_else(|| fs::read_to_string(dir.join("stat")).ok().and_then(|s| parse_stat_cpu_ns(&s)))?;
-    Some(ThreadCpu { tid, name, run_ns })
-}
-
-/// First field of `schedstat`: nanoseconds on CPU.
-pub fn parse_schedstat(s: &str) -> Option<u64> {
-    s.split_whitespace().next()?.parse().ok()
-}
-
-/// utime+stime of a `stat` line, converted from clock ticks to nanoseconds.
-pub fn parse_stat_cpu_ns(s: &str) -> Option<u64> {
-    // The comm field may contain spaces and parentheses: split after the last ')'.
-    let rest = &s[s.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After ')' fields start at 3 (state); utime is field 14, stime 15 -> index 11, 12.
-    let ut: u64 = f.get(11)?.parse().ok()?;
-    let st: u64 = f.get(12)?.parse().ok()?;
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let hz = u64::try_from(hz).ok().filter(|&h| h > 0).unwrap_or(100);
-    Some((ut + st) * 1_000_000_000 / hz)
-}
-
-/// Per-thread CPU time used between two snapshots (threads matched by tid; a thread that
+/// Per-thread counters between two snapshots (threads matched by tid; a thread that
 /// appeared in between counts from zero).
 pub fn delta(before: &[ThreadCpu], after: &[ThreadCpu]) -> Vec<ThreadCpu> {
     after
         .iter()
         .map(|a| {
-            let b = before.iter().find(|b| b.tid == a.tid).map_or(0, |b| b.run_ns);
-            ThreadCpu { tid: a.tid, name: a.name.clone(), run_ns: a.run_ns.saturating_sub(b) }
+            let z = ThreadCpu::default();
+            let b = before.iter().find(|b| b.tid == a.tid).unwrap_or(&z);
+            ThreadCpu {
+                tid: a.tid,
+                name: a.name.clone(),
+                run_ns: a.run_ns.saturating_sub(b.run_ns),
+                wait_ns: a.wait_ns.saturating_sub(b.wait_ns),
+                voluntary: a.voluntary.saturating_sub(b.voluntary),
+                involuntary: a.involuntary.saturating_sub(b.involuntary),
+            }
         })
         .collect()
 }
@@ -108,57 +110,59 @@ pub fn delta(before: &[ThreadCpu], after: &[ThreadCpu]) -> Vec<ThreadCpu> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
-    fn fixture(tasks: &[(u32, &str, &str)]) -> tempfile::TempDir {
+    /// (tid, comm, schedstat, voluntary and involuntary switches in `status`).
+    type Task<'a> = (u32, &'a str, &'a str, Option<(u64, u64)>);
+
+    fn fixture(tasks: &[Task<'_>]) -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
-        for (tid, comm, schedstat) in tasks {
+        for (tid, comm, schedstat, switches) in tasks {
             let t = d.path().join("42/task").join(tid.to_string());
             fs::create_dir_all(&t).unwrap();
             fs::write(t.join("comm"), format!("{comm}\n")).unwrap();
             fs::write(t.join("schedstat"), schedstat).unwrap();
+            if let Some((v, n)) = switches {
+                fs::write(t.join("status"), format!("Name:\t{comm}\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\t{v}\nnonvoluntary_ctxt_switches:\t{n}\n")).unwrap();
+            }
         }
         d
     }
 
     #[test]
-    fn snapshot_reads_vcpu_threads() {
-        let d = fixture(&[(42, "qemu-system-x86", "100 5 3\n"), (44, "CPU 1/TCG", "900 0 1\n"), (43, "CPU 0/TCG", "700 1 1\n")]);
+    fn snapshot_reads_vcpu_threads_and_their_switches() {
+        let d = fixture(&[
+            (42, "qemu-system-x86", "100 5 3\n", Some((1, 2))),
+            (44, "CPU 1/TCG", "900 0 1\n", Some((7, 8))),
+            (43, "CPU 0/TCG", "700 11 1\n", Some((30, 4))),
+        ]);
         let s = ProcThreads::with_root(d.path()).snapshot(42);
         assert_eq!(s.len(), 3);
-        assert_eq!(s[1], ThreadCpu { tid: 43, name: "CPU 0/TCG".into(), run_ns: 700 });
+        assert_eq!(s[1], ThreadCpu { tid: 43, name: "CPU 0/TCG".into(), run_ns: 700, wait_ns: 11, voluntary: 30, involuntary: 4 });
         assert_eq!(s[1].vcpu(), Some(0));
         assert_eq!(s[2].vcpu(), Some(1));
         assert_eq!(s[0].vcpu(), None);
     }
 
     #[test]
-    fn malformed_schedstat_falls_back_or_skips() {
-        let d = fixture(&[(50, "CPU 0/KVM", "garbage\n")]);
-        assert!(ProcThreads::with_root(d.path()).snapshot(42).is_empty());
-        assert_eq!(parse_schedstat("x y"), None);
-        let stat = "50 (CPU 0/KVM) S 1 1 1 0 -1 0 0 0 0 0 250 50 0 0 20 0 1 0 1 0 0";
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap();
-        assert_eq!(parse_stat_cpu_ns(stat), Some(300 * 1_000_000_000 / hz));
+    fn malformed_schedstat_skips_the_thread_and_missing_status_counts_zero() {
+        let d = fixture(&[(50, "CPU 0/KVM", "garbage\n", None), (51, "CPU 1/KVM", "5 6 7\n", None)]);
+        let s = ProcThreads::with_root(d.path()).snapshot(42);
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].tid, s[0].run_ns, s[0].voluntary), (51, 5, 0));
     }
 
     #[test]
     fn empty_or_missing_process() {
         let d = tempfile::tempdir().unwrap();
         assert!(ProcThreads::with_root(d.path()).snapshot(7).is_empty());
-        assert_eq!(parse_schedstat(""), None);
-        assert_eq!(parse_stat_cpu_ns(""), None);
     }
 
     #[test]
     fn delta_matches_threads() {
-        let a = vec![ThreadCpu { tid: 1, name: "CPU 0/TCG".into(), run_ns: 10 }];
-        let b = vec![
-            ThreadCpu { tid: 1, name: "CPU 0/TCG".into(), run_ns: 25 },
-            ThreadCpu { tid: 2, name: "CPU 1/TCG".into(), run_ns: 5 },
-        ];
-        let d = delta(&a, &b);
-        assert_eq!(d[0].run_ns, 15);
-        assert_eq!(d[1].run_ns, 5);
+        let t = |tid, run_ns, voluntary| ThreadCpu { tid, name: format!("CPU {tid}/TCG"), run_ns, voluntary, ..Default::default() };
+        let d = delta(&[t(1, 10, 3)], &[t(1, 25, 10), t(2, 5, 1)]);
+        assert_eq!((d[0].run_ns, d[0].voluntary), (15, 7));
+        assert_eq!((d[1].run_ns, d[1].voluntary), (5, 1));
     }
 }

@@ -22,6 +22,7 @@ pub mod guest;
 pub mod hostproc;
 pub mod interrupt;
 pub mod knobs;
+pub mod matrix;
 pub mod modinfo;
 pub mod native;
 pub mod qmp;
@@ -53,19 +54,20 @@ pub enum LabCommand {
     Exec(ExecArgs),
     /// Run an experiment (built-in name or TOML file) and write results and a report.
     Run(RunArgs),
+    /// Every idle policy (stock, naive yielders, idle=poll, guest haltpoll, Gleaner retention,
+    /// consolidation, both) against every workload and co-runner in the overcommitted
+    /// scenario; one report per cell and a matrix report (docs/lab.md).
+    Matrix(MatrixArgs),
 }
 
-#[derive(Debug, clap::Args)]
-pub struct RunArgs {
-    /// Built-in experiment (uc, oc, oc2; see `gleaner lab list`) or an experiment TOML file.
-    pub experiment: String,
-    /// Output directory (default: lab-results/NAME-UNIXTIME).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
+/// Flags shared by `lab run` and `lab matrix`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunFlags {
     /// Small sizes and fewer runs (the experiment's quick settings).
     #[arg(long)]
     pub quick: bool,
-    /// The gleaner binary to run natively and in the guests (default: this binary).
+    /// The gleaner binary to run natively and in the guests (default: this binary; any path,
+    /// /tmp included: its directory is shared into the guests).
     #[arg(long)]
     pub gleaner: Option<PathBuf>,
     /// kvm, tcg or auto (try KVM, fall back to TCG).
@@ -77,9 +79,67 @@ pub struct RunArgs {
     /// Host CPUs for guests and native runs (overrides the experiment), e.g. 0-1.
     #[arg(long)]
     pub pcpus: Option<String>,
-    /// Runs per mode (overrides the experiment).
+    /// Runs per mode (overrides the experiment: 7, or 5 with --quick).
     #[arg(long)]
     pub runs: Option<u32>,
+}
+
+impl RunFlags {
+    fn options(&self, out: PathBuf, cache_dir: PathBuf) -> anyhow::Result<runner::RunOptions> {
+        let gleaner = match &self.gleaner {
+            Some(g) => g.clone(),
+            None => std::env::current_exe().context("locating this gleaner binary")?,
+        };
+        Ok(runner::RunOptions {
+            out,
+            quick: self.quick,
+            gleaner,
+            accel: self.accel.clone(),
+            kernel: self.kernel.clone(),
+            cache_dir,
+            pcpus: self.pcpus.clone(),
+            runs: self.runs,
+            progress: true,
+        })
+    }
+}
+
+fn default_out(name: &str) -> PathBuf {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    PathBuf::from("lab-results").join(format!("{name}-{t}"))
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MatrixArgs {
+    /// Workloads of VM A (comma-separated): pipeline, barrier, condvar, mutex, spin-barrier.
+    #[arg(long, default_value = "pipeline,barrier,condvar")]
+    pub workloads: String,
+    /// Co-runners of VM B (comma-separated): matmul, freqsleep.
+    #[arg(long, default_value = "matmul,freqsleep")]
+    pub co_runners: String,
+    /// Policies (comma-separated): stock, yielders, idle-poll, haltpoll, retention,
+    /// consolidation, gleaner. Stock is always run (speedups are relative to it).
+    #[arg(long, default_value = "stock,yielders,idle-poll,haltpoll,retention,consolidation,gleaner")]
+    pub policies: String,
+    /// Output directory (default: lab-results/matrix-UNIXTIME).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub flags: RunFlags,
+    /// Print the matrix as one JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Built-in experiment (uc, oc, oc2; see `gleaner lab list`) or an experiment TOML file.
+    pub experiment: String,
+    /// Output directory (default: lab-results/NAME-UNIXTIME).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub flags: RunFlags,
     /// Print the results as one JSON document on stdout.
     #[arg(long)]
     pub json: bool,
@@ -116,6 +176,9 @@ pub struct ExecArgs {
     /// Deadline for the whole guest run, in seconds.
     #[arg(long, default_value_t = 120)]
     pub timeout_s: u64,
+    /// Extra guest kernel command-line argument (repeatable), e.g. `idle=poll`.
+    #[arg(long = "kernel-arg", value_name = "ARG")]
+    pub kernel_args: Vec<String>,
     /// The command (run through the host's /bin/sh inside the guest's chroot).
     #[arg(required = true, last = true)]
     pub command: Vec<String>,
@@ -135,11 +198,16 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             let busybox = guest::find_busybox()?;
             let acc = accel::resolve(&e.accel, &kernel, &busybox)?;
             let cmd = e.command.iter().map(|a| accel::shell_quote(a)).collect::<Vec<_>>().join(" ");
-            let spec = guest::GuestSpec::new("lab-exec")
+            let mut spec = guest::GuestSpec::new("lab-exec")
                 .vcpus(e.vcpus)
                 .memory_mib(e.memory_mib)
                 .accel(acc)
+                .kernel_args(e.kernel_args.clone())
                 .job(format!("step exec {cmd}\n"));
+            // This binary's directory is visible in the guest even under /tmp.
+            if let Some(dir) = std::env::current_exe().ok().and_then(|p| p.parent().map(std::path::Path::to_path_buf)) {
+                spec = spec.share(&dir);
+            }
             let (boot, steps, _) = session::run_single(&kernel, &busybox, &spec, Duration::from_secs(e.timeout_s))?;
             let step = steps.first().context("the guest reported no step")?;
             eprintln!("lab: accel={acc} boot={boot:.2}s rc={} host_cpu={:.2}s", step.rc, step.host_cpu_ns() as f64 / 1e9);
@@ -173,25 +241,8 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         }
         LabCommand::Run(r) => {
             let exp = experiment::Experiment::load(&r.experiment)?;
-            let gleaner = match r.gleaner {
-                Some(g) => g,
-                None => std::env::current_exe().context("locating this gleaner binary")?,
-            };
-            let out = r.out.unwrap_or_else(|| {
-                let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-                PathBuf::from("lab-results").join(format!("{}-{t}", exp.name))
-            });
-            let opts = runner::RunOptions {
-                out: out.clone(),
-                quick: r.quick,
-                gleaner,
-                accel: r.accel,
-                kernel: r.kernel,
-                cache_dir,
-                pcpus: r.pcpus,
-                runs: r.runs,
-                progress: true,
-            };
+            let out = r.out.clone().unwrap_or_else(|| default_out(&exp.name));
+            let opts = r.flags.options(out.clone(), cache_dir)?;
             let results = runner::run_experiment(&exp, &opts)?;
             let report = report::write(&out, &results)?;
             if r.json {
@@ -201,6 +252,25 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 println!("acceleration: {}; boot: {}", results.accel, results.boot_s.iter().map(|(k, v)| format!("{k} {v:.1}s")).collect::<Vec<_>>().join(", "));
             }
             eprintln!("lab: report in {}", report.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::Matrix(m) => {
+            let workloads = matrix::parse_list("--workloads", &m.workloads, gleaner_bench::workload::Workload::parse)?;
+            let co_runners = matrix::parse_list("--co-runners", &m.co_runners, gleaner_bench::workload::Workload::parse)?;
+            let policies = matrix::parse_list("--policies", &m.policies, experiment::Policy::parse)?;
+            let out = m.out.clone().unwrap_or_else(|| default_out("matrix"));
+            let opts = m.flags.options(out.clone(), cache_dir)?;
+            let results = matrix::run_matrix(&workloads, &co_runners, &policies, &opts)?;
+            let report = matrix::write(&out, &results)?;
+            if m.json {
+                println!("{}", serde_json::to_string(&results)?);
+            } else {
+                println!("{}", matrix::table(&results));
+                for v in matrix::verdicts(&results) {
+                    println!("{v}");
+                }
+            }
+            eprintln!("lab: matrix report in {}", report.display());
             Ok(ExitCode::SUCCESS)
         }
     }

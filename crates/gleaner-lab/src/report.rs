@@ -43,23 +43,103 @@ fn label(s: &SummaryRow) -> String {
     }
 }
 
-/// The report's main table (Markdown).
+fn ci(v: Option<f64>, c: Option<gleaner_policy::stats::Interval>, digits: usize) -> String {
+    match (v, c) {
+        (Some(v), Some(c)) => format!("{v:.digits$} [{:.digits$}, {:.digits$}]", c.lo, c.hi),
+        (v, _) => f(v, digits),
+    }
+}
+
+/// The report's main table (Markdown): medians with bootstrap 95% intervals, then the cost
+/// side (host CPU per unit of work, vCPU halts per unit, host CPU per avoided halt).
 pub fn main_table(r: &LabResults) -> String {
     let mut t = String::from(
-        "| run | gleaner | halt poll | ok/runs | wall s (median) | spread | speedup vs stock | guest CPU s | host CPU s | host CPU per vCPU s | d_eta_r | d_eta_t | omega | co-runner items/s | weighted speedup |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| run | policy | halt poll | ok/runs | wall s, median [95% CI] | speedup vs stock [95% CI] | co-runner items/s | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU ms per 1k items | vCPU halts per item | host CPU per avoided halt, us | vCPU wait for pCPU, s | consolidations (fewest vCPUs) | guest cpuidle | d_eta_r | d_eta_t | omega |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in &r.summary {
-        let vc = if s.host_vcpu_s.is_empty() { "-".into() } else { s.host_vcpu_s.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" / ") };
-        let who = if s.mode == "native" { format!("{} (host)", s.instance) } else { format!("VM {}", s.instance) };
+        let who = if s.mode == "native" { format!("{} (host)", s.instance) } else { format!("VM {} {}", s.instance, s.mode) };
+        let cons = match (s.consolidations, s.min_active_vcpus) {
+            (Some(c), Some(m)) => format!("{c:.0} ({m})"),
+            (Some(c), None) => format!("{c:.0}"),
+            _ => "-".into(),
+        };
         let _ = writeln!(
             t,
-            "| {who} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {vc} | {} | {} | {} | {} | {} |",
-            s.mode, s.halt_poll, s.runs_ok, s.runs, f(s.wall_s, 3), f(s.wall_spread, 2), f(s.speedup, 2), f(s.guest_cpu_s, 3), f(s.host_cpu_s, 3),
-            f(s.d_eta_r, 2), f(s.d_eta_t, 2), f(s.omega, 2), f(s.co_runner_rate, 0), f(s.weighted_speedup, 2)
+            "| {who} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {cons} | {} | {} | {} | {} |",
+            if s.policy.is_empty() { "-" } else { &s.policy },
+            s.halt_poll,
+            s.runs_ok,
+            s.runs,
+            ci(s.wall_s, s.wall_ci, 3),
+            ci(s.speedup, s.speedup_ci, 2),
+            f(s.co_runner_rate, 0),
+            ci(s.co_runner_ratio, s.co_runner_ratio_ci, 2),
+            ci(s.weighted_speedup, s.weighted_speedup_ci, 2),
+            f(s.host_cpu_per_item_us, 1),
+            f(s.sleeps_per_item, 2),
+            f(s.cpu_per_avoided_halt_us, 0),
+            f(s.vcpu_wait_s, 2),
+            s.cpuidle_driver.as_deref().unwrap_or("-"),
+            f(s.d_eta_r, 2),
+            f(s.d_eta_t, 2),
+            f(s.omega, 2)
         );
     }
     t
+}
+
+/// One policy in a latency-versus-CPU plot: x host CPU per unit of work, y wall time (median
+/// and its 95% interval).
+#[derive(Debug, Clone)]
+pub struct CostPoint {
+    pub label: String,
+    pub cpu: f64,
+    pub wall: f64,
+    pub wall_lo: f64,
+    pub wall_hi: f64,
+}
+
+/// The points of an experiment's latency-versus-CPU plot (VM rows of the first instance).
+pub fn cost_points(summary: &[SummaryRow]) -> Vec<CostPoint> {
+    summary
+        .iter()
+        .filter(|s| s.mode != "native" && s.instance == "A")
+        .filter_map(|s| {
+            let (cpu, wall) = (s.host_cpu_per_item_us?, s.wall_s?);
+            let c = s.wall_ci.unwrap_or(gleaner_policy::stats::Interval { lo: wall, hi: wall });
+            let hp = if s.halt_poll == "n/a" { String::new() } else { format!(" hp={}", s.halt_poll) };
+            Some(CostPoint { label: format!("{}{hp}", s.mode), cpu, wall, wall_lo: c.lo, wall_hi: c.hi })
+        })
+        .collect()
+}
+
+/// A scatter plot of wall time against host CPU per unit of work, one labelled point per
+/// policy with its 95% interval: the latency each policy buys and the CPU it burns for it.
+pub fn latency_cpu_chart(path: &Path, title: &str, x_desc: &str, points: &[CostPoint]) -> Result<(), String> {
+    register_font()?;
+    let e = |x: &dyn std::fmt::Display| x.to_string();
+    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let xmax = points.iter().map(|p| p.cpu).fold(0.0f64, f64::max).max(1e-9) * 1.2;
+    let ymax = points.iter().map(|p| p.wall_hi).fold(0.0f64, f64::max).max(1e-9) * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(14)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..xmax, 0f64..ymax)
+        .map_err(|x| e(&x))?;
+    chart.configure_mesh().x_desc(x_desc).y_desc("wall time, s (median, 95% CI)").draw().map_err(|x| e(&x))?;
+    let palette = [RGBColor(120, 120, 120), RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(148, 103, 189), RGBColor(140, 86, 75), RGBColor(227, 119, 194)];
+    for (i, p) in points.iter().enumerate() {
+        let c = palette[i % palette.len()];
+        chart.draw_series(std::iter::once(PathElement::new(vec![(p.cpu, p.wall_lo), (p.cpu, p.wall_hi)], c.stroke_width(2)))).map_err(|x| e(&x))?;
+        chart.draw_series(std::iter::once(Circle::new((p.cpu, p.wall), 6, c.filled()))).map_err(|x| e(&x))?;
+        chart.draw_series(std::iter::once(Text::new(p.label.clone(), (p.cpu + xmax * 0.01, p.wall + ymax * 0.015), ("sans-serif", 14).into_font().color(&c)))).map_err(|x| e(&x))?;
+    }
+    root.present().map_err(|x| e(&x))?;
+    Ok(())
 }
 
 fn bar_chart(path: &Path, title: &str, y_desc: &str, bars: &[(String, f64)]) -> Result<(), String> {
@@ -107,22 +187,37 @@ fn bar_chart(path: &Path, title: &str, y_desc: &str, bars: &[(String, f64)]) -> 
     Ok(())
 }
 
+/// The main table as CSV.
+pub fn summary_csv(summary: &[SummaryRow]) -> String {
+    let o = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
+    let lo = |c: Option<gleaner_policy::stats::Interval>| c.map_or(String::new(), |c| format!("{}", c.lo));
+    let hi = |c: Option<gleaner_policy::stats::Interval>| c.map_or(String::new(), |c| format!("{}", c.hi));
+    let mut sc = String::from(
+        "instance,mode,policy,halt_poll,runs_ok,runs,wall_s,wall_lo,wall_hi,wall_spread,speedup,speedup_lo,speedup_hi,co_runner_rate,co_runner_ratio,co_runner_ratio_lo,co_runner_ratio_hi,weighted_speedup,weighted_speedup_lo,weighted_speedup_hi,guest_cpu_s,host_cpu_s,host_vcpu_s,host_cpu_per_item_us,sleeps_per_item,cpu_per_avoided_halt_us,vcpu_wait_s,consolidations,min_active_vcpus,cpuidle_driver,d_eta_r,d_eta_t,omega\n",
+    );
+    for s in summary {
+        let f = [
+            s.instance.clone(), s.mode.clone(), s.policy.clone(), s.halt_poll.clone(), s.runs_ok.to_string(), s.runs.to_string(),
+            o(s.wall_s), lo(s.wall_ci), hi(s.wall_ci), o(s.wall_spread), o(s.speedup), lo(s.speedup_ci), hi(s.speedup_ci),
+            o(s.co_runner_rate), o(s.co_runner_ratio), lo(s.co_runner_ratio_ci), hi(s.co_runner_ratio_ci),
+            o(s.weighted_speedup), lo(s.weighted_speedup_ci), hi(s.weighted_speedup_ci), o(s.guest_cpu_s), o(s.host_cpu_s),
+            s.host_vcpu_s.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(";"), o(s.host_cpu_per_item_us), o(s.sleeps_per_item),
+            o(s.cpu_per_avoided_halt_us), o(s.vcpu_wait_s), o(s.consolidations), s.min_active_vcpus.map_or(String::new(), |m| m.to_string()),
+            s.cpuidle_driver.clone().unwrap_or_default(), o(s.d_eta_r), o(s.d_eta_t), o(s.omega),
+        ];
+        sc.push_str(&f.iter().map(|x| crate::results::csv_field(x)).collect::<Vec<_>>().join(","));
+        sc.push('\n');
+    }
+    sc
+}
+
 /// Writes every output file; returns the report's path.
 pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
     fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let w = |name: &str, text: &str| fs::write(out.join(name), text).with_context(|| out.join(name).display().to_string());
     w("results.json", &serde_json::to_string_pretty(r)?)?;
     w("runs.csv", &rows_csv(&r.rows))?;
-    let mut sc = String::from("instance,mode,halt_poll,runs_ok,runs,wall_s,wall_spread,speedup,guest_cpu_s,host_cpu_s,host_vcpu_s,d_eta_r,d_eta_t,omega,co_runner_rate,weighted_speedup\n");
-    for s in &r.summary {
-        let o = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x}"));
-        let _ = writeln!(
-            sc,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-            s.instance, s.mode, s.halt_poll, s.runs_ok, s.runs, o(s.wall_s), o(s.wall_spread), o(s.speedup), o(s.guest_cpu_s), o(s.host_cpu_s),
-            s.host_vcpu_s.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(";"), o(s.d_eta_r), o(s.d_eta_t), o(s.omega), o(s.co_runner_rate), o(s.weighted_speedup)
-        );
-    }
+    let sc = summary_csv(&r.summary);
     w("summary.csv", &sc)?;
 
     let walls: Vec<(String, f64)> = r.summary.iter().filter_map(|s| s.wall_s.map(|x| (label(s), x))).collect();
@@ -133,6 +228,12 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
         }
     }
     let mut plot_notes = Vec::new();
+    let points = cost_points(&r.summary);
+    if points.is_empty() {
+        plot_notes.push("latency_cpu.png: no data".into());
+    } else if let Err(e) = latency_cpu_chart(&out.join("latency_cpu.png"), &format!("{}: wall time vs host CPU per unit of work", r.experiment.name), "host CPU per item, us", &points) {
+        plot_notes.push(format!("latency_cpu.png not drawn: {e}"));
+    }
     for (file, title, y, bars) in [
         ("wall.png", format!("{}: wall time per run (median)", r.experiment.name), "seconds", &walls),
         ("vcpu_cpu.png", format!("{}: host CPU time per vCPU thread per run (median)", r.experiment.name), "seconds", &vcpu),
@@ -164,9 +265,45 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
         "\nd_eta_r, d_eta_t and omega are the survey's reduced resource efficiency, reduced temporal efficiency \
          and overhead impact factor of each VM row against the native row (section 3), with gamma = the pCPUs \
          available (halved in OC/OC2). Speedup is stock wall time / this wall time; the weighted speedup is the \
-         mean of the workload's speedup and the co-runner's throughput ratio (Gleaner paper, 7.2.1).\n\n",
+         mean of the workload's speedup and the co-runner's throughput ratio (Gleaner paper, 7.2.1). Intervals \
+         are percentile-bootstrap 95% intervals over the runs (4000 resamples, seeded). Host CPU per item is all \
+         QEMU threads' CPU time during the step divided by the work done; vCPU halts are the vCPU threads' \
+         voluntary context switches on the host; host CPU per avoided halt is the extra CPU per item over the \
+         stock mode divided by the halts per item it avoided.\n\n",
     );
-    let _ = writeln!(md, "![wall time](wall.png)\n\n![host CPU per vCPU](vcpu_cpu.png)\n");
+    let _ = writeln!(md, "![wall time vs host CPU](latency_cpu.png)\n\n![wall time](wall.png)\n\n![host CPU per vCPU](vcpu_cpu.png)\n");
+    if let Some(sz) = &r.sizing {
+        let _ = writeln!(md, "## Sizing\n\nnative: `gleaner {}`\n\nguests: `gleaner {}`\n", r.native_args.join(" "), r.guest_args.join(" "));
+        let _ = writeln!(
+            md,
+            "compute `{:?}`; iterations/us native {:.0}, guest {}; synchronization CPU per item native {} us, guest alone {} us; work per step native {} us, guest {} us\n",
+            sz.compute,
+            sz.native_iters_per_us,
+            f(sz.guest_iters_per_us, 0),
+            f(sz.native_sync_us_per_item, 1),
+            f(sz.guest_sync_us_per_item, 1),
+            sz.native_work_us,
+            sz.guest_work_us
+        );
+    }
+    if !r.wake_costs.is_empty() {
+        md.push_str("## Cross-vCPU wakeup latency in the guests (Table 2 settings, us: p50 / mean / p99)\n\n| where | guest | A same vCPU | B other vCPU kept busy | C other vCPU halted |\n|---|---|---|---|---|\n");
+        for w in &r.wake_costs {
+            let cell = |name: &str| {
+                w.settings.iter().find(|x| x.setting.to_string() == name).map_or("-".into(), |x| format!("{} / {} / {}", f(x.p50_us, 0), f(x.mean_us, 0), f(x.p99_us, 0)))
+            };
+            let _ = writeln!(md, "| {} | {} | {} | {} | {} |", w.context, w.guest, cell("A"), cell("B"), cell("C"));
+        }
+        md.push('\n');
+    }
+    if !r.setup.is_empty() {
+        md.push_str("## Guest setup (outside measured windows)\n\n");
+        for st in &r.setup {
+            let first = st.stdout.lines().next().unwrap_or("");
+            let _ = writeln!(md, "- {} {}: rc {}; {}", st.guest, st.step, st.rc, first.chars().take(160).collect::<String>());
+        }
+        md.push('\n');
+    }
     if !r.kvm_stats.is_empty() {
         md.push_str("## KVM statistics (QMP query-stats)\n\n");
         for (g, stats) in &r.kvm_stats {

@@ -1,44 +1,84 @@
 //! Result rows (one per measured run) and the per-mode summary: the survey's reduced
 //! resource/temporal efficiency and omega against the native baseline
-//! ([`gleaner_policy::overhead`]), Gleaner's speedup and the Gleaner paper's weighted speedup.
+//! ([`gleaner_policy::overhead`]), the speedup against the stock mode and the Gleaner paper's
+//! weighted speedup, each median with a bootstrap 95% confidence interval
+//! ([`gleaner_policy::stats::bootstrap_ci`]), and the cost side: host CPU per unit of work,
+//! vCPU halts per unit of work and host CPU per avoided halt.
+//!
+//! The bench output of a step is the same Rust type the bench prints
+//! ([`gleaner_bench::report::BenchDoc`]); the agent's decisions are its `--events` JSON lines,
+//! read as [`gleaner_agent::report::EventRecord`]s.
 
 use std::collections::BTreeMap;
 
+use gleaner_agent::report::EventRecord;
+use gleaner_bench::report::BenchDoc;
 use gleaner_policy::overhead::{overhead, Side};
+use gleaner_policy::stats::{bootstrap_ci, median as median_of, Interval, BOOTSTRAP_RESAMPLES};
 use serde::{Deserialize, Serialize};
 
-/// The part of a `gleaner bench` JSON document the lab uses (parsed leniently).
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
-#[serde(default)]
-pub struct BenchRun {
-    pub wall_ns: u64,
-    pub user_ns: u64,
-    pub sys_ns: u64,
-    pub vcsw: u64,
-    pub nivcsw: u64,
-    pub idle_entries: Option<u64>,
-    pub steal_ns: u64,
-    pub cpus_available: u32,
-    pub items: Option<u64>,
-    pub throughput: Option<f64>,
+/// The bench document in a step's stdout (the whole output, or the first JSON object in it
+/// when something else printed too). Errors say what was wrong.
+pub fn parse_bench_output(stdout: &str) -> Result<BenchDoc, String> {
+    let t = stdout.trim();
+    let doc = match serde_json::from_str::<BenchDoc>(t) {
+        Ok(d) => d,
+        Err(whole) => {
+            let start = t.find('{').ok_or_else(|| "no JSON document in the output".to_string())?;
+            match serde_json::Deserializer::from_str(&t[start..]).into_iter::<BenchDoc>().next() {
+                Some(Ok(d)) => d,
+                Some(Err(e)) => return Err(format!("bad bench JSON: {e} (whole output: {whole})")),
+                None => return Err("no JSON document in the output".into()),
+            }
+        }
+    };
+    if doc.runs.is_empty() {
+        return Err("bench JSON has no runs".into());
+    }
+    Ok(doc)
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-struct BenchDoc {
-    runs: Vec<BenchRun>,
+/// What the guest agent did during one step, from its `--events` JSON lines.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AgentSummary {
+    /// Event lines read (and lines that were not an event record).
+    pub events: usize,
+    pub bad_lines: usize,
+    /// vCPUs deactivated, given back, and resets to every vCPU.
+    pub consolidations: u64,
+    pub restores: u64,
+    pub resets: u64,
+    /// Fewest and last active vCPUs seen in any event.
+    pub min_active: Option<usize>,
+    pub last_active: Option<usize>,
+    /// Retention timeouts (times a yielder let its vCPU halt).
+    pub timeouts: u64,
 }
 
-/// The bench runs in a step's stdout: the first JSON object in it (other lines, e.g. from
-/// the agent, are ignored). Errors say what was wrong.
-pub fn parse_bench_output(stdout: &str) -> Result<Vec<BenchRun>, String> {
-    let start = stdout.find('{').ok_or_else(|| "no JSON document in the output".to_string())?;
-    let mut it = serde_json::Deserializer::from_str(&stdout[start..]).into_iter::<BenchDoc>();
-    match it.next() {
-        Some(Ok(doc)) if !doc.runs.is_empty() => Ok(doc.runs),
-        Some(Ok(_)) => Err("bench JSON has no runs".into()),
-        Some(Err(e)) => Err(format!("bad bench JSON: {e}")),
-        None => Err("no JSON document in the output".into()),
+impl AgentSummary {
+    /// Reads the agent's `--events` JSON lines.
+    pub fn from_events(text: &str) -> Self {
+        let mut s = Self::default();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let Ok(e) = serde_json::from_str::<EventRecord>(line) else {
+                s.bad_lines += 1;
+                continue;
+            };
+            s.events += 1;
+            match e.event.as_str() {
+                "consolidate" => s.consolidations += 1,
+                "restore" => s.restores += 1,
+                "reset" => s.resets += 1,
+                "timeout" => s.timeouts += e.count.unwrap_or(0),
+                _ => {}
+            }
+            let active = e.metrics.active;
+            if active > 0 {
+                s.min_active = Some(s.min_active.map_or(active, |m| m.min(active)));
+                s.last_active = Some(active);
+            }
+        }
+        s
     }
 }
 
@@ -49,8 +89,12 @@ pub struct Row {
     pub env: String,
     /// `native-1`, `A`, `B`.
     pub instance: String,
-    /// Gleaner mode in the guest (`off`, `on`, ...); `native` for baselines; `co-runner`.
+    /// The mode's name (`off`, `gleaner`, ...); `native` for baselines; `co-runner`.
     pub mode: String,
+    /// The mode's policy (`stock`, `yielders`, `idle-poll`, `haltpoll`, `retention`,
+    /// `consolidation`, `gleaner`); empty for native and co-runner rows.
+    #[serde(default)]
+    pub policy: String,
     /// Host `kvm.halt_poll_ns` setting (`default`, a number, or `n/a` under TCG).
     pub halt_poll: String,
     pub rep: u32,
@@ -64,16 +108,31 @@ pub struct Row {
     pub steal_ns: u64,
     pub items: Option<u64>,
     pub throughput: Option<f64>,
+    /// The cpuidle driver the run saw (guest: `none`, `haltpoll`, ...).
+    #[serde(default)]
+    pub cpuidle_driver: Option<String>,
     /// Host-side CPU time of the whole QEMU process during the step, and of each vCPU thread.
     pub host_cpu_ns: Option<u64>,
     pub host_vcpu_ns: Vec<u64>,
-    /// Host-side window, seconds since the guest started.
+    /// Host-side time the vCPU threads were runnable but not running (summed), ns.
+    #[serde(default)]
+    pub host_vcpu_wait_ns: Option<u64>,
+    /// Times the vCPU threads blocked on the host (halts, and rarer waits for QEMU's lock).
+    #[serde(default)]
+    pub vcpu_sleeps: Option<u64>,
+    /// Times the host preempted a vCPU thread.
+    #[serde(default)]
+    pub vcpu_preemptions: Option<u64>,
+    /// Host-side window, seconds since the session started.
     pub begin_s: f64,
     pub end_s: f64,
     /// The survey's gamma: ideal effective CPU count available to this run.
     pub gamma: f64,
     /// Co-runner throughput (items/s) while this step ran (oc).
     pub co_runner_rate: Option<f64>,
+    /// What the guest agent did in this step (agent policies).
+    #[serde(default)]
+    pub agent: Option<AgentSummary>,
     pub error: Option<String>,
 }
 
@@ -85,15 +144,84 @@ impl Row {
     pub fn ok(&self) -> bool {
         self.rc == 0 && self.error.is_none() && self.wall_ns > 0
     }
+    /// Host CPU per unit of work (items, phases, hand-offs), us.
+    pub fn host_cpu_per_item_us(&self) -> Option<f64> {
+        let items = self.items.filter(|&n| n > 0)? as f64;
+        Some(self.host_cpu_ns? as f64 / 1e3 / items)
+    }
+    /// vCPU halts (host-side sleeps of the vCPU threads) per unit of work.
+    pub fn sleeps_per_item(&self) -> Option<f64> {
+        let items = self.items.filter(|&n| n > 0)? as f64;
+        Some(self.vcpu_sleeps? as f64 / items)
+    }
+
+    /// Fills the guest-side fields from a bench document.
+    pub fn fill_from_bench(&mut self, stdout: &str) {
+        match parse_bench_output(stdout) {
+            Ok(doc) => {
+                let r = &doc.runs[0];
+                self.wall_ns = r.wall_ns;
+                self.cpu_ns = r.cpu_ns();
+                self.vcsw = r.vcsw;
+                self.nivcsw = r.nivcsw;
+                self.idle_entries = r.idle_entries;
+                self.steal_ns = r.steal_ns;
+                self.items = r.items;
+                self.throughput = r.throughput;
+                self.cpuidle_driver = Some(doc.host.cpuidle_driver.clone().unwrap_or_else(|| "none".into()));
+            }
+            Err(e) => {
+                let head: String = stdout.chars().take(200).collect();
+                self.error = Some(format!("{e}; output: {head}"));
+            }
+        }
+    }
 }
 
-pub const CSV_HEADER: &str = "env,instance,mode,halt_poll,rep,rc,wall_ns,cpu_ns,vcsw,nivcsw,idle_entries,steal_ns,items,throughput,host_cpu_ns,host_vcpu_ns,begin_s,end_s,gamma,co_runner_rate,error";
+/// The columns of `runs.csv`, each with how to print it.
+type Column = (&'static str, fn(&Row) -> String);
 
 fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map_or(String::new(), ToString::to_string)
 }
 
-fn csv_field(s: &str) -> String {
+const COLUMNS: &[Column] = &[
+    ("env", |r| r.env.clone()),
+    ("instance", |r| r.instance.clone()),
+    ("mode", |r| r.mode.clone()),
+    ("policy", |r| r.policy.clone()),
+    ("halt_poll", |r| r.halt_poll.clone()),
+    ("rep", |r| r.rep.to_string()),
+    ("rc", |r| r.rc.to_string()),
+    ("wall_ns", |r| r.wall_ns.to_string()),
+    ("cpu_ns", |r| r.cpu_ns.to_string()),
+    ("vcsw", |r| r.vcsw.to_string()),
+    ("nivcsw", |r| r.nivcsw.to_string()),
+    ("idle_entries", |r| opt(&r.idle_entries)),
+    ("steal_ns", |r| r.steal_ns.to_string()),
+    ("items", |r| opt(&r.items)),
+    ("throughput", |r| opt(&r.throughput)),
+    ("cpuidle_driver", |r| opt(&r.cpuidle_driver)),
+    ("host_cpu_ns", |r| opt(&r.host_cpu_ns)),
+    ("host_vcpu_ns", |r| r.host_vcpu_ns.iter().map(u64::to_string).collect::<Vec<_>>().join(";")),
+    ("host_vcpu_wait_ns", |r| opt(&r.host_vcpu_wait_ns)),
+    ("vcpu_sleeps", |r| opt(&r.vcpu_sleeps)),
+    ("vcpu_preemptions", |r| opt(&r.vcpu_preemptions)),
+    ("begin_s", |r| format!("{:.3}", r.begin_s)),
+    ("end_s", |r| format!("{:.3}", r.end_s)),
+    ("gamma", |r| r.gamma.to_string()),
+    ("co_runner_rate", |r| opt(&r.co_runner_rate)),
+    ("consolidations", |r| r.agent.as_ref().map_or(String::new(), |a| a.consolidations.to_string())),
+    ("min_active_vcpus", |r| r.agent.as_ref().and_then(|a| a.min_active).map_or(String::new(), |m| m.to_string())),
+    ("error", |r| r.error.clone().unwrap_or_default()),
+];
+
+/// The header line of `runs.csv`.
+pub fn csv_header() -> String {
+    COLUMNS.iter().map(|c| c.0).collect::<Vec<_>>().join(",")
+}
+
+pub(crate) fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
@@ -102,53 +230,89 @@ fn csv_field(s: &str) -> String {
 }
 
 pub fn rows_csv(rows: &[Row]) -> String {
-    let mut s = String::from(CSV_HEADER);
+    let mut s = csv_header();
     s.push('\n');
     for r in rows {
-        let vcpus = r.host_vcpu_ns.iter().map(u64::to_string).collect::<Vec<_>>().join(";");
-        let f = [
-            r.env.clone(), r.instance.clone(), r.mode.clone(), r.halt_poll.clone(), r.rep.to_string(), r.rc.to_string(),
-            r.wall_ns.to_string(), r.cpu_ns.to_string(), r.vcsw.to_string(), r.nivcsw.to_string(), opt(&r.idle_entries),
-            r.steal_ns.to_string(), opt(&r.items), opt(&r.throughput), opt(&r.host_cpu_ns), vcpus,
-            format!("{:.3}", r.begin_s), format!("{:.3}", r.end_s), r.gamma.to_string(), opt(&r.co_runner_rate),
-            r.error.clone().unwrap_or_default(),
-        ];
-        s.push_str(&f.iter().map(|x| csv_field(x)).collect::<Vec<_>>().join(","));
+        s.push_str(&COLUMNS.iter().map(|c| csv_field(&(c.1)(r))).collect::<Vec<_>>().join(","));
         s.push('\n');
     }
     s
 }
 
 /// One line of the report's main table: a (halt poll, mode) cell for an instance.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct SummaryRow {
     pub instance: String,
     pub mode: String,
+    #[serde(default)]
+    pub policy: String,
     pub halt_poll: String,
     pub runs_ok: usize,
     pub runs: usize,
     pub wall_s: Option<f64>,
+    /// Bootstrap 95% interval of the median wall time, s.
+    #[serde(default)]
+    pub wall_ci: Option<Interval>,
     /// Relative spread of the wall time ((p90 - p10) / median) when >= 3 runs.
     pub wall_spread: Option<f64>,
     pub guest_cpu_s: Option<f64>,
     pub host_cpu_s: Option<f64>,
     pub host_vcpu_s: Vec<f64>,
+    /// Host CPU per unit of work (median over runs), us.
+    #[serde(default)]
+    pub host_cpu_per_item_us: Option<f64>,
+    /// vCPU halts per unit of work (host-side vCPU thread sleeps, median over runs).
+    #[serde(default)]
+    pub sleeps_per_item: Option<f64>,
+    /// Host time the vCPU threads waited for a pCPU while runnable (median), s.
+    #[serde(default)]
+    pub vcpu_wait_s: Option<f64>,
+    /// Extra host CPU per halt avoided against the stock mode, us: (CPU/item - stock CPU/item)
+    /// / (stock halts/item - halts/item), when this mode halts less.
+    #[serde(default)]
+    pub cpu_per_avoided_halt_us: Option<f64>,
     pub idle_entries: Option<f64>,
     pub d_eta_r: Option<f64>,
     pub d_eta_t: Option<f64>,
     pub omega: Option<f64>,
     /// Wall time of the stock mode / this mode, same instance and halt-poll setting.
     pub speedup: Option<f64>,
+    #[serde(default)]
+    pub speedup_ci: Option<Interval>,
     pub co_runner_rate: Option<f64>,
+    /// This mode's co-runner rate / the stock mode's.
+    #[serde(default)]
+    pub co_runner_ratio: Option<f64>,
+    #[serde(default)]
+    pub co_runner_ratio_ci: Option<Interval>,
     /// Gleaner paper 7.2.1: mean of the workload's and the co-runner's speedups vs stock.
     pub weighted_speedup: Option<f64>,
+    #[serde(default)]
+    pub weighted_speedup_ci: Option<Interval>,
+    /// Median vCPUs deactivated by the agent per run, and the fewest active vCPUs seen.
+    #[serde(default)]
+    pub consolidations: Option<f64>,
+    #[serde(default)]
+    pub min_active_vcpus: Option<usize>,
+    /// The cpuidle driver the guest runs had (when all agreed), else `mixed`.
+    #[serde(default)]
+    pub cpuidle_driver: Option<String>,
 }
 
 fn median(v: &[f64]) -> Option<f64> {
-    gleaner_policy::stats::median(v).ok()
+    median_of(v).ok()
 }
 
-/// Builds the summary. `stock` is the name of the mode without Gleaner (speedups relative to it).
+/// A stable seed per table cell, so a report is reproducible from its rows.
+fn seed_of(parts: &[&str]) -> u64 {
+    parts.iter().flat_map(|p| p.bytes().chain([0xff])).fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+fn ci95(samples: &[&[f64]], seed: u64, stat: impl Fn(&[Vec<f64>]) -> Option<f64>) -> Option<Interval> {
+    bootstrap_ci(samples, 0.95, BOOTSTRAP_RESAMPLES, seed, stat).ok()
+}
+
+/// Builds the summary. `stock` is the name of the stock mode (speedups relative to it).
 pub fn summarize(rows: &[Row], stock: &str) -> Vec<SummaryRow> {
     let native: Vec<&Row> = rows.iter().filter(|r| r.env == "native" && r.ok()).collect();
     let native_side = (!native.is_empty()).then(|| Side {
@@ -162,62 +326,96 @@ pub fn summarize(rows: &[Row], stock: &str) -> Vec<SummaryRow> {
     }
     let mut out: Vec<SummaryRow> = Vec::new();
     for ((env, hp, inst, mode), rs) in &groups {
-        let ok: Vec<&&Row> = rs.iter().filter(|r| r.ok()).collect();
-        let walls: Vec<f64> = ok.iter().map(|r| r.wall_ns as f64).collect();
+        let ok: Vec<&Row> = rs.iter().copied().filter(|r| r.ok()).collect();
+        let col = |f: &dyn Fn(&Row) -> Option<f64>| ok.iter().filter_map(|r| f(r)).collect::<Vec<f64>>();
+        let walls = col(&|r| Some(r.wall_ns as f64 / 1e9));
         let wall = median(&walls);
-        let host = if env == "vm" { median(&ok.iter().filter_map(|r| r.host_cpu_ns).map(|x| x as f64).collect::<Vec<_>>()) } else { None };
+        let host = if env == "vm" { median(&col(&|r| r.host_cpu_ns.map(|x| x as f64))) } else { None };
         let nv = ok.iter().map(|r| r.host_vcpu_ns.len()).max().unwrap_or(0);
-        let host_vcpu_s = (0..nv)
-            .filter_map(|i| median(&ok.iter().filter_map(|r| r.host_vcpu_ns.get(i)).map(|&x| x as f64).collect::<Vec<_>>()))
-            .map(|x| x / 1e9)
-            .collect();
+        let host_vcpu_s = (0..nv).filter_map(|i| median(&col(&|r| r.host_vcpu_ns.get(i).map(|&x| x as f64)))).map(|x| x / 1e9).collect();
         let (d_eta_r, d_eta_t, omega) = match (env.as_str(), native_side, wall, host) {
-            ("vm", Some(base), Some(w), Some(c)) => {
-                match overhead(base, Side { cpu: c, wall: w, gamma: ok[0].gamma }) {
-                    Ok(o) => (Some(o.d_eta_r), Some(o.d_eta_t), Some(o.omega)),
-                    Err(_) => (None, None, None),
-                }
-            }
+            ("vm", Some(base), Some(w), Some(c)) => match overhead(base, Side { cpu: c, wall: w * 1e9, gamma: ok[0].gamma }) {
+                Ok(o) => (Some(o.d_eta_r), Some(o.d_eta_t), Some(o.omega)),
+                Err(_) => (None, None, None),
+            },
             _ => (None, None, None),
         };
         let spread = gleaner_policy::stats::Summary::of(&walls).ok().filter(|_| walls.len() >= 3).map(|s| s.relative_spread());
+        let drivers: Vec<&str> = ok.iter().filter_map(|r| r.cpuidle_driver.as_deref()).collect();
+        let cpuidle_driver = drivers.first().map(|d| if drivers.iter().all(|x| x == d) { (*d).to_string() } else { "mixed".into() });
         out.push(SummaryRow {
             instance: inst.clone(),
             mode: mode.clone(),
+            policy: rs.first().map(|r| r.policy.clone()).unwrap_or_default(),
             halt_poll: hp.clone(),
             runs_ok: ok.len(),
             runs: rs.len(),
-            wall_s: wall.map(|w| w / 1e9),
+            wall_s: wall,
+            wall_ci: ci95(&[&walls], seed_of(&[inst, mode, hp, "wall"]), |d| median(&d[0])),
             wall_spread: spread,
-            guest_cpu_s: median(&ok.iter().map(|r| r.cpu_ns as f64).collect::<Vec<_>>()).map(|x| x / 1e9),
+            guest_cpu_s: median(&col(&|r| Some(r.cpu_ns as f64))).map(|x| x / 1e9),
             host_cpu_s: host.map(|x| x / 1e9),
             host_vcpu_s,
-            idle_entries: median(&ok.iter().filter_map(|r| r.idle_entries).map(|x| x as f64).collect::<Vec<_>>()),
+            host_cpu_per_item_us: median(&col(&Row::host_cpu_per_item_us)),
+            sleeps_per_item: median(&col(&Row::sleeps_per_item)),
+            vcpu_wait_s: median(&col(&|r| r.host_vcpu_wait_ns.map(|x| x as f64 / 1e9))),
+            idle_entries: median(&col(&|r| r.idle_entries.map(|x| x as f64))),
             d_eta_r,
             d_eta_t,
             omega,
-            speedup: None,
-            co_runner_rate: median(&ok.iter().filter_map(|r| r.co_runner_rate).collect::<Vec<_>>()),
-            weighted_speedup: None,
+            co_runner_rate: median(&col(&|r| r.co_runner_rate)),
+            consolidations: median(&col(&|r| r.agent.as_ref().map(|a| a.consolidations as f64))),
+            min_active_vcpus: ok.iter().filter_map(|r| r.agent.as_ref()?.min_active).min(),
+            cpuidle_driver,
+            ..Default::default()
         });
     }
-    // Speedups relative to the stock mode of the same instance and halt-poll setting.
-    let snapshot = out.clone();
-    for s in &mut out {
-        if s.mode == "native" {
-            continue;
-        }
+    relative_to_stock(&mut out, rows, stock);
+    out
+}
+
+/// Speedups, co-runner ratios and weighted speedups (with intervals) against the stock mode
+/// of the same instance and halt-poll setting, and host CPU per avoided halt.
+fn relative_to_stock(out: &mut [SummaryRow], rows: &[Row], stock: &str) {
+    let runs_of = |inst: &str, hp: &str, mode: &str| -> Vec<&Row> {
+        rows.iter().filter(|r| r.ok() && r.instance == inst && r.halt_poll == hp && r.mode == mode).collect()
+    };
+    let snapshot = out.to_vec();
+    for s in out.iter_mut().filter(|s| s.mode != "native") {
         let Some(base) = snapshot.iter().find(|b| b.instance == s.instance && b.halt_poll == s.halt_poll && b.mode == stock) else { continue };
-        if let (Some(bw), Some(w)) = (base.wall_s, s.wall_s) {
-            s.speedup = Some(bw / w);
-            if let (Some(br), Some(r)) = (base.co_runner_rate, s.co_runner_rate) {
-                if br > 0.0 {
-                    s.weighted_speedup = Some(0.5 * (bw / w + r / br));
+        let (b_rows, m_rows) = (runs_of(&s.instance, &s.halt_poll, stock), runs_of(&s.instance, &s.halt_poll, &s.mode));
+        let walls = |rs: &[&Row]| rs.iter().map(|r| r.wall_ns as f64).collect::<Vec<_>>();
+        let rates = |rs: &[&Row]| rs.iter().filter_map(|r| r.co_runner_rate).collect::<Vec<_>>();
+        let (bw, mw, br, mr) = (walls(&b_rows), walls(&m_rows), rates(&b_rows), rates(&m_rows));
+        let seed = seed_of(&[&s.instance, &s.mode, &s.halt_poll]);
+        let ratio = |d: &[Vec<f64>]| {
+            let t = median(&d[1])?;
+            (t > 0.0).then(|| median(&d[0]).map(|b| b / t)).flatten()
+        };
+        if let (Some(b), Some(w)) = (base.wall_s, s.wall_s) {
+            s.speedup = Some(b / w);
+            s.speedup_ci = ci95(&[&bw, &mw], seed, ratio);
+        }
+        if let (Some(b), Some(r)) = (base.co_runner_rate, s.co_runner_rate) {
+            if b > 0.0 {
+                s.co_runner_ratio = Some(r / b);
+                s.co_runner_ratio_ci = ci95(&[&mr, &br], seed ^ 1, ratio);
+                if let Some(sp) = s.speedup {
+                    s.weighted_speedup = Some(0.5 * (sp + r / b));
+                    s.weighted_speedup_ci = ci95(&[&bw, &mw, &br, &mr], seed ^ 2, |d| {
+                        let sp = median(&d[0])? / median(&d[1]).filter(|&x| x > 0.0)?;
+                        let co = median(&d[3])? / median(&d[2]).filter(|&x| x > 0.0)?;
+                        Some(0.5 * (sp + co))
+                    });
                 }
             }
         }
+        if let (Some(bc), Some(c), Some(bh), Some(h)) = (base.host_cpu_per_item_us, s.host_cpu_per_item_us, base.sleeps_per_item, s.sleeps_per_item) {
+            if bh - h > 1e-9 {
+                s.cpu_per_avoided_halt_us = Some((c - bc) / (bh - h));
+            }
+        }
     }
-    out
 }
 
 /// Items per second a co-runner achieved during `[begin, end]` (host seconds on a common
@@ -242,20 +440,64 @@ pub fn co_runner_rate(begin: f64, end: f64, iterations: &[(f64, f64, u64)]) -> O
 mod tests {
     use super::*;
 
+    fn bench_json(wall: u64, items: u64, driver: Option<&str>) -> String {
+        let host = gleaner_bench::report::HostInfo {
+            kernel: "6.1".into(),
+            cpus: 2,
+            allowed_cpus: "0-1".into(),
+            virtualized: true,
+            hypervisor: None,
+            cpuidle_driver: driver.map(str::to_string),
+            cpuidle_governor: None,
+            git_revision: None,
+            date: String::new(),
+        };
+        let run = gleaner_bench::measure::RunMetrics { wall_ns: wall, user_ns: 50, sys_ns: 5, vcsw: 9, items: Some(items), ..Default::default() };
+        let doc = BenchDoc {
+            kind: "workload".into(),
+            name: "pipeline".into(),
+            params: serde_json::json!({}),
+            summary: gleaner_bench::report::RunSummary::of(std::slice::from_ref(&run)).unwrap(),
+            runs: vec![run],
+            host,
+        };
+        serde_json::to_string_pretty(&doc).unwrap()
+    }
+
     #[test]
-    fn parses_bench_json_with_noise() {
-        let out = "agent: started\n{\"kind\":\"workload\",\"name\":\"pipeline\",\"runs\":[{\"wall_ns\":100,\"user_ns\":50,\"sys_ns\":5,\"vcsw\":9,\"idle_entries\":null,\"future_field\":1}],\"summary\":{}}\ntrailing";
-        let r = parse_bench_output(out).unwrap();
-        assert_eq!(r[0].wall_ns, 100);
-        assert_eq!(r[0].user_ns, 50);
-        assert_eq!(r[0].idle_entries, None);
+    fn parses_the_bench_document_also_after_other_output() {
+        let out = bench_json(100, 7, Some("haltpoll"));
+        let d = parse_bench_output(&format!("\n{out}\n")).unwrap();
+        assert_eq!((d.runs[0].wall_ns, d.runs[0].items), (100, Some(7)));
+        let d = parse_bench_output(&format!("agent: started\n{out}\ntrailing")).unwrap();
+        assert_eq!(d.host.cpuidle_driver.as_deref(), Some("haltpoll"));
+        let mut row = Row::default();
+        row.fill_from_bench(&out);
+        assert_eq!((row.wall_ns, row.cpu_ns, row.cpuidle_driver.as_deref()), (100, 55, Some("haltpoll")));
     }
 
     #[test]
     fn malformed_and_empty_bench_output() {
         assert!(parse_bench_output("{\"runs\": [").unwrap_err().contains("bad bench JSON"));
-        assert!(parse_bench_output("{\"runs\": []}").unwrap_err().contains("no runs"));
         assert!(parse_bench_output("").unwrap_err().contains("no JSON"));
+        let mut row = Row::default();
+        row.fill_from_bench("nothing");
+        assert!(row.error.as_deref().unwrap().contains("no JSON"));
+    }
+
+    #[test]
+    fn agent_events_are_read_as_the_agents_own_type() {
+        let m = |active| gleaner_policy::gleaner::Metrics { active, ..Default::default() };
+        let ev = |event: &str, active, count| EventRecord { t_ms: 1, event: event.into(), decision: None, count, active_cpus: String::new(), metrics: m(active) };
+        let lines = [ev("consolidate", 1, None), ev("timeout", 1, Some(5)), ev("restore", 2, None), ev("reset", 2, None)]
+            .iter()
+            .map(|e| serde_json::to_string(e).unwrap())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let s = AgentSummary::from_events(&format!("{lines}\nnot json\n\n"));
+        assert_eq!((s.events, s.bad_lines, s.consolidations, s.restores, s.resets, s.timeouts), (4, 1, 1, 1, 1, 5));
+        assert_eq!((s.min_active, s.last_active), (Some(1), Some(2)));
+        assert_eq!(AgentSummary::from_events(""), AgentSummary::default());
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -286,6 +528,41 @@ mod tests {
     }
 
     #[test]
+    fn intervals_cover_the_medians_and_exclude_one_for_a_clear_speedup() {
+        let mut rows = Vec::new();
+        for i in 0..7u64 {
+            rows.push(row("vm", "A", "off", 2_000 + 10 * i, 1, Some(4_000), 1.0, Some(100.0 + i as f64)));
+            rows.push(row("vm", "A", "on", 1_000 + 10 * i, 1, Some(4_000), 1.0, Some(150.0 + i as f64)));
+        }
+        let s = summarize(&rows, "off");
+        let on = s.iter().find(|r| r.mode == "on").unwrap();
+        let (sp, ci) = (on.speedup.unwrap(), on.speedup_ci.unwrap());
+        assert!(ci.lo <= sp && sp <= ci.hi && ci.excludes(1.0), "{sp} {ci:?}");
+        let (ws, wci) = (on.weighted_speedup.unwrap(), on.weighted_speedup_ci.unwrap());
+        assert!(wci.lo <= ws && ws <= wci.hi && wci.lo > 1.15, "{ws} {wci:?}");
+        let w = on.wall_ci.unwrap();
+        assert!(w.lo <= on.wall_s.unwrap() && on.wall_s.unwrap() <= w.hi);
+        // Same rows, same report.
+        assert_eq!(summarize(&rows, "off"), s);
+    }
+
+    #[test]
+    fn host_cpu_per_avoided_halt() {
+        let mut off = row("vm", "A", "off", 1_000, 1, Some(1_000_000), 1.0, None);
+        off.items = Some(100);
+        off.vcpu_sleeps = Some(300);
+        let mut on = off.clone();
+        on.mode = "on".into();
+        on.host_cpu_ns = Some(3_000_000);
+        on.vcpu_sleeps = Some(100);
+        let s = summarize(&[off, on], "off");
+        let on = s.iter().find(|r| r.mode == "on").unwrap();
+        // 10 us/item -> 30 us/item for 3 -> 1 halts/item: 10 us per avoided halt.
+        assert_eq!((on.host_cpu_per_item_us, on.sleeps_per_item), (Some(30.0), Some(1.0)));
+        assert!((on.cpu_per_avoided_halt_us.unwrap() - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn failed_runs_are_excluded() {
         let mut bad = row("vm", "A", "off", 4_000, 3_000, Some(6_000), 1.0, None);
         bad.rc = 1;
@@ -311,9 +588,9 @@ mod tests {
         r.error = Some("bad, \"x\"".into());
         let csv = rows_csv(&[r]);
         let lines: Vec<&str> = csv.lines().collect();
-        assert_eq!(lines[0], CSV_HEADER);
+        assert_eq!(lines[0], csv_header());
         assert!(lines[1].contains(",1;2,"));
         assert!(lines[1].ends_with("\"bad, \"\"x\"\"\""));
-        assert_eq!(lines[0].split(',').count(), 21);
+        assert_eq!(lines[0].split(',').count(), COLUMNS.len());
     }
 }

@@ -1,13 +1,19 @@
-//! Runs an experiment: native baseline runs on the host, then the guests of the scenario
-//! (for each host halt-poll setting under KVM), with Gleaner modes interleaved run by run
-//! inside the measured guest; collects rows and writes results and the report.
+//! Runs an experiment in named phases: prepare (paths, kernel, acceleration, pCPUs), size the
+//! workload, the native baseline, then for each host halt-poll setting the guests of the
+//! scenario (modes interleaved and rotated run by run, one boot per kernel command line),
+//! and finally rows and the summary.
 //!
 //! ```text
-//!  uc : native x R          | VM A: off.1 on.1 off.2 on.2 ...
+//!  uc : native x R          | VM A: setup, then off.1 gleaner.1 ... | gleaner.2 off.2 ... (rotated)
 //!  oc : native x R          | VM B: co.1 co.2 co.3 ... (loop, started first)
-//!                           | VM A: off.1 on.1 off.2 on.2 ...  (started once B runs)
-//!  oc2: native pair x R     | VM A and VM B: off.1 on.1 ... (both at once)
+//!                           | VM A: as uc, started once B runs
+//!  oc2: native pair x R     | VM A and VM B: as uc, both at once
+//!  modes that need another kernel command line (idle=poll, cpuidle_haltpoll.force=1) get
+//!  their own boot of VM A per round: round r boots each command line once, in rotated order.
 //! ```
+//!
+//! Setup steps (`setup.*`: the compute rate, the agent's calibration) run at each boot of a
+//! measured guest before its first measured step, outside every measured window.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,14 +25,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::accel::{self, shell_quote};
-use crate::cache::{self, KernelMeta};
-use crate::experiment::{parse_cpu_list, Experiment, Scenario};
+use crate::cache::{self, Kernel, KernelMeta};
+use crate::experiment::{parse_cpu_list, Compute, Experiment, Mode, Policy, Scenario};
 use crate::guest::{self, Accel, GuestSpec, LabError};
 use crate::knobs::HaltPollGuard;
 use crate::native::NativeProc;
 use crate::qmp;
-use crate::results::{self, parse_bench_output, Row, SummaryRow};
-use crate::session::Session;
+use crate::results::{self, parse_bench_output, AgentSummary, Row, SummaryRow};
+use crate::session::{Session, StepResult};
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -46,6 +52,15 @@ pub struct RunOptions {
     pub progress: bool,
 }
 
+/// A setup step of a measured guest (not a measured run): its output is kept as provenance.
+#[derive(Debug, Clone, Serialize)]
+pub struct SetupStep {
+    pub guest: String,
+    pub step: String,
+    pub rc: i32,
+    pub stdout: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct LabResults {
     pub experiment: Experiment,
@@ -63,10 +78,23 @@ pub struct LabResults {
     pub boot_s: BTreeMap<String, f64>,
     pub rows: Vec<Row>,
     pub summary: Vec<SummaryRow>,
+    /// Setup steps of the measured guests (the agent's calibration), per boot.
+    pub setup: Vec<SetupStep>,
+    /// How the workload was sized (compute rate, synchronization cost, work per step).
+    pub sizing: Option<Sizing>,
+    /// Cross-vCPU wakeup latencies measured in the guests (Table 2 A, B, C): alone and in the
+    /// scenario's conditions. The simulator's `--from-lab` takes its costs from here.
+    pub wake_costs: Vec<WakeCosts>,
+    /// The workload's arguments natively and in the guests, after sizing.
+    pub native_args: Vec<String>,
+    pub guest_args: Vec<String>,
     /// QMP `query-stats` per guest and pass (KVM only).
     pub kvm_stats: BTreeMap<String, Vec<(String, f64)>>,
     pub notes: Vec<String>,
 }
+
+/// Where the agent policies write their events inside the guest (sent back as an attachment).
+pub const GUEST_EVENTS: &str = "/run/gleaner-lab/events.jsonl";
 
 fn cmd_line(gleaner: &Path, args: &[String]) -> String {
     std::iter::once(gleaner.display().to_string())
@@ -76,61 +104,82 @@ fn cmd_line(gleaner: &Path, args: &[String]) -> String {
         .join(" ")
 }
 
-/// The shell command of a mode: stock, or wrapped in the guest agent.
-pub fn mode_command(gleaner: &Path, workload: &[String], agent: Option<&[String]>) -> String {
-    match agent {
-        None => cmd_line(gleaner, workload),
-        Some(a) => {
-            let mut args = vec!["run".to_string()];
-            args.extend(a.iter().cloned());
-            args.push("--".into());
-            args.push(gleaner.display().to_string());
-            args.extend(workload.iter().cloned());
-            cmd_line(gleaner, &args)
+/// The shell command of a mode: the workload stock, under naive yielders, or under the agent.
+pub fn mode_command(gleaner: &Path, workload: &[String], mode: &Mode) -> String {
+    let wrap = |prefix: &[&str]| {
+        let mut a: Vec<String> = prefix.iter().map(|s| (*s).to_string()).collect();
+        a.push(gleaner.display().to_string());
+        a.extend(workload.iter().cloned());
+        cmd_line(gleaner, &a)
+    };
+    match (mode.policy(), mode.agent_args()) {
+        (Policy::Yielders, _) => wrap(&["bench", "yielders", "--"]),
+        (_, Some(agent)) => {
+            let mut a = vec!["run".to_string()];
+            a.extend(agent);
+            a.extend(["--events".to_string(), GUEST_EVENTS.to_string(), "--".to_string(), gleaner.display().to_string()]);
+            a.extend(workload.iter().cloned());
+            cmd_line(gleaner, &a)
         }
+        (_, None) => cmd_line(gleaner, workload),
     }
 }
 
-/// The agent's start-up decisions in a guest console, each distinct line with its count:
-/// the calibrated retention timeout, or retention off and why. Numbers differ run to run, so
-/// lines group by their text before the first parenthesis with digits left out; the first
-/// line of each group is kept whole.
-pub fn agent_decisions(console: &str) -> Vec<(String, usize)> {
-    let mut out: Vec<(String, usize)> = Vec::new();
-    for l in console.lines().map(str::trim) {
-        let Some(rest) = l.strip_prefix("gleaner: ") else { continue };
-        if !(rest.starts_with("retention off:") || rest.starts_with("calibrated retention timeout") || rest.starts_with("consolidation disabled:")) {
-            continue;
-        }
-        let key = |t: &str| -> String { t.split(" (").next().unwrap_or(t).chars().filter(|c| !c.is_ascii_digit()).collect() };
-        match out.iter_mut().find(|(k, _)| key(k) == key(rest)) {
-            Some(e) => e.1 += 1,
-            None => out.push((rest.to_string(), 1)),
-        }
-    }
-    out
-}
-
-/// The measured guest's job: modes interleaved run by run (`off.1 on.1 off.2 on.2 ...`).
-pub fn workload_job(exp: &Experiment, gleaner: &Path, quick: bool, runs: u32) -> String {
-    workload_job_with(exp, &exp.workload_args(quick), gleaner, runs)
-}
-
-fn workload_job_with(exp: &Experiment, w: &[String], gleaner: &Path, runs: u32) -> String {
+/// A measured guest's job for one boot: setup steps, then for each rep every mode once, in an
+/// order rotated by the rep (`rep` 1: m1 m2 m3, rep 2: m2 m3 m1, ...), so no mode always
+/// runs first after boot or right after another.
+pub fn guest_job(modes: &[&Mode], reps: &[u32], gleaner: &Path, workload: &[String], wakeup: bool) -> String {
     let mut s = String::new();
-    for rep in 1..=runs {
-        for m in &exp.modes {
-            s.push_str(&format!("step {}.{rep} {}\n", m.name, mode_command(gleaner, w, m.agent.as_deref())));
+    if wakeup {
+        s.push_str(&format!("step setup.wakeup {}\n", cmd_line(gleaner, &wakeup_args())));
+    }
+    if modes.iter().any(|m| m.agent_args().is_some()) {
+        s.push_str(&format!("step setup.calibrate {}\n", cmd_line(gleaner, &["calibrate".into(), "--json".into()])));
+    }
+    for &rep in reps {
+        let n = modes.len();
+        for i in 0..n {
+            let m = modes[(i + rep as usize - 1) % n];
+            let name = format!("{}.{rep}", m.name);
+            s.push_str(&format!("step {name} {}\n", mode_command(gleaner, workload, m)));
+            if m.agent_args().is_some() {
+                s.push_str(&format!("attach {name} events {GUEST_EVENTS}\n"));
+            }
         }
     }
     s
 }
 
+/// The wakeup measurement of the lab's setup steps: Table 2 settings A, B, C, 300 rounds each
+/// 500 us apart (about 1 s natively; a few seconds under TCG next to a co-runner).
+fn wakeup_args() -> Vec<String> {
+    ["bench", "wakeup", "--setting", "A,B,C", "--rounds", "300", "--period-us", "500", "--json"].iter().map(|s| (*s).to_string()).collect()
+}
+
+/// Wakeup latencies measured in a guest (setup step `setup.wakeup`), and where.
+#[derive(Debug, Clone, Serialize)]
+pub struct WakeCosts {
+    /// `alone` (the sizing guest, alone on the pCPUs) or `with co-runner` (the measured guest's
+    /// first boot, next to VM B) or `next to VM B` (oc2).
+    pub context: String,
+    pub guest: String,
+    pub settings: Vec<gleaner_bench::wakeup::SettingResult>,
+}
+
+fn wake_costs(context: &str, guest: &str, stdout: &str) -> Option<WakeCosts> {
+    let t = stdout.trim();
+    let doc: gleaner_bench::WakeupDoc = serde_json::from_str(&t[t.find('{')?..]).ok()?;
+    let mut settings = doc.settings;
+    for s in &mut settings {
+        s.samples_ns.clear();
+    }
+    Some(WakeCosts { context: context.into(), guest: guest.into(), settings })
+}
+
 /// `params.iters_per_us` of a bench JSON document.
 pub fn calibrated_rate(stdout: &str) -> Option<f64> {
-    let start = stdout.find('{')?;
-    let v: serde_json::Value = serde_json::Deserializer::from_str(&stdout[start..]).into_iter().next()?.ok()?;
-    v.get("params")?.get("iters_per_us")?.as_f64().filter(|r| *r > 0.0)
+    let doc = parse_bench_output(stdout).ok()?;
+    doc.params.get("iters_per_us")?.as_f64().filter(|r| *r > 0.0)
 }
 
 /// The co-runner guest's job: the co-runner in a loop until the guest is killed.
@@ -139,9 +188,7 @@ pub fn co_runner_job(args: &[String], gleaner: &Path) -> String {
 }
 
 fn allowed_cpus() -> Vec<usize> {
-    nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
-        .map(|set| (0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect())
-        .unwrap_or_else(|_| vec![0])
+    gleaner_os::sched::affinity(0).map(|c| c.iter().map(|x| x as usize).collect()).unwrap_or_else(|_| vec![0])
 }
 
 fn qemu_version() -> String {
@@ -157,40 +204,56 @@ fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-fn fill_from_bench(row: &mut Row, stdout: &str) {
-    match parse_bench_output(stdout) {
-        Ok(runs) => {
-            let r = &runs[0];
-            row.wall_ns = r.wall_ns;
-            row.cpu_ns = r.user_ns + r.sys_ns;
-            row.vcsw = r.vcsw;
-            row.nivcsw = r.nivcsw;
-            row.idle_entries = r.idle_entries;
-            row.steal_ns = r.steal_ns;
-            row.items = r.items;
-            row.throughput = r.throughput;
+/// Everything resolved before the first run.
+struct Prepared {
+    gleaner: PathBuf,
+    kernel: Kernel,
+    busybox: PathBuf,
+    runs: u32,
+    pcpus: Vec<usize>,
+    acc: Accel,
+    deadline: Instant,
+    halt_polls: Vec<String>,
+    gamma_native: f64,
+    gamma_vm: f64,
+    native_instances: usize,
+    notes: Vec<String>,
+    wake_costs: Vec<WakeCosts>,
+}
+
+impl Prepared {
+    /// A guest of this experiment, sharing the gleaner binary's directory when the guest
+    /// would not see it (a checkout under /tmp).
+    fn spec(&self, exp: &Experiment, name: &str, job: String, kernel_args: &[String]) -> GuestSpec {
+        let mut g = GuestSpec::new(name)
+            .vcpus(exp.vcpus)
+            .memory_mib(exp.memory_mib)
+            .accel(self.acc)
+            .pin(Some(self.pcpus.clone()))
+            .cgroup(exp.guest_cgroup)
+            .kernel_args(kernel_args.to_vec())
+            .job(job);
+        if let Some(dir) = self.gleaner.parent() {
+            g = g.share(dir);
         }
-        Err(e) => {
-            let head: String = stdout.chars().take(200).collect();
-            row.error = Some(format!("{e}; output: {head}"));
-        }
+        g
     }
 }
 
-/// Runs `exp` and writes results and the report into `opts.out`.
-pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<LabResults> {
-    let t0 = Instant::now();
-    let started_unix_s = now_unix();
+fn prepare(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Prepared> {
     if !opts.gleaner.is_file() {
         return Err(BadInput::new("--gleaner", opts.gleaner.display(), "an existing gleaner binary (cargo build --release)").into());
     }
     let gleaner = opts.gleaner.canonicalize().with_context(|| opts.gleaner.display().to_string())?;
-    if !guest::visible_in_guest(&gleaner) {
-        return Err(BadInput::new("--gleaner", gleaner.display(), format!("a path outside {} (the guest mounts its own filesystems there)", guest::GUEST_HIDDEN.join(", "))).into());
+    if !guest::shareable(&gleaner) {
+        return Err(BadInput::new("--gleaner", gleaner.display(), "a path outside /dev, /proc and /sys").into());
     }
     let kernel = cache::find_kernel(&opts.cache_dir, opts.kernel.as_deref())?;
     let busybox = guest::find_busybox()?;
     let runs = opts.runs.unwrap_or_else(|| exp.runs_for(opts.quick));
+    if runs == 0 {
+        return Err(BadInput::new("--runs", runs, ">= 1").into());
+    }
     let allowed = allowed_cpus();
     let pcpus = match opts.pcpus.as_deref().or(exp.pcpus.as_deref()) {
         Some(list) => {
@@ -203,60 +266,164 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
         None => allowed.iter().copied().take(exp.vcpus as usize).collect(),
     };
     let np = pcpus.len() as f64;
-    let deadline = t0 + Duration::from_secs(exp.timeout_for(opts.quick));
-    let mut notes = Vec::new();
     let acc = accel::resolve(&opts.accel, &kernel, &busybox)?;
+    let mut notes = Vec::new();
     if acc == Accel::Tcg {
-        notes.push("TCG (binary translation) was used: guest CPU time includes emulation, so d_eta_r and d_eta_t measure TCG+virtualization overhead, not KVM's. Compare Gleaner modes with each other; host halt polling does not apply.".into());
+        notes.push("TCG (binary translation) was used: guest CPU time includes emulation, so d_eta_r and d_eta_t measure TCG+virtualization overhead, not KVM's. Compare modes with each other; host halt polling does not apply, and guests see no steal time.".into());
     }
     notes.push("CPU time stands in for cycles (no hardware counters): natively the workload's rusage, for guests the host-side CPU time of all QEMU threads during the step.".into());
-
-    let (n_inst, gamma_native, gamma_vm) = match exp.scenario {
+    notes.push("vCPU halts are counted host-side as the vCPU threads' voluntary context switches (a halted vCPU's thread sleeps; a wait for QEMU's lock counts too).".into());
+    let (native_instances, gamma_native, gamma_vm) = match exp.scenario {
         Scenario::Uc => (1, np, f64::from(exp.vcpus).min(np)),
         Scenario::Oc => (1, np, np / 2.0),
         Scenario::Oc2 => (2, np / 2.0, np / 2.0),
     };
-    let halt_polls: Vec<String> = if acc == Accel::Kvm { exp.halt_poll.clone() } else { vec!["n/a".into()] };
-    let vm_steps = runs as usize * exp.modes.len() * if exp.scenario == Scenario::Oc2 { 2 } else { 1 } * halt_polls.len();
-    let total = runs as usize + vm_steps;
-    let pb = if opts.progress { ProgressBar::new(total as u64) } else { ProgressBar::hidden() };
-    pb.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:25}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    let left = |d: Instant| {
-        let s = d.saturating_duration_since(Instant::now()).as_secs();
-        format!("{}m{:02}s left", s / 60, s % 60)
-    };
+    let halt_polls = if acc == Accel::Kvm { exp.halt_poll.clone() } else { vec!["n/a".into()] };
+    let deadline = Instant::now() + Duration::from_secs(exp.timeout_for(opts.quick));
+    Ok(Prepared { gleaner, kernel, busybox, runs, pcpus, acc, deadline, halt_polls, gamma_native, gamma_vm, native_instances, notes, wake_costs: Vec::new() })
+}
 
-    // --- Calibration: fix the amount of compute per item across native and guest runs ---
-    let mut wargs = exp.workload_args(opts.quick);
-    if wargs.first().is_some_and(|a| a == "bench") && !wargs.iter().any(|a| a == "--iters-per-us") {
-        pb.set_message(format!("{}: calibrating the compute rate natively", exp.name));
-        let p = NativeProc::spawn(&gleaner, &wargs, &pcpus)?;
-        let (_, out, _) = p.wait(deadline, "native calibration")?;
-        match calibrated_rate(&out) {
-            Some(rate) => {
-                wargs.push("--iters-per-us".into());
-                wargs.push(format!("{rate:.3}"));
-                notes.push(format!("compute per item fixed for native and guest runs with --iters-per-us {rate:.3} (calibrated natively)"));
-            }
-            None => notes.push("could not read iters_per_us from a native run: each run calibrates its own compute rate".into()),
+fn left(d: Instant) -> String {
+    let s = d.saturating_duration_since(Instant::now()).as_secs();
+    format!("{}m{:02}s left", s / 60, s % 60)
+}
+
+/// `args` with `flag VALUE` set (an earlier `flag V` or `flag=V` removed).
+pub fn with_flag(args: &[String], flag: &str, value: &str) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len() + 2);
+    let mut skip = false;
+    for a in args {
+        if skip {
+            skip = false;
+        } else if a == flag {
+            skip = true;
+        } else if !a.starts_with(&format!("{flag}=")) {
+            out.push(a.clone());
         }
     }
+    out.extend([flag.to_string(), value.to_string()]);
+    out
+}
 
-    // --- Native baseline ---
-    let mut rows: Vec<Row> = Vec::new();
-    for rep in 1..=runs {
-        pb.set_message(format!("{}: native x{n_inst} run {rep}/{runs} ({})", exp.name, left(deadline)));
-        let procs: Vec<NativeProc> = (0..n_inst)
-            .map(|_| NativeProc::spawn(&gleaner, &wargs, &pcpus))
-            .collect::<Result<_, _>>()?;
-        for (i, p) in procs.into_iter().enumerate() {
-            let (rc, out, wall) = p.wait(deadline, "native baseline")?;
-            let mut row = Row { env: "native".into(), instance: format!("native-{}", i + 1), mode: "native".into(), halt_poll: "n/a".into(), rep, rc, gamma: gamma_native, end_s: wall.as_secs_f64(), ..Default::default() };
-            fill_from_bench(&mut row, &out);
+/// The typed parameters of a `bench workload NAME ...` argument list; `None` for other
+/// commands.
+pub fn bench_workload_params(args: &[String]) -> Option<Result<gleaner_bench::workload::WorkloadParams, BadInput>> {
+    #[derive(clap::Parser)]
+    struct P {
+        #[command(flatten)]
+        a: gleaner_bench::WorkloadArgs,
+    }
+    use clap::Parser as _;
+    if args.len() < 3 || args[0] != "bench" || args[1] != "workload" {
+        return None;
+    }
+    let parsed = P::try_parse_from(std::iter::once("workload").chain(args[2..].iter().map(String::as_str)))
+        .map_err(|e| BadInput::new("workload", args.join(" "), format!("valid `gleaner bench workload` arguments ({})", e.kind())));
+    Some(parsed.and_then(|p| gleaner_bench::workload_params(&p.a).map(|x| x.1)))
+}
+
+/// Median CPU time per item, us, of bench documents (runs that failed are skipped).
+fn cpu_per_item_us(outputs: &[String]) -> Option<f64> {
+    let v: Vec<f64> = outputs
+        .iter()
+        .filter_map(|o| {
+            let d = parse_bench_output(o).ok()?;
+            let r = d.runs.first()?;
+            Some(r.cpu_ns() as f64 / 1e3 / r.items.filter(|&n| n > 0)? as f64)
+        })
+        .collect();
+    gleaner_policy::stats::median(&v).ok()
+}
+
+/// What sizing found (kept in the results).
+#[derive(Debug, Clone, Serialize)]
+pub struct Sizing {
+    pub compute: Compute,
+    pub native_iters_per_us: f64,
+    pub guest_iters_per_us: Option<f64>,
+    /// CPU time per item with no compute (synchronization alone), us: natively and in a guest
+    /// alone on the pCPUs.
+    pub native_sync_us_per_item: Option<f64>,
+    pub guest_sync_us_per_item: Option<f64>,
+    /// `work_us` natively and in the guests.
+    pub native_work_us: f64,
+    pub guest_work_us: f64,
+}
+
+/// Items of a sizing run (no compute: synchronization alone).
+const SIZING_ITEMS: u64 = 2000;
+const SIZING_RUNS: usize = 3;
+
+/// The workload's arguments for (native, guest) runs, fixing the compute per item (see
+/// [`Compute`]): the compute rate is measured natively and, for `balanced`, in one guest
+/// booted alone on the pCPUs, with the synchronization cost per item on both sides.
+fn size_workload(exp: &Experiment, p: &mut Prepared, quick: bool, pb: &ProgressBar) -> anyhow::Result<(Vec<String>, Vec<String>, Option<Sizing>)> {
+    let w = exp.workload_args(quick);
+    let params = match bench_workload_params(&w) {
+        None => return Ok((w.clone(), w, None)),
+        Some(p) => p?,
+    };
+    if params.iters_per_us.is_some() {
+        return Ok((w.clone(), w, None));
+    }
+    pb.set_message(format!("{}: measuring the compute rate natively", exp.name));
+    let rate_args = vec!["bench".to_string(), "rate".into(), "--trials".into(), "20".into()];
+    let (_, out, _) = NativeProc::spawn(&p.gleaner, &rate_args, &p.pcpus)?.wait(p.deadline, "native compute rate")?;
+    let native_rate: f64 = out.trim().parse().map_err(|_| anyhow::anyhow!("`gleaner bench rate` printed {:?}, not a number", out.trim()))?;
+    let native = with_flag(&w, "--iters-per-us", &format!("{native_rate:.3}"));
+    let mut sizing = Sizing { compute: exp.compute, native_iters_per_us: native_rate, guest_iters_per_us: None, native_sync_us_per_item: None, guest_sync_us_per_item: None, native_work_us: params.work_us, guest_work_us: params.work_us };
+    if exp.compute == Compute::Native || params.work_us == 0.0 {
+        p.notes.push(format!("compute per item fixed for native and guest runs with --iters-per-us {native_rate:.3} (measured natively): the same instructions everywhere"));
+        return Ok((native.clone(), native, Some(sizing)));
+    }
+    // Synchronization cost per item: the workload with no compute, natively...
+    let sync_args = with_flag(&with_flag(&w, "--work-us", "0"), "--items", &SIZING_ITEMS.to_string());
+    pb.set_message(format!("{}: measuring the synchronization cost per item natively", exp.name));
+    let mut native_out = Vec::new();
+    for _ in 0..SIZING_RUNS {
+        native_out.push(NativeProc::spawn(&p.gleaner, &sync_args, &p.pcpus)?.wait(p.deadline, "native sizing")?.1);
+    }
+    // ...and in one guest alone on the pCPUs, with the guest's compute rate.
+    pb.set_message(format!("{}: sizing guest (compute rate, synchronization cost per item)", exp.name));
+    let mut job = format!("step setup.rate {}
+", cmd_line(&p.gleaner, &rate_args));
+    for i in 0..SIZING_RUNS {
+        job.push_str(&format!("step setup.sync{i} {}
+", cmd_line(&p.gleaner, &sync_args)));
+    }
+    let spec = p.spec(exp, &format!("lab-{}-sizing", exp.name), job, &[]);
+    let timeout = p.deadline.saturating_duration_since(Instant::now());
+    let (_, steps, _) = crate::session::run_single(&p.kernel, &p.busybox, &spec, timeout)?;
+    let guest_rate = steps.iter().find(|s| s.step == "setup.rate").and_then(|s| s.stdout.trim().parse::<f64>().ok());
+    if let Some(w) = steps.iter().find(|s| s.step == "setup.wakeup").and_then(|s| wake_costs("alone", &spec.name, &s.stdout)) {
+        p.wake_costs.push(w);
+    }
+    let guest_out: Vec<String> = steps.iter().filter(|s| s.step.starts_with("setup.sync")).map(|s| s.stdout.clone()).collect();
+    let (Some(gr), Some(ns), Some(gs)) = (guest_rate, cpu_per_item_us(&native_out), cpu_per_item_us(&guest_out)) else {
+        anyhow::bail!("sizing the workload failed (guest steps: {})", steps.iter().map(|s| format!("{} rc {}", s.step, s.rc)).collect::<Vec<_>>().join(", "));
+    };
+    let k = (gs / ns.max(1e-3)).clamp(1.0, 1000.0);
+    sizing.guest_iters_per_us = Some(gr);
+    sizing.native_sync_us_per_item = Some(ns);
+    sizing.guest_sync_us_per_item = Some(gs);
+    sizing.guest_work_us = (params.work_us * k * 10.0).round() / 10.0;
+    p.notes.push(format!(
+        "balanced compute: synchronization alone costs {ns:.1} us of CPU per item natively and {gs:.1} us in a guest alone on the pCPUs ({k:.1}x), so guest runs compute {:.1} us per step where native runs compute {} us, at each side's measured rate ({native_rate:.0} and {gr:.0} iterations/us): both spend the same share of their CPU on synchronization",
+        sizing.guest_work_us, params.work_us
+    ));
+    let guest = with_flag(&with_flag(&w, "--iters-per-us", &format!("{gr:.3}")), "--work-us", &format!("{}", sizing.guest_work_us));
+    Ok((native, guest, Some(sizing)))
+}
+
+fn native_baseline(exp: &Experiment, p: &Prepared, wargs: &[String], pb: &ProgressBar) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for rep in 1..=p.runs {
+        pb.set_message(format!("{}: native x{} run {rep}/{} ({})", exp.name, p.native_instances, p.runs, left(p.deadline)));
+        let procs: Vec<NativeProc> = (0..p.native_instances).map(|_| NativeProc::spawn(&p.gleaner, wargs, &p.pcpus)).collect::<Result<_, _>>()?;
+        for (i, proc) in procs.into_iter().enumerate() {
+            let (rc, out, wall) = proc.wait(p.deadline, "native baseline")?;
+            let mut row = Row { env: "native".into(), instance: format!("native-{}", i + 1), mode: "native".into(), halt_poll: "n/a".into(), rep, rc, gamma: p.gamma_native, end_s: wall.as_secs_f64(), ..Default::default() };
+            row.fill_from_bench(&out);
             if rc != 0 && row.error.is_none() {
                 row.error = Some(format!("exit {rc}: {}", out.chars().take(300).collect::<String>()));
             }
@@ -264,185 +431,284 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
         }
         pb.inc(1);
     }
+    Ok(rows)
+}
 
-    // --- Guests ---
-    let mut boot_s = BTreeMap::new();
-    let mut kvm_stats = BTreeMap::new();
-    let a_job = workload_job_with(exp, &wargs, &gleaner, runs);
-    let base_spec = |name: &str, job: String| {
-        GuestSpec::new(name).vcpus(exp.vcpus).memory_mib(exp.memory_mib).accel(acc).pin(Some(pcpus.clone())).cgroup(exp.guest_cgroup).job(job)
+/// One measured step, with its guest role and session-clock window.
+struct Measured {
+    instance: &'static str,
+    step: StepResult,
+    begin_s: f64,
+    end_s: f64,
+}
+
+/// What one halt-poll pass of the guests produced.
+#[derive(Default)]
+struct Pass {
+    measured: Vec<Measured>,
+    co_runner: Vec<Measured>,
+    setup: Vec<SetupStep>,
+    boot_s: BTreeMap<String, f64>,
+    kvm_stats: BTreeMap<String, Vec<(String, f64)>>,
+    notes: Vec<String>,
+    wake_costs: Vec<WakeCosts>,
+}
+
+/// The boots of the measured guest: (rep numbers, boot group index). One boot for all reps
+/// when every mode shares a kernel command line; else one boot per group per round, with the
+/// group order rotated by round.
+fn boot_plan(groups: usize, runs: u32) -> Vec<(Vec<u32>, usize)> {
+    if groups == 1 {
+        return vec![((1..=runs).collect(), 0)];
+    }
+    (1..=runs).flat_map(|r| (0..groups).map(move |i| (vec![r], (i + r as usize - 1) % groups))).collect()
+}
+
+fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick: bool, pb: &ProgressBar) -> anyhow::Result<Pass> {
+    let _guard = match hp.parse::<u64>() {
+        Ok(v) if p.acc == Accel::Kvm => Some(HaltPollGuard::set(Path::new("/sys"), v)?),
+        _ => None,
     };
-    for hp in &halt_polls {
-        let _guard = match hp.parse::<u64>() {
-            Ok(v) if acc == Accel::Kvm => Some(HaltPollGuard::set(Path::new("/sys"), v)?),
-            _ => None,
-        };
-        let mut s = Session::new(kernel.clone(), busybox.clone());
-        let epoch = Instant::now();
-        let done_steps = |s: &Session| s.states.iter().map(|x| x.steps.iter().filter(|st| !st.0.step.starts_with("co.")).count()).sum::<usize>();
-        let before = pb.position();
-        let mut tick = |s: &Session| {
-            let parts: Vec<String> = s
-                .guests
-                .iter()
-                .zip(&s.states)
-                .map(|(g, st)| {
-                    let what = match (st.ready_at, st.current_step()) {
-                        (None, _) => "booting".to_string(),
-                        (Some(_), Some(c)) => c.to_string(),
-                        (Some(_), None) => if st.done.is_some() { "done".into() } else { "ready".into() },
-                    };
-                    format!("{} {}", g.name.rsplit('-').next().unwrap_or(""), what)
-                })
-                .collect();
-            pb.set_position(before + done_steps(s) as u64);
-            pb.set_message(format!("{} [{acc}, halt_poll {hp}]: {} ({})", exp.name, parts.join(", "), left(deadline)));
-        };
-        let (a, b) = match exp.scenario {
-            Scenario::Uc => {
-                let a = s.start(&base_spec(&format!("lab-{}-A", exp.name), a_job.clone()))?;
-                s.drive(deadline, "the workload's steps in VM A", &[a], &|s| s.states[0].done.is_some(), &mut tick)?;
-                (a, None)
-            }
-            Scenario::Oc => {
-                let co = exp.co_runner_args(opts.quick).unwrap_or_default();
-                let b = s.start(&base_spec(&format!("lab-{}-B", exp.name), co_runner_job(&co, &gleaner)))?;
-                s.drive(deadline, "the co-runner to start in VM B", &[b], &|s| s.states[0].current_step().is_some() || !s.states[0].steps.is_empty(), &mut tick)?;
-                let a = s.start(&base_spec(&format!("lab-{}-A", exp.name), a_job.clone()))?;
-                s.drive(deadline, "the workload's steps in VM A", &[a, b], &|s| s.states[a].done.is_some(), &mut tick)?;
-                // Let the co-runner finish the iteration under way: an iteration that spans
-                // A's whole last step would otherwise never be counted, and that step would
-                // have no co-runner rate (seen with short steps under load). Best effort.
-                if let Some(a_end) = s.states[a].steps.last().map(|x| x.2) {
-                    let wait = deadline.min(Instant::now() + Duration::from_secs(30));
-                    let ended_after = |s: &Session| s.states[b].steps.last().is_some_and(|x| x.2 >= a_end);
-                    match s.drive(wait, "the co-runner's iteration in VM B", &[b], &ended_after, &mut tick) {
-                        Ok(()) | Err(LabError::Timeout { .. }) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                (a, Some(b))
-            }
-            Scenario::Oc2 => {
-                let a = s.start(&base_spec(&format!("lab-{}-A", exp.name), a_job.clone()))?;
-                let b = s.start(&base_spec(&format!("lab-{}-B", exp.name), a_job.clone()))?;
-                s.drive(deadline, "the workload's steps in VMs A and B", &[a, b], &|s| s.states.iter().all(|x| x.done.is_some()), &mut tick)?;
-                (a, Some(b))
-            }
-        };
-        if acc == Accel::Kvm {
-            for g in &s.guests {
-                let stats = qmp::Qmp::connect(&g.qmp_path(), Duration::from_secs(5))
-                    .and_then(|mut q| q.execute("query-stats", Some(serde_json::json!({"target": "vcpu"}))))
-                    .map(|v| qmp::flatten_stats(&v));
-                match stats {
-                    Ok(v) => {
-                        kvm_stats.insert(format!("{}@{hp}", g.name), v);
-                    }
-                    Err(e) => notes.push(format!("query-stats on {}: {e}", g.name)),
-                }
-            }
+    let mut pass = Pass::default();
+    let mut s = Session::new(p.kernel.clone(), p.busybox.clone());
+    let epoch = Instant::now();
+    let before = pb.position();
+    let mut tick = |s: &Session| {
+        let parts: Vec<String> = s
+            .guests
+            .iter()
+            .zip(&s.states)
+            .filter(|(_, st)| st.done.is_none())
+            .map(|(g, st)| {
+                let what = match (st.ready_at, st.current_step()) {
+                    (None, _) => "booting".to_string(),
+                    (Some(_), Some(c)) => c.to_string(),
+                    (Some(_), None) => "ready".into(),
+                };
+                format!("{} {what}", g.name.trim_start_matches("lab-"))
+            })
+            .collect();
+        let now = s.states.iter().map(|x| x.steps.iter().filter(|st| !st.0.step.starts_with("co.") && !st.0.step.starts_with("setup.")).count()).sum::<usize>();
+        pb.set_position(before + now as u64);
+        pb.set_message(format!("{} [{}, halt_poll {hp}]: {} ({})", exp.name, p.acc, parts.join(", "), left(p.deadline)));
+    };
+    let co = match exp.scenario {
+        Scenario::Oc => {
+            let args = exp.co_runner_args(quick).unwrap_or_default();
+            let b = s.start(&p.spec(exp, &format!("lab-{}-B", exp.name), co_runner_job(&args, &p.gleaner), &[]))?;
+            s.drive(p.deadline, "the co-runner to start in VM B", &[b], &|s| s.states[b].current_step().is_some() || !s.states[b].steps.is_empty(), &mut tick)?;
+            Some(b)
         }
-        s.kill_all();
-        // What the agent decided inside each measured guest (retention on or off, and why):
-        // the verdict depends on the guest's own wakeup costs, so the report must say it.
-        for id in std::iter::once(a).chain(if exp.scenario == Scenario::Oc2 { b } else { None }) {
-            for (line, n) in agent_decisions(&s.guests[id].console()) {
-                notes.push(format!("{} (halt_poll {hp}), {n} run(s): {line}", s.guests[id].name));
-            }
+        _ => None,
+    };
+    let groups = exp.boot_groups();
+    let plan = boot_plan(groups.len(), p.runs);
+    for (k, (reps, gi)) in plan.iter().enumerate() {
+        let (kargs, modes) = &groups[*gi];
+        let job = guest_job(modes, reps, &p.gleaner, wargs, k == 0);
+        let suffix = if plan.len() == 1 { String::new() } else { format!("-{}", k + 1) };
+        let mut ids = vec![("A", s.start(&p.spec(exp, &format!("lab-{}-A{suffix}", exp.name), job.clone(), kargs))?)];
+        if exp.scenario == Scenario::Oc2 {
+            ids.push(("B", s.start(&p.spec(exp, &format!("lab-{}-B{suffix}", exp.name), job, kargs))?));
         }
-        for id in std::iter::once(a).chain(b) {
+        let mut needed: Vec<usize> = ids.iter().map(|x| x.1).collect();
+        needed.extend(co);
+        let targets: Vec<usize> = ids.iter().map(|x| x.1).collect();
+        s.drive(p.deadline, "the workload's steps", &needed, &|s| targets.iter().all(|&g| s.states[g].done.is_some()), &mut tick)?;
+        for (inst, id) in ids {
+            let name = s.guests[id].name.clone();
             if let Some(bs) = s.boot_s(id) {
-                boot_s.insert(format!("{}@{hp}", s.guests[id].name), bs);
+                pass.boot_s.insert(format!("{name}@{hp}"), bs);
             }
-        }
-        // Co-runner iterations on the session clock (oc).
-        let co_iters: Vec<(f64, f64, u64)> = match (exp.scenario, b) {
-            (Scenario::Oc, Some(b)) => s.states[b]
-                .steps
-                .iter()
-                .filter(|(r, _, _)| r.rc == 0)
-                .filter_map(|(r, bi, ei)| {
-                    let items = parse_bench_output(&r.stdout).ok()?.first()?.items?;
-                    Some(((*bi - epoch).as_secs_f64(), (*ei - epoch).as_secs_f64(), items))
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        for id in std::iter::once(a).chain(if exp.scenario == Scenario::Oc2 { b } else { None }) {
-            let inst = if id == a { "A" } else { "B" };
             for (r, bi, ei) in &s.states[id].steps {
-                let (mode, rep) = r.step.rsplit_once('.').unwrap_or((r.step.as_str(), "0"));
-                let mut vcpus: Vec<(u32, u64)> = r.host_threads.iter().filter_map(|t| t.vcpu().map(|v| (v, t.run_ns))).collect();
-                vcpus.sort_unstable();
-                let (b_s, e_s) = ((*bi - epoch).as_secs_f64(), (*ei - epoch).as_secs_f64());
-                let mut row = Row {
-                    env: "vm".into(),
-                    instance: inst.into(),
-                    mode: mode.into(),
-                    halt_poll: hp.clone(),
-                    rep: rep.parse().unwrap_or(0),
-                    rc: r.rc,
-                    host_cpu_ns: Some(r.host_cpu_ns()),
-                    host_vcpu_ns: vcpus.into_iter().map(|v| v.1).collect(),
-                    begin_s: b_s,
-                    end_s: e_s,
-                    gamma: gamma_vm,
-                    co_runner_rate: results::co_runner_rate(b_s, e_s, &co_iters),
-                    ..Default::default()
-                };
-                fill_from_bench(&mut row, &r.stdout);
-                rows.push(row);
+                if r.step == "setup.wakeup" {
+                    let context = match exp.scenario {
+                        Scenario::Uc => "alone",
+                        Scenario::Oc => "with co-runner",
+                        Scenario::Oc2 => "next to VM B",
+                    };
+                    if let Some(w) = wake_costs(&format!("{context}, halt_poll {hp}"), &name, &r.stdout) {
+                        pass.wake_costs.push(w);
+                    }
+                }
+                if r.step.starts_with("setup.") {
+                    pass.setup.push(SetupStep { guest: name.clone(), step: r.step.clone(), rc: r.rc, stdout: r.stdout.trim().to_string() });
+                    continue;
+                }
+                pass.measured.push(Measured { instance: inst, step: r.clone(), begin_s: (*bi - epoch).as_secs_f64(), end_s: (*ei - epoch).as_secs_f64() });
+            }
+            s.guests[id].wait_exit(Duration::from_secs(5));
+        }
+    }
+    if let Some(b) = co {
+        // Let the co-runner finish the iteration under way: an iteration that spans A's whole
+        // last step would otherwise never be counted, and that step would have no co-runner
+        // rate (seen with short steps under load). Best effort.
+        let a_end = pass.measured.iter().map(|m| m.end_s).fold(0.0, f64::max);
+        let wait = p.deadline.min(Instant::now() + Duration::from_secs(30));
+        let ended_after = |s: &Session| s.states[b].steps.last().is_some_and(|x| (x.2 - epoch).as_secs_f64() >= a_end);
+        match s.drive(wait, "the co-runner's iteration in VM B", &[b], &ended_after, &mut tick) {
+            Ok(()) | Err(LabError::Timeout { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        for (r, bi, ei) in &s.states[b].steps {
+            pass.co_runner.push(Measured { instance: "B", step: r.clone(), begin_s: (*bi - epoch).as_secs_f64(), end_s: (*ei - epoch).as_secs_f64() });
+        }
+        if let Some(bs) = s.boot_s(b) {
+            pass.boot_s.insert(format!("{}@{hp}", s.guests[b].name), bs);
+        }
+    }
+    if p.acc == Accel::Kvm {
+        for g in &s.guests {
+            let stats = qmp::Qmp::connect(&g.qmp_path(), Duration::from_secs(5))
+                .and_then(|mut q| q.execute("query-stats", Some(serde_json::json!({"target": "vcpu"}))))
+                .map(|v| qmp::flatten_stats(&v));
+            match stats {
+                Ok(v) => {
+                    pass.kvm_stats.insert(format!("{}@{hp}", g.name), v);
+                }
+                Err(e) => pass.notes.push(format!("query-stats on {}: {e}", g.name)),
             }
         }
-        if let (Scenario::Oc, Some(b)) = (exp.scenario, b) {
-            for (r, bi, ei) in &s.states[b].steps {
-                let mut row = Row {
-                    env: "vm".into(),
-                    instance: "B".into(),
-                    mode: "co-runner".into(),
-                    halt_poll: hp.clone(),
-                    rep: r.step.trim_start_matches("co.").parse().unwrap_or(0),
-                    rc: r.rc,
-                    host_cpu_ns: Some(r.host_cpu_ns()),
-                    begin_s: (*bi - epoch).as_secs_f64(),
-                    end_s: (*ei - epoch).as_secs_f64(),
-                    gamma: gamma_vm,
-                    ..Default::default()
-                };
-                fill_from_bench(&mut row, &r.stdout);
-                rows.push(row);
-            }
+    }
+    s.kill_all();
+    Ok(pass)
+}
+
+/// The rows of a pass: measured steps (with the co-runner's rate during each) and the
+/// co-runner's iterations.
+fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> {
+    let co_iters: Vec<(f64, f64, u64)> = pass
+        .co_runner
+        .iter()
+        .filter(|m| m.step.rc == 0)
+        .filter_map(|m| Some((m.begin_s, m.end_s, parse_bench_output(&m.step.stdout).ok()?.runs.first()?.items?)))
+        .collect();
+    let host_fields = |row: &mut Row, r: &StepResult| {
+        let mut vcpus: Vec<(u32, u64)> = r.vcpu_threads().filter_map(|t| t.vcpu().map(|v| (v, t.run_ns))).collect();
+        vcpus.sort_unstable();
+        row.host_cpu_ns = Some(r.host_cpu_ns());
+        row.host_vcpu_ns = vcpus.into_iter().map(|v| v.1).collect();
+        row.host_vcpu_wait_ns = Some(r.vcpu_threads().map(|t| t.wait_ns).sum());
+        row.vcpu_sleeps = Some(r.vcpu_threads().map(|t| t.voluntary).sum());
+        row.vcpu_preemptions = Some(r.vcpu_threads().map(|t| t.involuntary).sum());
+    };
+    let mut rows = Vec::new();
+    for m in &pass.measured {
+        let r = &m.step;
+        let (mode_name, rep) = r.step.rsplit_once('.').unwrap_or((r.step.as_str(), "0"));
+        let mode = exp.modes.iter().find(|x| x.name == mode_name);
+        let policy = mode.map(Mode::policy);
+        let mut row = Row {
+            env: "vm".into(),
+            instance: m.instance.into(),
+            mode: mode_name.into(),
+            policy: policy.map(|x| x.name().to_string()).unwrap_or_default(),
+            halt_poll: hp.into(),
+            rep: rep.parse().unwrap_or(0),
+            rc: r.rc,
+            begin_s: m.begin_s,
+            end_s: m.end_s,
+            gamma: p.gamma_vm,
+            co_runner_rate: results::co_runner_rate(m.begin_s, m.end_s, &co_iters),
+            // An agent that decided nothing writes no events: an empty summary, not a failure.
+            agent: policy.filter(|x| x.agent_args().is_some()).map(|_| r.attachments.get("events").map_or_else(AgentSummary::default, |e| AgentSummary::from_events(e))),
+            ..Default::default()
+        };
+        host_fields(&mut row, r);
+        row.fill_from_bench(&r.stdout);
+        if row.error.is_none() && policy == Some(Policy::Haltpoll) && row.cpuidle_driver.as_deref() != Some("haltpoll") {
+            row.error = Some(format!("the guest's cpuidle driver is {} (not haltpoll): {}", row.cpuidle_driver.as_deref().unwrap_or("unknown"), haltpoll_reason(p.acc)));
         }
+        rows.push(row);
+    }
+    for m in &pass.co_runner {
+        let mut row = Row {
+            env: "vm".into(),
+            instance: "B".into(),
+            mode: "co-runner".into(),
+            halt_poll: hp.into(),
+            rep: m.step.step.trim_start_matches("co.").parse().unwrap_or(0),
+            rc: m.step.rc,
+            begin_s: m.begin_s,
+            end_s: m.end_s,
+            gamma: p.gamma_vm,
+            ..Default::default()
+        };
+        host_fields(&mut row, &m.step);
+        row.fill_from_bench(&m.step.stdout);
+        rows.push(row);
+    }
+    rows
+}
+
+/// Why the guest's cpuidle-haltpoll driver did not load.
+fn haltpoll_reason(acc: Accel) -> &'static str {
+    match acc {
+        Accel::Tcg => "cpuidle-haltpoll registers only when kvm_para_available(), i.e. the guest sees KVM's paravirtual CPUID signature, which QEMU provides only with -accel kvm",
+        Accel::Kvm => "cpuidle-haltpoll did not register (check the guest kernel's CONFIG_HALTPOLL_CPUIDLE and the console)",
+    }
+}
+
+/// Runs `exp` and returns its results (the caller writes them with `report::write`).
+pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<LabResults> {
+    let t0 = Instant::now();
+    let started_unix_s = now_unix();
+    let mut p = prepare(exp, opts)?;
+    let vm_steps = p.runs as usize * exp.modes.len() * if exp.scenario == Scenario::Oc2 { 2 } else { 1 } * p.halt_polls.len();
+    let pb = if opts.progress { ProgressBar::new((p.runs as usize + vm_steps) as u64) } else { ProgressBar::hidden() };
+    pb.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:25}] {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "));
+
+    let (native_args, guest_args, sizing) = size_workload(exp, &mut p, opts.quick, &pb)?;
+    let mut rows = native_baseline(exp, &p, &native_args, &pb)?;
+    let (mut setup, mut boot_s, mut kvm_stats, mut notes) = (Vec::new(), BTreeMap::new(), BTreeMap::new(), std::mem::take(&mut p.notes));
+    let mut wake_costs = std::mem::take(&mut p.wake_costs);
+    for hp in p.halt_polls.clone() {
+        let pass = guest_pass(exp, &p, &hp, &guest_args, opts.quick, &pb)?;
+        rows.extend(pass_rows(exp, &p, &hp, &pass));
+        setup.extend(pass.setup);
+        boot_s.extend(pass.boot_s);
+        kvm_stats.extend(pass.kvm_stats);
+        notes.extend(pass.notes);
+        wake_costs.extend(pass.wake_costs);
     }
     pb.finish_and_clear();
-    let stock = exp.modes.iter().find(|m| m.agent.is_none()).map_or("off".to_string(), |m| m.name.clone());
-    let summary = results::summarize(&rows, &stock);
-    let failed = rows.iter().filter(|r| !r.ok() && r.mode != "co-runner").count();
-    if failed > 0 {
-        notes.push(format!("{failed} run(s) failed or printed no bench JSON: see the error column of runs.csv"));
+    for st in setup.iter().filter(|s| s.rc != 0) {
+        notes.push(format!("{} {} exited {}: {}", st.guest, st.step, st.rc, st.stdout.chars().take(200).collect::<String>()));
     }
+    let failed: Vec<&Row> = rows.iter().filter(|r| !r.ok() && r.mode != "co-runner").collect();
+    if !failed.is_empty() {
+        let mut why: Vec<String> = failed.iter().filter_map(|r| r.error.clone()).collect();
+        why.dedup();
+        notes.push(format!("{} run(s) failed or printed no bench JSON: {}", failed.len(), why.into_iter().take(3).collect::<Vec<_>>().join("; ")));
+    }
+    let summary = results::summarize(&rows, &exp.stock_mode().name);
     Ok(LabResults {
         experiment: exp.clone(),
         quick: opts.quick,
-        accel: acc,
-        kernel: kernel.meta.clone(),
+        accel: p.acc,
+        kernel: p.kernel.meta.clone(),
         qemu_version: qemu_version(),
         host_kernel: nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
-        gleaner: gleaner.display().to_string(),
-        pcpus,
-        runs_per_mode: runs,
+        gleaner: p.gleaner.display().to_string(),
+        pcpus: p.pcpus,
+        runs_per_mode: p.runs,
         started_unix_s,
         duration_s: t0.elapsed().as_secs_f64(),
         boot_s,
         rows,
         summary,
+        setup,
+        sizing,
+        wake_costs,
+        native_args,
+        guest_args,
         kvm_stats,
         notes,
     })
 }
 
-/// Turns a lab error into the message the user sees (the typed error keeps its details).
+/// True when the run ended because of SIGINT/SIGTERM/SIGHUP.
 pub fn is_interrupt(e: &anyhow::Error) -> bool {
     e.chain().any(|c| matches!(c.downcast_ref::<LabError>(), Some(LabError::Interrupted)))
 }
@@ -451,48 +717,60 @@ pub fn is_interrupt(e: &anyhow::Error) -> bool {
 mod tests {
     use super::*;
 
+    const G: &str = "/work/main/target/release/gleaner";
+
     #[test]
-    fn agent_decisions_are_grouped_and_counted() {
-        let console = "[    1.2] random: crng init done\n\
-            gleaner: retention off: the host polls halted vCPUs for at least the 30 us timeout (wakeup p50: 9 us busy vCPU)\n\
-            @@LAB BEGIN on.1\n\
-            gleaner: retention off: the host polls halted vCPUs for at least the 41 us timeout (wakeup p50: 8 us busy vCPU)\n\
-            gleaner: calibrated retention timeout 120 us (wakeup p50: 50 us busy vCPU)\n\
-            gleaner: something else\n";
-        let d = agent_decisions(console);
-        assert_eq!(d.len(), 2, "{d:?}");
-        assert!(d[0].0.contains("the 30 us timeout (wakeup p50: 9 us") && d[0].1 == 2, "{d:?}");
-        assert!(d[1].0.starts_with("calibrated retention timeout 120 us") && d[1].1 == 1, "{d:?}");
-        assert!(agent_decisions("").is_empty());
+    fn jobs_rotate_modes_wrap_the_agent_and_attach_its_events() {
+        let exp = Experiment::load("oc").unwrap();
+        let groups = exp.boot_groups();
+        assert_eq!(groups.len(), 1, "oc's modes share one boot");
+        let w = exp.workload_args(true);
+        assert_eq!(w, ["bench", "workload", "pipeline", "--json", "--items", "6000"]);
+        let job = guest_job(&groups[0].1, &[1, 2], Path::new(G), &w, false);
+        let lines: Vec<&str> = job.lines().collect();
+        assert_eq!(lines[0], format!("step setup.calibrate {G} calibrate --json"));
+        let steps: Vec<&str> = lines.iter().filter(|l| l.starts_with("step ") && !l.starts_with("step setup.")).map(|l| l.split(' ').nth(1).unwrap()).collect();
+        assert_eq!(steps, ["off.1", "gleaner.1", "gleaner.2", "off.2"]);
+        assert!(lines.contains(&format!("step off.1 {G} bench workload pipeline --json --items 6000").as_str()), "{job}");
+        assert!(lines.contains(&format!("step gleaner.1 {G} run --events {GUEST_EVENTS} -- {G} bench workload pipeline --json --items 6000").as_str()), "{job}");
+        assert!(lines.contains(&format!("attach gleaner.1 events {GUEST_EVENTS}").as_str()));
+        let co = co_runner_job(&exp.co_runner_args(true).unwrap(), Path::new(G));
+        assert!(co.contains(&format!("step co.$i {G} bench workload matmul --json --quick")));
     }
 
     #[test]
-    fn jobs_interleave_modes_and_wrap_the_agent() {
-        let exp = Experiment::load("oc").unwrap();
-        let g = Path::new("/work/main/target/release/gleaner");
-        let job = workload_job(&exp, g, true, 2);
-        let lines: Vec<&str> = job.lines().collect();
-        assert_eq!(lines.len(), 4);
-        assert_eq!(lines[0], "step off.1 /work/main/target/release/gleaner bench workload pipeline --json --quick --items 6000");
-        assert_eq!(
-            lines[1],
-            "step on.1 /work/main/target/release/gleaner run -- /work/main/target/release/gleaner bench workload pipeline --json --quick --items 6000"
-        );
-        assert!(lines[3].starts_with("step on.2 "));
-        let co = co_runner_job(&exp.co_runner_args(true).unwrap(), g);
-        assert!(co.contains("step co.$i /work/main/target/release/gleaner bench workload matmul --json --quick"));
+    fn every_policy_has_its_command() {
+        let w = vec!["bench".to_string(), "workload".into(), "condvar".into()];
+        let cmd = |p| mode_command(Path::new("/g"), &w, &Mode::of(p));
+        assert_eq!(cmd(Policy::Stock), "/g bench workload condvar");
+        assert_eq!(cmd(Policy::IdlePoll), "/g bench workload condvar");
+        assert_eq!(cmd(Policy::Yielders), "/g bench yielders -- /g bench workload condvar");
+        assert_eq!(cmd(Policy::Retention), format!("/g run --no-consolidation --events {GUEST_EVENTS} -- /g bench workload condvar"));
+        assert_eq!(cmd(Policy::Consolidation), format!("/g run --no-retention --events {GUEST_EVENTS} -- /g bench workload condvar"));
+        let m = Mode { name: "g2".into(), policy: Some(Policy::Gleaner), agent: Some(vec!["--period-ms".into(), "100".into()]) };
+        assert_eq!(mode_command(Path::new("/g"), &w, &m), format!("/g run --period-ms 100 --events {GUEST_EVENTS} -- /g bench workload condvar"));
+    }
+
+    #[test]
+    fn flags_are_replaced_not_repeated() {
+        let a: Vec<String> = ["bench", "workload", "pipeline", "--work-us", "10", "--items=5"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(with_flag(&a, "--work-us", "190"), ["bench", "workload", "pipeline", "--items=5", "--work-us", "190"]);
+        assert_eq!(with_flag(&a, "--items", "7"), ["bench", "workload", "pipeline", "--work-us", "10", "--items", "7"]);
+        let p = bench_workload_params(&a).unwrap().unwrap();
+        assert_eq!((p.work_us, p.items), (10.0, 5));
+        assert!(bench_workload_params(&["bench".into(), "workload".into(), "nope".into()]).unwrap().is_err());
+        assert!(bench_workload_params(&["bench".into(), "rate".into()]).is_none());
+    }
+
+    #[test]
+    fn boots_interleave_command_lines_round_by_round() {
+        assert_eq!(boot_plan(1, 3), vec![(vec![1, 2, 3], 0)]);
+        assert_eq!(boot_plan(2, 2), vec![(vec![1], 0), (vec![1], 1), (vec![2], 1), (vec![2], 0)]);
     }
 
     #[test]
     fn calibration_rate_from_bench_json() {
-        assert_eq!(calibrated_rate("{\"params\":{\"iters_per_us\":61.5},\"runs\":[]}"), Some(61.5));
         assert_eq!(calibrated_rate("{\"params\":{}}"), None);
         assert_eq!(calibrated_rate(""), None);
-    }
-
-    #[test]
-    fn agent_flags_go_before_the_separator() {
-        let c = mode_command(Path::new("/g"), &["bench".into()], Some(&["--no-retention".into()]));
-        assert_eq!(c, "/g run --no-retention -- /g bench");
     }
 }

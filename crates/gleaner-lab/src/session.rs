@@ -23,8 +23,11 @@ pub struct StepResult {
     /// Host-side window, seconds since the guest was started.
     pub begin_s: f64,
     pub end_s: f64,
-    /// CPU time each QEMU thread used during the step (host view).
+    /// Scheduling counters of each QEMU thread during the step (host view).
     pub host_threads: Vec<ThreadCpu>,
+    /// Files the job sent after the step, by kind (`events`: the agent's JSON lines).
+    #[serde(default)]
+    pub attachments: std::collections::BTreeMap<String, String>,
 }
 
 impl StepResult {
@@ -32,7 +35,11 @@ impl StepResult {
         self.host_threads.iter().map(|t| t.run_ns).sum()
     }
     pub fn vcpu_ns(&self) -> u64 {
-        self.host_threads.iter().filter(|t| t.vcpu().is_some()).map(|t| t.run_ns).sum()
+        self.vcpu_threads().map(|t| t.run_ns).sum()
+    }
+    /// The vCPU threads' counters.
+    pub fn vcpu_threads(&self) -> impl Iterator<Item = &ThreadCpu> {
+        self.host_threads.iter().filter(|t| t.vcpu().is_some())
     }
 }
 
@@ -43,6 +50,8 @@ pub struct GuestState {
     pub exited: bool,
     pub failed: Option<String>,
     current: Option<(String, Instant, Vec<ThreadCpu>, Vec<String>)>,
+    /// An attachment being received: (step, kind, lines).
+    attaching: Option<(String, String, Vec<String>)>,
     pub steps: Vec<(StepResult, Instant, Instant)>,
 }
 
@@ -130,8 +139,18 @@ impl Session {
             EventKind::Ready => st.ready_at = Some(ev.at),
             EventKind::Begin(step) => st.current = Some((step, ev.at, ev.cpu.unwrap_or_default(), Vec::new())),
             EventKind::Line(l) => {
-                if let Some(c) = st.current.as_mut() {
+                if let Some(a) = st.attaching.as_mut() {
+                    a.2.push(l);
+                } else if let Some(c) = st.current.as_mut() {
                     c.3.push(l);
+                }
+            }
+            EventKind::Attach { step, kind } => st.attaching = Some((step, kind, Vec::new())),
+            EventKind::AttachEnd => {
+                if let Some((step, kind, lines)) = st.attaching.take() {
+                    if let Some((r, _, _)) = st.steps.iter_mut().rev().find(|(r, _, _)| r.step == step) {
+                        r.attachments.insert(kind, lines.join("\n"));
+                    }
                 }
             }
             EventKind::End { step, rc } => {
@@ -145,6 +164,7 @@ impl Session {
                         begin_s: (begin - started).as_secs_f64(),
                         end_s: (ev.at - started).as_secs_f64(),
                         host_threads: delta(&cpu0, &cpu1),
+                        attachments: Default::default(),
                     };
                     st.steps.push((r, begin, ev.at));
                 }

@@ -1,28 +1,73 @@
-//! A whole `oc` experiment with real guests (accel auto: the KVM probe runs, TCG here), driven
-//! by a stand-in `gleaner` script that prints bench JSON, so the lab's plumbing is tested
-//! independently of the bench and agent crates: native calibration and baseline, co-runner VM
-//! started first, interleaved modes in VM A, rows, survey metrics, report files, no leftovers.
+//! Whole experiments with real guests (accel auto: the KVM probe runs, TCG here), driven by a
+//! stand-in `gleaner` script that prints the bench's own JSON documents, so the lab's plumbing
+//! is tested independently of the bench and agent code: sizing (native and guest rate and
+//! synchronization cost), the native baseline, the co-runner VM started first, modes
+//! interleaved and rotated, one boot per kernel command line, rows, intervals, survey metrics,
+//! report files, and no leftovers. The stand-in lives under /tmp, where the guests mount their
+//! own tmpfs: the lab must share its directory into them (a checkout may live anywhere).
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use gleaner_bench::measure::RunMetrics;
+use gleaner_bench::report::{BenchDoc, HostInfo, RunSummary};
 use gleaner_lab::cache;
-use gleaner_lab::experiment::Experiment;
+use gleaner_lab::experiment::{Experiment, Mode, Policy};
 use gleaner_lab::runner::{run_experiment, RunOptions};
 
-const FAKE_GLEANER: &str = r#"#!/bin/sh
+/// A bench document with placeholders the script fills in.
+fn doc_template() -> String {
+    let run = RunMetrics { wall_ns: 111_111, user_ns: 222_222, sys_ns: 1000, vcsw: 3, items: Some(10), idle_source: "proc-stat".into(), ..Default::default() };
+    let doc = BenchDoc {
+        kind: "workload".into(),
+        name: "NAME".into(),
+        params: serde_json::json!({ "iters_per_us": 123.5 }),
+        summary: RunSummary::of(std::slice::from_ref(&run)).unwrap(),
+        runs: vec![run],
+        host: HostInfo {
+            kernel: "k".into(),
+            cpus: 2,
+            allowed_cpus: "0-1".into(),
+            virtualized: true,
+            hypervisor: None,
+            cpuidle_driver: Some("DRIVER".into()),
+            cpuidle_governor: None,
+            git_revision: None,
+            date: String::new(),
+        },
+    };
+    serde_json::to_string(&doc).unwrap().replace("111111", "$w").replace("222222", "$w").replace("\"NAME\"", "\"$name\"").replace("\"DRIVER\"", "\"$driver\"")
+}
+
+fn fake_gleaner(dir: &Path) -> PathBuf {
+    let script = format!(
+        r#"#!/bin/sh
 # Stand-in for gleaner in the lab tests.
-if [ "$1" = run ]; then
-  shift; while [ "$1" != "--" ]; do shift; done; shift
-  echo "agent: wrapped" >&2
-  exec "$@"
-fi
+case "$1" in
+  run) shift; while [ "$1" != "--" ]; do shift; done; shift; echo "agent: wrapped" >&2; exec "$@" ;;
+  calibrate) echo '{{}}'; exit 0 ;;
+esac
+if [ "$2" = yielders ]; then shift 3; exec "$@"; fi
+if [ "$2" = rate ]; then echo 123.5; exit 0; fi
+if [ "$2" = wakeup ]; then echo '{{}}'; exit 0; fi
 name=$3
+driver=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)
+grep -q idle=poll /proc/cmdline 2>/dev/null && driver=idle-poll-booted
 s=$(date +%s%N)
 i=0; while [ $i -lt 2000 ]; do i=$((i+1)); done
 e=$(date +%s%N)
-echo "{\"kind\":\"workload\",\"name\":\"$name\",\"params\":{\"iters_per_us\":123.5},\"runs\":[{\"wall_ns\":$((e-s)),\"user_ns\":$((e-s)),\"sys_ns\":1000,\"vcsw\":3,\"items\":10}],\"summary\":{}}"
-"#;
+w=$((e-s))
+cat <<DOC
+{}
+DOC
+"#,
+        doc_template()
+    );
+    let fake = dir.join("gleaner");
+    std::fs::write(&fake, script).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    fake
+}
 
 fn qemu_pids() -> Vec<u32> {
     std::fs::read_dir("/proc")
@@ -31,60 +76,86 @@ fn qemu_pids() -> Vec<u32> {
         .filter_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
             let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            String::from_utf8_lossy(&cmd).contains("lab-oc-").then_some(pid)
+            String::from_utf8_lossy(&cmd).contains("lab-oc").then_some(pid)
         })
         .collect()
 }
 
-#[test]
-#[serial_test::serial(host)]
-fn oc_experiment_end_to_end_with_real_guests() {
+fn kernel_dir() -> PathBuf {
     let dir = cache::resolve_cache_dir(None);
     if cache::find_kernel(&dir, None).is_err() {
         cache::fetch_kernel(&dir, None, &mut |s| eprintln!("fetch: {s}"))
             .unwrap_or_else(|e| panic!("the lab tests need a guest kernel in {} and could not fetch one: {e:#}", dir.display()));
     }
-    // The guest sees the host's filesystem except /tmp, /run, ...: use cargo's target tmpdir.
-    let work = tempfile::Builder::new().prefix("lab-e2e-").tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let fake: PathBuf = work.path().join("gleaner");
-    std::fs::write(&fake, FAKE_GLEANER).unwrap();
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+fn options(fake: PathBuf, out: PathBuf) -> RunOptions {
+    RunOptions { out, quick: true, gleaner: fake, accel: "auto".into(), kernel: None, cache_dir: kernel_dir(), pcpus: None, runs: Some(2), progress: false }
+}
+
+#[test]
+#[serial_test::serial(host)]
+fn oc_experiment_end_to_end_with_real_guests_from_a_binary_under_tmp() {
+    let work = tempfile::Builder::new().prefix("gleaner-lab-e2e-").tempdir_in("/tmp").unwrap();
+    let fake = fake_gleaner(work.path());
     let exp = Experiment::load("oc").unwrap();
     let out = work.path().join("out");
-    let opts = RunOptions {
-        out: out.clone(),
-        quick: true,
-        gleaner: fake,
-        accel: "auto".into(),
-        kernel: None,
-        cache_dir: dir,
-        pcpus: None,
-        runs: Some(2),
-        progress: false,
-    };
-    let r = run_experiment(&exp, &opts).expect("experiment");
+    let r = run_experiment(&exp, &options(fake, out.clone())).expect("experiment");
     assert!(qemu_pids().is_empty(), "QEMU left behind: {:?}", qemu_pids());
-    eprintln!("accel {} boot {:?} duration {:.1}s", r.accel, r.boot_s, r.duration_s);
-    let native = r.rows.iter().filter(|x| x.env == "native").count();
-    assert_eq!(native, 2);
-    for mode in ["off", "on"] {
+    eprintln!("accel {} boot {:?} duration {:.1}s notes {:?}", r.accel, r.boot_s, r.duration_s, r.notes);
+    assert_eq!(r.rows.iter().filter(|x| x.env == "native").count(), 2);
+    for mode in ["off", "gleaner"] {
         let rows: Vec<_> = r.rows.iter().filter(|x| x.instance == "A" && x.mode == mode).collect();
         assert_eq!(rows.len(), 2, "{mode}: {rows:?}");
         for x in rows {
             assert!(x.ok(), "{x:?}");
             assert!(x.host_cpu_ns.unwrap() > 0 && x.host_vcpu_ns.len() == 2, "{x:?}");
+            assert!(x.vcpu_sleeps.is_some() && x.host_vcpu_wait_ns.is_some(), "{x:?}");
             assert!(x.co_runner_rate.is_some_and(|c| c > 0.0), "co-runner ran during the step: {x:?}");
+            assert_eq!(x.agent.is_some(), mode == "gleaner", "{x:?}");
         }
     }
     assert!(r.rows.iter().any(|x| x.mode == "co-runner" && x.ok()));
-    assert!(r.notes.iter().any(|n| n.contains("--iters-per-us 123.500")), "{:?}", r.notes);
-    let on = r.summary.iter().find(|s| s.mode == "on").unwrap();
-    assert!(on.speedup.is_some() && on.weighted_speedup.is_some() && on.omega.is_some(), "{on:?}");
+    // Balanced sizing: both rates measured, the guest's work scaled by the measured ratio.
+    let sz = r.sizing.as_ref().expect("sizing");
+    assert_eq!((sz.native_iters_per_us, sz.guest_iters_per_us), (123.5, Some(123.5)));
+    assert!(r.guest_args.windows(2).any(|w| w[0] == "--iters-per-us" && w[1] == "123.500"), "{:?}", r.guest_args);
+    assert!(r.notes.iter().any(|n| n.contains("balanced compute")), "{:?}", r.notes);
+    // The agent's calibration ran as a setup step of VM A, outside the measured steps.
+    assert!(r.setup.iter().any(|s| s.step == "setup.calibrate" && s.rc == 0), "{:?}", r.setup);
+    let g = r.summary.iter().find(|s| s.mode == "gleaner").unwrap();
+    assert!(g.speedup.is_some() && g.speedup_ci.is_some() && g.weighted_speedup_ci.is_some() && g.omega.is_some(), "{g:?}");
     assert_eq!(r.boot_s.len(), 2);
     let report = gleaner_lab::report::write(&out, &r).unwrap();
     let md = std::fs::read_to_string(report).unwrap();
-    assert!(md.contains("| VM A | on |") && md.contains(&format!("acceleration: **{}**", r.accel)), "{md}");
-    for f in ["results.json", "runs.csv", "summary.csv", "wall.png", "vcpu_cpu.png"] {
+    assert!(md.contains("| VM A gleaner | gleaner |") && md.contains(&format!("acceleration: **{}**", r.accel)), "{md}");
+    for f in ["results.json", "runs.csv", "summary.csv", "wall.png", "vcpu_cpu.png", "latency_cpu.png"] {
         assert!(out.join(f).is_file(), "{f} missing");
     }
+}
+
+#[test]
+#[serial_test::serial(host)]
+fn policies_that_need_another_kernel_command_line_get_their_own_boots() {
+    let work = tempfile::Builder::new().prefix("gleaner-lab-boots-").tempdir_in("/tmp").unwrap();
+    let fake = fake_gleaner(work.path());
+    let mut exp = Experiment::load("oc").unwrap();
+    exp.compute = Default::default();
+    exp.modes = vec![Mode::stock("off"), Mode::of(Policy::Yielders), Mode::of(Policy::IdlePoll), Mode::of(Policy::Haltpoll)];
+    let r = run_experiment(&exp, &options(fake, work.path().join("out"))).expect("experiment");
+    assert!(qemu_pids().is_empty(), "QEMU left behind: {:?}", qemu_pids());
+    // Three command lines (none, idle=poll, cpuidle_haltpoll.force=1), two rounds: six boots of
+    // VM A and one of VM B.
+    assert_eq!(r.boot_s.len(), 7, "{:?}", r.boot_s);
+    let rows = |m: &str| r.rows.iter().filter(|x| x.instance == "A" && x.mode == m).collect::<Vec<_>>();
+    assert!(rows("idle-poll").iter().all(|x| x.ok() && x.cpuidle_driver.as_deref() == Some("idle-poll-booted")), "{:?}", rows("idle-poll"));
+    assert!(rows("off").iter().chain(rows("yielders").iter()).all(|x| x.ok() && x.cpuidle_driver.as_deref() != Some("idle-poll-booted")));
+    // The guest's haltpoll driver cannot load under TCG: those runs fail, saying why.
+    if r.accel == gleaner_lab::guest::Accel::Tcg {
+        for x in rows("haltpoll") {
+            assert!(x.error.as_deref().is_some_and(|e| e.contains("not haltpoll") && e.contains("kvm_para_available")), "{x:?}");
+        }
+    }
+    assert_eq!(rows("yielders").len(), 2);
 }

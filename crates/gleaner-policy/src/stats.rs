@@ -7,6 +7,10 @@
 //! the two middle values when `n` is even).
 //!
 //! All functions are pure; empty input gives `None` and NaN values are rejected.
+//!
+//! [`bootstrap_ci`] gives percentile-bootstrap confidence intervals of any statistic of one or
+//! more independent samples (a median, a ratio of two medians, a weighted speedup), resampled
+//! with a seeded ChaCha RNG so the same data always gives the same interval.
 
 use serde::{Deserialize, Serialize};
 
@@ -124,9 +128,107 @@ pub fn ecdf(values: &[f64]) -> Result<Vec<(f64, f64)>, StatsError> {
     Ok(s.into_iter().enumerate().map(|(i, v)| (v, (i + 1) as f64 / n)).collect())
 }
 
+/// A confidence interval `[lo, hi]`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Interval {
+    pub lo: f64,
+    pub hi: f64,
+}
+
+impl Interval {
+    /// True when `v` lies outside the interval (e.g. a speedup interval excluding 1.0).
+    pub fn excludes(&self, v: f64) -> bool {
+        v < self.lo || v > self.hi
+    }
+}
+
+/// Bootstrap resamples used by the reports (enough for a stable 95% percentile interval).
+pub const BOOTSTRAP_RESAMPLES: usize = 4000;
+
+/// Percentile bootstrap confidence interval at `level` (e.g. 0.95) of `stat` over independent
+/// `samples`: each of `resamples` rounds draws every sample with replacement (same size) and
+/// applies `stat`; rounds where `stat` gives `None` or a non-finite value are dropped. The
+/// interval is the `(1-level)/2` and `(1+level)/2` percentiles of the statistics. Deterministic
+/// for a given `seed`. `Empty` when a sample is empty or no round gave a value.
+pub fn bootstrap_ci<T: Clone>(
+    samples: &[&[T]],
+    level: f64,
+    resamples: usize,
+    seed: u64,
+    stat: impl Fn(&[Vec<T>]) -> Option<f64>,
+) -> Result<Interval, StatsError> {
+    use rand::{Rng, SeedableRng};
+    if !(0.0..1.0).contains(&level) {
+        return Err(StatsError::BadPercentile(level * 100.0));
+    }
+    if samples.is_empty() || samples.iter().any(|s| s.is_empty()) {
+        return Err(StatsError::Empty);
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut draw: Vec<Vec<T>> = samples.iter().map(|s| s.to_vec()).collect();
+    let mut stats = Vec::with_capacity(resamples);
+    for _ in 0..resamples {
+        for (d, s) in draw.iter_mut().zip(samples) {
+            for slot in d.iter_mut() {
+                *slot = s[rng.gen_range(0..s.len())].clone();
+            }
+        }
+        if let Some(v) = stat(&draw).filter(|v| v.is_finite()) {
+            stats.push(v);
+        }
+    }
+    let s = sorted(&stats)?;
+    let tail = (1.0 - level) / 2.0 * 100.0;
+    Ok(Interval { lo: percentile_sorted(&s, tail)?, hi: percentile_sorted(&s, 100.0 - tail)? })
+}
+
+/// 95% bootstrap interval of the median of `values`.
+pub fn median_ci(values: &[f64], seed: u64) -> Result<Interval, StatsError> {
+    bootstrap_ci(&[values], 0.95, BOOTSTRAP_RESAMPLES, seed, |d| median(&d[0]).ok())
+}
+
+/// 95% bootstrap interval of `median(base) / median(target)` (a speedup when both are times).
+pub fn ratio_of_medians_ci(base: &[f64], target: &[f64], seed: u64) -> Result<Interval, StatsError> {
+    bootstrap_ci(&[base, target], 0.95, BOOTSTRAP_RESAMPLES, seed, |d| {
+        let t = median(&d[1]).ok()?;
+        (t > 0.0).then(|| median(&d[0]).ok().map(|b| b / t)).flatten()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bootstrap_is_deterministic_and_covers_the_estimate() {
+        let a: Vec<f64> = (0..9).map(|i| 10.0 + f64::from(i)).collect();
+        let ci = median_ci(&a, 7).unwrap();
+        assert_eq!(ci, median_ci(&a, 7).unwrap());
+        assert!(ci.lo <= 14.0 && 14.0 <= ci.hi, "{ci:?}");
+        assert!(ci.lo >= 10.0 && ci.hi <= 18.0);
+        // A constant sample has a zero-width interval.
+        let c = median_ci(&[3.0; 5], 1).unwrap();
+        assert_eq!((c.lo, c.hi), (3.0, 3.0));
+    }
+
+    #[test]
+    fn ratio_interval_excludes_one_only_for_a_clear_difference() {
+        let slow = [2.0, 2.1, 1.9, 2.05, 1.95, 2.02, 1.98];
+        let fast = [1.0, 1.05, 0.95, 1.02, 0.98, 1.01, 0.99];
+        let ci = ratio_of_medians_ci(&slow, &fast, 3).unwrap();
+        assert!(ci.excludes(1.0) && ci.lo > 1.8 && ci.hi < 2.2, "{ci:?}");
+        let noisy_a = [1.0, 2.0, 1.5, 0.8, 1.9];
+        let noisy_b = [1.1, 1.8, 1.4, 0.9, 2.1];
+        assert!(!ratio_of_medians_ci(&noisy_a, &noisy_b, 3).unwrap().excludes(1.0));
+    }
+
+    #[test]
+    fn bootstrap_rejects_empty_samples_and_bad_levels() {
+        assert_eq!(median_ci(&[], 1), Err(StatsError::Empty));
+        assert!(bootstrap_ci(&[&[1.0][..]], 1.5, 10, 1, |d| median(&d[0]).ok()).is_err());
+        // A statistic that never has a value gives no interval.
+        assert_eq!(bootstrap_ci(&[&[1.0][..]], 0.95, 10, 1, |_| None), Err(StatsError::Empty));
+    }
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
