@@ -385,18 +385,20 @@ fn size_workload(exp: &Experiment, p: &mut Prepared, quick: bool, pb: &ProgressB
     }
     // ...and in one guest alone on the pCPUs, with the guest's compute rate.
     pb.set_message(format!("{}: sizing guest (compute rate, synchronization cost per item)", exp.name));
-    let mut job = format!("step setup.rate {}
-", cmd_line(&p.gleaner, &rate_args));
+    let mut job = format!("step setup.rate {}\nstep setup.wakeup {}\n", cmd_line(&p.gleaner, &rate_args), cmd_line(&p.gleaner, &wakeup_args()));
     for i in 0..SIZING_RUNS {
-        job.push_str(&format!("step setup.sync{i} {}
-", cmd_line(&p.gleaner, &sync_args)));
+        job.push_str(&format!("step setup.sync{i} {}\n", cmd_line(&p.gleaner, &sync_args)));
     }
     let spec = p.spec(exp, &format!("lab-{}-sizing", exp.name), job, &[]);
     let timeout = p.deadline.saturating_duration_since(Instant::now());
     let (_, steps, _) = crate::session::run_single(&p.kernel, &p.busybox, &spec, timeout)?;
     let guest_rate = steps.iter().find(|s| s.step == "setup.rate").and_then(|s| s.stdout.trim().parse::<f64>().ok());
-    if let Some(w) = steps.iter().find(|s| s.step == "setup.wakeup").and_then(|s| wake_costs("alone", &spec.name, &s.stdout)) {
-        p.wake_costs.push(w);
+    match steps.iter().find(|s| s.step == "setup.wakeup") {
+        Some(s) => match wake_costs("alone", &spec.name, &s.stdout) {
+            Some(w) => p.wake_costs.push(w),
+            None => p.notes.push(format!("{}: setup.wakeup (rc {}) printed no wakeup document: {}", spec.name, s.rc, s.stdout.chars().take(200).collect::<String>())),
+        },
+        None => p.notes.push(format!("{}: no setup.wakeup step (steps: {})", spec.name, steps.iter().map(|s| s.step.as_str()).collect::<Vec<_>>().join(", "))),
     }
     let guest_out: Vec<String> = steps.iter().filter(|s| s.step.starts_with("setup.sync")).map(|s| s.stdout.clone()).collect();
     let (Some(gr), Some(ns), Some(gs)) = (guest_rate, cpu_per_item_us(&native_out), cpu_per_item_us(&guest_out)) else {
