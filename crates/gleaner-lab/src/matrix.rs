@@ -181,7 +181,10 @@ pub fn table(m: &MatrixResults) -> String {
             (Some(c), Some(n)) => format!("{c:.0} ({n})"),
             _ => "-".into(),
         };
-        let note = if s.runs_ok < s.runs { format!("{} run(s) failed: see the cell's runs.csv", s.runs - s.runs_ok) } else { String::new() };
+        let mut note = if s.runs_ok < s.runs { format!("{} run(s) failed: see the cell's runs.csv", s.runs - s.runs_ok) } else { String::new() };
+        if let Some(b) = s.bww_bound {
+            note = format!("blocked-waiter bound {b:.2}x {note}");
+        }
         let _ = writeln!(
             t,
             "| {} | {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {cons} | {note} |",

@@ -54,8 +54,8 @@ fn ci(v: Option<f64>, c: Option<gleaner_policy::stats::Interval>, digits: usize)
 /// side (host CPU per unit of work, vCPU halts per unit, host CPU per avoided halt).
 pub fn main_table(r: &LabResults) -> String {
     let mut t = String::from(
-        "| run | policy | halt poll | ok/runs | wall s, median [95% CI] | speedup vs stock [95% CI] | co-runner items/s | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU ms per 1k items | vCPU halts per item | host CPU per avoided halt, us | vCPU wait for pCPU, s | consolidations (fewest vCPUs) | guest cpuidle | d_eta_r | d_eta_t | omega |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| run | policy | halt poll | ok/runs | wall s, median [95% CI] | speedup vs stock [95% CI] | co-runner items/s | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU ms per 1k items | vCPU halts per item | host CPU per avoided halt, us | vCPU wait for pCPU, s | consolidations (fewest vCPUs) | guest cpuidle | blocked-waiter bound | d_eta_r | d_eta_t | omega |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in &r.summary {
         let who = if s.mode == "native" { format!("{} (host)", s.instance) } else { format!("VM {} {}", s.instance, s.mode) };
@@ -66,7 +66,7 @@ pub fn main_table(r: &LabResults) -> String {
         };
         let _ = writeln!(
             t,
-            "| {who} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {cons} | {} | {} | {} | {} |",
+            "| {who} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {cons} | {} | {} | {} | {} | {} |",
             if s.policy.is_empty() { "-" } else { &s.policy },
             s.halt_poll,
             s.runs_ok,
@@ -81,6 +81,7 @@ pub fn main_table(r: &LabResults) -> String {
             f(s.cpu_per_avoided_halt_us, 0),
             f(s.vcpu_wait_s, 2),
             s.cpuidle_driver.as_deref().unwrap_or("-"),
+            s.bww_bound.map_or("-".into(), |b| format!("{b:.2}x")),
             f(s.d_eta_r, 2),
             f(s.d_eta_t, 2),
             f(s.omega, 2)
@@ -193,7 +194,7 @@ pub fn summary_csv(summary: &[SummaryRow]) -> String {
     let lo = |c: Option<gleaner_policy::stats::Interval>| c.map_or(String::new(), |c| format!("{}", c.lo));
     let hi = |c: Option<gleaner_policy::stats::Interval>| c.map_or(String::new(), |c| format!("{}", c.hi));
     let mut sc = String::from(
-        "instance,mode,policy,halt_poll,runs_ok,runs,wall_s,wall_lo,wall_hi,wall_spread,speedup,speedup_lo,speedup_hi,co_runner_rate,co_runner_ratio,co_runner_ratio_lo,co_runner_ratio_hi,weighted_speedup,weighted_speedup_lo,weighted_speedup_hi,guest_cpu_s,host_cpu_s,host_vcpu_s,host_cpu_per_item_us,sleeps_per_item,cpu_per_avoided_halt_us,vcpu_wait_s,consolidations,min_active_vcpus,cpuidle_driver,d_eta_r,d_eta_t,omega\n",
+        "instance,mode,policy,halt_poll,runs_ok,runs,wall_s,wall_lo,wall_hi,wall_spread,speedup,speedup_lo,speedup_hi,co_runner_rate,co_runner_ratio,co_runner_ratio_lo,co_runner_ratio_hi,weighted_speedup,weighted_speedup_lo,weighted_speedup_hi,guest_cpu_s,host_cpu_s,host_vcpu_s,host_cpu_per_item_us,sleeps_per_item,cpu_per_avoided_halt_us,vcpu_wait_s,consolidations,min_active_vcpus,cpuidle_driver,items,bww_bound,d_eta_r,d_eta_t,omega\n",
     );
     for s in summary {
         let f = [
@@ -203,7 +204,7 @@ pub fn summary_csv(summary: &[SummaryRow]) -> String {
             o(s.weighted_speedup), lo(s.weighted_speedup_ci), hi(s.weighted_speedup_ci), o(s.guest_cpu_s), o(s.host_cpu_s),
             s.host_vcpu_s.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(";"), o(s.host_cpu_per_item_us), o(s.sleeps_per_item),
             o(s.cpu_per_avoided_halt_us), o(s.vcpu_wait_s), o(s.consolidations), s.min_active_vcpus.map_or(String::new(), |m| m.to_string()),
-            s.cpuidle_driver.clone().unwrap_or_default(), o(s.d_eta_r), o(s.d_eta_t), o(s.omega),
+            s.cpuidle_driver.clone().unwrap_or_default(), o(s.items), o(s.bww_bound), o(s.d_eta_r), o(s.d_eta_t), o(s.omega),
         ];
         sc.push_str(&f.iter().map(|x| crate::results::csv_field(x)).collect::<Vec<_>>().join(","));
         sc.push('\n');

@@ -297,6 +297,30 @@ pub struct SummaryRow {
     /// The cpuidle driver the guest runs had (when all agreed), else `mixed`.
     #[serde(default)]
     pub cpuidle_driver: Option<String>,
+    /// Median items per run.
+    #[serde(default)]
+    pub items: Option<f64>,
+    /// Stock rows: the largest speedup any idle policy could give, if every vCPU halt of the
+    /// run cost only a same-vCPU switch (halts per item x (mean wakeup of a halted vCPU - mean
+    /// same-vCPU wakeup), measured in the scenario, taken off the time per item; an upper bound
+    /// that puts every halt on the critical path).
+    #[serde(default)]
+    pub bww_bound: Option<f64>,
+}
+
+impl SummaryRow {
+    /// Wall time per item, us.
+    pub fn wall_per_item_us(&self) -> Option<f64> {
+        Some(self.wall_s? * 1e6 / self.items.filter(|&n| n > 0.0)?)
+    }
+}
+
+/// The blocked-waiter bound of a stock row (see [`SummaryRow::bww_bound`]): `penalty_us` is
+/// what waking a halted vCPU costs beyond a same-vCPU wakeup.
+pub fn bww_bound(s: &SummaryRow, penalty_us: f64) -> Option<f64> {
+    let per_item = s.wall_per_item_us()?;
+    let saved = (s.sleeps_per_item? * penalty_us.max(0.0)).min(per_item * 0.999);
+    Some(per_item / (per_item - saved))
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -367,6 +391,7 @@ pub fn summarize(rows: &[Row], stock: &str) -> Vec<SummaryRow> {
             consolidations: median(&col(&|r| r.agent.as_ref().map(|a| a.consolidations as f64))),
             min_active_vcpus: ok.iter().filter_map(|r| r.agent.as_ref()?.min_active).min(),
             cpuidle_driver,
+            items: median(&col(&|r| r.items.map(|n| n as f64))),
             ..Default::default()
         });
     }
@@ -560,6 +585,15 @@ mod tests {
         // 10 us/item -> 30 us/item for 3 -> 1 halts/item: 10 us per avoided halt.
         assert_eq!((on.host_cpu_per_item_us, on.sleeps_per_item), (Some(30.0), Some(1.0)));
         assert!((on.cpu_per_avoided_halt_us.unwrap() - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_bww_bound_takes_every_halts_penalty_off_the_time_per_item() {
+        let s = SummaryRow { wall_s: Some(1.0), items: Some(1000.0), sleeps_per_item: Some(2.0), ..Default::default() };
+        // 1000 us per item, 2 halts x 100 us = 200 us: at most 1000/800 = 1.25x.
+        assert!((bww_bound(&s, 100.0).unwrap() - 1.25).abs() < 1e-9);
+        assert_eq!(bww_bound(&s, -5.0), Some(1.0));
+        assert_eq!(bww_bound(&SummaryRow::default(), 100.0), None);
     }
 
     #[test]

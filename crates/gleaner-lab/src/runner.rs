@@ -644,6 +644,29 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
     rows
 }
 
+/// Mean wakeup latency of a setting, us.
+fn mean_us(w: &WakeCosts, setting: gleaner_bench::wakeup::Setting) -> Option<f64> {
+    w.settings.iter().find(|s| s.setting == setting)?.mean_us
+}
+
+/// The blocked-waiter bound of each stock row, from the wakeup costs measured in the
+/// scenario's conditions (the first non-`alone` measurement, else `alone`).
+fn add_bww_bounds(summary: &mut [SummaryRow], wake: &[WakeCosts], notes: &mut Vec<String>) {
+    use gleaner_bench::wakeup::Setting;
+    let Some(w) = wake.iter().find(|w| w.context != "alone").or_else(|| wake.first()) else { return };
+    let (Some(a), Some(c)) = (mean_us(w, Setting::A), mean_us(w, Setting::C)) else { return };
+    let penalty = c - a;
+    for s in summary.iter_mut().filter(|s| s.policy == Policy::Stock.name()) {
+        s.bww_bound = results::bww_bound(s, penalty);
+        if let (Some(b), Some(h), Some(t)) = (s.bww_bound, s.sleeps_per_item, s.wall_per_item_us()) {
+            notes.push(format!(
+                "blocked-waiter bound, VM {} {} (halt poll {}): stock halts {h:.2} times per item and takes {t:.0} us per item; a halted vCPU wakes in {c:.0} us on average vs {a:.0} us on the same vCPU ({}), so removing every halt's penalty could speed it up at most {b:.2}x",
+                s.instance, s.mode, s.halt_poll, w.context
+            ));
+        }
+    }
+}
+
 /// Why the guest's cpuidle-haltpoll driver did not load.
 fn haltpoll_reason(acc: Accel) -> &'static str {
     match acc {
@@ -684,7 +707,8 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
         why.dedup();
         notes.push(format!("{} run(s) failed or printed no bench JSON: {}", failed.len(), why.into_iter().take(3).collect::<Vec<_>>().join("; ")));
     }
-    let summary = results::summarize(&rows, &exp.stock_mode().name);
+    let mut summary = results::summarize(&rows, &exp.stock_mode().name);
+    add_bww_bounds(&mut summary, &wake_costs, &mut notes);
     Ok(LabResults {
         experiment: exp.clone(),
         quick: opts.quick,
