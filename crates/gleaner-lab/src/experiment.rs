@@ -346,24 +346,12 @@ impl Experiment {
     }
 }
 
-/// Parses a kernel CPU list (`0-3,5`).
+/// Parses a kernel CPU list (`0-3,5`) with `gleaner_os::cpuset::CpuSet`; `None` when malformed
+/// or empty.
 pub fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
-    let mut out = Vec::new();
-    for part in s.trim().split(',') {
-        let part = part.trim();
-        if let Some((a, b)) = part.split_once('-') {
-            let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-            if a > b {
-                return None;
-            }
-            out.extend(a..=b);
-        } else {
-            out.push(part.parse().ok()?);
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    (!out.is_empty()).then_some(out)
+    let set = gleaner_os::cpuset::CpuSet::parse(s).ok()?;
+    let v: Vec<usize> = set.iter().map(|c| c as usize).collect();
+    (!v.is_empty()).then_some(v)
 }
 
 #[cfg(test)]
