@@ -370,7 +370,7 @@ mod tests {
         let oc = Experiment::load("oc").unwrap();
         assert_eq!(oc.scenario, Scenario::Oc);
         assert_eq!(oc.co_runner_args(true).unwrap(), vec!["bench", "workload", "matmul", "--json", "--quick"]);
-        assert_eq!(oc.workload_args(false), vec!["bench", "workload", "pipeline", "--json", "--items", "20000"]);
+        assert_eq!(oc.workload_args(false), vec!["bench", "workload", "pipeline", "--json", "--items", "8000"]);
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub const DEFAULT_CO_RUNNERS: [Workload; 2] = [Workload::Matmul, Workload::Freqs
 /// balanced compute sizing.
 fn items_for(w: Workload) -> (u64, u64) {
     match w {
-        Workload::Pipeline => (20_000, 6_000),
+        Workload::Pipeline => (8_000, 3_000),
         Workload::Barrier => (4_000, 1_500),
         Workload::Condvar => (12_000, 4_000),
         Workload::Mutex => (20_000, 6_000),

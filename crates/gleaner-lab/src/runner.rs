@@ -136,6 +136,11 @@ pub fn guest_job(modes: &[&Mode], reps: &[u32], gleaner: &Path, workload: &[Stri
     if modes.iter().any(|m| m.agent_args().is_some()) {
         s.push_str(&format!("step setup.calibrate {}\n", cmd_line(gleaner, &["calibrate".into(), "--json".into()])));
     }
+    if modes.iter().any(|m| m.policy() == Policy::Haltpoll) {
+        // Runs that would silently measure stock are not worth their time: stop here when the
+        // guest's haltpoll cpuidle driver did not register (the lab reports them as not run).
+        s.push_str(&format!("step setup.cpuidle cat {CPUIDLE_DRIVER}\n[ \"$(cat {CPUIDLE_DRIVER})\" = haltpoll ] || exit 0\n"));
+    }
     for &rep in reps {
         let n = modes.len();
         for i in 0..n {
@@ -149,6 +154,8 @@ pub fn guest_job(modes: &[&Mode], reps: &[u32], gleaner: &Path, workload: &[Stri
     }
     s
 }
+
+const CPUIDLE_DRIVER: &str = "/sys/devices/system/cpu/cpuidle/current_driver";
 
 /// The wakeup measurement of the lab's setup steps: Table 2 settings A, B, C, 300 rounds each
 /// 500 us apart (about 1 s natively; a few seconds under TCG next to a co-runner).
@@ -454,6 +461,8 @@ struct Pass {
     kvm_stats: BTreeMap<String, Vec<(String, f64)>>,
     notes: Vec<String>,
     wake_costs: Vec<WakeCosts>,
+    /// Runs a boot was to do but did not, and why: (instance, mode, rep, reason).
+    not_run: Vec<(&'static str, String, u32, String)>,
 }
 
 /// The boots of the measured guest: (rep numbers, boot group index). One boot for all reps
@@ -519,6 +528,20 @@ fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick:
         s.drive(p.deadline, "the workload's steps", &needed, &|s| targets.iter().all(|&g| s.states[g].done.is_some()), &mut tick)?;
         for (inst, id) in ids {
             let name = s.guests[id].name.clone();
+            let st = &s.states[id];
+            let cpuidle = st.steps.iter().find(|x| x.0.step == "setup.cpuidle").map(|x| x.0.stdout.trim().to_string());
+            for &rep in reps {
+                for m in modes {
+                    let step = format!("{}.{rep}", m.name);
+                    if !st.steps.iter().any(|x| x.0.step == step) {
+                        let why = match (&cpuidle, m.policy()) {
+                            (Some(d), Policy::Haltpoll) if d != "haltpoll" => format!("not run: the guest's cpuidle driver is {d} (not haltpoll): {}", haltpoll_reason(p.acc)),
+                            _ => format!("not run: {name}'s job ended before step {step} (rc {})", st.done.unwrap_or(-1)),
+                        };
+                        pass.not_run.push((inst, m.name.clone(), rep, why));
+                    }
+                }
+            }
             if let Some(bs) = s.boot_s(id) {
                 pass.boot_s.insert(format!("{name}@{hp}"), bs);
             }
@@ -623,6 +646,10 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
             row.error = Some(format!("the guest's cpuidle driver is {} (not haltpoll): {}", row.cpuidle_driver.as_deref().unwrap_or("unknown"), haltpoll_reason(p.acc)));
         }
         rows.push(row);
+    }
+    for (inst, mode, rep, why) in &pass.not_run {
+        let policy = exp.modes.iter().find(|x| &x.name == mode).map(|x| x.policy().name().to_string()).unwrap_or_default();
+        rows.push(Row { env: "vm".into(), instance: (*inst).into(), mode: mode.clone(), policy, halt_poll: hp.into(), rep: *rep, rc: -1, gamma: p.gamma_vm, error: Some(why.clone()), ..Default::default() });
     }
     for m in &pass.co_runner {
         let mut row = Row {
@@ -751,14 +778,14 @@ mod tests {
         let groups = exp.boot_groups();
         assert_eq!(groups.len(), 1, "oc's modes share one boot");
         let w = exp.workload_args(true);
-        assert_eq!(w, ["bench", "workload", "pipeline", "--json", "--items", "6000"]);
+        assert_eq!(w, ["bench", "workload", "pipeline", "--json", "--items", "3000"]);
         let job = guest_job(&groups[0].1, &[1, 2], Path::new(G), &w, false);
         let lines: Vec<&str> = job.lines().collect();
         assert_eq!(lines[0], format!("step setup.calibrate {G} calibrate --json"));
         let steps: Vec<&str> = lines.iter().filter(|l| l.starts_with("step ") && !l.starts_with("step setup.")).map(|l| l.split(' ').nth(1).unwrap()).collect();
         assert_eq!(steps, ["off.1", "gleaner.1", "gleaner.2", "off.2"]);
-        assert!(lines.contains(&format!("step off.1 {G} bench workload pipeline --json --items 6000").as_str()), "{job}");
-        assert!(lines.contains(&format!("step gleaner.1 {G} run --events {GUEST_EVENTS} -- {G} bench workload pipeline --json --items 6000").as_str()), "{job}");
+        assert!(lines.contains(&format!("step off.1 {G} bench workload pipeline --json --items 3000").as_str()), "{job}");
+        assert!(lines.contains(&format!("step gleaner.1 {G} run --events {GUEST_EVENTS} -- {G} bench workload pipeline --json --items 3000").as_str()), "{job}");
         assert!(lines.contains(&format!("attach gleaner.1 events {GUEST_EVENTS}").as_str()));
         let co = co_runner_job(&exp.co_runner_args(true).unwrap(), Path::new(G));
         assert!(co.contains(&format!("step co.$i {G} bench workload matmul --json --quick")));
