@@ -61,6 +61,10 @@ pub struct StatusReport {
     /// Why retention is off although it was asked for (measured not to pay here).
     #[serde(default)]
     pub retention_note: Option<String>,
+    /// Where the calibration (timeout, idle threshold, verdict) came from: a cached record
+    /// (path, age) or measured at start (and why). `None`: retention off or all configured.
+    #[serde(default)]
+    pub calibration: Option<crate::cache::CalibrationSource>,
     pub consolidation: bool,
     /// Why consolidation is off although it was asked for.
     pub note: Option<String>,
