@@ -578,13 +578,21 @@ impl Session {
             y.stop();
         }
         let mut result = Ok(());
+        let mut undone = false;
         if let Some(state) = self.state.take() {
             if let Some(cg) = &self.cgroups {
                 result = state.undo(cg);
+                // `undo` removes the state file even when a step failed: nothing is left
+                // for the guardian (`gleaner restore` finds orphan groups by name).
+                undone = true;
             }
         }
         if let Some(g) = self.guardian.take() {
-            g.finish();
+            if undone {
+                g.dismiss();
+            } else {
+                g.finish();
+            }
         }
         for s in self.servers.drain(..) {
             s.stop();
