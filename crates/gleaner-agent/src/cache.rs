@@ -169,9 +169,12 @@ pub enum Reason {
     Expired { age_s: u64, max_age_s: u64 },
     /// Something the record depends on changed.
     DependencyChanged(DependencyChange),
-    /// The record (or the run dir) cannot be used: corrupt, another schema, a symlink, not
-    /// private. It is ignored, never followed.
+    /// The record cannot be used: corrupt, another schema, a symlink, not private. It is
+    /// ignored, never followed.
     Unusable { problem: String },
+    /// The run dir cannot be created, or others could write it: nothing in it is read or
+    /// written.
+    RunDirUnusable { problem: String },
     /// The daemon renews a record near its maximum age while the machine idles.
     Refresh { age_s: u64, max_age_s: u64 },
 }
@@ -184,6 +187,7 @@ impl fmt::Display for Reason {
             Reason::Expired { age_s, max_age_s } => write!(f, "expired: {} old, max {}", human_age(*age_s), human_age(*max_age_s)),
             Reason::DependencyChanged(c) => write!(f, "{} changed: {} -> {}", c.dependency, c.was, c.now),
             Reason::Unusable { problem } => write!(f, "record ignored: {problem}"),
+            Reason::RunDirUnusable { problem } => write!(f, "run dir not usable: {problem}"),
             Reason::Refresh { age_s, max_age_s } => write!(f, "refresh: {} old, max {}", human_age(*age_s), human_age(*max_age_s)),
         }
     }
@@ -364,7 +368,7 @@ fn obtain_with(
     };
     // Nothing in the run dir is trusted, or written, unless the dir is ours alone.
     if let Err(problem) = private_run_dir(&policy.run_dir) {
-        return measure_and_store(None, Reason::Unusable { problem }, world, measure, Some("the run dir is not private".into()));
+        return measure_and_store(None, Reason::RunDirUnusable { problem }, world, measure, Some("no usable run dir".into()));
     }
     let path = record_path(&policy.run_dir, &deps);
     let why = match force.clone() {
@@ -449,7 +453,7 @@ pub fn idle_threshold(policy: &CachePolicy, world: &World, cpus: &CpuSet, sample
         Ok(deps) => match gleaner_os::private::check_private_dir(&policy.run_dir) {
             Ok(()) => cached(&record_path(&policy.run_dir, &deps), &deps, world, policy),
             Err(gleaner_os::OsError::Dir { .. }) => Err(Reason::Missing),
-            Err(e) => Err(Reason::Unusable { problem: e.to_string() }),
+            Err(e) => Err(Reason::RunDirUnusable { problem: e.to_string() }),
         },
     };
     match found {

@@ -211,10 +211,10 @@ fn a_run_dir_others_can_write_is_neither_read_nor_written() {
     m.obtain();
     std::fs::set_permissions(m.run_dir(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let o = m.obtain();
-    assert!(matches!(why(&o), Reason::Unusable { ref problem } if problem.contains("writable by others")), "{:?}", o.source);
+    assert!(matches!(why(&o), Reason::RunDirUnusable { ref problem } if problem.contains("writable by others")), "{:?}", o.source);
     assert!(matches!(&o.source, CalibrationSource::MeasuredNow { stored: None, not_stored: Some(_), .. }));
     let (_, src) = idle_threshold(&m.policy(), &m.world(), &CpuSet::parse("0-1").unwrap(), || 5);
-    assert!(matches!(src, CalibrationSource::MeasuredNow { why: Reason::Unusable { .. }, .. }), "{src:?}");
+    assert!(matches!(src, CalibrationSource::MeasuredNow { why: Reason::RunDirUnusable { .. }, .. }), "{src:?}");
 }
 
 #[test]
