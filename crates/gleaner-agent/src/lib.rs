@@ -336,6 +336,13 @@ fn calibrate(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     }
     let got = cache::obtain(&cfg.cache_policy(), &cache::World::real(), &cpus, || calibrate::measure(&cpus));
     let results = got.results.map_err(|inc| anyhow::anyhow!("calibration incomplete: {}", inc.error))?;
+    let retaining = report::retention_agents(&cfg.run_dir);
+    if retaining > 0 && matches!(got.source, cache::CalibrationSource::MeasuredNow { .. }) {
+        eprintln!(
+            "gleaner: note: {retaining} agent(s) with retention were running; their yielding threads keep vCPUs \
+             from halting, so the halted-vCPU wakeups may read too cheap (measure again when they are gone)"
+        );
+    }
     let report = CalibrateReport { source: got.source, record: got.record, results };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -229,6 +229,12 @@ pub fn query_all(run_dir: &Path) -> anyhow::Result<Vec<StatusReport>> {
     Ok(out)
 }
 
+/// How many agents with a socket in `run_dir` run retention: their yielding threads keep vCPUs
+/// from halting, so a halted-vCPU wakeup measured meanwhile comes out too cheap.
+pub fn retention_agents(run_dir: &Path) -> usize {
+    query_all(run_dir).map(|r| r.iter().filter(|s| s.retention).count()).unwrap_or(0)
+}
+
 /// Serves Prometheus text format at `http://addr/metrics` (any path answers).
 pub fn serve_metrics(addr: &str, status: SharedStatus) -> anyhow::Result<Server> {
     let listener = TcpListener::bind(addr)
