@@ -18,7 +18,7 @@ g=$PWD/target/release/gleaner
 run_dir=$(mktemp -d /tmp/gleaner-startup-XXXXXX)
 trap 'rm -rf "$run_dir"' EXIT
 echo "# git $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u), $(nproc) CPUs, kernel $(uname -r), load $(cut -d' ' -f1-3 /proc/loadavg)"
-"$g" calibrate --run-dir "$run_dir" | head -1
+"$g" calibrate --run-dir "$run_dir" | sed -n 1p
 python3 - "$g" "$run_dir" "${RUNS:-11}" "${OPS:-6000}" "${ITEMS:-30000}" "${BASELINE:-}" <<'PY'
 import statistics, subprocess, sys, time
 

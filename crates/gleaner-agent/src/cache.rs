@@ -378,10 +378,11 @@ fn obtain_with(
             Err(why) => why,
         },
     };
-    let lock = gleaner_os::private::lock_dir(&policy.run_dir);
-    if let Err(e) = &lock {
-        return measure_and_store(None, why, world, measure, Some(format!("cannot lock {} ({e})", policy.run_dir.display())));
-    }
+    // Held until the record is stored: agents starting meanwhile wait here, then read it.
+    let _lock = match gleaner_os::private::lock_dir(&policy.run_dir) {
+        Ok(l) => l,
+        Err(e) => return measure_and_store(None, why, world, measure, Some(format!("cannot lock {} ({e})", policy.run_dir.display()))),
+    };
     // Another agent may have measured while this one waited for the lock.
     if force.is_none() {
         if let Ok(hit) = cached(&path, &deps, world, policy) {
