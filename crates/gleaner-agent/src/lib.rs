@@ -65,7 +65,7 @@ pub struct AgentFlags {
     /// Append one JSON line per decision to FILE.
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
-    /// Directory of state files and status sockets.
+    /// Directory of state files, status sockets and the calibration record.
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
 }
@@ -149,16 +149,20 @@ pub enum AgentCommand {
         #[arg(long, value_name = "PID")]
         pid: Option<i32>,
     },
-    /// Measure this machine's calibration once (wakeup of a busy and of a halted vCPU, the
-    /// retention timeout and whether retention pays, the idle threshold) and store it in the
-    /// run dir, where `run`, `attach`, `compare` and `daemon` reuse it instead of measuring
-    /// (about 0.5 s) at every start. A valid record (same boot, kernel, online CPUs, cpuidle
-    /// driver and governor, haltpoll parameters; younger than --max-age-s) is shown, not
-    /// measured again, unless --recalibrate.
+    /// Measure this machine's wakeup costs once per boot and store them for the agents.
+    ///
+    /// Measures a wakeup of a busy and of a halted vCPU, the retention timeout and whether
+    /// retention pays, and the idle threshold, and stores them in the run dir, where `run`,
+    /// `attach`, `compare` and `daemon` reuse them instead of measuring (about 0.5 s) at every
+    /// start. A valid record (same boot, kernel, online CPUs, cpuidle driver and governor,
+    /// haltpoll parameters; younger than --max-age-s) is shown, not measured again, unless
+    /// --recalibrate.
     Calibrate(CalibrateArgs),
     /// Run as a service: manage the `[[target]]`s of the configuration file, or, with none,
-    /// keep retention on every vCPU of the VM. Keeps the calibration record fresh: renews it
-    /// before it expires, while the machine idles. See dist/gleaner.service.
+    /// keep retention on every vCPU of the VM. See dist/gleaner.service.
+    ///
+    /// Also keeps the calibration record fresh: renews it before it expires, while the
+    /// machine idles.
     Daemon {
         /// Configuration file.
         #[arg(long, value_name = "FILE", default_value = "/etc/gleaner/gleaner.toml")]
