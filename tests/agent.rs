@@ -27,10 +27,7 @@ fn agent_groups() -> Vec<PathBuf> {
 
 fn assert_no_leftovers(run_dir: &Path) {
     assert!(agent_groups().is_empty(), "leftover agent cgroups: {:?}", agent_groups());
-    let states: Vec<_> = std::fs::read_dir(run_dir)
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    assert!(states.is_empty(), "leftover state files or sockets: {states:?}");
+    assert_run_dir_clean(run_dir);
 }
 
 #[test]
@@ -87,11 +84,8 @@ fn status_reports_a_running_agent() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut report = serde_json::Value::Null;
-    let found = wait_until(Duration::from_secs(5), || {
-        let out = gleaner().args(["status", "--json", "--run-dir"]).arg(run_dir.path()).output().unwrap();
-        report = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-        report.as_array().is_some_and(|a| !a.is_empty() && a[0]["periods"].as_u64().unwrap_or(0) >= 2)
+    let (found, report) = wait_status(run_dir.path(), Duration::from_secs(5), |r| {
+        r.as_array().is_some_and(|a| !a.is_empty() && a[0]["periods"].as_u64().unwrap_or(0) >= 2)
     });
     assert!(found, "no status from the agent: {report}");
     let r = &report[0];
@@ -289,6 +283,10 @@ fn calibration_decides_whether_retention_pays_and_says_why() {
         assert!(note.contains("us busy vCPU") && note.contains("us idle"), "{note}");
         assert!(r["timeout_us"].is_null(), "{r}");
     }
+    // A fresh run dir has no record: measured now, and stored there for the next agent.
+    assert_eq!(r["calibration"]["origin"], "measured_now", "{r}");
+    assert_eq!(r["calibration"]["why"]["kind"], "missing", "{r}");
+    assert!(run_dir.path().join("calibration.json").exists());
     assert_no_leftovers(run_dir.path());
 }
 
@@ -328,6 +326,9 @@ fn bad_inputs_exit_2_with_one_line() {
         &["attach", "--pid", "999999999"],
         &["compare", "--runs", "0"],
         &["daemon", "--config", "/nonexistent/gleaner.toml"],
+        &["calibrate", "--max-age-s", "99999999999"],
+        &["calibrate", "--cpus", "4096"],
+        &["run", "--calibration-max-age-s", "99999999999", "--", "true"],
     ];
     for args in cases {
         let out = gleaner().args(*args).output().unwrap();
@@ -398,17 +399,21 @@ fn daemon_manages_its_targets_and_stops_cleanly() {
     let cfg = dir.path().join("gleaner.toml");
     std::fs::write(
         &cfg,
-        format!("timeout_us = 50\nrun_dir = \"{}\"\n\n[[target]]\npid = {}\n", run_dir.display(), workload.id()),
+        format!("run_dir = \"{}\"\n\n[[target]]\npid = {}\n", run_dir.display(), workload.id()),
     )
     .unwrap();
     let mut daemon = gleaner().args(["daemon", "--config"]).arg(&cfg).stderr(Stdio::null()).spawn().unwrap();
+    // The daemon calibrates first (about 0.5 s, more on a busy machine), then starts its agent.
     assert!(
-        wait_until(Duration::from_secs(5), || cpuset_cgroup_of(workload.id()).contains("gleaner-agent-")),
+        wait_until(Duration::from_secs(10), || cpuset_cgroup_of(workload.id()).contains("gleaner-agent-")),
         "daemon did not manage its target"
     );
     let out = gleaner().args(["status", "--json", "--run-dir"]).arg(&run_dir).output().unwrap();
     let reports: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(reports.as_array().map(Vec::len), Some(1), "{reports}");
+    // It measured once before starting its agent, which read the record.
+    assert_eq!(reports[0]["calibration"]["origin"], "cached", "{reports}");
+    assert!(run_dir.join("calibration.json").exists());
     signal(daemon.id() as i32, libc::SIGTERM);
     wait_child(&mut daemon, Duration::from_secs(10)).expect("daemon did not stop on SIGTERM");
     assert!(wait_until(Duration::from_secs(2), || cpuset_cgroup_of(workload.id()) == original));

@@ -98,6 +98,32 @@ pub fn require_root_and_cpuset() {
     assert!(cpuset_root().is_some(), "this test needs a cpuset cgroup hierarchy (cgroup v1 cpuset or cgroup2 with cpuset)");
 }
 
+/// Polls `gleaner status --json --run-dir DIR` until `cond` holds on the reports or `timeout`
+/// passes; returns whether it held and the last reports.
+pub fn wait_status(run_dir: &Path, timeout: Duration, cond: impl Fn(&serde_json::Value) -> bool) -> (bool, serde_json::Value) {
+    let mut reports = serde_json::Value::Null;
+    let held = wait_until(timeout, || {
+        let out = gleaner().args(["status", "--json", "--run-dir"]).arg(run_dir).output().unwrap();
+        reports = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        cond(&reports)
+    });
+    (held, reports)
+}
+
+/// Asserts that an agent left nothing in its run dir but the per-boot calibration records
+/// (`calibration*.json`, kept on purpose; a temp file of an interrupted write is a leftover).
+pub fn assert_run_dir_clean(run_dir: &Path) {
+    let all: Vec<PathBuf> = std::fs::read_dir(run_dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    let left: Vec<_> = all
+        .into_iter()
+        .filter(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            !(name.starts_with("calibration") && name.ends_with(".json"))
+        })
+        .collect();
+    assert!(left.is_empty(), "leftover state files or sockets: {left:?}");
+}
+
 /// Every directory named `gleaner*` in the cgroup hierarchies (depth <= 3).
 pub fn gleaner_groups() -> Vec<PathBuf> {
     fn walk(dir: &Path, depth: u32, out: &mut Vec<PathBuf>) {

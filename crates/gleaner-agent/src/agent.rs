@@ -25,9 +25,10 @@ use gleaner_os::rusage::Rusage;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
 use gleaner_policy::gleaner::{Controller, Decision};
-use gleaner_policy::retention::{retention_verdict, RetentionConfig, RetentionVerdict, WakeupCosts};
+use gleaner_policy::retention::{RetentionConfig, RetentionVerdict, WakeupCosts};
 use tracing::{info, warn};
 
+use crate::cache::{CalibrationResults, CalibrationSource};
 use crate::config::AgentConfig;
 use crate::report::{self, EventLog, EventRecord, SharedStatus, StatusReport, RECENT};
 use crate::sampler::Sampler;
@@ -150,25 +151,26 @@ impl RetentionPlan {
     }
 }
 
-/// Decides the retention parameters: configured values, or calibrated on this machine.
+/// Decides the retention parameters: configured values, or the calibration of this machine,
+/// which is read from the run dir's record when one is valid and measured (and stored)
+/// otherwise ([`crate::cache`]). Returns where the numbers came from (`None`: all configured).
 ///
 /// A calibrated timeout comes with a second measurement: how fast a vCPU idle for exactly
 /// the timeout wakes. If the host already keeps halted vCPUs polling that long (KVM halt
 /// polling), retention would burn CPU for nothing and stays off
-/// ([`gleaner_policy::retention::retention_verdict`]). A configured `timeout_us` skips both
-/// measurements and always retains. The idle threshold is sampled only when retaining.
+/// ([`gleaner_policy::retention::retention_verdict`]). A configured `timeout_us` skips the
+/// wakeup measurements and always retains; its idle threshold then comes from a valid record
+/// or a quick sample.
 ///
 /// The lines printed here start with `gleaner: calibrated retention timeout` or
 /// `gleaner: retention off:`; the lab's `runner::agent_decisions` reads them from guest
 /// consoles, so keep those prefixes.
-pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> RetentionPlan {
-    let on = |timeout_ns: u64, measured: Option<WakeupCosts>| {
-        let idle_threshold_ns = cfg.idle_threshold_us.map(|u| u * 1000).unwrap_or_else(|| {
-            let samples = crate::yielders::sample_yields(2000);
-            gleaner_policy::retention::idle_threshold_from_samples(&samples).unwrap_or(20_000)
-        });
+pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> (RetentionPlan, Option<CalibrationSource>) {
+    let policy = cfg.cache_policy();
+    let world = crate::cache::World::real();
+    let on = |timeout_ns: u64, idle_threshold_ns: u64, measured: Option<WakeupCosts>| {
         let config = RetentionConfig {
-            idle_threshold_ns,
+            idle_threshold_ns: cfg.idle_threshold_us.map_or(idle_threshold_ns, |u| u * 1000),
             timeout_ns,
             max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
             step_aside_ns: cfg.step_aside_us * 1_000,
@@ -177,46 +179,54 @@ pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> Retentio
         RetentionPlan::On { config, measured }
     };
     if let Some(us) = cfg.timeout_us {
-        return on(us * 1000, None);
+        if let Some(t) = cfg.idle_threshold_us {
+            return (on(us * 1000, t * 1000, None), None);
+        }
+        let (idle, source) = crate::cache::idle_threshold(&policy, &world, cpus, crate::calibrate::idle_threshold_now);
+        return (on(us * 1000, idle, None), Some(source));
     }
-    let (idle, busy) = match crate::calibrate::wakeup_costs(cpus) {
-        Ok(v) => v,
-        Err(e) => {
-            warn!("wakeup calibration failed ({e:#}); using 100 us");
-            return on(100_000, None);
+    let got = crate::cache::obtain(&policy, &world, cpus, || crate::calibrate::measure(cpus));
+    let source = got.source;
+    let from = format!("[calibration {}]", source.describe());
+    let r = match got.results {
+        Ok(r) => r,
+        Err(inc) => {
+            warn!("{} {from}", inc.error);
+            return (on(inc.timeout_ns, inc.idle_threshold_ns, None), Some(source));
         }
     };
-    let t = gleaner_policy::retention::timeout_from_wakeup(idle, busy);
-    let at_t = match crate::calibrate::idle_wakeup_after(cpus, t / 1000) {
-        Ok(v) => v,
-        Err(e) => {
-            warn!("host polling check failed ({e:#}); retaining");
-            return on(t, None);
+    let Some(why) = retention_off_reason(&r) else {
+        if !quiet {
+            eprintln!("gleaner: calibrated retention timeout {} us ({}) {from}", r.timeout_ns / 1000, medians(&r));
         }
-    };
-    let measured = WakeupCosts { busy_ns: busy, idle_long_ns: idle, idle_at_timeout_ns: at_t };
-    let medians = format!(
-        "wakeup p50: {} us busy vCPU, {} us after {} us idle, {} us after {} us idle",
-        busy / 1000,
-        at_t / 1000,
-        t / 1000,
-        idle / 1000,
-        crate::calibrate::LONG_GAP_US
-    );
-    let why = match retention_verdict(&measured) {
-        RetentionVerdict::Pays => {
-            if !quiet {
-                eprintln!("gleaner: calibrated retention timeout {} us ({medians})", t / 1000);
-            }
-            return on(t, Some(measured));
-        }
-        RetentionVerdict::HostPolls => format!("the host polls halted vCPUs for at least the {} us timeout ({medians})", t / 1000),
-        RetentionVerdict::NoHaltPenalty => format!("no halt penalty to hide ({medians})"),
+        return (on(r.timeout_ns, r.idle_threshold_ns, Some(r.wakeup_costs)), Some(source));
     };
     if !quiet {
-        eprintln!("gleaner: retention off: {why}; --timeout-us forces it");
+        eprintln!("gleaner: retention off: {why}; --timeout-us forces it {from}");
     }
-    RetentionPlan::Off { why, measured }
+    (RetentionPlan::Off { why, measured: r.wakeup_costs }, Some(source))
+}
+
+/// The three wakeup medians of a calibration, in one phrase.
+pub fn medians(r: &CalibrationResults) -> String {
+    let (t, m) = (r.timeout_ns, r.wakeup_costs);
+    format!(
+        "wakeup p50: {} us busy vCPU, {} us after {} us idle, {} us after {} us idle",
+        m.busy_ns / 1000,
+        m.idle_at_timeout_ns / 1000,
+        t / 1000,
+        m.idle_long_ns / 1000,
+        crate::calibrate::LONG_GAP_US
+    )
+}
+
+/// Why retention stays off with these numbers (`None`: it pays).
+pub fn retention_off_reason(r: &CalibrationResults) -> Option<String> {
+    match r.verdict {
+        RetentionVerdict::Pays => None,
+        RetentionVerdict::HostPolls => Some(format!("the host polls halted vCPUs for at least the {} us timeout ({})", r.timeout_ns / 1000, medians(r))),
+        RetentionVerdict::NoHaltPenalty => Some(format!("no halt penalty to hide ({})", medians(r))),
+    }
 }
 
 /// Why consolidation cannot run here, if it cannot.
@@ -305,7 +315,11 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
         ));
     }
 
-    let (rcfg, retention_note) = match cfg.retention.then(|| retention_plan(cfg, &cpus, opts.quiet)) {
+    let (plan, calibration) = match cfg.retention.then(|| retention_plan(cfg, &cpus, opts.quiet)) {
+        Some((plan, source)) => (Some(plan), source),
+        None => (None, None),
+    };
+    let (rcfg, retention_note) = match plan {
         Some(RetentionPlan::On { config, .. }) => (Some(config), None),
         Some(RetentionPlan::Off { why, .. }) => (None, Some(why)),
         None => (None, None),
@@ -316,6 +330,7 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
         target: target.describe(),
         retention: rcfg.is_some(),
         retention_note,
+        calibration,
         consolidation,
         note: note.clone(),
         all_cpus: cpus.to_string(),
@@ -563,13 +578,21 @@ impl Session {
             y.stop();
         }
         let mut result = Ok(());
+        let mut undone = false;
         if let Some(state) = self.state.take() {
             if let Some(cg) = &self.cgroups {
                 result = state.undo(cg);
+                // `undo` removes the state file even when a step failed: nothing is left
+                // for the guardian (`gleaner restore` finds orphan groups by name).
+                undone = true;
             }
         }
         if let Some(g) = self.guardian.take() {
-            g.finish();
+            if undone {
+                g.dismiss();
+            } else {
+                g.finish();
+            }
         }
         for s in self.servers.drain(..) {
             s.stop();
@@ -603,12 +626,14 @@ fn spawn_command(argv: &[String], cgroup: Option<&CpusetCgroup>, opts: &RunOptio
         cmd.stderr(f);
     }
     if let Some(cg) = cgroup {
-        let procs = CString::new(cg.path().join("cgroup.procs").into_os_string().into_encoded_bytes()).context("cgroup path")?;
+        // v1 `tasks`: the child is single-threaded here, and a thread move skips the kernel lock
+        // a `cgroup.procs` write waits on (5-19 ms per new group measured here).
+        let join = CString::new(cg.self_join_file().into_os_string().into_encoded_bytes()).context("cgroup path")?;
         // SAFETY: the closure runs in the forked child before exec and only calls the
         // async-signal-safe open(2), write(2) and close(2) on memory allocated before fork.
         unsafe {
             cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                let fd = libc::open(join.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
                 if fd < 0 {
                     return Err(std::io::Error::last_os_error());
                 }

@@ -13,6 +13,7 @@ use gleaner_policy::stats::Summary;
 use serde::Serialize;
 
 use crate::agent::{self, RunOptions, Target};
+use crate::cache::CalibrationSource;
 use crate::AgentFlags;
 
 /// `gleaner compare [--runs N] [-- CMD ...]`
@@ -53,6 +54,7 @@ pub struct Sample {
 struct Calibration {
     retention_note: Option<String>,
     wakeup_costs: Option<WakeupCosts>,
+    source: Option<CalibrationSource>,
 }
 
 /// The result of `gleaner compare`.
@@ -66,6 +68,9 @@ pub struct CompareReport {
     pub retention_note: Option<String>,
     /// The wakeup medians retention was decided from (`None` when `--timeout-us` was given).
     pub wakeup_costs: Option<WakeupCosts>,
+    /// Where the calibration came from: a cached record (path, age) or measured now (why).
+    /// `None` when nothing was calibrated (retention off, or timeout and threshold given).
+    pub calibration: Option<CalibrationSource>,
     pub consolidation: bool,
     pub timeout_us: Option<u64>,
     pub samples: Vec<Sample>,
@@ -101,8 +106,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     // measured not to pay here is off for every run, and the report says why.
     let mut calibration = Calibration::default();
     if cfg.retention && (cfg.timeout_us.is_none() || cfg.idle_threshold_us.is_none()) {
-        let plan = agent::retention_plan(&cfg, &cpus, args.json);
+        let (plan, source) = agent::retention_plan(&cfg, &cpus, args.json);
         calibration.wakeup_costs = plan.measured();
+        calibration.source = source;
         match plan {
             agent::RetentionPlan::On { config, .. } => {
                 cfg.timeout_us = Some((config.timeout_ns / 1000).max(1));
@@ -224,6 +230,7 @@ fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config
         retention: cfg.retention,
         retention_note: calibration.retention_note,
         wakeup_costs: calibration.wakeup_costs,
+        calibration: calibration.source,
         consolidation: cfg.consolidation,
         timeout_us: cfg.timeout_us.filter(|_| cfg.retention),
         speedup: stock_wall_s.p50 / gleaner_wall_s.p50,
@@ -256,6 +263,9 @@ fn print_table(r: &CompareReport) {
     );
     if let Some(n) = &r.retention_note {
         println!("  retention off: {n}");
+    }
+    if let Some(c) = &r.calibration {
+        println!("  calibration: {}", c.describe());
     }
     println!("  {:<22} {:>26} {:>26}", "median [min..max]", "stock", "gleaner");
     let row = |name: &str, a: Option<Summary>, b: Option<Summary>, digits: usize| {

@@ -25,6 +25,12 @@ pub struct AgentConfig {
     pub timeout_us: Option<u64>,
     /// A yield longer than this means the workload ran; `None` calibrates it.
     pub idle_threshold_us: Option<u64>,
+    /// How long a stored calibration (`RUN_DIR/calibration.json`) stays valid; it is also
+    /// measured again when anything it depends on changes. 0 measures at every start.
+    pub calibration_max_age_s: u64,
+    /// Measure the calibration even if a valid record exists (`--recalibrate`; not a file key).
+    #[serde(skip)]
+    pub recalibrate: bool,
     /// Longest sleep of a yielding thread whose vCPU stays idle.
     pub max_sleep_ms: u64,
     /// Sleep of a yielding thread that steps aside so the kernel can pull a thread waiting on
@@ -63,6 +69,8 @@ impl Default for AgentConfig {
             period_ms: 200,
             timeout_us: None,
             idle_threshold_us: None,
+            calibration_max_age_s: crate::cache::DEFAULT_MAX_AGE_S,
+            recalibrate: false,
             max_sleep_ms: 20,
             step_aside_us: 0,
             cpus: None,
@@ -107,6 +115,9 @@ impl AgentConfig {
                 return Err(BadInput::new("idle_threshold_us", t, "1..=10000").into());
             }
         }
+        if self.calibration_max_age_s > MAX_CALIBRATION_AGE_S {
+            return Err(BadInput::new("calibration_max_age_s", self.calibration_max_age_s, "0..=31536000 (seconds; 0 measures at every start)").into());
+        }
         if !(1..=1000).contains(&self.max_sleep_ms) {
             return Err(BadInput::new("max_sleep_ms", self.max_sleep_ms, "1..=1000").into());
         }
@@ -138,6 +149,20 @@ impl AgentConfig {
     }
 }
 
+/// Longest allowed `calibration_max_age_s`: a year.
+pub const MAX_CALIBRATION_AGE_S: u64 = 365 * 24 * 3600;
+
+impl AgentConfig {
+    /// Where this agent's calibration record lives and how long it stays valid.
+    pub fn cache_policy(&self) -> crate::cache::CachePolicy {
+        crate::cache::CachePolicy {
+            run_dir: self.run_dir.clone(),
+            max_age: std::time::Duration::from_secs(self.calibration_max_age_s),
+            recalibrate: self.recalibrate,
+        }
+    }
+}
+
 /// The commented sample configuration printed by `gleaner daemon --print-config`.
 pub const SAMPLE_CONFIG: &str = r#"# /etc/gleaner/gleaner.toml: configuration of the Gleaner guest agent.
 # Every key is optional; the values shown are the defaults.
@@ -151,11 +176,17 @@ consolidation = true
 # Control period: how often metrics are sampled and the controller decides.
 period_ms = 200
 # Retention timeout: how long a yielding thread spins on an idle vCPU before letting it halt.
-# Unset: calibrated at start from a measured vCPU wakeup (about 1 s of measurement), and
-# retention stays off where the host already polls halted vCPUs that long. Set: always retain.
+# Unset: calibrated from a measured vCPU wakeup (about 0.5 s of measurement, once per boot: see
+# calibration_max_age_s), and retention stays off where the host already polls halted vCPUs
+# that long. Set: always retain, and no wakeup is measured.
 # timeout_us = 100
 # A sched_yield() call longer than this means the workload ran meanwhile. Unset: calibrated.
 # idle_threshold_us = 20
+# The calibration is stored in run_dir/calibration.json (`gleaner calibrate` shows it) and
+# reused until it is this old (seconds) or anything it depends on changes (boot, kernel, online
+# CPUs, cpuidle driver or governor, haltpoll parameters); `--recalibrate` measures it again.
+# The daemon renews it before it expires, while the machine idles. 0 measures at every start.
+calibration_max_age_s = 86400
 # Longest sleep of a yielding thread while its vCPU stays idle (the sleep doubles from 50 us).
 max_sleep_ms = 20
 # A vCPU kept busy by a yielding thread never looks "newly idle" to the kernel, so the kernel
@@ -228,6 +259,8 @@ mod tests {
             ("period_ms = 0", "period_ms"),
             ("timeout_us = 0", "timeout_us"),
             ("step_aside_us = 5000", "step_aside_us"),
+            ("calibration_max_age_s = 99999999999", "calibration_max_age_s"),
+            ("recalibrate = true", "recalibrate"),
             ("cpus = \"3-1\"", "cpus"),
             ("metrics_addr = \"localhost\"", "metrics_addr"),
             ("[controller]\nrho = 2.0", "rho"),

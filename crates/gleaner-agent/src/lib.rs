@@ -10,6 +10,7 @@
 //! - [`compare`]: the main job, stock vs Gleaner side by side.
 
 pub mod agent;
+pub mod cache;
 pub mod calibrate;
 pub mod compare;
 pub mod config;
@@ -50,13 +51,21 @@ pub struct AgentFlags {
     /// CPUs to manage (kernel list format, e.g. 0-3); default: every online CPU.
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
+    /// Measure the calibration (wakeup costs, timeout, idle threshold) now even if a valid
+    /// record exists in the run dir, and store the new one.
+    #[arg(long)]
+    pub recalibrate: bool,
+    /// Seconds a stored calibration stays valid (0..=31536000; 0 measures at every start).
+    /// Default: 86400, or `calibration_max_age_s` of the config file.
+    #[arg(long, value_name = "S")]
+    pub calibration_max_age_s: Option<u64>,
     /// Serve Prometheus text-format metrics on this address (e.g. 127.0.0.1:9464).
     #[arg(long, value_name = "IP:PORT")]
     pub metrics_addr: Option<String>,
     /// Append one JSON line per decision to FILE.
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
-    /// Directory of state files and status sockets.
+    /// Directory of state files, status sockets and the calibration record.
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
 }
@@ -86,6 +95,10 @@ impl AgentFlags {
         if let Some(v) = &self.cpus {
             cfg.cpus = Some(v.clone());
         }
+        cfg.recalibrate = self.recalibrate;
+        if let Some(v) = self.calibration_max_age_s {
+            cfg.calibration_max_age_s = v;
+        }
         if let Some(v) = &self.metrics_addr {
             cfg.metrics_addr = Some(v.clone());
         }
@@ -94,12 +107,21 @@ impl AgentFlags {
         }
         if let Some(v) = &self.run_dir {
             cfg.run_dir = v.clone();
-        } else if !nix::unistd::geteuid().is_root() && cfg.run_dir == AgentConfig::default().run_dir {
-            // /run is root's; an unprivileged agent keeps its socket in its own temp dir.
-            cfg.run_dir = std::env::temp_dir().join(format!("gleaner-{}", nix::unistd::geteuid()));
+        } else if cfg.run_dir == AgentConfig::default().run_dir {
+            cfg.run_dir = default_run_dir();
         }
         cfg.validate()?;
         Ok(cfg)
+    }
+}
+
+/// `/run/gleaner` for root; /run is root's, so an unprivileged agent keeps its socket and its
+/// calibration in its own temp dir.
+pub fn default_run_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        AgentConfig::default().run_dir
+    } else {
+        std::env::temp_dir().join(format!("gleaner-{}", nix::unistd::geteuid()))
     }
 }
 
@@ -127,8 +149,20 @@ pub enum AgentCommand {
         #[arg(long, value_name = "PID")]
         pid: Option<i32>,
     },
+    /// Measure this machine's wakeup costs once per boot and store them for the agents.
+    ///
+    /// Measures a wakeup of a busy and of a halted vCPU, the retention timeout and whether
+    /// retention pays, and the idle threshold, and stores them in the run dir, where `run`,
+    /// `attach`, `compare` and `daemon` reuse them instead of measuring (about 0.5 s) at every
+    /// start. A valid record (same boot, kernel, online CPUs, cpuidle driver and governor,
+    /// haltpoll parameters; younger than --max-age-s) is shown, not measured again, unless
+    /// --recalibrate.
+    Calibrate(CalibrateArgs),
     /// Run as a service: manage the `[[target]]`s of the configuration file, or, with none,
     /// keep retention on every vCPU of the VM. See dist/gleaner.service.
+    ///
+    /// Also keeps the calibration record fresh: renews it before it expires, while the
+    /// machine idles.
     Daemon {
         /// Configuration file.
         #[arg(long, value_name = "FILE", default_value = "/etc/gleaner/gleaner.toml")]
@@ -163,6 +197,38 @@ pub enum AgentCommand {
     },
 }
 
+/// `gleaner calibrate`
+#[derive(Debug, Clone, clap::Args)]
+pub struct CalibrateArgs {
+    /// Print JSON (the provenance and the stored record).
+    #[arg(long)]
+    pub json: bool,
+    /// Measure even if a valid record exists.
+    #[arg(long)]
+    pub recalibrate: bool,
+    /// Seconds a record stays valid (0..=31536000). Default: 86400.
+    #[arg(long, value_name = "S")]
+    pub max_age_s: Option<u64>,
+    /// Directory of the record (and of the agents' state files and sockets). Default:
+    /// /run/gleaner as root, $TMPDIR/gleaner-<uid> otherwise.
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// CPUs the agents will manage (kernel list format); the wakeup is measured between the
+    /// first two. Default: every online CPU.
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+}
+
+/// What `gleaner calibrate --json` prints.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CalibrateReport {
+    /// Where the numbers came from (cached, or measured now and why).
+    pub source: cache::CalibrationSource,
+    /// The record read or stored (`None` when the measurement could not be stored).
+    pub record: Option<cache::CalibrationRecord>,
+    pub results: cache::CalibrationResults,
+}
+
 /// Runs an agent command.
 pub fn run(cmd: AgentCommand) -> anyhow::Result<ExitCode> {
     match cmd {
@@ -183,6 +249,7 @@ pub fn run(cmd: AgentCommand) -> anyhow::Result<ExitCode> {
             let out = agent::run(target, &cfg, &opts)?;
             Ok(exit_code(out.signal.map(|s| 128 + s).unwrap_or(0)))
         }
+        AgentCommand::Calibrate(args) => calibrate(args),
         AgentCommand::Daemon { config, print_config } => {
             if print_config {
                 print!("{}", config::SAMPLE_CONFIG);
@@ -247,9 +314,72 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
             "  yields {}  timeouts {}  noise {}  step-asides {}  retention timeout {} us  decisions {}",
             r.yields, r.timeouts, r.noise_returns, r.step_asides, r.timeout_us, r.decisions
         );
+        if let Some(c) = &r.calibration {
+            println!("  calibration {} at start; the numbers are {} old", c.describe(), cache::human_age(c.age_now_s()));
+        }
         for e in r.recent.iter().rev().take(8) {
             println!("  [{:>8} ms] {} -> CPUs {}", e.t_ms, e.event, e.active_cpus);
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `gleaner calibrate`: a valid record, or a new measurement stored for the agents.
+fn calibrate(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
+    let mut cfg = AgentConfig { run_dir: args.run_dir.unwrap_or_else(default_run_dir), cpus: args.cpus, recalibrate: args.recalibrate, ..AgentConfig::default() };
+    if let Some(s) = args.max_age_s {
+        if s > config::MAX_CALIBRATION_AGE_S {
+            return Err(gleaner_os::BadInput::new("--max-age-s", s, "0..=31536000 (seconds; 0 measures every time)").into());
+        }
+        cfg.calibration_max_age_s = s;
+    }
+    cfg.validate()?;
+    let cpus = agent::managed_cpus(&cfg, &gleaner_os::sysfs::Sysfs::new())?;
+    if !args.json {
+        eprintln!("gleaner: calibrating on vCPUs {cpus} (about 0.5 s unless a valid record exists)");
+    }
+    let got = cache::obtain(&cfg.cache_policy(), &cache::World::real(), &cpus, || calibrate::measure(&cpus));
+    let results = got.results.map_err(|inc| anyhow::anyhow!("calibration incomplete: {}", inc.error))?;
+    let retaining = report::retention_agents(&cfg.run_dir);
+    if retaining > 0 && matches!(got.source, cache::CalibrationSource::MeasuredNow { .. }) {
+        eprintln!(
+            "gleaner: note: {retaining} agent(s) with retention were running; their yielding threads keep vCPUs \
+             from halting, so the halted-vCPU wakeups may read too cheap (measure again when they are gone)"
+        );
+    }
+    let report = CalibrateReport { source: got.source, record: got.record, results };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let r = &report.results;
+    println!("calibration: {}", report.source.describe());
+    println!("  {}", agent::medians(r));
+    println!("  retention timeout {} us, idle threshold {} us", r.timeout_ns / 1000, r.idle_threshold_ns / 1000);
+    match agent::retention_off_reason(r) {
+        None => println!("  verdict: retention pays here"),
+        Some(why) => println!("  verdict: retention off: {why}"),
+    }
+    if let Some(rec) = &report.record {
+        let d = &rec.depends_on;
+        let params = |m: &std::collections::BTreeMap<String, String>| {
+            if m.is_empty() { "not loaded".to_string() } else { m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ") }
+        };
+        println!(
+            "  depends on: boot {}, kernel {}, online CPUs {}, vCPU {} wakes {}, cpuidle driver {} governor {}",
+            d.boot_id,
+            d.kernel_release,
+            d.online_cpus,
+            d.waker_cpu,
+            d.waiter_cpu,
+            d.cpuidle_driver.as_deref().unwrap_or("none"),
+            d.cpuidle_governor.as_deref().unwrap_or("none")
+        );
+        println!("  haltpoll: {}; cpuidle_haltpoll: {}", params(&d.haltpoll), params(&d.cpuidle_haltpoll));
+        println!(
+            "  valid for {} after it was measured while these stay the same; --recalibrate measures again",
+            cache::human_age(cfg.calibration_max_age_s)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -266,9 +396,31 @@ fn on_off(b: bool) -> &'static str {
 /// system-wide retention without targets. Stops them all on SIGTERM/SIGINT.
 fn daemon(config: &std::path::Path) -> anyhow::Result<ExitCode> {
     let cfg = AgentConfig::load(config)?;
+    // The calibration is kept fresh for the agents started later (the daemon's own keep
+    // the numbers they started with). With a configured timeout there is nothing to keep.
+    let refresher = if cfg.retention && cfg.timeout_us.is_none() {
+        let cpus = agent::managed_cpus(&cfg, &gleaner_os::sysfs::Sysfs::new())?;
+        if !cfg.targets.is_empty() {
+            // Once here, so the attach agents below all read it instead of queueing to measure.
+            let got = cache::obtain(&cfg.cache_policy(), &cache::World::real(), &cpus, || calibrate::measure(&cpus));
+            tracing::info!("calibration {}", got.source.describe());
+        }
+        Some(cache::Refresher::spawn(cfg.cache_policy(), cpus)?)
+    } else {
+        None
+    };
+    let result = daemon_agents(config, &cfg);
+    if let Some(r) = refresher {
+        r.stop();
+    }
+    result
+}
+
+/// The daemon's agents: system-wide retention in this process, or one `attach` per target.
+fn daemon_agents(config: &std::path::Path, cfg: &AgentConfig) -> anyhow::Result<ExitCode> {
     if cfg.targets.is_empty() {
         let opts = agent::RunOptions { status_socket: true, ..Default::default() };
-        let out = agent::run(agent::Target::System, &cfg, &opts)?;
+        let out = agent::run(agent::Target::System, cfg, &opts)?;
         return Ok(exit_code(out.signal.map(|_| 0).unwrap_or(0)));
     }
     agent::install_signal_handlers()?;

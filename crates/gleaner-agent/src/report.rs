@@ -6,9 +6,9 @@
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -61,6 +61,10 @@ pub struct StatusReport {
     /// Why retention is off although it was asked for (measured not to pay here).
     #[serde(default)]
     pub retention_note: Option<String>,
+    /// Where the calibration (timeout, idle threshold, verdict) came from: a cached record
+    /// (path, age) or measured at start (and why). `None`: retention off or all configured.
+    #[serde(default)]
+    pub calibration: Option<crate::cache::CalibrationSource>,
     pub consolidation: bool,
     /// Why consolidation is off although it was asked for.
     pub note: Option<String>,
@@ -117,10 +121,13 @@ impl EventLog {
     }
 }
 
-/// A background server thread; stopping it unblocks the accept loop and joins.
+/// A background server thread; stopping it wakes the accept loop at once (through a pipe the
+/// loop polls beside the listener) and joins it. An earlier loop slept 50 ms between
+/// non-blocking accepts, and every `gleaner run` waited up to 50 ms for it at exit.
 #[derive(Debug)]
 pub struct Server {
-    stop: Arc<AtomicBool>,
+    /// Dropping the write end wakes the loop (POLLHUP on the read end).
+    wake: Option<OwnedFd>,
     thread: Option<JoinHandle<()>>,
     socket: Option<PathBuf>,
 }
@@ -131,7 +138,7 @@ impl Server {
     }
 
     fn shutdown(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.wake.take();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -147,6 +154,33 @@ impl Drop for Server {
     }
 }
 
+/// Runs `serve` on each connection `listener` accepts, on a thread named `name`, until the
+/// returned server is stopped. `listener` must be non-blocking.
+fn spawn_server<L: AsFd + Send + 'static, C>(
+    name: &str,
+    listener: L,
+    accept: impl Fn(&L) -> std::io::Result<C> + Send + 'static,
+    serve: impl Fn(C) + Send + 'static,
+) -> anyhow::Result<Server> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let (wake_rx, wake_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating a wake-up pipe")?;
+    let thread = std::thread::Builder::new().name(name.into()).spawn(move || loop {
+        let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN), PollFd::new(wake_rx.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) if fds[1].any() != Some(false) => return,
+            Ok(_) => {
+                // A connection may have gone again before the accept: WouldBlock, poll on.
+                if let Ok(conn) = accept(&listener) {
+                    serve(conn);
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+    })?;
+    Ok(Server { wake: Some(wake_tx), thread: Some(thread), socket: None })
+}
+
 /// The status socket of agent `pid` in `run_dir`.
 pub fn socket_path(run_dir: &Path, pid: i32) -> PathBuf {
     run_dir.join(format!("agent-{pid}.sock"))
@@ -160,23 +194,16 @@ pub fn serve_status(path: &Path, status: SharedStatus) -> anyhow::Result<Server>
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("chmod {}", path.display()))?;
     listener.set_nonblocking(true)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = Arc::clone(&stop);
-    let thread = std::thread::Builder::new().name("gleaner-status".into()).spawn(move || {
-        while !st.load(Ordering::Relaxed) {
-            match listener.accept() {
-                Ok((mut conn, _)) => {
-                    let _ = conn.set_nonblocking(false);
-                    let snapshot = status.lock().map(|s| s.clone()).unwrap_or_default();
-                    if let Ok(text) = serde_json::to_vec(&snapshot) {
-                        let _ = conn.write_all(&text);
-                    }
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
+    let accept = |l: &UnixListener| l.accept().map(|(c, _)| c);
+    let mut server = spawn_server("gleaner-status", listener, accept, move |mut conn| {
+        let _ = conn.set_nonblocking(false);
+        let snapshot = status.lock().map(|s| s.clone()).unwrap_or_default();
+        if let Ok(text) = serde_json::to_vec(&snapshot) {
+            let _ = conn.write_all(&text);
         }
     })?;
-    Ok(Server { stop, thread: Some(thread), socket: Some(path.to_path_buf()) })
+    server.socket = Some(path.to_path_buf());
+    Ok(server)
 }
 
 /// Reads the status of every agent with a socket in `run_dir` (dead sockets are skipped).
@@ -202,38 +229,36 @@ pub fn query_all(run_dir: &Path) -> anyhow::Result<Vec<StatusReport>> {
     Ok(out)
 }
 
+/// How many agents with a socket in `run_dir` run retention: their yielding threads keep vCPUs
+/// from halting, so a halted-vCPU wakeup measured meanwhile comes out too cheap.
+pub fn retention_agents(run_dir: &Path) -> usize {
+    query_all(run_dir).map(|r| r.iter().filter(|s| s.retention).count()).unwrap_or(0)
+}
+
 /// Serves Prometheus text format at `http://addr/metrics` (any path answers).
 pub fn serve_metrics(addr: &str, status: SharedStatus) -> anyhow::Result<Server> {
     let listener = TcpListener::bind(addr)
         .map_err(|e| gleaner_os::BadInput::new("--metrics-addr", addr, format!("a free local IP:PORT ({e})")))?;
     listener.set_nonblocking(true)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = Arc::clone(&stop);
-    let thread = std::thread::Builder::new().name("gleaner-metrics".into()).spawn(move || {
-        while !st.load(Ordering::Relaxed) {
-            match listener.accept() {
-                Ok((mut conn, _)) => {
-                    let _ = conn.set_nonblocking(false);
-                    let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
-                    // Read (and ignore) the request line and headers.
-                    let mut reader = BufReader::new(conn.try_clone().expect("clone tcp stream"));
-                    let mut line = String::new();
-                    while reader.read_line(&mut line).map(|n| n > 2).unwrap_or(false) {
-                        line.clear();
-                    }
-                    let body = status.lock().map(|s| prometheus_text(&s)).unwrap_or_default();
-                    let _ = write!(
-                        conn,
-                        "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
-                        body.len(),
-                        body
-                    );
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
-            }
+    let accept = |l: &TcpListener| l.accept().map(|(c, _)| c);
+    spawn_server("gleaner-metrics", listener, accept, move |mut conn| {
+        let _ = conn.set_nonblocking(false);
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+        // Read (and ignore) the request line and headers.
+        let Ok(clone) = conn.try_clone() else { return };
+        let mut reader = BufReader::new(clone);
+        let mut line = String::new();
+        while reader.read_line(&mut line).map(|n| n > 2).unwrap_or(false) {
+            line.clear();
         }
-    })?;
-    Ok(Server { stop, thread: Some(thread), socket: None })
+        let body = status.lock().map(|s| prometheus_text(&s)).unwrap_or_default();
+        let _ = write!(
+            conn,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+            body.len(),
+            body
+        );
+    })
 }
 
 /// Renders the status in the OpenMetrics text format with `prometheus-client`.

@@ -259,8 +259,19 @@ impl Guardian {
         self.child.id()
     }
 
-    /// Closes the pipe (the agent cleaned up) and reaps the guardian.
+    /// Closes the pipe and reaps the guardian, which undoes whatever the state file still
+    /// records.
     pub fn finish(mut self) {
+        self.pipe.take();
+        let _ = self.child.wait();
+    }
+
+    /// The agent undid its changes itself and removed the state file: the guardian has
+    /// nothing left to do. Kill and reap it instead of waiting for it to finish starting up
+    /// (exec, argument parsing) only to find no file: on a loaded machine that wait was a
+    /// visible part of a short `gleaner run`.
+    pub fn dismiss(mut self) {
+        let _ = self.child.kill();
         self.pipe.take();
         let _ = self.child.wait();
     }

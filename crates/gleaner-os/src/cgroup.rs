@@ -413,6 +413,19 @@ impl CpusetCgroup {
         write_id(&self.path.join("cgroup.procs"), pid, None)
     }
 
+    /// The file a freshly forked, single-threaded child writes `0` to, to join this group
+    /// before `exec`. v1: `tasks`, which moves only the calling thread and so skips the
+    /// kernel's global threadgroup lock that a `cgroup.procs` write takes (and that waits
+    /// for an RCU grace period: 5-19 ms per new group measured here, against 0.25 ms); for a
+    /// single-threaded process the thread is the process. v2: `cgroup.procs` (a domain group
+    /// takes no single threads).
+    pub fn self_join_file(&self) -> PathBuf {
+        match self.layout {
+            Layout::V1 { .. } => self.path.join("tasks"),
+            Layout::V2 { .. } => self.path.join("cgroup.procs"),
+        }
+    }
+
     /// Moves one thread into the group (v1 `tasks`; v2 `cgroup.threads`, which only works
     /// in a threaded subtree).
     pub fn add_thread(&self, tid: i32) -> Result<()> {

@@ -48,6 +48,10 @@ pub enum OsError {
     /// gleaner only creates, changes and removes cgroups whose name starts with `gleaner`.
     #[error("refusing to touch {}: not a gleaner cgroup (name must start with 'gleaner')", path.display())]
     NotGleanerCgroup { path: PathBuf },
+    /// A file or directory the agents keep for themselves is not theirs alone (a symlink, a
+    /// FIFO, another user's file, writable by others): it is neither followed nor used.
+    #[error("refusing {}: {reason}", path.display())]
+    NotPrivate { path: PathBuf, reason: String },
     /// No usable cpuset controller was found.
     #[error("no cpuset cgroup controller: {reason}")]
     NoCpuset { reason: String },

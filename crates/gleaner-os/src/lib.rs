@@ -14,6 +14,7 @@
 //! | [`cgroup`] | cpuset cgroups, v1 and v2 |
 //! | [`sched`] | affinity, SCHED_IDLE/OTHER, EEVDF slice (`sched_setattr`), gettid, getcpu |
 //! | [`rusage`] | getrusage, wait4 |
+//! | [`private`] | the agents' own files: no-follow reads, atomic writes, a directory lock |
 //!
 //! ```
 //! use gleaner_os::cpuset::CpuSet;
@@ -47,6 +48,7 @@ pub mod cgroup;
 pub mod cpuset;
 pub mod error;
 pub mod input;
+pub mod private;
 pub mod procfs;
 pub mod qmp;
 pub mod rusage;
@@ -72,8 +74,21 @@ pub fn kernel_release() -> String {
     }
 }
 
+/// Time since boot, suspended time included (`CLOCK_BOOTTIME`): ages of per-boot records
+/// measured with it do not jump when the wall clock is set.
+pub fn boottime() -> std::time::Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map(std::time::Duration::from).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn boottime_advances() {
+        let a = super::boottime();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(super::boottime() > a && !a.is_zero());
+    }
+
     #[test]
     fn kernel_release_matches_proc() {
         let proc = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("/proc/sys/kernel/osrelease must exist");

@@ -436,6 +436,28 @@ impl Procfs {
         Ok(util::read(&path)?.trim().to_string())
     }
 
+    /// The id of this boot (`sys/kernel/random/boot_id`, a UUID the kernel draws at boot):
+    /// anything measured since boot is valid only while it stays the same.
+    pub fn boot_id(&self) -> Result<String> {
+        self.read_kernel_word("sys/kernel/random/boot_id", "boot id")
+    }
+
+    /// The running kernel's release (`sys/kernel/osrelease`, what `uname -r` prints).
+    pub fn kernel_release(&self) -> Result<String> {
+        self.read_kernel_word("sys/kernel/osrelease", "kernel release")
+    }
+
+    /// A one-line `/proc/sys` value: trimmed, non-empty, no whitespace inside.
+    fn read_kernel_word(&self, rel: &str, what: &str) -> Result<String> {
+        let path = self.root.join(rel);
+        let text = util::read(&path)?;
+        let v = text.trim();
+        if v.is_empty() || v.contains(char::is_whitespace) {
+            return Err(parse_err(&path, 1, format!("{what}: '{v}' is not one word")));
+        }
+        Ok(v.to_string())
+    }
+
     /// Resident set size of `pid` in KiB (`VmRSS` in `/proc/<pid>/status`); 0 for kernel
     /// threads, which have no such line.
     pub fn self_status_vmrss_kib(&self, pid: i32) -> Result<u64> {

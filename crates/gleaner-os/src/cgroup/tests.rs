@@ -386,3 +386,13 @@ fn failed_create_rolls_back_cpuset_enablement() {
     assert!(matches!(cg1.create(Path::new(""), "gleaner-y").unwrap_err(), OsError::Read { .. }));
     assert!(!cg1.root().join("gleaner-y").exists());
 }
+
+#[test]
+fn a_forked_child_joins_v1_through_tasks_and_v2_through_cgroup_procs() {
+    let (_d, cg) = v1_fixture();
+    let g = cg.create(Path::new(""), "gleaner-agent-1").unwrap();
+    assert_eq!(g.self_join_file(), g.path().join("tasks"));
+    let (_d2, cg2) = v2_fixture("");
+    let g2 = cg2.create(Path::new(""), "gleaner-agent-1").unwrap();
+    assert_eq!(g2.self_join_file(), g2.path().join("cgroup.procs"));
+}

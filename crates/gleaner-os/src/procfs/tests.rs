@@ -413,3 +413,28 @@ fn loadavg_of_this_machine_counts_the_caller() {
     let mut l = Procfs::new().open_loadavg().unwrap();
     assert!(l.runnable().unwrap() >= 1);
 }
+
+#[test]
+fn boot_id_and_kernel_release_valid_malformed_empty() {
+    let (d, p) = fixture();
+    write(d.path(), "sys/kernel/random/boot_id", "c3637bc8-ed44-4fad-95e4-ff8c310b0c77\n");
+    write(d.path(), "sys/kernel/osrelease", "6.18.44-fc-v595\n");
+    assert_eq!(p.boot_id().unwrap(), "c3637bc8-ed44-4fad-95e4-ff8c310b0c77");
+    assert_eq!(p.kernel_release().unwrap(), "6.18.44-fc-v595");
+    write(d.path(), "sys/kernel/random/boot_id", "two words\n");
+    let e = p.boot_id().unwrap_err();
+    assert!(matches!(e, OsError::Parse { .. }) && e.to_string().contains("boot_id"), "{e}");
+    write(d.path(), "sys/kernel/osrelease", "\n");
+    assert!(matches!(p.kernel_release().unwrap_err(), OsError::Parse { .. }));
+    fs::remove_file(d.path().join("sys/kernel/random/boot_id")).unwrap();
+    let e = p.boot_id().unwrap_err();
+    assert!(matches!(e, OsError::Read { .. }) && e.to_string().contains("boot_id"), "{e}");
+}
+
+#[test]
+fn real_boot_id_and_kernel_release() {
+    let p = Procfs::new();
+    let id = p.boot_id().expect("/proc/sys/kernel/random/boot_id");
+    assert_eq!(id.len(), 36, "a UUID: {id}");
+    assert_eq!(p.kernel_release().unwrap(), crate::kernel_release());
+}

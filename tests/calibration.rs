@@ -1,0 +1,141 @@
+//! End-to-end tests of the per-boot calibration record through the real binary: `gleaner
+//! calibrate` stores it; `run`, `compare` and `status` reuse it and say so (the daemon is
+//! covered in tests/agent.rs); `--recalibrate` measures again; a corrupt or symlinked record
+//! is ignored with a note and never followed. They measure real wakeups and manage real
+//! cgroups, so they need root and a cpuset hierarchy (failing, never skipping, without), and
+//! run serially. Each test has its own temp run dir: nothing is written to /run/gleaner.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use serial_test::serial;
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn calibrate(run_dir: &Path, extra: &[&str]) -> serde_json::Value {
+    json(&gleaner().args(["calibrate", "--json", "--run-dir"]).arg(run_dir).args(extra).output().unwrap())
+}
+
+/// `gleaner run -- true`: its stderr (the retention line names the calibration's source).
+fn run_true(run_dir: &Path, extra: &[&str]) -> String {
+    let out = gleaner().arg("run").args(extra).arg("--run-dir").arg(run_dir).args(["--", "true"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
+fn record(run_dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(run_dir.join("calibration.json")).expect("a calibration record")).unwrap()
+}
+
+#[test]
+#[serial(host)]
+fn calibrate_then_run_reuses_the_record_and_recalibrate_measures_again() {
+    require_root_and_cpuset();
+    let run_dir = tempfile::tempdir().unwrap();
+    let first = calibrate(run_dir.path(), &[]);
+    assert_eq!(first["source"]["origin"], "measured_now", "{first}");
+    assert_eq!(first["source"]["why"]["kind"], "missing", "{first}");
+    let stored = record(run_dir.path());
+    assert_eq!(stored, first["record"], "the record printed is the record stored");
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(stored["depends_on"]["boot_id"], boot_id.trim());
+    assert_eq!(stored["schema"], 1);
+    for key in ["busy_ns", "idle_long_ns", "idle_at_timeout_ns"] {
+        assert!(stored["results"]["wakeup_costs"][key].as_u64().unwrap_or(0) > 0, "{key}: {stored}");
+    }
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(run_dir.path().join("calibration.json")).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+
+    // A second calibrate and a run read it: nothing is measured.
+    assert_eq!(calibrate(run_dir.path(), &[])["source"]["origin"], "cached");
+    let t0 = std::time::Instant::now();
+    let stderr = run_true(run_dir.path(), &[]);
+    let took = t0.elapsed();
+    assert!(stderr.contains("[calibration cached (age "), "{stderr}");
+    assert_eq!(record(run_dir.path()), stored, "a cache hit does not rewrite the record");
+    // The measurement alone takes about 0.5 s; a hit is tens of ms even on a busy machine.
+    assert!(took < Duration::from_millis(400), "gleaner run -- true took {took:?} with a valid record");
+
+    // --recalibrate measures again and replaces the record.
+    let stderr = run_true(run_dir.path(), &["--recalibrate"]);
+    assert!(stderr.contains("[calibration measured now (--recalibrate;"), "{stderr}");
+    let again = record(run_dir.path());
+    assert_ne!(again["measured_at_boottime_ms"], stored["measured_at_boottime_ms"], "not measured again");
+    let forced = calibrate(run_dir.path(), &["--recalibrate"]);
+    assert_eq!(forced["source"]["why"]["kind"], "recalibrate", "{forced}");
+    // Max age 0: too old at once.
+    let expired = calibrate(run_dir.path(), &["--max-age-s", "0"]);
+    assert_eq!(expired["source"]["why"]["kind"], "expired", "{expired}");
+    assert_run_dir_clean(run_dir.path());
+}
+
+#[test]
+#[serial(host)]
+fn a_corrupt_or_symlinked_record_is_ignored_with_a_note_and_never_followed() {
+    require_root_and_cpuset();
+    let run_dir = tempfile::tempdir().unwrap();
+    let path = run_dir.path().join("calibration.json");
+    calibrate(run_dir.path(), &[]);
+
+    std::fs::write(&path, b"{\"schema\": 1, \"depends_on\": ").unwrap();
+    let stderr = run_true(run_dir.path(), &[]);
+    assert!(stderr.contains("record ignored:") && stderr.contains("is not a calibration record"), "{stderr}");
+    assert_eq!(record(run_dir.path())["schema"], 1, "replaced by a new record");
+
+    // A link to a valid record elsewhere is refused all the same, and its target is untouched.
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("calibration.json");
+    std::fs::rename(&path, &target).unwrap();
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    let before = std::fs::read(&target).unwrap();
+    let stderr = run_true(run_dir.path(), &[]);
+    assert!(stderr.contains("symbolic link (not followed)"), "{stderr}");
+    assert_eq!(std::fs::read(&target).unwrap(), before, "the link's target was written");
+    assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_file(), "the link is still there");
+    assert_eq!(calibrate(run_dir.path(), &[])["source"]["origin"], "cached");
+    assert_run_dir_clean(run_dir.path());
+}
+
+#[test]
+#[serial(host)]
+fn status_and_compare_say_where_the_calibration_came_from() {
+    require_root_and_cpuset();
+    let run_dir = tempfile::tempdir().unwrap();
+    calibrate(run_dir.path(), &[]);
+    let r = json(
+        &gleaner()
+            .args(["compare", "--runs", "1", "--json", "--no-consolidation", "--run-dir"])
+            .arg(run_dir.path())
+            .args(["--", "true"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(r["calibration"]["origin"], "cached", "{r}");
+    assert_eq!(r["calibration"]["path"], run_dir.path().join("calibration.json").display().to_string());
+
+    let mut agent = gleaner()
+        .args(["run", "--period-ms", "50", "--run-dir"])
+        .arg(run_dir.path())
+        .args(["--", "sleep", "2"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (found, report) = wait_status(run_dir.path(), Duration::from_secs(5), |r| r.as_array().is_some_and(|a| !a.is_empty()));
+    assert!(found, "no status from the agent: {report}");
+    assert_eq!(report[0]["calibration"]["origin"], "cached", "{report}");
+    assert!(report[0]["calibration"]["age_s"].is_u64(), "{report}");
+    let text = gleaner().args(["status", "--run-dir"]).arg(run_dir.path()).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("calibration cached (age"), "{text}");
+    assert!(wait_child(&mut agent, Duration::from_secs(10)).expect("agent did not finish").success());
+    assert!(gleaner_groups().iter().all(|g| !g.to_string_lossy().contains("gleaner-agent-")), "{:?}", gleaner_groups());
+    assert_run_dir_clean(run_dir.path());
+}
