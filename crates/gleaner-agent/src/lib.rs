@@ -219,8 +219,8 @@ pub struct CalibrateArgs {
     pub cpus: Option<String>,
 }
 
-/// What `gleaner calibrate --json` prints.
-#[derive(Debug, Clone, serde::Serialize)]
+/// What `gleaner calibrate --json` prints (the lab reads it back as this type).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CalibrateReport {
     /// Where the numbers came from (cached, or measured now and why).
     pub source: cache::CalibrationSource,

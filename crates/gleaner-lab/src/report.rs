@@ -299,11 +299,8 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
     }
     if !r.setup.is_empty() {
         md.push_str("## Guest setup (outside measured windows)\n\n");
-        for st in &r.setup {
-            let first = st.stdout.lines().next().unwrap_or("");
-            let _ = writeln!(md, "- {} {}: rc {}; {}", st.guest, st.step, st.rc, first.chars().take(160).collect::<String>());
-        }
-        md.push('\n');
+        let steps: Vec<String> = r.setup.iter().map(|st| format!("{} {} (rc {})", st.guest, st.step, st.rc)).collect();
+        let _ = writeln!(md, "{}; outputs in results.json (`setup`, `calibrations`, `wake_costs`).\n", steps.join(", "));
     }
     if !r.kvm_stats.is_empty() {
         md.push_str("## KVM statistics (QMP query-stats)\n\n");

@@ -82,6 +82,8 @@ pub struct LabResults {
     pub setup: Vec<SetupStep>,
     /// How the workload was sized (compute rate, synchronization cost, work per step).
     pub sizing: Option<Sizing>,
+    /// The agent's calibration at each boot of a measured guest (`gleaner calibrate --json`).
+    pub calibrations: Vec<(String, gleaner_agent::CalibrateReport)>,
     /// Cross-vCPU wakeup latencies measured in the guests (Table 2 A, B, C): alone and in the
     /// scenario's conditions. The simulator's `--from-lab` takes its costs from here.
     pub wake_costs: Vec<WakeCosts>,
@@ -725,6 +727,26 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
         wake_costs.extend(pass.wake_costs);
     }
     pb.finish_and_clear();
+    let mut calibrations = Vec::new();
+    for st in setup.iter().filter(|s| s.step == "setup.calibrate" && s.rc == 0) {
+        match serde_json::from_str::<gleaner_agent::CalibrateReport>(&st.stdout) {
+            Ok(c) => {
+                let w = c.results.wakeup_costs;
+                notes.push(format!(
+                    "{}: the agent's calibration at boot (outside measured steps, {} ms): retention {:?} (wakeup p50 {:.0} us busy vCPU, {:.0} us after {:.0} us idle, {:.0} us after a long idle gap)",
+                    st.guest,
+                    c.record.as_ref().map_or(0, |r| r.took_ms),
+                    c.results.verdict,
+                    w.busy_ns as f64 / 1e3,
+                    w.idle_at_timeout_ns as f64 / 1e3,
+                    c.results.timeout_ns as f64 / 1e3,
+                    w.idle_long_ns as f64 / 1e3
+                ));
+                calibrations.push((st.guest.clone(), c));
+            }
+            Err(e) => notes.push(format!("{}: setup.calibrate printed no calibration report ({e})", st.guest)),
+        }
+    }
     for st in setup.iter().filter(|s| s.rc != 0) {
         notes.push(format!("{} {} exited {}: {}", st.guest, st.step, st.rc, st.stdout.chars().take(200).collect::<String>()));
     }
@@ -753,6 +775,7 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
         summary,
         setup,
         sizing,
+        calibrations,
         wake_costs,
         native_args,
         guest_args,
