@@ -33,7 +33,7 @@ pub const DEFAULT_CO_RUNNERS: [Workload; 2] = [Workload::Matmul, Workload::Freqs
 fn items_for(w: Workload) -> (u64, u64) {
     match w {
         Workload::Pipeline => (8_000, 3_000),
-        Workload::Barrier => (4_000, 1_500),
+        Workload::Barrier => (3_000, 1_500),
         Workload::Condvar => (12_000, 4_000),
         Workload::Mutex => (20_000, 6_000),
         Workload::SpinBarrier => (2_000, 600),
