@@ -47,6 +47,7 @@ impl SlotCounters {
             sleep_ns: self.sleep_ns.load(Ordering::Relaxed),
             step_asides: self.step_asides.load(Ordering::Relaxed),
             noise_returns: self.noise_returns.load(Ordering::Relaxed),
+            ..RetentionCounters::default()
         }
     }
 }
