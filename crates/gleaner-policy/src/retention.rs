@@ -48,25 +48,36 @@
 //! the cap, `min_timeout_ns` the floor. An idle period of length b, judged when it ends:
 //!
 //! ```text
-//!  b <= timeout                 caught: retention did its job     -> timeout stays
-//!  timeout < b <= cap + sleep0  ended just after the timeout      -> timeout * grow (<= cap)
-//!  b > cap + sleep0             ran far past any useful timeout   -> timeout / shrink (>= floor,
-//!                                                                    shrink 0: back to the floor)
+//!  b <= timeout             caught: retention did its job        -> timeout stays
+//!  timeout < b <= long      ended not long after the timeout     -> timeout * grow (<= cap)
+//!  b > long                 ran far past any useful timeout      -> timeout / shrink (>= floor,
+//!                                                                   shrink 0: back to the floor)
+//!  long = max(long_idle_ns (1 ms), cap + sleep0)
 //! ```
+//!
+//! haltpoll's bound between the two is its cap. Ours is wider, for two reasons. After a
+//! timeout the end of a period is only known to within the first sleep (`sleep0`, below). And
+//! idle periods are not independent of the decision: a vCPU that halted wakes slower and, on a
+//! shared host, can lose its pCPU to another VM, so every thread waiting for it (at a barrier)
+//! idles longer. With the cap as the bound, `gleaner sim fig7` streamcluster (a 16-vCPU
+//! barrier code next to a matmul VM) saw its 60 us waits turn into 150-400 us ones after one
+//! early shrink, shrank every timeout to the floor, and lost retention's 2.18x speedup (1.03x);
+//! with 1 ms only waits of another scale (I/O, timers, a co-runner's whole slice) shrink it.
 //!
 //! How long a period lasted is read from a monotonic clock the caller passes with each call
 //! ([`IdleDetector::on_yield_at`]): it starts when a slow yield (work) returns and ends at the
-//! start of the next call that shows work. A period that ends before the timeout is measured
+//! start of the next call that shows work, minus its noise (yields stretched by the host or an
+//! interrupt: time the vCPU was taken away, which no timeout could have spent spinning; on a
+//! shared host a co-runner's 3 ms slice would otherwise look like a 3 ms idle period). A period that ends before the timeout is measured
 //! to within one quick yield. A period that reached the timeout is **only bounded from
 //! above**: the thread sleeps after the timeout (the vCPU halts), so work that starts during
 //! the sleep is seen at the earliest when the sleep ends (if the caller can tell that another
 //! task ran meanwhile, [`YieldProbe::ran_while_asleep`]) or else at the next slow yield, which
 //! may be several idle periods later (after work it slept through, the thread measures the
-//! next period from its first call, late by at most the sleep). That is why "just after"
-//! reaches to the cap plus the
-//! first sleep (`min_sleep_ns`, `sleep0` above): a period that ended during the first sleep
-//! cannot be placed more precisely. The error leans towards shrinking (less spinning, the
-//! stock behaviour), never towards spinning past the cap.
+//! next period from its first call, late by at most the sleep). That is why "not long after"
+//! reaches at least to the cap plus the first sleep (`min_sleep_ns`, `sleep0` above): a period
+//! that ended during the first sleep cannot be placed more precisely. The error leans towards
+//! shrinking (less spinning, the stock behaviour), never towards spinning past the cap.
 //!
 //! Whether retention should run at all is decided at start from measured wakeups
 //! ([`retention_verdict`]) and re-decided online by the [`governor`].
@@ -106,6 +117,9 @@ pub struct RetentionConfig {
     pub timeout_grow: u64,
     /// Divisor by which an idle period far past the timeout shrinks it (0: back to the floor).
     pub timeout_shrink: u64,
+    /// An idle period that reached the timeout and lasted longer than this (at least the cap
+    /// plus the first sleep) ran "far past" it and shrinks it; a shorter one grows it.
+    pub long_idle_ns: u64,
 }
 
 impl Default for RetentionConfig {
@@ -120,6 +134,7 @@ impl Default for RetentionConfig {
             min_timeout_ns: 10_000,
             timeout_grow: 2,
             timeout_shrink: 2,
+            long_idle_ns: 1_000_000,
         }
     }
 }
@@ -203,6 +218,27 @@ impl<R: FnMut() -> bool, W: FnMut() -> bool> YieldProbe for FnProbe<R, W> {
     }
 }
 
+/// A probe of a caller that knows what happened (the simulator, synthetic traces): whether
+/// another task ran during the call just fed and while the thread slept; nobody waits
+/// elsewhere (it never steps aside).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KnownProbe {
+    pub other_task_ran: bool,
+    pub ran_while_asleep: bool,
+}
+
+impl YieldProbe for KnownProbe {
+    fn other_task_ran(&mut self) -> bool {
+        self.other_task_ran
+    }
+    fn others_waiting(&mut self) -> bool {
+        false
+    }
+    fn ran_while_asleep(&mut self) -> bool {
+        self.ran_while_asleep
+    }
+}
+
 /// A probe that knows nothing: every slow call is work, nobody waits elsewhere.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoProbe;
@@ -237,8 +273,12 @@ pub struct IdleDetector {
     period_start_ns: Option<u64>,
     /// The idle period being measured reached the timeout.
     timed_out: bool,
+    /// Noise in the idle period being measured: time the vCPU was taken away, not idle time.
+    period_noise_ns: u64,
     /// The thread slept since the last call.
     slept: bool,
+    /// Held at the cap for now ([`Self::hold_at_cap`]).
+    held: bool,
 }
 
 impl IdleDetector {
@@ -254,7 +294,9 @@ impl IdleDetector {
             asked_ns: 0,
             period_start_ns: None,
             timed_out: false,
+            period_noise_ns: 0,
             slept: false,
+            held: false,
             cfg,
         }
     }
@@ -270,6 +312,11 @@ impl IdleDetector {
     /// The timeout now: accumulated idle yielding that lets the vCPU halt.
     pub fn timeout_ns(&self) -> u64 {
         self.timeout_ns
+    }
+
+    /// The clock at the end of the last call fed.
+    pub fn clock_ns(&self) -> u64 {
+        self.clock_ns
     }
 
     /// Idle yielding accumulated towards the timeout since the last work or timeout.
@@ -299,6 +346,9 @@ impl IdleDetector {
         }
         let slow = yield_duration_ns > self.cfg.idle_threshold_ns;
         let noise = slow && !probe.other_task_ran();
+        if noise {
+            self.period_noise_ns = self.period_noise_ns.saturating_add(yield_duration_ns);
+        }
         if slow && !noise {
             self.period_ended(call_start);
             self.period_start_ns = Some(now);
@@ -369,16 +419,17 @@ impl IdleDetector {
     /// reached the timeout): adapt the timeout as the haltpoll governor adapts its window.
     fn period_ended(&mut self, end_ns: u64) {
         let timed_out = std::mem::take(&mut self.timed_out);
+        let noise = std::mem::take(&mut self.period_noise_ns);
         let Some(start) = self.period_start_ns.take() else { return };
-        if !self.cfg.adapt || !timed_out {
+        if !self.cfg.adapt || self.held || !timed_out {
             // Caught before the timeout (or fixed timeout): the timeout stays.
             return;
         }
         let cap = self.cfg.timeout_ns;
         let floor = self.cfg.min_timeout_ns.min(cap);
         let old = self.timeout_ns;
-        let idle = end_ns.saturating_sub(start);
-        let new = if idle <= cap.saturating_add(self.cfg.min_sleep_ns) {
+        let idle = end_ns.saturating_sub(start).saturating_sub(noise);
+        let new = if idle <= self.long_idle_ns() {
             old.saturating_mul(self.cfg.timeout_grow).max(floor).min(cap)
         } else {
             old.checked_div(self.cfg.timeout_shrink).unwrap_or(0).max(floor)
@@ -392,6 +443,26 @@ impl IdleDetector {
         self.counters.timeout_ns = new;
     }
 
+    /// Holds the timeout at the cap (`true`) or lets it adapt again from there (`false`).
+    /// The governor holds it while it measures retention paying clearly: then spinning is
+    /// worth its CPU, and shrinking risks a cascade in which the halts themselves lengthen the
+    /// idle periods (module documentation). No effect without `adapt`.
+    pub fn hold_at_cap(&mut self, hold: bool) {
+        if !self.cfg.adapt || hold == self.held {
+            return;
+        }
+        self.held = hold;
+        if hold {
+            self.timeout_ns = self.cfg.timeout_ns;
+            self.counters.timeout_ns = self.timeout_ns;
+        }
+    }
+
+    /// Idle periods that reached the timeout and lasted longer than this shrink it.
+    pub fn long_idle_ns(&self) -> u64 {
+        self.cfg.long_idle_ns.max(self.cfg.timeout_ns.saturating_add(self.cfg.min_sleep_ns))
+    }
+
     /// Forgets accumulated idleness and backoff (e.g. after the vCPU was reactivated); keeps
     /// the timeout it has learned.
     pub fn reset(&mut self) {
@@ -400,6 +471,7 @@ impl IdleDetector {
         self.next_sleep_ns = self.cfg.min_sleep_ns.max(1);
         self.period_start_ns = None;
         self.timed_out = false;
+        self.period_noise_ns = 0;
         self.slept = false;
     }
 }

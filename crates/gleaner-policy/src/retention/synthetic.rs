@@ -4,7 +4,7 @@
 //! use them; everything is deterministic (a seeded SplitMix64).
 
 use super::governor::{EpochReading, GovernorStep, RetentionGovernor, RetentionMode};
-use super::{IdleDetector, RetentionAction, YieldProbe};
+use super::{IdleDetector, KnownProbe, RetentionAction};
 
 /// SplitMix64: a tiny, portable, seeded generator for synthetic traces.
 #[derive(Debug, Clone)]
@@ -60,24 +60,6 @@ pub struct PeriodOutcome {
     pub spin_ns: u64,
 }
 
-/// What the thread can tell the detector in [`drive_idle_periods`].
-struct TraceProbe {
-    other_task_ran: bool,
-    ran_while_asleep: bool,
-}
-
-impl YieldProbe for TraceProbe {
-    fn other_task_ran(&mut self) -> bool {
-        self.other_task_ran
-    }
-    fn others_waiting(&mut self) -> bool {
-        false
-    }
-    fn ran_while_asleep(&mut self) -> bool {
-        self.ran_while_asleep
-    }
-}
-
 /// Runs `det` as the yielding thread of a vCPU whose workload alternates the idle periods
 /// `periods` with `work_ns` of work: quick yields of `yield_ns` while idle, a slow yield when
 /// work arrives during one (it returns when the work is done), sleeps exactly as long as asked
@@ -87,8 +69,9 @@ impl YieldProbe for TraceProbe {
 pub fn drive_idle_periods(det: &mut IdleDetector, periods: &[u64], work_ns: u64, yield_ns: u64, sleep_evidence: bool) -> Vec<PeriodOutcome> {
     let yield_ns = yield_ns.max(1);
     let mut out = Vec::with_capacity(periods.len());
-    let mut start = 0u64;
-    let mut t = 0u64;
+    // Carry on from where the detector's clock is (a second trace on the same detector).
+    let mut start = det.clock_ns();
+    let mut t = start;
     let mut i = 0usize;
     let mut halted = false;
     let mut asleep_work = false;
@@ -103,7 +86,7 @@ pub fn drive_idle_periods(det: &mut IdleDetector, periods: &[u64], work_ns: u64,
     while i < periods.len() {
         let end_of_idle = start + periods[i];
         let call_end = t + yield_ns;
-        let mut probe = TraceProbe { other_task_ran: true, ran_while_asleep: std::mem::take(&mut asleep_work) };
+        let mut probe = KnownProbe { other_task_ran: true, ran_while_asleep: std::mem::take(&mut asleep_work) };
         if call_end > end_of_idle {
             // Work arrives during this call: it returns once the work is done.
             let back = end_of_idle + work_ns;
