@@ -5,7 +5,8 @@
 //!   setup: cgroup (recorded in the state file, guardian started) -> yielding threads
 //!          -> status socket / metrics / events
 //!   loop:  wait(period | workload exit | signal) -> Sampler::sample -> Controller::step
-//!          -> cpuset.cpus + Yielders::set_active -> status, events
+//!          -> cpuset.cpus + Yielders::set_active -> RetentionGovernor::step
+//!          -> Yielders::set_retention -> status, events
 //!   exit:  stop yielders -> undo state file -> guardian finishes -> servers stop
 //! ```
 
@@ -25,10 +26,12 @@ use gleaner_os::rusage::Rusage;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
 use gleaner_policy::gleaner::{Controller, Decision};
-use gleaner_policy::retention::{retention_verdict, RetentionConfig, RetentionVerdict, WakeupCosts};
+use gleaner_policy::retention::{
+    retention_verdict, EpochReading, GovernorStep, RetentionConfig, RetentionGovernor, RetentionMode, RetentionVerdict, WakeupCosts,
+};
 use tracing::{info, warn};
 
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, RetentionStart};
 use crate::report::{self, EventLog, EventRecord, SharedStatus, StatusReport, RECENT};
 use crate::sampler::Sampler;
 use crate::state::{Change, Guardian, StateFile};
@@ -75,6 +78,9 @@ pub struct Outcome {
     pub yielder_cpu_ns: u64,
     pub decisions: u64,
     pub timeouts: u64,
+    /// Control periods, and how many of them ran with retention on.
+    pub periods: u64,
+    pub retention_on_periods: u64,
     /// The signal that stopped the agent, if any.
     pub signal: Option<i32>,
     pub final_status: StatusReport,
@@ -91,6 +97,9 @@ pub struct RunOptions {
     pub stderr_to: Option<PathBuf>,
     /// Serve the status socket.
     pub status_socket: bool,
+    /// Retention as already decided (`compare` calibrates once for all its runs); `None`
+    /// decides it at start.
+    pub retention_plan: Option<RetentionPlan>,
 }
 
 static SIGNALED: AtomicI32 = AtomicI32::new(0);
@@ -136,8 +145,9 @@ pub enum RetentionPlan {
     /// `measured`: the wakeups behind a calibrated timeout (`None` when configured, or when
     /// the measurement failed and a default is used).
     On { config: RetentionConfig, measured: Option<WakeupCosts> },
-    /// Asked for, but measured not to pay on this machine.
-    Off { why: String, measured: WakeupCosts },
+    /// Asked for, but measured not to pay on this machine; `timeout_ns` is the calibrated
+    /// timeout (the cap of the adaptive ones if the governor keeps the threads ready).
+    Off { why: String, measured: WakeupCosts, timeout_ns: u64 },
 }
 
 impl RetentionPlan {
@@ -162,20 +172,7 @@ impl RetentionPlan {
 /// `gleaner: retention off:`; the lab's `runner::agent_decisions` reads them from guest
 /// consoles, so keep those prefixes.
 pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> RetentionPlan {
-    let on = |timeout_ns: u64, measured: Option<WakeupCosts>| {
-        let idle_threshold_ns = cfg.idle_threshold_us.map(|u| u * 1000).unwrap_or_else(|| {
-            let samples = crate::yielders::sample_yields(2000);
-            gleaner_policy::retention::idle_threshold_from_samples(&samples).unwrap_or(20_000)
-        });
-        let config = RetentionConfig {
-            idle_threshold_ns,
-            timeout_ns,
-            max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
-            step_aside_ns: cfg.step_aside_us * 1_000,
-            ..RetentionConfig::default()
-        };
-        RetentionPlan::On { config, measured }
-    };
+    let on = |timeout_ns: u64, measured: Option<WakeupCosts>| RetentionPlan::On { config: retention_config(cfg, timeout_ns), measured };
     if let Some(us) = cfg.timeout_us {
         return on(us * 1000, None);
     }
@@ -214,9 +211,73 @@ pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> Retentio
         RetentionVerdict::NoHaltPenalty => format!("no halt penalty to hide ({medians})"),
     };
     if !quiet {
-        eprintln!("gleaner: retention off: {why}; --timeout-us forces it");
+        let governed = if cfg.adapt { "; the governor re-checks it while running" } else { "" };
+        eprintln!("gleaner: retention off: {why}{governed}; --timeout-us forces it");
     }
-    RetentionPlan::Off { why, measured }
+    RetentionPlan::Off { why, measured, timeout_ns: t }
+}
+
+/// The yielding threads' configuration for a timeout (configured or calibrated), sampling the
+/// idle threshold unless configured. The timeout adapts per vCPU (with this timeout as its
+/// cap) unless adaptation is off or the timeout was configured.
+pub fn retention_config(cfg: &AgentConfig, timeout_ns: u64) -> RetentionConfig {
+    let idle_threshold_ns = cfg.idle_threshold_us.map(|u| u * 1000).unwrap_or_else(|| {
+        let samples = crate::yielders::sample_yields(2000);
+        gleaner_policy::retention::idle_threshold_from_samples(&samples).unwrap_or(20_000)
+    });
+    RetentionConfig {
+        idle_threshold_ns,
+        timeout_ns,
+        max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
+        step_aside_ns: cfg.step_aside_us * 1_000,
+        adapt: governed(cfg),
+        ..RetentionConfig::default()
+    }
+}
+
+/// Whether retention adapts and is governed online: asked for, and the timeout not pinned.
+fn governed(cfg: &AgentConfig) -> bool {
+    cfg.adapt && cfg.timeout_us.is_none()
+}
+
+/// Retention for one run: the yielding threads' configuration (`None`: no threads), the mode
+/// they start in, whether the governor runs, and why retention started off.
+struct RetentionSetup {
+    config: Option<RetentionConfig>,
+    start: RetentionMode,
+    governor: Option<RetentionGovernor>,
+    note: Option<String>,
+}
+
+impl RetentionSetup {
+    /// Takes the start-up plan (`opts.retention_plan`, or measured now) as the governor's
+    /// prior. Without the governor, as before it: on with the plan's timeout, or no threads.
+    /// `workload`: there is a workload whose progress the governor can measure (the daemon
+    /// without targets has none: its timeouts adapt, but the start-up verdict holds).
+    fn decide(cfg: &AgentConfig, cpus: &CpuSet, opts: &RunOptions, workload: bool) -> Self {
+        let none = |note| Self { config: None, start: RetentionMode::Off, governor: None, note };
+        if !cfg.retention {
+            return none(None);
+        }
+        let plan = opts.retention_plan.clone().unwrap_or_else(|| retention_plan(cfg, cpus, opts.quiet));
+        let (config, verdict, note) = match plan {
+            RetentionPlan::On { config, .. } => (config, RetentionMode::On, None),
+            RetentionPlan::Off { why, .. } if !governed(cfg) => return none(Some(why)),
+            RetentionPlan::Off { why, timeout_ns, .. } => (retention_config(cfg, timeout_ns), RetentionMode::Off, Some(why)),
+        };
+        if !governed(cfg) || !workload {
+            return match verdict {
+                RetentionMode::On => Self { config: Some(config), start: RetentionMode::On, governor: None, note },
+                RetentionMode::Off => none(note),
+            };
+        }
+        let start = match cfg.retention_start {
+            RetentionStart::Calibrated => verdict,
+            RetentionStart::On => RetentionMode::On,
+            RetentionStart::Off => RetentionMode::Off,
+        };
+        Self { config: Some(config), start, governor: Some(RetentionGovernor::new(cfg.governor, start)), note }
+    }
 }
 
 /// Why consolidation cannot run here, if it cannot.
@@ -305,17 +366,17 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
         ));
     }
 
-    let (rcfg, retention_note) = match cfg.retention.then(|| retention_plan(cfg, &cpus, opts.quiet)) {
-        Some(RetentionPlan::On { config, .. }) => (Some(config), None),
-        Some(RetentionPlan::Off { why, .. }) => (None, Some(why)),
-        None => (None, None),
-    };
+    let retention = RetentionSetup::decide(cfg, &cpus, opts, !matches!(target, Target::System));
+    let rcfg = retention.config;
 
     let status: SharedStatus = Arc::new(Mutex::new(StatusReport {
         agent_pid,
         target: target.describe(),
         retention: rcfg.is_some(),
-        retention_note,
+        retention_note: retention.note.clone(),
+        retention_mode: rcfg.map(|_| retention.start),
+        governor: retention.governor.as_ref().map(RetentionGovernor::state),
+        adaptive_timeout: rcfg.is_some_and(|r| r.adapt),
         consolidation,
         note: note.clone(),
         all_cpus: cpus.to_string(),
@@ -328,7 +389,7 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
 
     // Everything from here on is undone by `Session::finish`.
     let mut session = Session { state: None, guardian: None, cgroups: cgroups.ok(), yielders: None, servers: Vec::new() };
-    let result = session.run_inner(&target, cfg, opts, &cpus, consolidation, rcfg, &status, &procfs, &sysfs, start);
+    let result = session.run_inner(&target, cfg, opts, &cpus, consolidation, retention, &status, &procfs, &sysfs, start);
     let finish = session.finish();
     let mut outcome = result?;
     finish?;
@@ -365,7 +426,7 @@ impl Session {
         opts: &RunOptions,
         cpus: &CpuSet,
         consolidation: bool,
-        rcfg: Option<RetentionConfig>,
+        retention: RetentionSetup,
         status: &SharedStatus,
         procfs: &Procfs,
         sysfs: &Sysfs,
@@ -427,10 +488,12 @@ impl Session {
             self.state = Some(state);
         }
 
-        // Yielding threads first, so the workload has them from its first instruction.
-        if let Some(r) = rcfg {
-            self.yielders = Some(Yielders::start(cpus, r)?);
+        // Yielding threads first, so the workload has them from its first instruction (parked
+        // if retention starts off: the governor may turn them on).
+        if let Some(r) = retention.config {
+            self.yielders = Some(Yielders::start(cpus, r, retention.start.is_on())?);
         }
+        let mut governor = retention.governor;
         if let Target::Command(argv) = target {
             workload_start = Instant::now();
             let pid = spawn_command(argv, managed.cgroup.as_ref(), opts)?;
@@ -443,6 +506,15 @@ impl Session {
         let mut events = cfg.events.as_deref().map(EventLog::open).transpose()?;
         if !opts.quiet {
             info!("managing {} on CPUs {cpus}", target.describe());
+        }
+
+        if let (Some(log), Some(_)) = (&mut events, &self.yielders) {
+            let start = EventRecord {
+                retention: Some(retention.start),
+                governor: governor.as_ref().map(RetentionGovernor::state),
+                ..EventRecord::new(0, "retention", cpus.to_string(), Default::default())
+            };
+            log.write(&start)?;
         }
 
         let mut controller = Controller::new(cpus.iter().collect(), cfg.controller.clone());
@@ -487,7 +559,14 @@ impl Session {
             let tids = managed.tids(procfs);
             let active_before = CpuSet::from_iter(controller.active().iter().copied());
             let (snap, extras) = sampler.sample(&tids, self.yielders.as_ref(), &active_before);
-            let decisions = if consolidation { controller.step(&snap) } else {
+            // A probe period's readings are the probe's (retention in the other mode): the
+            // controller does not judge the workload by them.
+            let probe = governor.as_ref().is_some_and(RetentionGovernor::probing);
+            let decisions = if probe {
+                Vec::new()
+            } else if consolidation {
+                controller.step(&snap)
+            } else {
                 let _ = controller.step(&snap);
                 controller.reset();
                 Vec::new()
@@ -505,21 +584,49 @@ impl Session {
                     y.set_active(&CpuSet::from_iter(controller.active().iter().copied()));
                 }
             }
+            // Retention: the governor reads the period that just ended and picks the mode of
+            // the next one.
+            let ran = self.yielders.as_ref().map(|y| if y.retaining() { RetentionMode::On } else { RetentionMode::Off });
+            let step = match (&mut governor, &self.yielders) {
+                (Some(g), Some(y)) => {
+                    let reading = EpochReading {
+                        duration_ns: snap.period_ns,
+                        progress: snap.s_work,
+                        yielder_cpu_ns: extras.yielder_run_ns,
+                        active_vcpus: u32::try_from(active_before.len()).unwrap_or(u32::MAX),
+                    };
+                    let st = g.step(&reading);
+                    y.set_retention(st.mode.is_on());
+                    y.hold_timeouts(st.hold_timeouts);
+                    Some(st)
+                }
+                _ => None,
+            };
+
             let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
             let metrics = controller.metrics();
-            let mut records: Vec<EventRecord> = decisions
-                .iter()
-                .map(|d| EventRecord {
-                    t_ms,
-                    event: EventRecord::name_of(d).into(),
-                    decision: Some(d.clone()),
-                    count: None,
-                    active_cpus: active.to_string(),
-                    metrics,
-                })
-                .collect();
-            if extras.timeouts > 0 {
-                records.push(EventRecord { t_ms, event: "timeout".into(), decision: None, count: Some(extras.timeouts), active_cpus: active.to_string(), metrics });
+            let event = |name: &str| EventRecord::new(t_ms, name, active.to_string(), metrics);
+            let mut records: Vec<EventRecord> =
+                decisions.iter().map(|d| EventRecord { decision: Some(d.clone()), ..event(EventRecord::name_of(d)) }).collect();
+            records.push(EventRecord {
+                count: Some(extras.timeouts),
+                vcpus: self.yielders.as_ref().map(|_| extras.vcpus.clone()),
+                retention: ran,
+                comparison: step.and_then(|s| s.comparison),
+                ..event("period")
+            });
+            if let Some(GovernorStep { mode, change: Some(change), comparison, .. }) = step {
+                records.push(EventRecord {
+                    retention: Some(mode),
+                    change: Some(change),
+                    comparison,
+                    governor: governor.as_ref().map(RetentionGovernor::state),
+                    ..event("retention")
+                });
+                if change.cause == gleaner_policy::retention::ChangeCause::Switch && !opts.quiet {
+                    let why = comparison.map(|c| format!(" (sync points/s {:.0} on vs {:.0} off, {:.2} vCPU burned)", c.on_rate, c.off_rate, c.burn_vcpus));
+                    info!("retention {:?} -> {:?}{}", change.from, change.to, why.unwrap_or_default());
+                }
             }
             for d in &decisions {
                 if !opts.quiet {
@@ -534,7 +641,21 @@ impl Session {
             outcome.decisions += decisions.len() as u64;
             outcome.timeouts += extras.timeouts;
             outcome.yielder_cpu_ns += extras.yielder_run_ns;
+            outcome.periods += 1;
+            outcome.retention_on_periods += u64::from(ran == Some(RetentionMode::On));
             if let Ok(mut s) = status.lock() {
+                s.retention_mode = self.yielders.as_ref().map(|y| if y.retaining() { RetentionMode::On } else { RetentionMode::Off });
+                s.governor = governor.as_ref().map(RetentionGovernor::state);
+                for v in &extras.vcpus {
+                    match s.vcpu_timeouts.iter_mut().find(|t| t.cpu == v.cpu) {
+                        Some(t) => {
+                            t.timeout_ns = v.timeout_ns;
+                            t.grows += v.grows;
+                            t.shrinks += v.shrinks;
+                        }
+                        None => s.vcpu_timeouts.push(*v),
+                    }
+                }
                 s.active_cpus = controller.active().iter().copied().collect::<CpuSet>().to_string();
                 s.metrics = metrics;
                 s.periods += 1;
@@ -546,7 +667,7 @@ impl Session {
                 s.decisions += decisions.len() as u64;
                 s.yielder_cpu_ns += extras.yielder_run_ns;
                 s.threads = extras.threads;
-                for r in records.into_iter().filter(|r| r.decision.is_some()) {
+                for r in records.into_iter().filter(|r| r.decision.is_some() || r.change.is_some_and(|c| c.cause == gleaner_policy::retention::ChangeCause::Switch)) {
                     if s.recent.len() == RECENT {
                         s.recent.pop_front();
                     }
