@@ -119,6 +119,7 @@ fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {
     assert!(periods.len() >= 6, "{} periods in {text}", periods.len());
     for p in &periods {
         assert!(p["active_cpus"].is_string() && p["retention"].is_string(), "{p}");
+        assert!(p["reading"]["progress"].is_u64() && p["reading"]["duration_ns"].as_u64() > Some(0), "the governor's reading: {p}");
         let vcpus = p["vcpus"].as_array().unwrap_or_else(|| panic!("no per-vCPU timeouts: {p}"));
         assert_eq!(vcpus.len(), ncpus, "{p}");
         for v in vcpus {

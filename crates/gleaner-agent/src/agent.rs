@@ -221,10 +221,7 @@ pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> Retentio
 /// idle threshold unless configured. The timeout adapts per vCPU (with this timeout as its
 /// cap) unless adaptation is off or the timeout was configured.
 pub fn retention_config(cfg: &AgentConfig, timeout_ns: u64) -> RetentionConfig {
-    let idle_threshold_ns = cfg.idle_threshold_us.map(|u| u * 1000).unwrap_or_else(|| {
-        let samples = crate::yielders::sample_yields(2000);
-        gleaner_policy::retention::idle_threshold_from_samples(&samples).unwrap_or(20_000)
-    });
+    let idle_threshold_ns = cfg.idle_threshold_us.map(|u| u * 1000).unwrap_or_else(sampled_idle_threshold_ns);
     RetentionConfig {
         idle_threshold_ns,
         timeout_ns,
@@ -235,8 +232,14 @@ pub fn retention_config(cfg: &AgentConfig, timeout_ns: u64) -> RetentionConfig {
     }
 }
 
+/// The idle threshold from 2000 `sched_yield()` calls on this thread (a few ms).
+pub fn sampled_idle_threshold_ns() -> u64 {
+    let samples = crate::yielders::sample_yields(2000);
+    gleaner_policy::retention::idle_threshold_from_samples(&samples).unwrap_or(20_000)
+}
+
 /// Whether retention adapts and is governed online: asked for, and the timeout not pinned.
-fn governed(cfg: &AgentConfig) -> bool {
+pub fn governed(cfg: &AgentConfig) -> bool {
     cfg.adapt && cfg.timeout_us.is_none()
 }
 
@@ -587,14 +590,14 @@ impl Session {
             // Retention: the governor reads the period that just ended and picks the mode of
             // the next one.
             let ran = self.yielders.as_ref().map(|y| if y.retaining() { RetentionMode::On } else { RetentionMode::Off });
+            let reading = EpochReading {
+                duration_ns: snap.period_ns,
+                progress: snap.s_work,
+                yielder_cpu_ns: extras.yielder_run_ns,
+                active_vcpus: u32::try_from(active_before.len()).unwrap_or(u32::MAX),
+            };
             let step = match (&mut governor, &self.yielders) {
                 (Some(g), Some(y)) => {
-                    let reading = EpochReading {
-                        duration_ns: snap.period_ns,
-                        progress: snap.s_work,
-                        yielder_cpu_ns: extras.yielder_run_ns,
-                        active_vcpus: u32::try_from(active_before.len()).unwrap_or(u32::MAX),
-                    };
                     let st = g.step(&reading);
                     y.set_retention(st.mode.is_on());
                     y.hold_timeouts(st.hold_timeouts);
@@ -612,6 +615,7 @@ impl Session {
                 count: Some(extras.timeouts),
                 vcpus: self.yielders.as_ref().map(|_| extras.vcpus.clone()),
                 retention: ran,
+                reading: step.map(|_| reading),
                 comparison: step.and_then(|s| s.comparison),
                 ..event("period")
             });

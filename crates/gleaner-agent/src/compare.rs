@@ -50,6 +50,18 @@ pub struct Sample {
     pub exit_code: i32,
 }
 
+impl Calibration {
+    /// Retention is on at the start of each run: the verdict, or the forced first mode.
+    fn starts_on(&self, cfg: &crate::config::AgentConfig) -> bool {
+        use crate::config::RetentionStart;
+        match (self.governed, cfg.retention_start) {
+            (true, RetentionStart::On) => true,
+            (true, RetentionStart::Off) => false,
+            _ => !self.starts_off,
+        }
+    }
+}
+
 /// What the one start-up calibration of `compare` decided about retention.
 #[derive(Debug, Default)]
 struct Calibration {
@@ -73,6 +85,8 @@ pub struct CompareReport {
     pub retention_note: Option<String>,
     /// The governor re-decided retention while running (per-vCPU timeouts adapt).
     pub governed: bool,
+    /// How the governor's first mode was chosen (`calibrated`: `retention`).
+    pub retention_start: Option<crate::config::RetentionStart>,
     /// The wakeup medians retention was decided from (`None` when `--timeout-us` was given).
     pub wakeup_costs: Option<WakeupCosts>,
     pub consolidation: bool,
@@ -127,9 +141,13 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         }
         plan = Some(p);
     }
-    let governed = cfg.retention && cfg.adapt && cfg.timeout_us.is_none();
+    let governed = cfg.retention && agent::governed(&cfg);
     if calibration.starts_off && !governed {
         cfg.retention = false;
+    }
+    if calibration.starts_off && governed && cfg.idle_threshold_us.is_none() {
+        // The parked threads of every run share one idle threshold, sampled once here.
+        cfg.idle_threshold_us = Some((agent::sampled_idle_threshold_ns() / 1000).max(1));
     }
     let out_dir = tempfile::tempdir().context("creating a temp dir for workload output")?;
     calibration.governed = governed;
@@ -242,12 +260,13 @@ fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config
         command,
         runs,
         cpus: cpus.to_string(),
-        retention: cfg.retention && !calibration.starts_off,
+        retention: cfg.retention && calibration.starts_on(cfg),
         retention_note: calibration.retention_note,
         governed: calibration.governed,
         wakeup_costs: calibration.wakeup_costs,
         consolidation: cfg.consolidation,
         timeout_us: cfg.timeout_us.or(calibration.timeout_us).filter(|_| cfg.retention && !calibration.starts_off),
+        retention_start: calibration.governed.then_some(cfg.retention_start),
         speedup: stock_wall_s.p50 / gleaner_wall_s.p50,
         stock_wall_s,
         gleaner_wall_s,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use gleaner_policy::gleaner::{Decision, Metrics};
-use gleaner_policy::retention::{Comparison, GovernorState, ModeChange, RetentionMode};
+use gleaner_policy::retention::{Comparison, EpochReading, GovernorState, ModeChange, RetentionMode};
 use serde::{Deserialize, Serialize};
 
 /// How many recent decisions the status keeps.
@@ -38,7 +38,7 @@ pub struct VcpuTimeout {
 /// | event | fields |
 /// |---|---|
 /// | `consolidate`, `restore`, `reset`, `factor_change` | `decision` |
-/// | `period` (every period) | `count` (timeouts), `vcpus` (per-vCPU timeouts), `retention` (the mode it ran in) |
+/// | `period` (every period) | `count` (timeouts), `vcpus` (per-vCPU timeouts), `retention` (the mode it ran in), `reading` (what the governor read; its `comparison` if it made one) |
 /// | `retention` (start, and each change of mode) | `retention` (the new mode), `change` (none at start), `comparison`, `governor` |
 ///
 /// Every event has the time, the active CPUs after it and the controller's measurements.
@@ -68,6 +68,10 @@ pub struct EventRecord {
     /// The mode change and its cause (`retention` events after the start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub change: Option<ModeChange>,
+    /// The period's reading as the governor took it (`period` events with a governor; unlike
+    /// `metrics`, also for probe periods, which the controller does not see).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reading: Option<EpochReading>,
     /// The on/off comparison behind a `retention` event, if one was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comparison: Option<Comparison>,
@@ -89,6 +93,7 @@ impl EventRecord {
             vcpus: None,
             retention: None,
             change: None,
+            reading: None,
             comparison: None,
             governor: None,
         }
