@@ -25,8 +25,20 @@ fn agent_groups() -> Vec<PathBuf> {
     gleaner_groups().into_iter().filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("gleaner-agent-"))).collect()
 }
 
+/// Agent cgroups whose agent is gone: `gleaner-agent-<pid>` of a dead pid. A live agent's
+/// group is in use, not left over (other checkouts on a shared machine run agents too).
+fn leftover_agent_groups() -> Vec<PathBuf> {
+    agent_groups()
+        .into_iter()
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            name.strip_prefix("gleaner-agent-").is_some_and(|pid| !pid.parse().is_ok_and(alive))
+        })
+        .collect()
+}
+
 fn assert_no_leftovers(run_dir: &Path) {
-    assert!(agent_groups().is_empty(), "leftover agent cgroups: {:?}", agent_groups());
+    assert!(leftover_agent_groups().is_empty(), "leftover agent cgroups: {:?}", leftover_agent_groups());
     assert_run_dir_clean(run_dir);
 }
 
@@ -74,6 +86,64 @@ fn run_pipeline_writes_events_and_restores() {
 
 #[test]
 #[serial(host)]
+fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {
+    require_root_and_cpuset();
+    let run_dir = tempfile::tempdir().unwrap();
+    let events = run_dir.path().join("events.jsonl");
+    // Retention forced on at start, whatever the calibration says; the governor then probes
+    // it off after 4 periods. The barrier workload synchronizes ~10,000 times a second.
+    let out = gleaner()
+        .args(["run", "--retention-start", "on", "--period-ms", "50", "--no-consolidation", "--events"])
+        .arg(&events)
+        .arg("--run-dir")
+        .arg(run_dir.path().join("run"))
+        .args(["--", env!("CARGO_BIN_EXE_gleaner"), "bench", "workload", "barrier", "--items", "8000"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&events).unwrap();
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
+    // The first line: retention's first mode, with the governor's state.
+    let first = &lines[0];
+    assert_eq!((first["event"].as_str(), first["retention"].as_str()), (Some("retention"), Some("on")), "{first}");
+    assert_eq!(first["governor"]["baseline"], "on", "{first}");
+    assert!(first.get("change").is_none(), "{first}");
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let ncpus = gleaner_os::cpuset::CpuSet::parse(online.trim()).unwrap().len();
+    // Every period: the active vCPUs, the mode it ran in, and every vCPU's timeout (within the
+    // adaptive range: the 10 us floor .. the 2 ms calibration clamp).
+    let periods: Vec<&serde_json::Value> = lines.iter().filter(|l| l["event"] == "period").collect();
+    assert!(periods.len() >= 6, "{} periods in {text}", periods.len());
+    for p in &periods {
+        assert!(p["active_cpus"].is_string() && p["retention"].is_string(), "{p}");
+        assert!(p["reading"]["progress"].is_u64() && p["reading"]["duration_ns"].as_u64() > Some(0), "the governor's reading: {p}");
+        let vcpus = p["vcpus"].as_array().unwrap_or_else(|| panic!("no per-vCPU timeouts: {p}"));
+        assert_eq!(vcpus.len(), ncpus, "{p}");
+        for v in vcpus {
+            let t = v["timeout_ns"].as_u64().unwrap();
+            assert!((10_000..=2_000_000).contains(&t), "{v}");
+        }
+    }
+    // The governor's changes: a probe with retention off after 4 periods on, each with its
+    // cause and state, and the periods ran in the modes it announced.
+    let changes: Vec<&serde_json::Value> = lines.iter().filter(|l| l["event"] == "retention" && l.get("change").is_some()).collect();
+    assert!(!changes.is_empty(), "no governor decision in {text}");
+    assert_eq!(changes[0]["change"]["cause"], "probe", "{}", changes[0]);
+    assert_eq!(changes[0]["retention"], "off", "{}", changes[0]);
+    assert!(changes.iter().all(|c| c["governor"]["probes"].as_u64().unwrap() >= 1), "{changes:?}");
+    let mut mode = "on".to_string();
+    for l in &lines[1..] {
+        match l["event"].as_str() {
+            Some("period") => assert_eq!(l["retention"].as_str(), Some(mode.as_str()), "{l}"),
+            Some("retention") => mode = l["retention"].as_str().unwrap().to_string(),
+            _ => {}
+        }
+    }
+    assert_no_leftovers(&run_dir.path().join("run"));
+}
+
+#[test]
+#[serial(host)]
 fn status_reports_a_running_agent() {
     require_root_and_cpuset();
     let run_dir = tempfile::tempdir().unwrap();
@@ -114,7 +184,8 @@ fn sigterm_undoes_everything_and_stops_the_workload() {
         .arg(format!("echo $$ > {}; exec sleep 30", marker.display()))
         .spawn()
         .unwrap();
-    assert!(wait_until(Duration::from_secs(5), || marker.exists() && !agent_groups().is_empty()));
+    let group = format!("gleaner-agent-{}", agent.id());
+    assert!(wait_until(Duration::from_secs(5), || marker.exists() && agent_groups().iter().any(|g| g.ends_with(&group))));
     let workload: i32 = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
     signal(agent.id() as i32, libc::SIGTERM);
     let status = wait_child(&mut agent, Duration::from_secs(10)).expect("agent did not exit after SIGTERM");
@@ -154,7 +225,12 @@ fn kill_9_gives_the_workload_its_cpus_back_within_a_second() {
         cpuset_cgroup_of(workload.id())
     );
     eprintln!("guardian restored the workload in {:?}", t0.elapsed());
-    assert!(wait_until(Duration::from_secs(3), || agent_groups().is_empty()), "cgroup left: {:?}; agent/guardian stderr: {}", agent_groups(), stderr());
+    assert!(
+        wait_until(Duration::from_secs(3), || leftover_agent_groups().is_empty()),
+        "cgroup left: {:?}; agent/guardian stderr: {}",
+        leftover_agent_groups(),
+        stderr()
+    );
     let out = gleaner().args(["restore", "--run-dir"]).arg(run_dir.path()).output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to restore"), "{}", String::from_utf8_lossy(&out.stdout));

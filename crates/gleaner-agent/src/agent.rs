@@ -5,7 +5,8 @@
 //!   setup: cgroup (recorded in the state file, guardian started) -> yielding threads
 //!          -> status socket / metrics / events
 //!   loop:  wait(period | workload exit | signal) -> Sampler::sample -> Controller::step
-//!          -> cpuset.cpus + Yielders::set_active -> status, events
+//!          -> cpuset.cpus + Yielders::set_active -> RetentionGovernor::step
+//!          -> Yielders::set_retention -> status, events
 //!   exit:  stop yielders -> undo state file -> guardian finishes -> servers stop
 //! ```
 
@@ -25,11 +26,13 @@ use gleaner_os::rusage::Rusage;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
 use gleaner_policy::gleaner::{Controller, Decision};
-use gleaner_policy::retention::{RetentionConfig, RetentionVerdict, WakeupCosts};
+use gleaner_policy::retention::{
+    EpochReading, GovernorStep, RetentionConfig, RetentionGovernor, RetentionMode, RetentionVerdict, WakeupCosts,
+};
 use tracing::{info, warn};
 
 use crate::cache::{CalibrationResults, CalibrationSource};
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, RetentionStart};
 use crate::report::{self, EventLog, EventRecord, SharedStatus, StatusReport, RECENT};
 use crate::sampler::Sampler;
 use crate::state::{Change, Guardian, StateFile};
@@ -76,6 +79,9 @@ pub struct Outcome {
     pub yielder_cpu_ns: u64,
     pub decisions: u64,
     pub timeouts: u64,
+    /// Control periods, and how many of them ran with retention on.
+    pub periods: u64,
+    pub retention_on_periods: u64,
     /// The signal that stopped the agent, if any.
     pub signal: Option<i32>,
     pub final_status: StatusReport,
@@ -92,6 +98,10 @@ pub struct RunOptions {
     pub stderr_to: Option<PathBuf>,
     /// Serve the status socket.
     pub status_socket: bool,
+    /// Retention as already decided, with where its calibration came from, as
+    /// [`retention_plan`] returns them (`compare` calibrates once for all its runs); `None`
+    /// decides it at start.
+    pub retention_plan: Option<(RetentionPlan, Option<CalibrationSource>)>,
 }
 
 static SIGNALED: AtomicI32 = AtomicI32::new(0);
@@ -137,8 +147,10 @@ pub enum RetentionPlan {
     /// `measured`: the wakeups behind a calibrated timeout (`None` when configured, or when
     /// the measurement failed and a default is used).
     On { config: RetentionConfig, measured: Option<WakeupCosts> },
-    /// Asked for, but measured not to pay on this machine.
-    Off { why: String, measured: WakeupCosts },
+    /// Asked for, but measured not to pay on this machine; `timeout_ns` and
+    /// `idle_threshold_ns` are the calibrated ones (`CalibrationResults`), with which the
+    /// governor keeps the threads ready (the timeout is the cap of the adaptive ones).
+    Off { why: String, measured: WakeupCosts, timeout_ns: u64, idle_threshold_ns: u64 },
 }
 
 impl RetentionPlan {
@@ -157,26 +169,21 @@ impl RetentionPlan {
 ///
 /// A calibrated timeout comes with a second measurement: how fast a vCPU idle for exactly
 /// the timeout wakes. If the host already keeps halted vCPUs polling that long (KVM halt
-/// polling), retention would burn CPU for nothing and stays off
-/// ([`gleaner_policy::retention::retention_verdict`]). A configured `timeout_us` skips the
+/// polling), retention would burn CPU for nothing and starts off (the verdict,
+/// [`gleaner_policy::retention::retention_verdict`], is the governor's prior; see
+/// `RetentionSetup::decide`). A configured `timeout_us` skips the
 /// wakeup measurements and always retains; its idle threshold then comes from a valid record
 /// or a quick sample.
 ///
 /// The lines printed here start with `gleaner: calibrated retention timeout` or
-/// `gleaner: retention off:`; the lab's `runner::agent_decisions` reads them from guest
-/// consoles, so keep those prefixes.
+/// `gleaner: retention off:`; keep those prefixes (guest console logs are read for them; the
+/// lab itself now reads `gleaner calibrate --json`).
 pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> (RetentionPlan, Option<CalibrationSource>) {
     let policy = cfg.cache_policy();
     let world = crate::cache::World::real();
-    let on = |timeout_ns: u64, idle_threshold_ns: u64, measured: Option<WakeupCosts>| {
-        let config = RetentionConfig {
-            idle_threshold_ns: cfg.idle_threshold_us.map_or(idle_threshold_ns, |u| u * 1000),
-            timeout_ns,
-            max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
-            step_aside_ns: cfg.step_aside_us * 1_000,
-            ..RetentionConfig::default()
-        };
-        RetentionPlan::On { config, measured }
+    let on = |timeout_ns: u64, idle_threshold_ns: u64, measured: Option<WakeupCosts>| RetentionPlan::On {
+        config: retention_config(cfg, timeout_ns, idle_threshold_ns),
+        measured,
     };
     if let Some(us) = cfg.timeout_us {
         if let Some(t) = cfg.idle_threshold_us {
@@ -202,9 +209,11 @@ pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> (Retenti
         return (on(r.timeout_ns, r.idle_threshold_ns, Some(r.wakeup_costs)), Some(source));
     };
     if !quiet {
-        eprintln!("gleaner: retention off: {why}; --timeout-us forces it {from}");
+        let governed = if governed(cfg) { "; the governor re-checks it while running" } else { "" };
+        eprintln!("gleaner: retention off: {why}{governed}; --timeout-us forces it {from}");
     }
-    (RetentionPlan::Off { why, measured: r.wakeup_costs }, Some(source))
+    let (timeout_ns, idle_threshold_ns) = (r.timeout_ns, r.idle_threshold_ns);
+    (RetentionPlan::Off { why, measured: r.wakeup_costs, timeout_ns, idle_threshold_ns }, Some(source))
 }
 
 /// The three wakeup medians of a calibration, in one phrase.
@@ -226,6 +235,72 @@ pub fn retention_off_reason(r: &CalibrationResults) -> Option<String> {
         RetentionVerdict::Pays => None,
         RetentionVerdict::HostPolls => Some(format!("the host polls halted vCPUs for at least the {} us timeout ({})", r.timeout_ns / 1000, medians(r))),
         RetentionVerdict::NoHaltPenalty => Some(format!("no halt penalty to hide ({})", medians(r))),
+    }
+}
+
+/// The yielding threads' configuration for a timeout (configured or calibrated) and an idle
+/// threshold (calibrated: from the record, or sampled where there is none), unless the idle
+/// threshold is configured. The timeout adapts per vCPU (with this timeout as its cap) unless
+/// adaptation is off or the timeout was configured.
+pub fn retention_config(cfg: &AgentConfig, timeout_ns: u64, idle_threshold_ns: u64) -> RetentionConfig {
+    RetentionConfig {
+        idle_threshold_ns: cfg.idle_threshold_us.map_or(idle_threshold_ns, |u| u * 1000),
+        timeout_ns,
+        max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
+        step_aside_ns: cfg.step_aside_us * 1_000,
+        adapt: governed(cfg),
+        ..RetentionConfig::default()
+    }
+}
+
+/// Whether retention adapts and is governed online: asked for, and the timeout not pinned.
+pub fn governed(cfg: &AgentConfig) -> bool {
+    cfg.adapt && cfg.timeout_us.is_none()
+}
+
+/// Retention for one run: the yielding threads' configuration (`None`: no threads), the mode
+/// they start in, whether the governor runs, why retention started off, and where the
+/// calibration came from.
+struct RetentionSetup {
+    config: Option<RetentionConfig>,
+    start: RetentionMode,
+    governor: Option<RetentionGovernor>,
+    note: Option<String>,
+    calibration: Option<CalibrationSource>,
+}
+
+impl RetentionSetup {
+    /// Takes the start-up plan (`opts.retention_plan`, or [`retention_plan`] now: the
+    /// calibration cache's numbers and verdict) as the governor's prior. Without the
+    /// governor, as before it: on with the plan's timeout, or no threads.
+    /// `workload`: there is a workload whose progress the governor can measure (the daemon
+    /// without targets has none: its timeouts adapt, but the start-up verdict holds).
+    fn decide(cfg: &AgentConfig, cpus: &CpuSet, opts: &RunOptions, workload: bool) -> Self {
+        let off = |note, calibration| Self { config: None, start: RetentionMode::Off, governor: None, note, calibration };
+        if !cfg.retention {
+            return off(None, None);
+        }
+        let (plan, calibration) = opts.retention_plan.clone().unwrap_or_else(|| retention_plan(cfg, cpus, opts.quiet));
+        let (config, verdict, note) = match plan {
+            RetentionPlan::On { config, .. } => (config, RetentionMode::On, None),
+            RetentionPlan::Off { why, .. } if !governed(cfg) => return off(Some(why), calibration),
+            RetentionPlan::Off { why, timeout_ns, idle_threshold_ns, .. } => {
+                (retention_config(cfg, timeout_ns, idle_threshold_ns), RetentionMode::Off, Some(why))
+            }
+        };
+        if !governed(cfg) || !workload {
+            return match verdict {
+                RetentionMode::On => Self { config: Some(config), start: RetentionMode::On, governor: None, note, calibration },
+                RetentionMode::Off => off(note, calibration),
+            };
+        }
+        let start = match cfg.retention_start {
+            RetentionStart::Calibrated => verdict,
+            RetentionStart::On => RetentionMode::On,
+            RetentionStart::Off => RetentionMode::Off,
+        };
+        let governor = Some(RetentionGovernor::new(cfg.governor, start));
+        Self { config: Some(config), start, governor, note, calibration }
     }
 }
 
@@ -315,22 +390,18 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
         ));
     }
 
-    let (plan, calibration) = match cfg.retention.then(|| retention_plan(cfg, &cpus, opts.quiet)) {
-        Some((plan, source)) => (Some(plan), source),
-        None => (None, None),
-    };
-    let (rcfg, retention_note) = match plan {
-        Some(RetentionPlan::On { config, .. }) => (Some(config), None),
-        Some(RetentionPlan::Off { why, .. }) => (None, Some(why)),
-        None => (None, None),
-    };
+    let mut retention = RetentionSetup::decide(cfg, &cpus, opts, !matches!(target, Target::System));
+    let rcfg = retention.config;
 
     let status: SharedStatus = Arc::new(Mutex::new(StatusReport {
         agent_pid,
         target: target.describe(),
         retention: rcfg.is_some(),
-        retention_note,
-        calibration,
+        retention_note: retention.note.clone(),
+        calibration: retention.calibration.take(),
+        retention_mode: rcfg.map(|_| retention.start),
+        governor: retention.governor.as_ref().map(RetentionGovernor::state),
+        adaptive_timeout: rcfg.is_some_and(|r| r.adapt),
         consolidation,
         note: note.clone(),
         all_cpus: cpus.to_string(),
@@ -343,7 +414,7 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
 
     // Everything from here on is undone by `Session::finish`.
     let mut session = Session { state: None, guardian: None, cgroups: cgroups.ok(), yielders: None, servers: Vec::new() };
-    let result = session.run_inner(&target, cfg, opts, &cpus, consolidation, rcfg, &status, &procfs, &sysfs, start);
+    let result = session.run_inner(&target, cfg, opts, &cpus, consolidation, retention, &status, &procfs, &sysfs, start);
     let finish = session.finish();
     let mut outcome = result?;
     finish?;
@@ -380,7 +451,7 @@ impl Session {
         opts: &RunOptions,
         cpus: &CpuSet,
         consolidation: bool,
-        rcfg: Option<RetentionConfig>,
+        retention: RetentionSetup,
         status: &SharedStatus,
         procfs: &Procfs,
         sysfs: &Sysfs,
@@ -442,10 +513,12 @@ impl Session {
             self.state = Some(state);
         }
 
-        // Yielding threads first, so the workload has them from its first instruction.
-        if let Some(r) = rcfg {
-            self.yielders = Some(Yielders::start(cpus, r)?);
+        // Yielding threads first, so the workload has them from its first instruction (parked
+        // if retention starts off: the governor may turn them on).
+        if let Some(r) = retention.config {
+            self.yielders = Some(Yielders::start(cpus, r, retention.start.is_on())?);
         }
+        let mut governor = retention.governor;
         if let Target::Command(argv) = target {
             workload_start = Instant::now();
             let pid = spawn_command(argv, managed.cgroup.as_ref(), opts)?;
@@ -458,6 +531,15 @@ impl Session {
         let mut events = cfg.events.as_deref().map(EventLog::open).transpose()?;
         if !opts.quiet {
             info!("managing {} on CPUs {cpus}", target.describe());
+        }
+
+        if let (Some(log), Some(_)) = (&mut events, &self.yielders) {
+            let start = EventRecord {
+                retention: Some(retention.start),
+                governor: governor.as_ref().map(RetentionGovernor::state),
+                ..EventRecord::new(0, "retention", cpus.to_string(), Default::default())
+            };
+            log.write(&start)?;
         }
 
         let mut controller = Controller::new(cpus.iter().collect(), cfg.controller.clone());
@@ -502,7 +584,14 @@ impl Session {
             let tids = managed.tids(procfs);
             let active_before = CpuSet::from_iter(controller.active().iter().copied());
             let (snap, extras) = sampler.sample(&tids, self.yielders.as_ref(), &active_before);
-            let decisions = if consolidation { controller.step(&snap) } else {
+            // A probe period's readings are the probe's (retention in the other mode): the
+            // controller does not judge the workload by them.
+            let probe = governor.as_ref().is_some_and(RetentionGovernor::probing);
+            let decisions = if probe {
+                Vec::new()
+            } else if consolidation {
+                controller.step(&snap)
+            } else {
                 let _ = controller.step(&snap);
                 controller.reset();
                 Vec::new()
@@ -520,21 +609,50 @@ impl Session {
                     y.set_active(&CpuSet::from_iter(controller.active().iter().copied()));
                 }
             }
+            // Retention: the governor reads the period that just ended and picks the mode of
+            // the next one.
+            let ran = self.yielders.as_ref().map(|y| if y.retaining() { RetentionMode::On } else { RetentionMode::Off });
+            let reading = EpochReading {
+                duration_ns: snap.period_ns,
+                progress: snap.s_work,
+                yielder_cpu_ns: extras.yielder_run_ns,
+                active_vcpus: u32::try_from(active_before.len()).unwrap_or(u32::MAX),
+            };
+            let step = match (&mut governor, &self.yielders) {
+                (Some(g), Some(y)) => {
+                    let st = g.step(&reading);
+                    y.set_retention(st.mode.is_on());
+                    y.hold_timeouts(st.hold_timeouts);
+                    Some(st)
+                }
+                _ => None,
+            };
+
             let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
             let metrics = controller.metrics();
-            let mut records: Vec<EventRecord> = decisions
-                .iter()
-                .map(|d| EventRecord {
-                    t_ms,
-                    event: EventRecord::name_of(d).into(),
-                    decision: Some(d.clone()),
-                    count: None,
-                    active_cpus: active.to_string(),
-                    metrics,
-                })
-                .collect();
-            if extras.timeouts > 0 {
-                records.push(EventRecord { t_ms, event: "timeout".into(), decision: None, count: Some(extras.timeouts), active_cpus: active.to_string(), metrics });
+            let event = |name: &str| EventRecord::new(t_ms, name, active.to_string(), metrics);
+            let mut records: Vec<EventRecord> =
+                decisions.iter().map(|d| EventRecord { decision: Some(d.clone()), ..event(EventRecord::name_of(d)) }).collect();
+            records.push(EventRecord {
+                count: Some(extras.timeouts),
+                vcpus: self.yielders.as_ref().map(|_| extras.vcpus.clone()),
+                retention: ran,
+                reading: step.map(|_| reading),
+                comparison: step.and_then(|s| s.comparison),
+                ..event("period")
+            });
+            if let Some(GovernorStep { mode, change: Some(change), comparison, .. }) = step {
+                records.push(EventRecord {
+                    retention: Some(mode),
+                    change: Some(change),
+                    comparison,
+                    governor: governor.as_ref().map(RetentionGovernor::state),
+                    ..event("retention")
+                });
+                if change.cause == gleaner_policy::retention::ChangeCause::Switch && !opts.quiet {
+                    let why = comparison.map(|c| format!(" (sync points/s {:.0} on vs {:.0} off, {:.2} vCPU burned)", c.on_rate, c.off_rate, c.burn_vcpus));
+                    info!("retention {:?} -> {:?}{}", change.from, change.to, why.unwrap_or_default());
+                }
             }
             for d in &decisions {
                 if !opts.quiet {
@@ -549,7 +667,21 @@ impl Session {
             outcome.decisions += decisions.len() as u64;
             outcome.timeouts += extras.timeouts;
             outcome.yielder_cpu_ns += extras.yielder_run_ns;
+            outcome.periods += 1;
+            outcome.retention_on_periods += u64::from(ran == Some(RetentionMode::On));
             if let Ok(mut s) = status.lock() {
+                s.retention_mode = self.yielders.as_ref().map(|y| if y.retaining() { RetentionMode::On } else { RetentionMode::Off });
+                s.governor = governor.as_ref().map(RetentionGovernor::state);
+                for v in &extras.vcpus {
+                    match s.vcpu_timeouts.iter_mut().find(|t| t.cpu == v.cpu) {
+                        Some(t) => {
+                            t.timeout_ns = v.timeout_ns;
+                            t.grows += v.grows;
+                            t.shrinks += v.shrinks;
+                        }
+                        None => s.vcpu_timeouts.push(*v),
+                    }
+                }
                 s.active_cpus = controller.active().iter().copied().collect::<CpuSet>().to_string();
                 s.metrics = metrics;
                 s.periods += 1;
@@ -561,7 +693,7 @@ impl Session {
                 s.decisions += decisions.len() as u64;
                 s.yielder_cpu_ns += extras.yielder_run_ns;
                 s.threads = extras.threads;
-                for r in records.into_iter().filter(|r| r.decision.is_some()) {
+                for r in records.into_iter().filter(|r| r.decision.is_some() || r.change.is_some_and(|c| c.cause == gleaner_policy::retention::ChangeCause::Switch)) {
                     if s.recent.len() == RECENT {
                         s.recent.pop_front();
                     }

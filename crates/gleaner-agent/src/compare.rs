@@ -46,7 +46,21 @@ pub struct Sample {
     /// Peak resident memory of the agent process (KiB) after the run.
     pub agent_maxrss_kib: Option<u64>,
     pub decisions: Option<u64>,
+    /// Share of the agent's control periods that ran with retention on.
+    pub retention_on_share: Option<f64>,
     pub exit_code: i32,
+}
+
+impl Calibration {
+    /// Retention is on at the start of each run: the verdict, or the forced first mode.
+    fn starts_on(&self, cfg: &crate::config::AgentConfig) -> bool {
+        use crate::config::RetentionStart;
+        match (self.governed, cfg.retention_start) {
+            (true, RetentionStart::On) => true,
+            (true, RetentionStart::Off) => false,
+            _ => !self.starts_off,
+        }
+    }
 }
 
 /// What the one start-up calibration of `compare` decided about retention.
@@ -55,6 +69,10 @@ struct Calibration {
     retention_note: Option<String>,
     wakeup_costs: Option<WakeupCosts>,
     source: Option<CalibrationSource>,
+    /// The calibrated timeout, when retention starts on.
+    timeout_us: Option<u64>,
+    starts_off: bool,
+    governed: bool,
 }
 
 /// The result of `gleaner compare`.
@@ -63,9 +81,14 @@ pub struct CompareReport {
     pub command: Vec<String>,
     pub runs: u32,
     pub cpus: String,
+    /// Retention on at start (the start-up verdict, or forced by `--timeout-us`).
     pub retention: bool,
-    /// Why retention is off although it was asked for (measured not to pay here).
+    /// Why retention started off although it was asked for (measured not to pay here).
     pub retention_note: Option<String>,
+    /// The governor re-decided retention while running (per-vCPU timeouts adapt).
+    pub governed: bool,
+    /// How the governor's first mode was chosen (`calibrated`: `retention`).
+    pub retention_start: Option<crate::config::RetentionStart>,
     /// The wakeup medians retention was decided from (`None` when `--timeout-us` was given).
     pub wakeup_costs: Option<WakeupCosts>,
     /// Where the calibration came from: a cached record (path, age) or measured now (why).
@@ -83,6 +106,8 @@ pub struct CompareReport {
     pub stock_idle_entries: Option<Summary>,
     pub gleaner_idle_entries: Option<Summary>,
     pub gleaner_agent_cpu_s: Option<Summary>,
+    /// Share of the Gleaner runs' control periods with retention on.
+    pub gleaner_retention_on_share: Option<Summary>,
     /// Peak resident memory of the agent (MiB).
     pub agent_maxrss_mib: Option<f64>,
 }
@@ -102,30 +127,38 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         args.cmd.clone()
     };
     agent::check_program(&command)?;
-    // Calibrate retention once, so every Gleaner run uses the same timeout. Retention
-    // measured not to pay here is off for every run, and the report says why.
+    // Calibrate retention once, so every Gleaner run starts from the same timeout and verdict
+    // (the governor's prior). Without the governor, retention measured not to pay here is off
+    // for every run; either way the report says why it started off.
     let mut calibration = Calibration::default();
+    let mut plan = None;
     if cfg.retention && (cfg.timeout_us.is_none() || cfg.idle_threshold_us.is_none()) {
-        let (plan, source) = agent::retention_plan(&cfg, &cpus, args.json);
-        calibration.wakeup_costs = plan.measured();
-        calibration.source = source;
-        match plan {
+        let (p, source) = agent::retention_plan(&cfg, &cpus, args.json);
+        calibration.wakeup_costs = p.measured();
+        calibration.source = source.clone();
+        match &p {
             agent::RetentionPlan::On { config, .. } => {
-                cfg.timeout_us = Some((config.timeout_ns / 1000).max(1));
-                cfg.idle_threshold_us = Some((config.idle_threshold_ns / 1000).max(1));
+                calibration.timeout_us = Some((config.timeout_ns / 1000).max(1));
             }
             agent::RetentionPlan::Off { why, .. } => {
-                cfg.retention = false;
-                calibration.retention_note = Some(why);
+                calibration.retention_note = Some(why.clone());
+                calibration.starts_off = true;
             }
         }
+        plan = Some((p, source));
+    }
+    let governed = cfg.retention && agent::governed(&cfg);
+    if calibration.starts_off && !governed {
+        cfg.retention = false;
     }
     let out_dir = tempfile::tempdir().context("creating a temp dir for workload output")?;
+    calibration.governed = governed;
     let opts = RunOptions {
         quiet: true,
         stdout_to: Some(out_dir.path().join("out.txt")),
         stderr_to: Some(out_dir.path().join("err.txt")),
         status_socket: false,
+        retention_plan: plan,
     };
     let total = args.runs * 2;
     let mut samples = Vec::new();
@@ -188,6 +221,7 @@ fn run_stock(command: &[String], cpus: &CpuSet, sysfs: &Sysfs, opts: &RunOptions
         agent_cpu_ns: None,
         agent_maxrss_kib: None,
         decisions: None,
+        retention_on_share: None,
         exit_code: code,
     })
 }
@@ -209,6 +243,7 @@ fn run_gleaner(command: &[String], cfg: &crate::config::AgentConfig, cpus: &CpuS
         agent_cpu_ns: Some((after.user_ns + after.sys_ns).saturating_sub(before.user_ns + before.sys_ns)),
         agent_maxrss_kib: Some(after.maxrss_kib),
         decisions: Some(out.decisions),
+        retention_on_share: (out.periods > 0).then(|| out.retention_on_periods as f64 / out.periods as f64),
         exit_code: out.exit_code.unwrap_or(1),
     })
 }
@@ -227,12 +262,14 @@ fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config
         command,
         runs,
         cpus: cpus.to_string(),
-        retention: cfg.retention,
+        retention: cfg.retention && calibration.starts_on(cfg),
         retention_note: calibration.retention_note,
+        governed: calibration.governed,
         wakeup_costs: calibration.wakeup_costs,
         calibration: calibration.source,
         consolidation: cfg.consolidation,
-        timeout_us: cfg.timeout_us.filter(|_| cfg.retention),
+        timeout_us: cfg.timeout_us.or(calibration.timeout_us).filter(|_| cfg.retention && !calibration.starts_off),
+        retention_start: calibration.governed.then_some(cfg.retention_start),
         speedup: stock_wall_s.p50 / gleaner_wall_s.p50,
         stock_wall_s,
         gleaner_wall_s,
@@ -241,28 +278,31 @@ fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config
         stock_idle_entries: idle("stock"),
         gleaner_idle_entries: idle("gleaner"),
         gleaner_agent_cpu_s: Summary::of(&pick("gleaner", &|s| s.agent_cpu_ns.map(secs))).ok(),
+        gleaner_retention_on_share: Summary::of(&pick("gleaner", &|s| s.retention_on_share)).ok(),
         agent_maxrss_mib: samples.iter().filter_map(|s| s.agent_maxrss_kib).max().map(|k| k as f64 / 1024.0),
         samples,
     }
 }
 
 fn print_table(r: &CompareReport) {
-    let mode = match (r.retention, r.consolidation) {
+    let mode = match (r.retention || r.governed, r.consolidation) {
         (true, true) => "retention + consolidation",
         (true, false) => "retention only",
         (false, true) => "consolidation only",
         (false, false) => "no mechanism (control run)",
     };
+    let governed = if r.governed { format!("; retention governed, starting {}", if r.retention { "on" } else { "off" }) } else { String::new() };
     println!("gleaner compare: {}", r.command.join(" "));
     println!(
-        "  {} runs each, alternating; CPUs {}; {}{}",
+        "  {} runs each, alternating; CPUs {}; {}{}{}",
         r.runs,
         r.cpus,
         mode,
+        governed,
         r.timeout_us.map(|t| format!("; retention timeout {t} us")).unwrap_or_default()
     );
     if let Some(n) = &r.retention_note {
-        println!("  retention off: {n}");
+        println!("  retention off{}: {n}", if r.governed { " at start" } else { "" });
     }
     if let Some(c) = &r.calibration {
         println!("  calibration: {}", c.describe());
@@ -278,6 +318,9 @@ fn print_table(r: &CompareReport) {
     row("workload CPU time (s)", Some(r.stock_cpu_s), Some(r.gleaner_cpu_s), 3);
     row("vCPU idle entries", r.stock_idle_entries, r.gleaner_idle_entries, 0);
     row("agent CPU time (s)", None, r.gleaner_agent_cpu_s, 3);
+    if r.governed {
+        row("periods retention on", None, r.gleaner_retention_on_share, 2);
+    }
     if let Some(m) = r.agent_maxrss_mib {
         println!("  {:<22} {:>26} {:>26}", "agent peak RSS (MiB)", "-", format!("{m:.1}"));
     }

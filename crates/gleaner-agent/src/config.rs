@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use gleaner_os::BadInput;
 use gleaner_policy::gleaner::Params;
+use gleaner_policy::retention::GovernorConfig;
 use serde::{Deserialize, Serialize};
 
 /// The resolved configuration of one agent.
@@ -20,9 +21,16 @@ pub struct AgentConfig {
     pub consolidation: bool,
     /// Control period.
     pub period_ms: u64,
-    /// Retention timeout; `None` calibrates it from a measured vCPU wakeup at start (and
-    /// keeps retention off where it would not pay); a value always retains.
+    /// Retention timeout; `None` calibrates it from a measured vCPU wakeup at start (the cap
+    /// of the per-vCPU adaptive timeouts; the measured verdict is the governor's first mode);
+    /// a value is fixed and always retains (no adaptation, no governor).
     pub timeout_us: Option<u64>,
+    /// Adapt each vCPU's timeout to its idle periods and re-decide online whether retention
+    /// pays (the governor). `false`: the calibrated timeout stays fixed and the start-up
+    /// verdict holds for the whole run.
+    pub adapt: bool,
+    /// The governor's first mode: `calibrated` (the start-up verdict), `on` or `off`.
+    pub retention_start: RetentionStart,
     /// A yield longer than this means the workload ran; `None` calibrates it.
     pub idle_threshold_us: Option<u64>,
     /// How long a stored calibration (`RUN_DIR/calibration.json`) stays valid; it is also
@@ -40,15 +48,31 @@ pub struct AgentConfig {
     pub cpus: Option<String>,
     /// Controller parameters (rho, eta, min_time_slice_ns, ...).
     pub controller: Params,
+    /// Governor parameters (probe intervals, margin, cpu_price, confirm, min_progress).
+    pub governor: GovernorConfig,
     /// Prometheus text endpoint, e.g. `127.0.0.1:9464`.
     pub metrics_addr: Option<String>,
-    /// JSON-lines file of decisions.
+    /// JSON-lines file of decisions, periods and retention changes.
     pub events: Option<PathBuf>,
     /// Where state files and status sockets live.
     pub run_dir: PathBuf,
     /// Targets managed by `gleaner daemon`.
     #[serde(rename = "target")]
     pub targets: Vec<Target>,
+}
+
+/// The governor's first retention mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum RetentionStart {
+    /// The start-up verdict from measured wakeups: on where retention pays, off where the host
+    /// already polls halted vCPUs or there is no halt penalty.
+    #[default]
+    Calibrated,
+    /// On, whatever the verdict (the governor turns it off if it loses).
+    On,
+    /// Off, whatever the verdict (the governor turns it on if it pays).
+    Off,
 }
 
 /// A workload the daemon manages.
@@ -68,6 +92,8 @@ impl Default for AgentConfig {
             consolidation: true,
             period_ms: 200,
             timeout_us: None,
+            adapt: true,
+            retention_start: RetentionStart::Calibrated,
             idle_threshold_us: None,
             calibration_max_age_s: crate::cache::DEFAULT_MAX_AGE_S,
             recalibrate: false,
@@ -75,6 +101,7 @@ impl Default for AgentConfig {
             step_aside_us: 0,
             cpus: None,
             controller: Params::default(),
+            governor: GovernorConfig::default(),
             metrics_addr: None,
             events: None,
             run_dir: PathBuf::from("/run/gleaner"),
@@ -94,7 +121,16 @@ impl AgentConfig {
     /// Parses and validates TOML text.
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         let cfg: Self = toml::from_str(text).map_err(|e| {
-            BadInput::new("configuration", e.message().trim(), "the keys of `gleaner daemon --print-config`")
+            // Quote the offending line: a bad value's message names the value, not its key.
+            let line = e.span().and_then(|r| {
+                let start = text[..r.start.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
+                text[start..].lines().next().map(str::trim).filter(|l| !l.is_empty())
+            });
+            let what = match line {
+                Some(l) => format!("{} (in `{l}`)", e.message().trim()),
+                None => e.message().trim().to_string(),
+            };
+            BadInput::new("configuration", what, "the keys and values of `gleaner daemon --print-config`")
         })?;
         cfg.validate()?;
         Ok(cfg)
@@ -135,6 +171,9 @@ impl AgentConfig {
         self.controller
             .validate()
             .map_err(|e| BadInput::new("controller parameter", e, "see `gleaner daemon --print-config`"))?;
+        self.governor
+            .validate()
+            .map_err(|e| BadInput::new("governor parameter", e, "see `gleaner daemon --print-config`"))?;
         for t in &self.targets {
             if t.cgroup.is_some() == t.pid.is_some() {
                 return Err(BadInput::new(
@@ -177,9 +216,16 @@ consolidation = true
 period_ms = 200
 # Retention timeout: how long a yielding thread spins on an idle vCPU before letting it halt.
 # Unset: calibrated from a measured vCPU wakeup (about 0.5 s of measurement, once per boot: see
-# calibration_max_age_s), and retention stays off where the host already polls halted vCPUs
-# that long. Set: always retain, and no wakeup is measured.
+# calibration_max_age_s); it caps each vCPU's adaptive timeout, and where the host already polls
+# halted vCPUs that long retention starts off. Set: fixed, and always retain (no adaptation, no
+# governor), and no wakeup is measured.
 # timeout_us = 100
+# Adapt each vCPU's timeout to its idle periods (like cpuidle-haltpoll's poll window) and let
+# the governor re-decide while running whether retention pays, from short on/off probe epochs.
+# false: the calibrated timeout stays fixed and the start-up verdict holds for the whole run.
+adapt = true
+# The governor's first mode: "calibrated" (the start-up verdict), "on" or "off".
+retention_start = "calibrated"
 # A sched_yield() call longer than this means the workload ran meanwhile. Unset: calibrated.
 # idle_threshold_us = 20
 # The calibration is stored in run_dir/calibration.json (`gleaner calibrate` shows it) and
@@ -199,7 +245,8 @@ step_aside_us = 0
 # cpus = "0-3"
 # Prometheus text-format endpoint (loopback only is recommended).
 # metrics_addr = "127.0.0.1:9464"
-# JSON-lines log of every decision (consolidate, restore, reset, factor change, timeout).
+# JSON-lines log: every decision (consolidate, restore, reset, factor change), one `period`
+# line per period (per-vCPU retention timeouts) and one `retention` line per change of mode.
 # events = "/var/log/gleaner/events.jsonl"
 # State files (for `gleaner restore`) and root-only status sockets.
 run_dir = "/run/gleaner"
@@ -223,6 +270,20 @@ min_active = 1
 min_idle_periods = 8
 # Utilization (in vCPUs) below which its changes are noise (no rollback, no reset).
 min_util = 0.05
+
+[governor]
+# Every probe_every_min..probe_every_max periods (doubling while the answer holds) one period
+# runs with retention in the other mode and is compared with the periods around it.
+probe_every_min = 4
+probe_every_max = 32
+# Retention pays when the workload's sync points per second grow by more than
+# cpu_price * (vCPUs its threads burn) + margin; it loses below cpu_price * vCPUs burned.
+margin = 0.05
+cpu_price = 0.05
+# Comparisons in a row that must disagree before the mode switches.
+confirm = 3
+# Periods with fewer workload sync points than this are too few to compare.
+min_progress = 50
 
 # Workloads the daemon manages: one [[target]] per workload, with either a cgroup or a pid.
 # [[target]]
@@ -264,6 +325,8 @@ mod tests {
             ("cpus = \"3-1\"", "cpus"),
             ("metrics_addr = \"localhost\"", "metrics_addr"),
             ("[controller]\nrho = 2.0", "rho"),
+            ("[governor]\nconfirm = 0", "confirm"),
+            ("retention_start = \"maybe\"", "retention_start"),
             ("[[target]]\ncgroup = \"/a\"\npid = 3", "[[target]]"),
         ] {
             let e = AgentConfig::parse(text).unwrap_err();

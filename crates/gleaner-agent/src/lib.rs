@@ -43,11 +43,20 @@ pub struct AgentFlags {
     /// Control period in milliseconds (10..=10000).
     #[arg(long, value_name = "MS")]
     pub period_ms: Option<u64>,
-    /// Retention timeout in microseconds. Default: calibrated from a measured vCPU wakeup, and
-    /// retention stays off where the host already polls halted vCPUs that long; giving a
-    /// timeout skips both measurements and always retains.
+    /// Retention timeout in microseconds. Default: calibrated from a measured vCPU wakeup (once
+    /// per boot, see `calibrate`; the cap of each vCPU's adaptive timeout), and retention
+    /// starts off where the host already polls halted vCPUs that long; giving a timeout skips
+    /// the wakeup measurements, fixes the timeout and always retains (no governor).
     #[arg(long, value_name = "US")]
     pub timeout_us: Option<u64>,
+    /// Keep the calibrated timeout fixed and the start-up retention verdict for the whole run
+    /// (no per-vCPU adaptation, no governor): retention as before issue 13, for experiments.
+    #[arg(long)]
+    pub no_adapt: bool,
+    /// The governor's first retention mode: the start-up verdict (calibrated), on or off; the
+    /// governor then keeps or changes it from what it measures.
+    #[arg(long, value_name = "MODE")]
+    pub retention_start: Option<config::RetentionStart>,
     /// CPUs to manage (kernel list format, e.g. 0-3); default: every online CPU.
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
@@ -62,7 +71,9 @@ pub struct AgentFlags {
     /// Serve Prometheus text-format metrics on this address (e.g. 127.0.0.1:9464).
     #[arg(long, value_name = "IP:PORT")]
     pub metrics_addr: Option<String>,
-    /// Append one JSON line per decision to FILE.
+    /// Append JSON lines to FILE: every consolidation decision, one `period` line per period
+    /// (active vCPUs, timeouts, per-vCPU retention timeouts, retention mode) and one
+    /// `retention` line per change of retention mode (with the governor's state).
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
     /// Directory of state files, status sockets and the calibration record.
@@ -91,6 +102,12 @@ impl AgentFlags {
         }
         if let Some(v) = self.timeout_us {
             cfg.timeout_us = Some(v);
+        }
+        if self.no_adapt {
+            cfg.adapt = false;
+        }
+        if let Some(v) = self.retention_start {
+            cfg.retention_start = v;
         }
         if let Some(v) = &self.cpus {
             cfg.cpus = Some(v.clone());
@@ -295,10 +312,20 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         let m = &r.metrics;
         let ms = |v: Option<f64>| v.map(|x| format!("{:.1} us", x / 1e3)).unwrap_or_else(|| "-".into());
         println!("agent {} managing {} (up {:.0} s)", r.agent_pid, r.target, r.uptime_s);
+        let mode = match (r.retention_mode, &r.governor) {
+            (Some(m), Some(g)) => format!(
+                "{} (governed: baseline {}, {} probes, {} switches)",
+                on_off(m.is_on()),
+                on_off(g.baseline.is_on()),
+                g.probes,
+                g.switches
+            ),
+            (Some(m), None) => on_off(m.is_on()).to_string(),
+            (None, _) => on_off(false).to_string(),
+        };
         println!(
-            "  retention {}{}  consolidation {}{}",
-            on_off(r.retention),
-            r.retention_note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default(),
+            "  retention {mode}{}  consolidation {}{}",
+            r.retention_note.as_deref().map(|n| format!(" (at start: {n})")).unwrap_or_default(),
             on_off(r.consolidation),
             r.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
         );
@@ -316,6 +343,16 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         );
         if let Some(c) = &r.calibration {
             println!("  calibration {} at start; the numbers are {} old", c.describe(), cache::human_age(c.age_now_s()));
+        }
+        if !r.vcpu_timeouts.is_empty() {
+            let t: Vec<String> = r.vcpu_timeouts.iter().map(|v| format!("{}:{}", v.cpu, v.timeout_ns / 1000)).collect();
+            let (g, s): (u64, u64) = r.vcpu_timeouts.iter().fold((0, 0), |(g, s), v| (g + v.grows, s + v.shrinks));
+            println!(
+                "  per-vCPU timeouts (us) {}  ({}, cap {} us; {g} grows, {s} shrinks)",
+                t.join(" "),
+                if r.adaptive_timeout { "adaptive" } else { "fixed" },
+                r.timeout_us
+            );
         }
         for e in r.recent.iter().rev().take(8) {
             println!("  [{:>8} ms] {} -> CPUs {}", e.t_ms, e.event, e.active_cpus);

@@ -15,31 +15,90 @@ use std::time::Duration;
 
 use anyhow::Context;
 use gleaner_policy::gleaner::{Decision, Metrics};
+use gleaner_policy::retention::{Comparison, EpochReading, GovernorState, ModeChange, RetentionMode};
 use serde::{Deserialize, Serialize};
 
 /// How many recent decisions the status keeps.
 pub const RECENT: usize = 32;
 
-/// One decision or notable event, as written to `--events` and kept in the status.
+/// One vCPU's retention timeout, as reported per period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcpuTimeout {
+    pub cpu: u32,
+    /// Its yielding thread's timeout now (adaptive, or the fixed one).
+    pub timeout_ns: u64,
+    /// Times it grew / shrank (in the period for `period` events, since start in the status).
+    pub grows: u64,
+    pub shrinks: u64,
+}
+
+/// One decision or notable event, as written to `--events` (one JSON object per line) and kept
+/// in the status. `event` says which optional fields are set:
+///
+/// | event | fields |
+/// |---|---|
+/// | `consolidate`, `restore`, `reset`, `factor_change` | `decision` |
+/// | `period` (every period) | `count` (timeouts), `vcpus` (per-vCPU timeouts), `retention` (the mode it ran in), `reading` (what the governor read; its `comparison` if it made one) |
+/// | `retention` (start, and each change of mode) | `retention` (the new mode), `change` (none at start), `comparison`, `governor` |
+///
+/// Every event has the time, the active CPUs after it and the controller's measurements.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EventRecord {
     /// Milliseconds since the agent started.
     pub t_ms: u64,
-    /// `consolidate`, `restore`, `reset`, `factor_change`, `timeout`, `start`, `stop`.
+    /// `consolidate`, `restore`, `reset`, `factor_change`, `period`, `retention`.
     pub event: String,
     /// The controller's decision, when the event is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<Decision>,
-    /// Timeouts in the period (for `timeout` events).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Timeouts in the period (for `period` events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
     /// Active CPUs after the event.
     pub active_cpus: String,
     /// The measurements the decision was based on.
     pub metrics: Metrics,
+    /// Per-vCPU retention timeouts at the end of the period (`period` events with yielding
+    /// threads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<Vec<VcpuTimeout>>,
+    /// Retention mode: the one the period ran in (`period`), the new one (`retention`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<RetentionMode>,
+    /// The mode change and its cause (`retention` events after the start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<ModeChange>,
+    /// The period's reading as the governor took it (`period` events with a governor; unlike
+    /// `metrics`, also for probe periods, which the controller does not see).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reading: Option<EpochReading>,
+    /// The on/off comparison behind a `retention` event, if one was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comparison: Option<Comparison>,
+    /// The governor's state after a `retention` event (none when retention is pinned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub governor: Option<GovernorState>,
 }
 
 impl EventRecord {
+    /// An event with only the common fields set.
+    pub fn new(t_ms: u64, event: &str, active_cpus: String, metrics: Metrics) -> Self {
+        Self {
+            t_ms,
+            event: event.into(),
+            decision: None,
+            count: None,
+            active_cpus,
+            metrics,
+            vcpus: None,
+            retention: None,
+            change: None,
+            reading: None,
+            comparison: None,
+            governor: None,
+        }
+    }
+
     /// The event name of a decision.
     pub fn name_of(d: &Decision) -> &'static str {
         match d {
@@ -57,20 +116,35 @@ pub struct StatusReport {
     pub agent_pid: i32,
     /// What is managed: `command ...`, `pid N`, `cgroup PATH`.
     pub target: String,
+    /// Yielding threads exist (they may be parked while the governor keeps retention off).
     pub retention: bool,
-    /// Why retention is off although it was asked for (measured not to pay here).
+    /// Why retention started off although it was asked for (measured not to pay here).
     #[serde(default)]
     pub retention_note: Option<String>,
     /// Where the calibration (timeout, idle threshold, verdict) came from: a cached record
     /// (path, age) or measured at start (and why). `None`: retention off or all configured.
     #[serde(default)]
     pub calibration: Option<crate::cache::CalibrationSource>,
+    /// Retention on or off now (`None`: no yielding threads).
+    #[serde(default)]
+    pub retention_mode: Option<RetentionMode>,
+    /// The governor re-deciding retention online (`None`: pinned by `--timeout-us`, or
+    /// `--no-adapt`).
+    #[serde(default)]
+    pub governor: Option<GovernorState>,
+    /// Each yielding thread's timeout now, with its grows and shrinks since start.
+    #[serde(default)]
+    pub vcpu_timeouts: Vec<VcpuTimeout>,
     pub consolidation: bool,
     /// Why consolidation is off although it was asked for.
     pub note: Option<String>,
     pub all_cpus: String,
     pub active_cpus: String,
+    /// The configured or calibrated timeout: fixed, or the cap of the adaptive ones.
     pub timeout_us: u64,
+    /// Per-vCPU timeouts adapt.
+    #[serde(default)]
+    pub adaptive_timeout: bool,
     pub idle_threshold_us: u64,
     pub period_ms: u64,
     pub periods: u64,
@@ -230,7 +304,8 @@ pub fn query_all(run_dir: &Path) -> anyhow::Result<Vec<StatusReport>> {
 }
 
 /// How many agents with a socket in `run_dir` run retention: their yielding threads keep vCPUs
-/// from halting, so a halted-vCPU wakeup measured meanwhile comes out too cheap.
+/// from halting, so a halted-vCPU wakeup measured meanwhile comes out too cheap. Threads the
+/// governor keeps parked count too: its probe periods turn them on.
 pub fn retention_agents(run_dir: &Path) -> usize {
     query_all(run_dir).map(|r| r.iter().filter(|s| s.retention).count()).unwrap_or(0)
 }
@@ -265,6 +340,7 @@ pub fn serve_metrics(addr: &str, status: SharedStatus) -> anyhow::Result<Server>
 pub fn prometheus_text(s: &StatusReport) -> String {
     use prometheus_client::encoding::text::encode;
     use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
     use prometheus_client::metrics::gauge::Gauge;
     use prometheus_client::registry::Registry;
     use std::sync::atomic::AtomicU64;
@@ -289,7 +365,17 @@ pub fn prometheus_text(s: &StatusReport) -> String {
     gauge(&mut reg, "g_comp_seconds", "Computation granularity", m.g_comp_ns.unwrap_or(f64::NAN) / 1e9);
     gauge(&mut reg, "l_idle_seconds", "Idle period length", m.l_idle_ns.unwrap_or(f64::NAN) / 1e9);
     gauge(&mut reg, "utilization_vcpus", "Workload utilization in vCPUs", m.util);
-    gauge(&mut reg, "retention_timeout_seconds", "Retention timeout", s.timeout_us as f64 / 1e6);
+    gauge(&mut reg, "retention_timeout_seconds", "Retention timeout (configured, or the cap of the adaptive ones)", s.timeout_us as f64 / 1e6);
+    gauge(&mut reg, "retention_on", "Retention on (1) or off (0) now", f64::from(u8::from(s.retention_mode == Some(RetentionMode::On))));
+    let per_cpu: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>> = Family::default();
+    for v in &s.vcpu_timeouts {
+        per_cpu.get_or_create(&vec![("cpu".to_string(), v.cpu.to_string())]).set(v.timeout_ns as f64 / 1e9);
+    }
+    reg.register("vcpu_retention_timeout_seconds", "Adaptive retention timeout of each vCPU's yielding thread", per_cpu);
+    counter(&mut reg, "retention_timeout_grows", "Times a vCPU's adaptive timeout grew", s.vcpu_timeouts.iter().map(|v| v.grows).sum());
+    counter(&mut reg, "retention_timeout_shrinks", "Times a vCPU's adaptive timeout shrank", s.vcpu_timeouts.iter().map(|v| v.shrinks).sum());
+    counter(&mut reg, "retention_switches", "Times the governor switched retention's baseline mode", s.governor.map(|g| g.switches).unwrap_or(0));
+    counter(&mut reg, "retention_probes", "Probe epochs the governor ran in the other mode", s.governor.map(|g| g.probes).unwrap_or(0));
     counter(&mut reg, "yields", "sched_yield calls of the yielding threads", s.yields);
     counter(&mut reg, "timeouts", "Retention timeouts", s.timeouts);
     counter(&mut reg, "step_asides", "Yielding threads stepping aside for a thread waiting on another vCPU", s.step_asides);
@@ -308,10 +394,22 @@ mod tests {
 
     #[test]
     fn prometheus_text_has_metrics() {
-        let s = StatusReport { active_cpus: "0-1".into(), yields: 7, ..StatusReport::default() };
+        let s = StatusReport {
+            active_cpus: "0-1".into(),
+            yields: 7,
+            retention_mode: Some(RetentionMode::On),
+            vcpu_timeouts: vec![
+                VcpuTimeout { cpu: 0, timeout_ns: 20_000, grows: 3, shrinks: 1 },
+                VcpuTimeout { cpu: 1, timeout_ns: 40_000, grows: 2, shrinks: 0 },
+            ],
+            ..StatusReport::default()
+        };
         let t = prometheus_text(&s);
         assert!(t.contains("gleaner_active_vcpus 2"), "{t}");
         assert!(t.contains("gleaner_yields_total 7"), "{t}");
+        assert!(t.contains("gleaner_retention_on 1"), "{t}");
+        assert!(t.contains("gleaner_vcpu_retention_timeout_seconds{cpu=\"1\"} 0.00004"), "{t}");
+        assert!(t.contains("gleaner_retention_timeout_grows_total 5"), "{t}");
         assert!(t.ends_with("# EOF\n"));
     }
 
@@ -332,18 +430,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("e.jsonl");
         let mut log = EventLog::open(&p).unwrap();
-        let e = EventRecord {
-            t_ms: 5,
-            event: "consolidate".into(),
-            decision: Some(Decision::Deactivate { cpu: 1 }),
-            count: None,
-            active_cpus: "0".into(),
-            metrics: Metrics::default(),
+        let e = EventRecord { decision: Some(Decision::Deactivate { cpu: 1 }), ..EventRecord::new(5, "consolidate", "0".into(), Metrics::default()) };
+        let period = EventRecord {
+            count: Some(3),
+            vcpus: Some(vec![VcpuTimeout { cpu: 0, timeout_ns: 20_000, grows: 1, shrinks: 0 }]),
+            retention: Some(RetentionMode::Off),
+            ..EventRecord::new(6, "period", "0".into(), Metrics::default())
         };
-        log.write(&e).unwrap();
-        log.write(&e).unwrap();
+        let change = EventRecord {
+            retention: Some(RetentionMode::On),
+            change: Some(ModeChange { from: RetentionMode::Off, to: RetentionMode::On, cause: gleaner_policy::retention::ChangeCause::Probe }),
+            ..EventRecord::new(7, "retention", "0".into(), Metrics::default())
+        };
+        for r in [&e, &e, &period, &change] {
+            log.write(r).unwrap();
+        }
         let text = std::fs::read_to_string(&p).unwrap();
         let lines: Vec<EventRecord> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        assert_eq!(lines, vec![e.clone(), e]);
+        assert_eq!(lines, vec![e.clone(), e, period, change]);
+        // Typed fields, unset ones left out.
+        let v: serde_json::Value = serde_json::from_str(text.lines().nth(3).unwrap()).unwrap();
+        assert_eq!(v["change"]["cause"], "probe");
+        assert_eq!(v["retention"], "on");
+        assert!(v.get("decision").is_none() && v.get("vcpus").is_none());
     }
 }

@@ -6,7 +6,7 @@
 //! - `T_idle` per vCPU: the period minus its `T_work`; `T_yield`: the yielding thread's idle
 //!   yielding time.
 //! - `S_yield` per vCPU: slow yields of its yielding thread (each ends one idle period), or
-//!   cpuidle entries when retention is off.
+//!   cpuidle entries when retention is off (no yielding threads, or parked by the governor).
 //! - `S_work`: voluntary context switches of the workload's threads (their blocking
 //!   synchronization points; preemptions are not sync points).
 
@@ -18,6 +18,7 @@ use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 
+use crate::report::VcpuTimeout;
 use crate::yielders::Yielders;
 
 /// Per-thread cumulative values at the previous sample.
@@ -43,6 +44,9 @@ pub struct PeriodExtras {
     /// Slow yields during which no other task ran (interrupts, host preemption): not counted
     /// as idle periods.
     pub noise_returns: u64,
+    /// Each yielding thread's timeout at the end of the period, with the grows and shrinks in
+    /// the period (empty without yielding threads).
+    pub vcpus: Vec<VcpuTimeout>,
 }
 
 /// Samples the workload and the vCPUs once per period.
@@ -66,6 +70,8 @@ struct YielderPrev {
     yields: u64,
     step_asides: u64,
     noise_returns: u64,
+    timeout_grows: u64,
+    timeout_shrinks: u64,
 }
 
 impl Sampler {
@@ -140,6 +146,8 @@ impl Sampler {
                     yields: c.yields,
                     step_asides: c.step_asides,
                     noise_returns: c.noise_returns,
+                    timeout_grows: c.timeout_grows,
+                    timeout_shrinks: c.timeout_shrinks,
                 };
                 let prev = self.yielder.insert(slot.cpu, cur).unwrap_or(cur);
                 let d = YielderPrev {
@@ -150,12 +158,15 @@ impl Sampler {
                     yields: cur.yields.saturating_sub(prev.yields),
                     step_asides: cur.step_asides.saturating_sub(prev.step_asides),
                     noise_returns: cur.noise_returns.saturating_sub(prev.noise_returns),
+                    timeout_grows: cur.timeout_grows.saturating_sub(prev.timeout_grows),
+                    timeout_shrinks: cur.timeout_shrinks.saturating_sub(prev.timeout_shrinks),
                 };
                 extras.yielder_run_ns += d.run_ns;
                 extras.timeouts += d.timeouts;
                 extras.yields += d.yields;
                 extras.step_asides += d.step_asides;
                 extras.noise_returns += d.noise_returns;
+                extras.vcpus.push(VcpuTimeout { cpu: slot.cpu, timeout_ns: c.timeout_ns, grows: d.timeout_grows, shrinks: d.timeout_shrinks });
                 ydelta.insert(slot.cpu, d);
             }
         }
@@ -163,18 +174,18 @@ impl Sampler {
         // Idle-state entries (S_yield without retention). A CPU without cpuidle states (no
         // cpuidle driver, as on the development VM) has no count: it falls back to the
         // workload's voluntary switches below rather than reading as never idle, which kept
-        // consolidation from ever running there.
+        // consolidation from ever running there. Read every period, so the count is the
+        // period's even right after the governor parked the yielding threads.
+        let retaining = yielders.is_some_and(Yielders::retaining);
         let mut entries_delta: BTreeMap<u32, u64> = BTreeMap::new();
-        if yielders.is_none() {
-            for cpu in cpus.iter() {
-                let Ok(states) = self.sysfs.cpuidle_states(cpu) else { continue };
-                if states.is_empty() {
-                    continue;
-                }
-                let usage: u64 = states.iter().map(|s| s.usage).sum();
-                let prev = self.idle_entries.insert(cpu, usage).unwrap_or(usage);
-                entries_delta.insert(cpu, usage.saturating_sub(prev));
+        for cpu in cpus.iter() {
+            let Ok(states) = self.sysfs.cpuidle_states(cpu) else { continue };
+            if states.is_empty() {
+                continue;
             }
+            let usage: u64 = states.iter().map(|s| s.usage).sum();
+            let prev = self.idle_entries.insert(cpu, usage).unwrap_or(usage);
+            entries_delta.insert(cpu, usage.saturating_sub(prev));
         }
 
         // Distribute the exact total over the active vCPUs by their busy-minus-yielder time.
@@ -192,7 +203,7 @@ impl Sampler {
             .into_iter()
             .map(|(cpu, t_work_ns)| {
                 let t_work_ns = t_work_ns.min(period_ns);
-                let s_yield = match (yielders.is_some(), ydelta.get(&cpu), entries_delta.get(&cpu)) {
+                let s_yield = match (retaining, ydelta.get(&cpu), entries_delta.get(&cpu)) {
                     (true, Some(d), _) => d.busy_returns,
                     (false, _, Some(&e)) => e,
                     _ => fallback_s_yield,

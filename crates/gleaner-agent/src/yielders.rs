@@ -1,8 +1,10 @@
 //! Resource retention mechanism: one `SCHED_IDLE` yielding thread pinned to each managed vCPU.
 //!
-//! The decisions (idle or not, when to let the vCPU halt, how long to sleep) are made by
-//! [`gleaner_policy::retention::IdleDetector`]; this module only runs the loop, publishes the
-//! detector's counters in atomics for the sampler, and parks threads of deactivated vCPUs.
+//! The decisions (idle or not, when to let the vCPU halt, how long to sleep, the per-vCPU
+//! adaptive timeout) are made by [`gleaner_policy::retention::IdleDetector`]; this module only
+//! runs the loop with a monotonic clock, publishes the detector's counters in atomics for the
+//! sampler, and parks threads of deactivated vCPUs, or all of them while retention is off
+//! ([`Yielders::set_retention`], the governor's switch).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -24,6 +26,10 @@ pub struct SlotCounters {
     pub sleep_ns: AtomicU64,
     pub step_asides: AtomicU64,
     pub noise_returns: AtomicU64,
+    pub timeout_ns: AtomicU64,
+    pub timeout_grows: AtomicU64,
+    pub timeout_shrinks: AtomicU64,
+    pub asleep_work: AtomicU64,
 }
 
 impl SlotCounters {
@@ -35,6 +41,10 @@ impl SlotCounters {
         self.sleep_ns.store(c.sleep_ns, Ordering::Relaxed);
         self.step_asides.store(c.step_asides, Ordering::Relaxed);
         self.noise_returns.store(c.noise_returns, Ordering::Relaxed);
+        self.timeout_ns.store(c.timeout_ns, Ordering::Relaxed);
+        self.timeout_grows.store(c.timeout_grows, Ordering::Relaxed);
+        self.timeout_shrinks.store(c.timeout_shrinks, Ordering::Relaxed);
+        self.asleep_work.store(c.asleep_work, Ordering::Relaxed);
     }
 
     /// A consistent-enough copy (each field is monotonic).
@@ -47,6 +57,10 @@ impl SlotCounters {
             sleep_ns: self.sleep_ns.load(Ordering::Relaxed),
             step_asides: self.step_asides.load(Ordering::Relaxed),
             noise_returns: self.noise_returns.load(Ordering::Relaxed),
+            timeout_ns: self.timeout_ns.load(Ordering::Relaxed),
+            timeout_grows: self.timeout_grows.load(Ordering::Relaxed),
+            timeout_shrinks: self.timeout_shrinks.load(Ordering::Relaxed),
+            asleep_work: self.asleep_work.load(Ordering::Relaxed),
         }
     }
 }
@@ -61,17 +75,43 @@ pub struct Slot {
     active: AtomicBool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
     stop: AtomicBool,
+    /// Retention on (the governor's mode): off parks every thread, like a deactivated vCPU.
+    retain: AtomicBool,
+    /// Hold the adaptive timeouts at their cap (the governor measures retention paying).
+    hold: AtomicBool,
+    /// Origin of the threads' monotonic clock (the detector measures idle periods with it).
+    epoch: Instant,
     /// Yielding threads that are runnable now (in the yield loop, not sleeping or parked):
     /// subtracted from the kernel's runnable count to see the other threads.
     runnable: AtomicU32,
     /// Online CPUs: more other threads runnable than this minus one means one is waiting.
     online_cpus: u32,
-    /// Wakes parked threads (deactivated vCPUs, or stop).
+    /// Wakes parked threads (deactivated vCPUs, retention back on, or stop).
     gate: Mutex<()>,
     wake: Condvar,
+}
+
+impl Shared {
+    fn new(online_cpus: u32, retain: bool) -> Self {
+        Self {
+            stop: AtomicBool::new(false),
+            retain: AtomicBool::new(retain),
+            hold: AtomicBool::new(false),
+            epoch: Instant::now(),
+            runnable: AtomicU32::new(0),
+            online_cpus,
+            gate: Mutex::new(()),
+            wake: Condvar::new(),
+        }
+    }
+
+    fn notify(&self) {
+        let _g = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        self.wake.notify_all();
+    }
 }
 
 /// The set of yielding threads. Dropping it stops and joins them.
@@ -83,12 +123,13 @@ pub struct Yielders {
 }
 
 impl Yielders {
-    /// Starts one thread per CPU of `cpus`, pinned and `SCHED_IDLE`. Fails (and stops the
-    /// threads already started) if a thread cannot be pinned or made `SCHED_IDLE`.
-    pub fn start(cpus: &CpuSet, cfg: RetentionConfig) -> anyhow::Result<Self> {
+    /// Starts one thread per CPU of `cpus`, pinned and `SCHED_IDLE`, yielding if `retain`
+    /// (else parked until [`Self::set_retention`]). Fails (and stops the threads already
+    /// started) if a thread cannot be pinned or made `SCHED_IDLE`.
+    pub fn start(cpus: &CpuSet, cfg: RetentionConfig, retain: bool) -> anyhow::Result<Self> {
         let online = gleaner_os::sysfs::Sysfs::new().online_cpus().map(|c| c.len()).unwrap_or(0);
         let online_cpus = u32::try_from(online).unwrap_or(u32::MAX).max(cpus.len() as u32);
-        let shared = Arc::new(Shared { online_cpus, ..Shared::default() });
+        let shared = Arc::new(Shared::new(online_cpus, retain));
         let mut me = Self { slots: Vec::new(), shared, threads: Vec::new() };
         for cpu in cpus.iter() {
             let slot = Arc::new(Slot {
@@ -128,8 +169,23 @@ impl Yielders {
         for s in &self.slots {
             s.active.store(active.contains(s.cpu), Ordering::Relaxed);
         }
-        let _g = self.shared.gate.lock().unwrap_or_else(|e| e.into_inner());
-        self.shared.wake.notify_all();
+        self.shared.notify();
+    }
+
+    /// Turns retention on (threads of active CPUs yield) or off (every thread parks).
+    pub fn set_retention(&self, on: bool) {
+        self.shared.retain.store(on, Ordering::Relaxed);
+        self.shared.notify();
+    }
+
+    /// Holds every thread's adaptive timeout at its cap (`true`) or lets them adapt.
+    pub fn hold_timeouts(&self, hold: bool) {
+        self.shared.hold.store(hold, Ordering::Relaxed);
+    }
+
+    /// Whether retention is on.
+    pub fn retaining(&self) -> bool {
+        self.shared.retain.load(Ordering::Relaxed)
     }
 
     /// Sum of the counters of every thread.
@@ -143,6 +199,9 @@ impl Yielders {
             acc.sleep_ns += c.sleep_ns;
             acc.step_asides += c.step_asides;
             acc.noise_returns += c.noise_returns;
+            acc.timeout_grows += c.timeout_grows;
+            acc.timeout_shrinks += c.timeout_shrinks;
+            acc.asleep_work += c.asleep_work;
             acc
         })
     }
@@ -150,10 +209,7 @@ impl Yielders {
     /// Stops and joins every thread.
     pub fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
-        {
-            let _g = self.shared.gate.lock().unwrap_or_else(|e| e.into_inner());
-            self.shared.wake.notify_all();
-        }
+        self.shared.notify();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -190,11 +246,27 @@ struct ThreadProbe<'a> {
     /// the CPU to another task is an involuntary switch; sleeping and parking are voluntary, so
     /// they do not disturb the count.
     nivcsw: Option<u64>,
+    /// This thread's schedstat (only with an adaptive timeout): a thread woken from a sleep
+    /// while another task runs on its CPU waits in the run queue, and that delay shows.
+    schedstat: Option<gleaner_os::procfs::SchedstatFile>,
+    /// Run-queue delay when the thread went to sleep.
+    delay_before_sleep: Option<u64>,
+    /// A wait longer than this after a sleep means a task held the CPU when the sleep ended.
+    busy_wait_ns: u64,
 }
 
 impl ThreadProbe<'_> {
     fn involuntary_switches() -> Option<u64> {
         gleaner_os::rusage::thread_rusage().ok().map(|r| r.nivcsw)
+    }
+
+    fn run_queue_delay(&mut self) -> Option<u64> {
+        self.schedstat.as_mut().and_then(|f| f.read().ok()).map(|s| s.wait_ns)
+    }
+
+    /// Called just before the thread sleeps after a timeout.
+    fn going_to_sleep(&mut self) {
+        self.delay_before_sleep = self.run_queue_delay();
     }
 }
 
@@ -215,37 +287,59 @@ impl YieldProbe for ThreadProbe<'_> {
         // This CPU is idle, so at most online - 1 of the others run: the rest wait.
         others >= self.shared.online_cpus
     }
+
+    /// Work that ran during the sleep and was still running when it ended delayed this
+    /// thread's wake-up in the run queue (work that came and went within the sleep leaves no
+    /// trace: then the detector sees the period's end later, an upper bound).
+    fn ran_while_asleep(&mut self) -> bool {
+        let before = self.delay_before_sleep.take();
+        match (before, self.run_queue_delay()) {
+            (Some(a), Some(b)) => b.saturating_sub(a) > self.busy_wait_ns,
+            _ => false,
+        }
+    }
 }
 
 fn yield_loop(slot: &Slot, shared: &Shared, cfg: RetentionConfig) {
     let mut det = IdleDetector::new(cfg);
+    let procfs = gleaner_os::procfs::Procfs::new();
     // Without /proc/loadavg the thread cannot see waiting threads: it just never steps aside.
+    // Without its schedstat it cannot see work during its sleeps: the adaptive timeout then
+    // learns an idle period's end at the next slow yield (an upper bound).
     let mut probe = ThreadProbe {
         shared,
-        loadavg: gleaner_os::procfs::Procfs::new().open_loadavg().ok(),
+        loadavg: procfs.open_loadavg().ok(),
         nivcsw: ThreadProbe::involuntary_switches(),
+        schedstat: cfg.adapt.then(|| procfs.open_task_schedstat(std::process::id() as i32, sched::gettid()).ok()).flatten(),
+        delay_before_sleep: None,
+        busy_wait_ns: cfg.idle_threshold_ns,
     };
     let mut n: u32 = 0;
     shared.runnable.fetch_add(1, Ordering::Relaxed);
+    slot.counters.publish(&det.counters());
     while !shared.stop.load(Ordering::Relaxed) {
-        if !slot.active.load(Ordering::Relaxed) {
+        if !slot.active.load(Ordering::Relaxed) || !shared.retain.load(Ordering::Relaxed) {
             slot.counters.publish(&det.counters());
             shared.runnable.fetch_sub(1, Ordering::Relaxed);
             let g = shared.gate.lock().unwrap_or_else(|e| e.into_inner());
-            // Re-check under the lock: set_active/stop notify while holding it.
-            if !slot.active.load(Ordering::Relaxed) && !shared.stop.load(Ordering::Relaxed) {
+            // Re-check under the lock: set_active/set_retention/stop notify while holding it.
+            let parked = !slot.active.load(Ordering::Relaxed) || !shared.retain.load(Ordering::Relaxed);
+            if parked && !shared.stop.load(Ordering::Relaxed) {
                 let _ = shared.wake.wait_timeout(g, Duration::from_millis(500));
             }
             shared.runnable.fetch_add(1, Ordering::Relaxed);
             det.reset();
             continue;
         }
+        det.hold_at_cap(shared.hold.load(Ordering::Relaxed));
         let t0 = Instant::now();
         sched::yield_now();
-        let d = duration_ns(t0.elapsed());
-        match det.on_yield_with(d, &mut probe) {
+        let t1 = Instant::now();
+        let now_ns = duration_ns(t1.duration_since(shared.epoch));
+        match det.on_yield_at(now_ns, duration_ns(t1.duration_since(t0)), &mut probe) {
             RetentionAction::KeepYielding => {}
             RetentionAction::Sleep { ns } => {
+                probe.going_to_sleep();
                 sleep_uncounted(shared, ns);
                 slot.counters.publish(&det.counters());
             }

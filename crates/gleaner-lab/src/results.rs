@@ -11,9 +11,10 @@
 
 use std::collections::BTreeMap;
 
-use gleaner_agent::report::EventRecord;
+use gleaner_agent::report::{EventRecord, VcpuTimeout};
 use gleaner_bench::report::BenchDoc;
 use gleaner_policy::overhead::{overhead, Side};
+use gleaner_policy::retention::{ChangeCause, RetentionMode};
 use gleaner_policy::stats::{bootstrap_ci, median as median_of, Interval, BOOTSTRAP_RESAMPLES};
 use serde::{Deserialize, Serialize};
 
@@ -51,33 +52,87 @@ pub struct AgentSummary {
     /// Fewest and last active vCPUs seen in any event.
     pub min_active: Option<usize>,
     pub last_active: Option<usize>,
-    /// Retention timeouts (times a yielder let its vCPU halt).
+    /// Retention timeouts (times a yielder let its vCPU halt), summed over the `period` lines
+    /// (older agents wrote `timeout` lines).
     pub timeouts: u64,
+    /// Control periods (`period` lines).
+    #[serde(default)]
+    pub periods: u64,
+    /// Mean active vCPUs over the step, time-weighted: each `period` line's active vCPUs
+    /// (at the period's end) weighted by its length (its `t_ms` minus the previous line's).
+    #[serde(default)]
+    pub mean_active: Option<f64>,
+    /// Share of the periods with yielding threads that ran with retention on.
+    #[serde(default)]
+    pub retention_on_share: Option<f64>,
+    /// Changes of retention mode: the governor's switches and its probes.
+    #[serde(default)]
+    pub retention_switches: u64,
+    #[serde(default)]
+    pub retention_probes: u64,
+    /// Each vCPU's retention timeout in the last `period` line, with its grows and shrinks
+    /// summed over the step.
+    #[serde(default)]
+    pub vcpu_timeouts: Vec<VcpuTimeout>,
 }
 
 impl AgentSummary {
     /// Reads the agent's `--events` JSON lines.
     pub fn from_events(text: &str) -> Self {
         let mut s = Self::default();
+        let (mut last_t_ms, mut weighted, mut total_ms, mut active_sum) = (0u64, 0.0, 0u64, 0usize);
+        let (mut governed_periods, mut on_periods) = (0u64, 0u64);
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
             let Ok(e) = serde_json::from_str::<EventRecord>(line) else {
                 s.bad_lines += 1;
                 continue;
             };
             s.events += 1;
+            let active = e.metrics.active;
             match e.event.as_str() {
                 "consolidate" => s.consolidations += 1,
                 "restore" => s.restores += 1,
                 "reset" => s.resets += 1,
                 "timeout" => s.timeouts += e.count.unwrap_or(0),
+                "period" => {
+                    s.periods += 1;
+                    s.timeouts += e.count.unwrap_or(0);
+                    let ms = e.t_ms.saturating_sub(last_t_ms);
+                    last_t_ms = e.t_ms;
+                    weighted += active as f64 * ms as f64;
+                    total_ms += ms;
+                    active_sum += active;
+                    if let Some(mode) = e.retention {
+                        governed_periods += 1;
+                        on_periods += u64::from(mode == RetentionMode::On);
+                    }
+                    for v in e.vcpus.iter().flatten() {
+                        match s.vcpu_timeouts.iter_mut().find(|t| t.cpu == v.cpu) {
+                            Some(t) => *t = VcpuTimeout { timeout_ns: v.timeout_ns, grows: t.grows + v.grows, shrinks: t.shrinks + v.shrinks, ..*t },
+                            None => s.vcpu_timeouts.push(*v),
+                        }
+                    }
+                }
+                "retention" => match e.change.map(|c| c.cause) {
+                    Some(ChangeCause::Switch) => s.retention_switches += 1,
+                    Some(ChangeCause::Probe) => s.retention_probes += 1,
+                    _ => {}
+                },
                 _ => {}
             }
-            let active = e.metrics.active;
             if active > 0 {
                 s.min_active = Some(s.min_active.map_or(active, |m| m.min(active)));
                 s.last_active = Some(active);
             }
         }
+        // All periods at one t_ms (no length to weigh by): the plain per-period mean.
+        s.mean_active = match (s.periods, total_ms) {
+            (0, _) => None,
+            (n, 0) => Some(active_sum as f64 / n as f64),
+            (_, t) => Some(weighted / t as f64),
+        };
+        s.retention_on_share = (governed_periods > 0).then(|| on_periods as f64 / governed_periods as f64);
+        s.vcpu_timeouts.sort_by_key(|v| v.cpu);
         s
     }
 }
@@ -513,7 +568,7 @@ mod tests {
     #[test]
     fn agent_events_are_read_as_the_agents_own_type() {
         let m = |active| gleaner_policy::gleaner::Metrics { active, ..Default::default() };
-        let ev = |event: &str, active, count| EventRecord { t_ms: 1, event: event.into(), decision: None, count, active_cpus: String::new(), metrics: m(active) };
+        let ev = |event: &str, active, count| EventRecord { count, ..EventRecord::new(1, event, String::new(), m(active)) };
         let lines = [ev("consolidate", 1, None), ev("timeout", 1, Some(5)), ev("restore", 2, None), ev("reset", 2, None)]
             .iter()
             .map(|e| serde_json::to_string(e).unwrap())
@@ -523,6 +578,49 @@ mod tests {
         assert_eq!((s.events, s.bad_lines, s.consolidations, s.restores, s.resets, s.timeouts), (4, 1, 1, 1, 1, 5));
         assert_eq!((s.min_active, s.last_active), (Some(1), Some(2)));
         assert_eq!(AgentSummary::from_events(""), AgentSummary::default());
+    }
+
+    #[test]
+    fn period_and_retention_events_give_mean_active_vcpus_retention_share_and_timeouts() {
+        use gleaner_policy::retention::{ModeChange, RetentionMode::{Off, On}};
+        let m = |active| gleaner_policy::gleaner::Metrics { active, ..Default::default() };
+        let vcpu = |cpu, timeout_ns, grows, shrinks| VcpuTimeout { cpu, timeout_ns, grows, shrinks };
+        let period = |t_ms, active, mode, timeouts, vcpus: Vec<VcpuTimeout>| EventRecord {
+            count: Some(timeouts),
+            retention: Some(mode),
+            vcpus: Some(vcpus),
+            ..EventRecord::new(t_ms, "period", String::new(), m(active))
+        };
+        let change = |t_ms, from, to, cause| EventRecord {
+            retention: Some(to),
+            change: Some(ModeChange { from, to, cause }),
+            ..EventRecord::new(t_ms, "retention", String::new(), m(2))
+        };
+        let lines = [
+            EventRecord { retention: Some(On), ..EventRecord::new(0, "retention", String::new(), m(0)) },
+            // 100 ms on 4 vCPUs, then 300 ms on 2 (time-weighted mean 2.5; per period 3).
+            period(100, 4, On, 3, vec![vcpu(1, 50_000, 0, 1), vcpu(0, 80_000, 1, 0)]),
+            change(100, On, Off, ChangeCause::Probe),
+            period(400, 2, Off, 0, vec![vcpu(0, 80_000, 0, 0), vcpu(1, 40_000, 0, 2)]),
+            change(400, Off, On, ChangeCause::ProbeEnd),
+            change(400, On, Off, ChangeCause::Switch),
+        ]
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+        let s = AgentSummary::from_events(&lines);
+        assert_eq!((s.events, s.bad_lines, s.periods, s.timeouts), (6, 0, 2, 3));
+        assert!((s.mean_active.unwrap() - 2.5).abs() < 1e-9, "{:?}", s.mean_active);
+        assert_eq!(s.retention_on_share, Some(0.5));
+        assert_eq!((s.retention_switches, s.retention_probes), (1, 1));
+        assert_eq!(s.vcpu_timeouts, [vcpu(0, 80_000, 1, 0), vcpu(1, 40_000, 0, 3)]);
+        assert_eq!((s.min_active, s.last_active), (Some(2), Some(2)));
+        // Without yielding threads (--no-retention) the periods carry no mode: no share.
+        let plain = serde_json::to_string(&EventRecord { count: Some(0), ..EventRecord::new(200, "period", String::new(), m(3)) }).unwrap();
+        let s = AgentSummary::from_events(&plain);
+        assert_eq!((s.periods, s.mean_active, s.retention_on_share), (1, Some(3.0), None));
+        assert!(s.vcpu_timeouts.is_empty());
     }
 
     #[allow(clippy::too_many_arguments)]

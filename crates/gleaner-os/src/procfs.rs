@@ -169,24 +169,56 @@ pub struct MountInfo {
 /// path within the hierarchy.
 pub type CgroupLine = (u32, Vec<String>, String);
 
-/// An open `/proc/loadavg`: each [`Loadavg::runnable`] re-reads it with one `pread` (the
-/// kernel regenerates the text at offset 0), no allocation, so a hot loop can afford it.
+/// A procfs file kept open and re-read from offset 0 with one `pread` (the kernel regenerates
+/// the text at each read), no allocation: cheap enough for a hot loop.
 #[derive(Debug)]
-pub struct Loadavg {
+struct Reread {
     path: PathBuf,
     file: std::fs::File,
 }
+
+impl Reread {
+    fn open(path: PathBuf) -> Result<Self> {
+        let file = std::fs::File::open(&path).map_err(|source| OsError::Read { path: path.clone(), source })?;
+        Ok(Self { path, file })
+    }
+
+    /// The file's current text, in `buf`.
+    fn read<'b>(&self, buf: &'b mut [u8]) -> Result<&'b [u8]> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.read_at(buf, 0).map_err(|source| OsError::Read { path: self.path.clone(), source })?;
+        Ok(&buf[..n])
+    }
+}
+
+/// An open `/proc/loadavg`: each [`Loadavg::runnable`] re-reads it with one `pread`.
+#[derive(Debug)]
+pub struct Loadavg(Reread);
 
 impl Loadavg {
     /// Tasks runnable right now on all CPUs (running or waiting in a run queue), the
     /// numerator of the fourth field ("2/78"); it counts the calling thread.
     pub fn runnable(&mut self) -> Result<u32> {
-        use std::os::unix::fs::FileExt;
         let mut buf = [0u8; 128];
-        let n = self.file.read_at(&mut buf, 0).map_err(|source| OsError::Read { path: self.path.clone(), source })?;
-        parse_loadavg_runnable(&buf[..n]).ok_or_else(|| {
-            parse_err(&self.path, 1, format!("no 'R/T' fourth field in '{}'", String::from_utf8_lossy(&buf[..n]).trim()))
+        let text = self.0.read(&mut buf)?;
+        parse_loadavg_runnable(text).ok_or_else(|| {
+            parse_err(&self.0.path, 1, format!("no 'R/T' fourth field in '{}'", String::from_utf8_lossy(text).trim()))
         })
+    }
+}
+
+/// An open `/proc/<pid>/task/<tid>/schedstat`: each [`SchedstatFile::read`] re-reads it with
+/// one `pread`, so a thread can watch its own run-queue delay around a sleep.
+#[derive(Debug)]
+pub struct SchedstatFile(Reread);
+
+impl SchedstatFile {
+    /// The thread's run time, run-queue delay and timeslices now.
+    pub fn read(&mut self) -> Result<SchedStat> {
+        let mut buf = [0u8; 96];
+        let text = self.0.read(&mut buf)?;
+        let text = std::str::from_utf8(text).map_err(|_| parse_err(&self.0.path, 1, "not UTF-8"))?;
+        parse_schedstat(&self.0.path, text)
     }
 }
 
@@ -233,9 +265,12 @@ impl Procfs {
 
     /// Opens `/proc/loadavg` for repeated cheap reads of the number of runnable tasks.
     pub fn open_loadavg(&self) -> Result<Loadavg> {
-        let path = self.root.join("loadavg");
-        let file = std::fs::File::open(&path).map_err(|source| OsError::Read { path: path.clone(), source })?;
-        Ok(Loadavg { path, file })
+        Reread::open(self.root.join("loadavg")).map(Loadavg)
+    }
+
+    /// Opens `/proc/<pid>/task/<tid>/schedstat` for repeated cheap reads.
+    pub fn open_task_schedstat(&self, pid: i32, tid: i32) -> Result<SchedstatFile> {
+        Reread::open(self.task_dir(pid, tid).join("schedstat")).map(SchedstatFile)
     }
 
     /// `/proc/stat`.

@@ -2,7 +2,8 @@
 //! metric snapshots, with no OS access. The simulator runs exactly this code.
 //!
 //! - [`gleaner`]: the consolidation controller of the Gleaner paper (section 5).
-//! - [`retention`]: the yielding thread's idle detector and timeout (section 6).
+//! - [`retention`]: the yielding thread's idle detector and its adaptive timeout (section 6),
+//!   the start-up verdict and the governor that re-decides online whether retention pays.
 //! - [`stats`]: order statistics (median, percentiles, spread) used by every benchmark.
 //! - [`overhead`]: the survey's reduced resource/temporal efficiency and omega.
 //! - [`aql`]: AQL_Sched's vCPU type recognition and pCPU pool clustering.

@@ -40,8 +40,57 @@
 //! not speed up the pipeline workload measurably, and with other processes running it made an
 //! idle workload's yielders spin more (a pulled thread looks like workload activity and resets
 //! the sleep backoff); docs/agent.md has the numbers.
+//!
+//! **An adaptive timeout per vCPU** (`adapt`, not in the paper). Each detector adapts its own
+//! timeout to the idle periods its vCPU sees, the way the guest cpuidle haltpoll governor
+//! adapts its poll window (`adjust_poll_limit`). The configured `timeout_ns` (calibrated from
+//! the wakeup costs: spinning longer than a halt-and-wake costs cannot pay) is the start and
+//! the cap, `min_timeout_ns` the floor. An idle period of length b, judged when it ends:
+//!
+//! ```text
+//!  b <= timeout             caught: retention did its job        -> timeout stays
+//!  timeout < b <= long      ended not long after the timeout     -> timeout * grow (<= cap)
+//!  b > long                 ran far past any useful timeout      -> timeout / shrink (>= floor,
+//!                                                                   shrink 0: back to the floor)
+//!  long = max(long_idle_ns (1 ms), cap + sleep0)
+//! ```
+//!
+//! haltpoll's bound between the two is its cap. Ours is wider, for two reasons. After a
+//! timeout the end of a period is only known to within the first sleep (`sleep0`, below). And
+//! idle periods are not independent of the decision: a vCPU that halted wakes slower and, on a
+//! shared host, can lose its pCPU to another VM, so every thread waiting for it (at a barrier)
+//! idles longer. With the cap as the bound, `gleaner sim fig7` streamcluster (a 16-vCPU
+//! barrier code next to a matmul VM) saw its 60 us waits turn into 150-400 us ones after one
+//! early shrink, shrank every timeout to the floor, and lost retention's 2.18x speedup (1.03x);
+//! with 1 ms only waits of another scale (I/O, timers, a co-runner's whole slice) shrink it.
+//!
+//! How long a period lasted is read from a monotonic clock the caller passes with each call
+//! ([`IdleDetector::on_yield_at`]): it starts when a slow yield (work) returns and ends at the
+//! start of the next call that shows work, minus its noise (yields stretched by the host or an
+//! interrupt: time the vCPU was taken away, which no timeout could have spent spinning; on a
+//! shared host a co-runner's 3 ms slice would otherwise look like a 3 ms idle period). A period that ends before the timeout is measured
+//! to within one quick yield. A period that reached the timeout is **only bounded from
+//! above**: the thread sleeps after the timeout (the vCPU halts), so work that starts during
+//! the sleep is seen at the earliest when the sleep ends (if the caller can tell that another
+//! task ran meanwhile, [`YieldProbe::ran_while_asleep`]) or else at the next slow yield, which
+//! may be several idle periods later (after work it slept through, the thread measures the
+//! next period from its first call, late by at most the sleep). That is why "not long after"
+//! reaches at least to the cap plus the first sleep (`min_sleep_ns`, `sleep0` above): a period
+//! that ended during the first sleep cannot be placed more precisely. The error leans towards
+//! shrinking (less spinning, the stock behaviour), never towards spinning past the cap.
+//!
+//! Whether retention should run at all is decided at start from measured wakeups
+//! ([`retention_verdict`]) and re-decided online by the [`governor`].
 
 use serde::{Deserialize, Serialize};
+
+pub mod governor;
+pub mod synthetic;
+
+pub use governor::{
+    ChangeCause, Comparison, EpochReading, GovernorConfig, GovernorState, GovernorStep, ModeChange, Phase,
+    RetentionGovernor, RetentionMode, Verdict,
+};
 
 /// Configuration of one yielding thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,7 +98,8 @@ use serde::{Deserialize, Serialize};
 pub struct RetentionConfig {
     /// A `sched_yield()` longer than this means another thread ran during the call.
     pub idle_threshold_ns: u64,
-    /// Accumulated idle yielding after which the vCPU is allowed to halt.
+    /// Accumulated idle yielding after which the vCPU is allowed to halt; with `adapt`, where
+    /// the adaptive timeout starts and its cap.
     pub timeout_ns: u64,
     /// First sleep after a timeout (the paper's `nanosleep(1)` plus timer slack).
     pub min_sleep_ns: u64,
@@ -58,6 +108,18 @@ pub struct RetentionConfig {
     /// Length of the sleep that lets the kernel's new-idle balancing pull a waiting thread
     /// (see the module documentation); 0 turns stepping aside off.
     pub step_aside_ns: u64,
+    /// Adapt the timeout to the idle periods of this vCPU between `min_timeout_ns` and
+    /// `timeout_ns` (module documentation); `false` keeps `timeout_ns` fixed.
+    pub adapt: bool,
+    /// Floor of the adaptive timeout.
+    pub min_timeout_ns: u64,
+    /// Factor by which an idle period that ended just past the timeout grows it (< 2: never).
+    pub timeout_grow: u64,
+    /// Divisor by which an idle period far past the timeout shrinks it (0: back to the floor).
+    pub timeout_shrink: u64,
+    /// An idle period that reached the timeout and lasted longer than this (at least the cap
+    /// plus the first sleep) ran "far past" it and shrinks it; a shorter one grows it.
+    pub long_idle_ns: u64,
 }
 
 impl Default for RetentionConfig {
@@ -68,6 +130,11 @@ impl Default for RetentionConfig {
             min_sleep_ns: 50_000,
             max_sleep_ns: 20_000_000,
             step_aside_ns: 0,
+            adapt: true,
+            min_timeout_ns: 10_000,
+            timeout_grow: 2,
+            timeout_shrink: 2,
+            long_idle_ns: 1_000_000,
         }
     }
 }
@@ -103,6 +170,19 @@ pub struct RetentionCounters {
     /// vCPU): not work, so they neither end an idle period nor reset the backoff.
     #[serde(default)]
     pub noise_returns: u64,
+    /// The timeout now (not a counter: the adaptive timeout's current value).
+    #[serde(default)]
+    pub timeout_ns: u64,
+    /// Times the adaptive timeout grew (an idle period ended just past it).
+    #[serde(default)]
+    pub timeout_grows: u64,
+    /// Times the adaptive timeout shrank (an idle period ran far past it).
+    #[serde(default)]
+    pub timeout_shrinks: u64,
+    /// Sleeps during which another task ran ([`YieldProbe::ran_while_asleep`]): an idle
+    /// period ended unseen, and the backoff snapped back.
+    #[serde(default)]
+    pub asleep_work: u64,
 }
 
 /// What the yielding thread can find out about its CPU, asked by the detector only when the
@@ -115,6 +195,14 @@ pub trait YieldProbe {
     /// Are more threads runnable than the other CPUs can run (one waits in a run queue)?
     /// Asked on quick calls, only when stepping aside is on and not yet done in this period.
     fn others_waiting(&mut self) -> bool;
+    /// Did another task run on this CPU while the thread slept after a timeout? Asked on the
+    /// first call after a [`RetentionAction::Sleep`], only when the timeout adapts. `false` (the
+    /// default) when the caller cannot tell: the period's end is then seen at the next slow
+    /// yield, later than it happened. `true` also snaps the sleep backoff back (the vCPU did
+    /// not stay idle), so answer it from evidence of a task, not of an interrupt.
+    fn ran_while_asleep(&mut self) -> bool {
+        false
+    }
 }
 
 /// A probe made of two closures: `FnProbe(other_task_ran, others_waiting)`.
@@ -127,6 +215,27 @@ impl<R: FnMut() -> bool, W: FnMut() -> bool> YieldProbe for FnProbe<R, W> {
     }
     fn others_waiting(&mut self) -> bool {
         (self.1)()
+    }
+}
+
+/// A probe of a caller that knows what happened (the simulator, synthetic traces): whether
+/// another task ran during the call just fed and while the thread slept; nobody waits
+/// elsewhere (it never steps aside).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KnownProbe {
+    pub other_task_ran: bool,
+    pub ran_while_asleep: bool,
+}
+
+impl YieldProbe for KnownProbe {
+    fn other_task_ran(&mut self) -> bool {
+        self.other_task_ran
+    }
+    fn others_waiting(&mut self) -> bool {
+        false
+    }
+    fn ran_while_asleep(&mut self) -> bool {
+        self.ran_while_asleep
     }
 }
 
@@ -152,15 +261,42 @@ pub struct IdleDetector {
     /// Stepped aside in this idle period already.
     stepped: bool,
     counters: RetentionCounters,
+    /// The timeout now (fixed at `cfg.timeout_ns` unless `cfg.adapt`).
+    timeout_ns: u64,
+    /// The clock at the end of the last call: the caller's ([`Self::on_yield_at`]) or, for
+    /// callers without a clock, the yields and asked sleeps added up.
+    clock_ns: u64,
+    /// Sleep asked since the last call, for the added-up clock.
+    asked_ns: u64,
+    /// Start of the idle period being measured (the end of the last work); `None` when unknown
+    /// (at start, after a reset).
+    period_start_ns: Option<u64>,
+    /// The idle period being measured reached the timeout.
+    timed_out: bool,
+    /// Noise in the idle period being measured: time the vCPU was taken away, not idle time.
+    period_noise_ns: u64,
+    /// The thread slept since the last call.
+    slept: bool,
+    /// Held at the cap for now ([`Self::hold_at_cap`]).
+    held: bool,
 }
 
 impl IdleDetector {
     pub fn new(cfg: RetentionConfig) -> Self {
+        let counters = RetentionCounters { timeout_ns: cfg.timeout_ns, ..RetentionCounters::default() };
         Self {
             idle_acc_ns: 0,
             next_sleep_ns: cfg.min_sleep_ns.max(1),
             stepped: false,
-            counters: Default::default(),
+            counters,
+            timeout_ns: cfg.timeout_ns,
+            clock_ns: 0,
+            asked_ns: 0,
+            period_start_ns: None,
+            timed_out: false,
+            period_noise_ns: 0,
+            slept: false,
+            held: false,
             cfg,
         }
     }
@@ -173,12 +309,55 @@ impl IdleDetector {
         self.counters
     }
 
-    /// Feeds the duration of one `sched_yield()` call, asking `probe` what only the caller can
-    /// find out: whether a slow call was work or noise, and whether threads wait elsewhere.
-    pub fn on_yield_with(&mut self, yield_duration_ns: u64, probe: &mut impl YieldProbe) -> RetentionAction {
+    /// The timeout now: accumulated idle yielding that lets the vCPU halt.
+    pub fn timeout_ns(&self) -> u64 {
+        self.timeout_ns
+    }
+
+    /// The clock at the end of the last call fed.
+    pub fn clock_ns(&self) -> u64 {
+        self.clock_ns
+    }
+
+    /// Idle yielding accumulated towards the timeout since the last work or timeout.
+    pub fn idle_ns(&self) -> u64 {
+        self.idle_acc_ns
+    }
+
+    /// Feeds one `sched_yield()` call that ended at `now_ns` on a monotonic clock (any origin)
+    /// and took `yield_duration_ns`, asking `probe` what only the caller can find out: whether
+    /// a slow call was work or noise, whether threads wait elsewhere, and whether work ran
+    /// while the thread slept. The clock measures idle periods for the adaptive timeout.
+    pub fn on_yield_at(&mut self, now_ns: u64, yield_duration_ns: u64, probe: &mut impl YieldProbe) -> RetentionAction {
+        let now = now_ns.max(self.clock_ns);
+        self.clock_ns = now;
+        self.asked_ns = 0;
+        let call_start = now.saturating_sub(yield_duration_ns);
+        if std::mem::take(&mut self.slept) && self.cfg.adapt && probe.ran_while_asleep() {
+            // The idle period ended during the sleep. The next one began when that work
+            // stopped, at the latest now: measure it from here (late by at most the sleep).
+            // The vCPU did not stay idle, so the backoff snaps back as after a slow yield:
+            // the next period's end is then seen within a short first sleep.
+            self.period_ended(call_start);
+            self.period_start_ns = Some(call_start);
+            self.next_sleep_ns = self.cfg.min_sleep_ns.max(1);
+            self.stepped = false;
+            self.counters.asleep_work += 1;
+        }
         let slow = yield_duration_ns > self.cfg.idle_threshold_ns;
         let noise = slow && !probe.other_task_ran();
+        if noise {
+            self.period_noise_ns = self.period_noise_ns.saturating_add(yield_duration_ns);
+        }
+        if slow && !noise {
+            self.period_ended(call_start);
+            self.period_start_ns = Some(now);
+        }
         let action = self.feed(yield_duration_ns, slow && !noise);
+        if let RetentionAction::Sleep { ns } = action {
+            self.asked_ns = ns;
+            return action;
+        }
         if noise
             || action != RetentionAction::KeepYielding
             || slow
@@ -190,7 +369,16 @@ impl IdleDetector {
         }
         self.stepped = true;
         self.counters.step_asides += 1;
+        self.asked_ns = self.cfg.step_aside_ns;
         RetentionAction::StepAside { ns: self.cfg.step_aside_ns }
+    }
+
+    /// Feeds the duration of one `sched_yield()` call, asking `probe` what only the caller can
+    /// find out. Without a clock, time is the yields and the asked sleeps added up (exact for
+    /// a caller whose sleeps take as long as asked).
+    pub fn on_yield_with(&mut self, yield_duration_ns: u64, probe: &mut impl YieldProbe) -> RetentionAction {
+        let now = self.clock_ns.saturating_add(self.asked_ns).saturating_add(yield_duration_ns);
+        self.on_yield_at(now, yield_duration_ns, probe)
     }
 
     /// Feeds the duration of one `sched_yield()` call when nothing else is known: every slow
@@ -213,11 +401,13 @@ impl IdleDetector {
         }
         self.counters.idle_yield_ns += yield_duration_ns;
         self.idle_acc_ns += yield_duration_ns;
-        if self.idle_acc_ns < self.cfg.timeout_ns {
+        if self.idle_acc_ns < self.timeout_ns {
             return RetentionAction::KeepYielding;
         }
         self.idle_acc_ns = 0;
         self.stepped = false;
+        self.timed_out = true;
+        self.slept = true;
         let ns = self.next_sleep_ns;
         self.next_sleep_ns = (ns.saturating_mul(2)).min(self.cfg.max_sleep_ns.max(ns));
         self.counters.timeouts += 1;
@@ -225,11 +415,64 @@ impl IdleDetector {
         RetentionAction::Sleep { ns }
     }
 
-    /// Forgets accumulated idleness and backoff (e.g. after the vCPU was reactivated).
+    /// An idle period that started at `period_start_ns` ended at `end_ns` (an upper bound if it
+    /// reached the timeout): adapt the timeout as the haltpoll governor adapts its window.
+    fn period_ended(&mut self, end_ns: u64) {
+        let timed_out = std::mem::take(&mut self.timed_out);
+        let noise = std::mem::take(&mut self.period_noise_ns);
+        let Some(start) = self.period_start_ns.take() else { return };
+        if !self.cfg.adapt || self.held || !timed_out {
+            // Caught before the timeout (or fixed timeout): the timeout stays.
+            return;
+        }
+        let cap = self.cfg.timeout_ns;
+        let floor = self.cfg.min_timeout_ns.min(cap);
+        let old = self.timeout_ns;
+        let idle = end_ns.saturating_sub(start).saturating_sub(noise);
+        let new = if idle <= self.long_idle_ns() {
+            old.saturating_mul(self.cfg.timeout_grow).max(floor).min(cap)
+        } else {
+            old.checked_div(self.cfg.timeout_shrink).unwrap_or(0).max(floor)
+        };
+        if new > old {
+            self.counters.timeout_grows += 1;
+        } else if new < old {
+            self.counters.timeout_shrinks += 1;
+        }
+        self.timeout_ns = new;
+        self.counters.timeout_ns = new;
+    }
+
+    /// Holds the timeout at the cap (`true`) or lets it adapt again from there (`false`).
+    /// The governor holds it while it measures retention paying clearly: then spinning is
+    /// worth its CPU, and shrinking risks a cascade in which the halts themselves lengthen the
+    /// idle periods (module documentation). No effect without `adapt`.
+    pub fn hold_at_cap(&mut self, hold: bool) {
+        if !self.cfg.adapt || hold == self.held {
+            return;
+        }
+        self.held = hold;
+        if hold {
+            self.timeout_ns = self.cfg.timeout_ns;
+            self.counters.timeout_ns = self.timeout_ns;
+        }
+    }
+
+    /// Idle periods that reached the timeout and lasted longer than this shrink it.
+    pub fn long_idle_ns(&self) -> u64 {
+        self.cfg.long_idle_ns.max(self.cfg.timeout_ns.saturating_add(self.cfg.min_sleep_ns))
+    }
+
+    /// Forgets accumulated idleness and backoff (e.g. after the vCPU was reactivated); keeps
+    /// the timeout it has learned.
     pub fn reset(&mut self) {
         self.idle_acc_ns = 0;
         self.stepped = false;
         self.next_sleep_ns = self.cfg.min_sleep_ns.max(1);
+        self.period_start_ns = None;
+        self.timed_out = false;
+        self.period_noise_ns = 0;
+        self.slept = false;
     }
 }
 
@@ -305,6 +548,9 @@ pub fn retention_verdict(c: &WakeupCosts) -> RetentionVerdict {
 }
 
 #[cfg(test)]
+mod adaptive_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -315,6 +561,10 @@ mod tests {
             min_sleep_ns: 50_000,
             max_sleep_ns: 400_000,
             step_aside_ns: 1_000,
+            // The shipped detector: the timeout adapts (never within these tests' sequences,
+            // which have no measured idle period ending after a timeout); `adaptive_tests`
+            // test the adaptation.
+            ..RetentionConfig::default()
         }
     }
 

@@ -1,20 +1,22 @@
-//! The Gleaner agent inside a simulated guest (the real `gleaner_policy` controller and idle
-//! detector), and the host policy's monitoring period.
+//! The Gleaner agent inside a simulated guest (the real `gleaner_policy` controller, idle
+//! detector and retention governor), and the host policy's monitoring period.
 //!
 //! ```text
-//!  yielder (SCHED_IDLE, one per active vCPU)        controller (one per VM, every period)
+//!  yielder (SCHED_IDLE, one per active vCPU)        every period, per VM
 //!  ────────────────────────────────────────         ─────────────────────────────────────
 //!  runs when the vCPU has no thread; a stretch      snapshot of T_work, T_yield, T_idle,
 //!  of quick yields is fed to IdleDetector when       S_yield per vCPU and S_work (guest view:
-//!  it ends; a yield interrupted by work or by       time with a thread current counts as
-//!  the host is one slow yield (work only if a       work, steal included, as in schedstat)
-//!  thread ran, else noise); Sleep{ns} lets
-//!  the vCPU halt until the sleep ends               -> Controller::step -> Deactivate/Restore/
-//!                                                      ResetAll applied to the allowed set
+//!  it ends, with the simulated clock; a yield       time with a thread current counts as
+//!  interrupted by work or by the host is one        work, steal included, as in schedstat)
+//!  slow yield (work only if a thread ran, else      -> Controller::step -> Deactivate/Restore/
+//!  noise); Sleep{ns} lets the vCPU halt until           ResetAll applied to the allowed set
+//!  the sleep ends; after it the detector learns     epoch reading (S_work, yielder pCPU time,
+//!  whether a thread ran meanwhile                   active vCPUs) -> RetentionGovernor::step
+//!                                                      -> yielders parked or woken
 //! ```
 
 use gleaner_policy::gleaner::{Decision, Snapshot, VcpuSample};
-use gleaner_policy::retention::{FnProbe, RetentionAction};
+use gleaner_policy::retention::{EpochReading, KnownProbe, RetentionAction};
 
 use crate::engine::{ms_to_ns, Engine, Host, Idle, Ts, YState, NONE};
 use crate::policy::{HostView, VcpuCounters};
@@ -26,34 +28,32 @@ impl Engine {
         ((self.vms[vm].gleaner.yield_us * 1000.0).round() as Ns).max(1)
     }
 
-    /// Feeds one `sched_yield()` duration to the detector (and its mirror); `Some(ns)` = sleep.
-    /// `work`: a guest thread ran during the call (else a slow call is noise, as the real
-    /// agent sees a yield stretched by the host: no context switch).
-    fn feed(&mut self, v: u32, d: Ns, work: bool) -> Option<Ns> {
-        let y = self.vcpus[v as usize].yielder.as_mut()?;
-        let cfg = *y.det.config();
-        if d > cfg.idle_threshold_ns && work {
-            y.acc = 0;
-        } else {
-            y.acc += d;
+    /// Feeds one `sched_yield()` call of length `d` that ended at `end` to the detector;
+    /// `Some(ns)` = sleep. `work`: a guest thread ran during the call (else a slow call is
+    /// noise, as the real agent sees a yield stretched by the host: no context switch).
+    fn feed(&mut self, v: u32, d: Ns, work: bool, end: Ns) -> Option<Ns> {
+        let vi = v as usize;
+        let gv_work = self.vcpus[vi].c.gv_work;
+        let y = self.vcpus[vi].yielder.as_mut()?;
+        let ran_while_asleep = y.work_at_sleep.take().is_some_and(|w| w != gv_work);
+        // The model knows what happened. It never steps aside: its guest scheduler has no
+        // new-idle balancing for a yielder to get in the way of (docs/sim.md, assumptions).
+        match y.det.on_yield_at(end, d, &mut KnownProbe { other_task_ran: work, ran_while_asleep }) {
+            RetentionAction::KeepYielding | RetentionAction::StepAside { .. } => None,
+            RetentionAction::Sleep { ns } => Some(ns),
         }
-        match y.det.on_yield_with(d, &mut FnProbe(|| work, || false)) {
-            RetentionAction::KeepYielding => None,
-            RetentionAction::Sleep { ns } => {
-                y.acc = 0;
-                Some(ns)
-            }
-            // `on_yield` never steps aside; the model's guest scheduler has no new-idle
-            // balancing for a yielder to get in the way of (docs/sim.md, assumptions).
-            RetentionAction::StepAside { .. } => None,
-        }
+    }
+
+    /// Feeds the `k` quick yields of a stretch that began at `start`; `Some(ns)` = sleep.
+    fn feed_stretch(&mut self, v: u32, start: Ns, k: u64) -> Option<Ns> {
+        let yn = self.yield_ns(v);
+        (1..=k).find_map(|i| self.feed(v, yn, false, start + i * yn))
     }
 
     fn new_stretch(&mut self, v: u32) {
         let yn = self.yield_ns(v);
         let y = self.vcpus[v as usize].yielder.as_mut().expect("yielder");
-        let timeout = y.det.config().timeout_ns;
-        let left = timeout.saturating_sub(y.acc).max(1);
+        let left = y.det.timeout_ns().saturating_sub(y.det.idle_ns()).max(1);
         y.run_ns = 0;
         y.target_ns = left.div_ceil(yn) * yn;
     }
@@ -67,7 +67,7 @@ impl Engine {
         }
         if let Some(pa) = y.paused_at.take() {
             let work = std::mem::take(&mut y.paused_for_work);
-            if let Some(ns) = self.feed(v, now - pa, work) {
+            if let Some(ns) = self.feed(v, now - pa, work, now) {
                 self.yielder_sleep(v, ns);
                 return false;
             }
@@ -86,12 +86,11 @@ impl Engine {
         }
         y.paused_for_work |= work;
         let k = y.run_ns / yn;
+        let start = self.now - y.run_ns;
         y.run_ns = 0;
-        for _ in 0..k {
-            if let Some(ns) = self.feed(v, yn, false) {
-                self.yielder_sleep(v, ns);
-                return;
-            }
+        if let Some(ns) = self.feed_stretch(v, start, k) {
+            self.yielder_sleep(v, ns);
+            return;
         }
         self.vcpus[v as usize].yielder.as_mut().expect("yielder").paused_at = Some(self.now);
     }
@@ -99,26 +98,28 @@ impl Engine {
     /// The stretch reached the detector's timeout.
     pub(crate) fn yield_timeout(&mut self, v: u32) {
         let yn = self.yield_ns(v);
-        let k = {
+        let (start, k) = {
             let y = self.vcpus[v as usize].yielder.as_mut().expect("yielder");
             let k = y.run_ns / yn;
+            let start = self.now - y.run_ns;
             y.run_ns = 0;
-            k
+            (start, k)
         };
-        for _ in 0..k {
-            if let Some(ns) = self.feed(v, yn, false) {
-                self.gv_flush(v);
-                self.yielder_sleep(v, ns);
-                return;
-            }
+        if let Some(ns) = self.feed_stretch(v, start, k) {
+            self.gv_flush(v);
+            self.yielder_sleep(v, ns);
+            return;
         }
-        // The mirror was off: keep yielding with a fresh target.
+        // The stretch ended short of the timeout (rounding): keep yielding with a fresh target.
         self.new_stretch(v);
     }
 
     fn yielder_sleep(&mut self, v: u32, ns: Ns) {
         let now = self.now;
+        self.gv_flush(v);
+        let gv_work = self.vcpus[v as usize].c.gv_work;
         let y = self.vcpus[v as usize].yielder.as_mut().expect("yielder");
+        y.work_at_sleep = Some(gv_work);
         y.state = YState::Sleeping { asked: ns, since: now };
         y.gen = y.gen.wrapping_add(1);
         y.paused_at = None;
@@ -170,8 +171,15 @@ impl Engine {
         }
         let s_work = self.vms[vmi].s_work - self.vms[vmi].prev_s_work;
         self.vms[vmi].prev_s_work = self.vms[vmi].s_work;
+        let active = (base..base + n).filter(|&v| self.allowed[v as usize]).count() as u32;
+        // The yielders' time, guest view (what schedstat shows the real agent).
+        let yielder_ns: u64 = samples.iter().map(|x| x.t_yield_ns).sum();
         let snap = Snapshot { period_ns: period, vcpus: samples, s_work };
-        let decisions = self.vms[vmi].ctrl.as_mut().expect("controller").step(&snap);
+        // A probe epoch's readings are the probe's: the controller does not see them.
+        let probe = self.vms[vmi].gov.as_ref().is_some_and(|g| g.probing());
+        self.retention_period(vm, EpochReading { duration_ns: period, progress: s_work, yielder_cpu_ns: yielder_ns, active_vcpus: active });
+        let ctrl = self.vms[vmi].ctrl.as_mut().filter(|_| !probe);
+        let decisions = ctrl.map(|c| c.step(&snap)).unwrap_or_default();
         for d in decisions {
             self.vms[vmi].decisions += 1;
             if self.vms[vmi].decision_log.len() < 10_000 {
@@ -193,6 +201,92 @@ impl Engine {
         self.q.push(self.now + period, Ev::GleanerPeriod { vm });
     }
 
+    /// The retention governor reads the period that ended and picks the next one's mode.
+    fn retention_period(&mut self, vm: u32, reading: EpochReading) {
+        let vmi = vm as usize;
+        let Some(gov) = self.vms[vmi].gov.as_mut() else { return };
+        let step = gov.step(&reading);
+        let (on, hold) = (step.mode.is_on(), step.hold_timeouts);
+        let st = &mut self.vms[vmi];
+        for v in &mut self.vcpus[st.vcpu_base as usize..(st.vcpu_base + st.nvcpus) as usize] {
+            if let Some(y) = v.yielder.as_mut() {
+                y.det.hold_at_cap(hold);
+            }
+        }
+        st.periods += 1;
+        st.retain_periods += u64::from(st.retain);
+        if on == st.retain {
+            return;
+        }
+        st.retain = on;
+        for v in st.vcpu_base..st.vcpu_base + st.nvcpus {
+            if on {
+                if self.allowed[v as usize] {
+                    self.wake_yielder(v);
+                    self.kick_idle(v);
+                }
+            } else {
+                self.park_yielder(v);
+            }
+        }
+    }
+
+    /// Parks vCPU `v`'s yielder (deactivated vCPU, or retention off): if it is yielding now,
+    /// the vCPU leaves the yield state and halts when it is next driven (which it is made to
+    /// be, with or without a yielder).
+    fn park_yielder(&mut self, v: u32) {
+        let vi = v as usize;
+        if let Some(y) = self.vcpus[vi].yielder.as_mut() {
+            y.gen = y.gen.wrapping_add(1);
+        }
+        if let Host::Running(p) = self.vcpus[vi].host {
+            self.settle(p);
+            self.mark_dirty(p);
+        }
+        if self.vcpus[vi].yielder.is_none() {
+            return;
+        }
+        if self.vcpus[vi].idle == Idle::Yield {
+            self.yield_pause(v, false);
+            self.gv_flush(v);
+            self.vcpus[vi].idle = Idle::Busy;
+        }
+        self.vcpus[vi].yielder.as_mut().expect("yielder").state = YState::Parked;
+    }
+
+    /// Wakes vCPU `v`'s parked yielder (reactivated vCPU, or retention on): it forgets the idle
+    /// period it was in (keeping its timeout) and runs when the vCPU, kicked by the caller,
+    /// has no thread.
+    fn wake_yielder(&mut self, v: u32) {
+        let vi = v as usize;
+        let Some(y) = self.vcpus[vi].yielder.as_mut() else { return };
+        if y.state != YState::Parked {
+            return;
+        }
+        y.det.reset();
+        y.state = YState::Awake;
+        y.paused_at = None;
+        y.paused_for_work = false;
+        y.run_ns = 0;
+        y.work_at_sleep = None;
+        y.gen = y.gen.wrapping_add(1);
+    }
+
+    /// Makes vCPU `v` look for work: settles it if it runs, else sends it an IPI.
+    fn kick_idle(&mut self, v: u32) {
+        match self.vcpus[v as usize].host {
+            Host::Running(p) => {
+                self.settle(p);
+                self.mark_dirty(p);
+            }
+            Host::Off => {
+                let d = self.costs.ipi;
+                self.kick(v, d);
+            }
+            Host::Queued(_) => {}
+        }
+    }
+
     /// Removes vCPU `v` from the workload's cpuset: its threads move to allowed vCPUs, its
     /// yielder sleeps, and it halts.
     fn deactivate(&mut self, v: u32) {
@@ -201,13 +295,7 @@ impl Engine {
             return;
         }
         self.allowed[vi] = false;
-        if let Some(y) = self.vcpus[vi].yielder.as_mut() {
-            y.gen = y.gen.wrapping_add(1);
-        }
-        if let Host::Running(p) = self.vcpus[vi].host {
-            self.settle(p);
-            self.mark_dirty(p);
-        }
+        self.park_yielder(v);
         let mut moved = Vec::new();
         let vm = self.vcpus[vi].vm as usize;
         let rq = std::mem::take(&mut self.vcpus[vi].rq);
@@ -235,15 +323,6 @@ impl Engine {
             let v2 = self.select_for_migration(t);
             self.deliver(t, v2, v);
         }
-        if self.vcpus[vi].yielder.is_some() {
-            if self.vcpus[vi].idle == Idle::Yield {
-                // Leave the yield state now; the vCPU halts when it is next driven.
-                self.yield_pause(v, false);
-                self.gv_flush(v);
-                self.vcpus[vi].idle = Idle::Busy;
-            }
-            self.vcpus[vi].yielder.as_mut().expect("yielder").state = YState::Parked;
-        }
     }
 
     fn select_for_migration(&self, t: u32) -> u32 {
@@ -269,26 +348,11 @@ impl Engine {
             return;
         }
         self.allowed[vi] = true;
-        if let Some(y) = self.vcpus[vi].yielder.as_mut() {
-            y.det.reset();
-            y.acc = 0;
-            y.state = YState::Awake;
-            y.paused_at = None;
-            y.paused_for_work = false;
-            y.run_ns = 0;
-            y.gen = y.gen.wrapping_add(1);
+        let vm = self.vcpus[vi].vm as usize;
+        if self.vms[vm].retain {
+            self.wake_yielder(v);
         }
-        match self.vcpus[vi].host {
-            Host::Running(p) => {
-                self.settle(p);
-                self.mark_dirty(p);
-            }
-            Host::Off => {
-                let d = self.costs.ipi;
-                self.kick(v, d);
-            }
-            Host::Queued(_) => {}
-        }
+        self.kick_idle(v);
     }
 
     pub(crate) fn on_host_period(&mut self) {

@@ -19,13 +19,14 @@
 use std::collections::VecDeque;
 
 use gleaner_policy::gleaner::Controller;
-use gleaner_policy::retention::IdleDetector;
+use gleaner_policy::retention::{IdleDetector, RetentionGovernor, RetentionMode};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::policy::{HostPolicy, VcpuCounters};
 use crate::queue::{Ev, EventQueue, Ns};
 use crate::scenario::{Costs, GleanerCfg, GuestHaltpollCfg, GuestPolicy};
+use crate::stats::RetentionOutcome;
 use crate::stats::{Hist, VmOutcome};
 use crate::workload::{CacheProfile, Op, Workload};
 
@@ -125,11 +126,12 @@ pub(crate) struct Yielder {
     pub paused_for_work: bool,
     /// Running time of the current stretch of quick yields.
     pub run_ns: Ns,
-    /// Running time at which the current stretch times out.
+    /// Running time at which the current stretch times out (from the detector's timeout and
+    /// accumulated idle time; the detector itself decides).
     pub target_ns: Ns,
-    /// Mirror of the detector's accumulated idle time, only to schedule the timeout event (the
-    /// detector itself decides).
-    pub acc: Ns,
+    /// The vCPU's guest-visible work time when the yielder went to sleep: a change when it
+    /// runs again means a thread ran meanwhile (`YieldProbe::ran_while_asleep`).
+    pub work_at_sleep: Option<Ns>,
     pub gen: u32,
 }
 
@@ -275,6 +277,13 @@ pub(crate) struct VmState {
     pub queued: u32,
     pub s_work: u64,
     pub ctrl: Option<Controller>,
+    /// The retention governor (retention variants with `govern`), and whether the yielders
+    /// run now.
+    pub gov: Option<RetentionGovernor>,
+    pub retain: bool,
+    /// Periods, and periods with retention on.
+    pub periods: u64,
+    pub retain_periods: u64,
     pub prev: Vec<(u64, u64, u64, u64)>,
     pub prev_s_work: u64,
     pub decisions: u64,
@@ -452,7 +461,7 @@ impl Engine {
                 paused_for_work: false,
                 run_ns: 0,
                 target_ns: 0,
-                acc: 0,
+                work_at_sleep: None,
                 gen: 0,
             });
             self.vcpus.push(Vcpu {
@@ -548,6 +557,8 @@ impl Engine {
         let ctrl = (vm.guest.consolidation() && self.virt).then(|| {
             Controller::new((0..vm.vcpus).collect(), vm.gleaner.params.clone())
         });
+        // No calibration in the model: the variant asked for retention, so it starts on.
+        let gov = (retention && vm.gleaner.govern).then(|| RetentionGovernor::new(vm.gleaner.governor, RetentionMode::On));
         self.vms.push(VmState {
             name: vm.name,
             vcpu_base,
@@ -562,6 +573,10 @@ impl Engine {
             queued,
             s_work: 0,
             ctrl,
+            gov,
+            retain: true,
+            periods: 0,
+            retain_periods: 0,
             prev: vec![(0, 0, 0, 0); vm.vcpus as usize],
             prev_s_work: 0,
             decisions: 0,
@@ -577,7 +592,7 @@ impl Engine {
             self.host_wake(v);
         }
         for vm in 0..self.vms.len() {
-            if self.vms[vm].ctrl.is_some() {
+            if self.vms[vm].ctrl.is_some() || self.vms[vm].gov.is_some() {
                 let p = ms_to_ns(self.vms[vm].gleaner.period_ms);
                 self.q.push(p, Ev::GleanerPeriod { vm: vm as u32 });
             }
@@ -1065,6 +1080,24 @@ impl Engine {
                 c.llc_misses += x.llc_misses;
             }
             let active = vm.ctrl.as_ref().map(|c| c.active().len() as u32);
+            let timeouts: Vec<u64> = (vm.vcpu_base..vm.vcpu_base + vm.nvcpus)
+                .filter_map(|v| self.vcpus[v as usize].yielder.as_ref().map(|y| y.det.timeout_ns()))
+                .collect();
+            let retention = vm.gov.as_ref().map(|g| RetentionOutcome {
+                periods: vm.periods,
+                on_periods: vm.retain_periods,
+                switches: g.state().switches,
+                probes: g.state().probes,
+                timeout_ns_mean_end: timeouts.iter().sum::<u64>() / timeouts.len().max(1) as u64,
+                timeout_grows: self.vcpus[vm.vcpu_base as usize..(vm.vcpu_base + vm.nvcpus) as usize]
+                    .iter()
+                    .filter_map(|v| v.yielder.as_ref().map(|y| y.det.counters().timeout_grows))
+                    .sum(),
+                timeout_shrinks: self.vcpus[vm.vcpu_base as usize..(vm.vcpu_base + vm.nvcpus) as usize]
+                    .iter()
+                    .filter_map(|v| v.yielder.as_ref().map(|y| y.det.counters().timeout_shrinks))
+                    .sum(),
+            });
             vms.push(VmOutcome {
                 index: i as u32,
                 name: vm.name.clone(),
@@ -1093,6 +1126,7 @@ impl Engine {
                 lat: vm.lat.clone(),
                 gleaner_active_end: active,
                 gleaner_decisions: vm.decisions,
+                retention,
             });
         }
         Outcome {

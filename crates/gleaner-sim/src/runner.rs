@@ -133,6 +133,9 @@ pub struct VmReport {
     pub speedup: Option<f64>,
     pub gleaner_active_vcpus_at_end: Option<u32>,
     pub gleaner_decisions: u64,
+    /// The retention governor and adaptive timeouts (variants with retention that govern).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention: Option<crate::stats::RetentionOutcome>,
 }
 
 fn host_policy(kind: HostPolicyKind, sc: &Scenario) -> Box<dyn HostPolicy> {
@@ -473,6 +476,7 @@ fn vm_report(v: &VmOutcome, workload: &str, vs_native: Option<VsNative>, speedup
         speedup,
         gleaner_active_vcpus_at_end: v.gleaner_active_end,
         gleaner_decisions: v.gleaner_decisions,
+        retention: v.retention,
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use gleaner_os::BadInput;
 use gleaner_policy::gleaner::Params;
-use gleaner_policy::retention::RetentionConfig;
+use gleaner_policy::retention::{GovernorConfig, RetentionConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::workload::{self, Workload, WorkloadCfg};
@@ -243,12 +243,25 @@ pub struct GleanerCfg {
     /// Duration of one `sched_yield()` call with nothing else runnable.
     pub yield_us: f64,
     pub params: Params,
+    /// The yielding threads' detector; `adapt` (default on) adapts each vCPU's timeout, with
+    /// `timeout_ns` as its start and cap.
     pub retention: RetentionConfig,
+    /// Run the retention governor (every period one epoch; it starts on, since the variant
+    /// asked for retention) and apply its on/off mode to the yielders.
+    pub govern: bool,
+    pub governor: GovernorConfig,
 }
 
 impl Default for GleanerCfg {
     fn default() -> Self {
-        Self { period_ms: 10.0, yield_us: 1.0, params: Params::default(), retention: RetentionConfig::default() }
+        Self {
+            period_ms: 10.0,
+            yield_us: 1.0,
+            params: Params::default(),
+            retention: RetentionConfig::default(),
+            govern: true,
+            governor: GovernorConfig::default(),
+        }
     }
 }
 
@@ -598,6 +611,7 @@ impl Scenario {
             check_pos(&k("gleaner.period_ms"), v.gleaner.period_ms)?;
             check_pos(&k("gleaner.yield_us"), v.gleaner.yield_us)?;
             v.gleaner.params.validate().map_err(|e| bad(k("gleaner.params"), e, "see gleaner_policy::gleaner::Params"))?;
+            v.gleaner.governor.validate().map_err(|e| bad(k("gleaner.governor"), e, "see gleaner_policy::retention::GovernorConfig"))?;
             if v.gleaner.retention.timeout_ns == 0 {
                 return Err(bad(k("gleaner.retention.timeout_ns"), 0, ">= 1"));
             }

@@ -105,6 +105,24 @@ pub struct VmOutcome {
     pub lat: Hist,
     pub gleaner_active_end: Option<u32>,
     pub gleaner_decisions: u64,
+    /// The retention governor's record (retention variants that govern).
+    pub retention: Option<RetentionOutcome>,
+}
+
+/// What the retention governor and the adaptive timeouts did in one VM.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RetentionOutcome {
+    /// Gleaner periods (governor epochs), and those that ran with retention on.
+    pub periods: u64,
+    pub on_periods: u64,
+    /// Baseline switches and probe epochs of the governor.
+    pub switches: u64,
+    pub probes: u64,
+    /// Mean of the vCPUs' adaptive timeouts at the end.
+    pub timeout_ns_mean_end: u64,
+    /// Grows and shrinks of the adaptive timeouts, all vCPUs.
+    pub timeout_grows: u64,
+    pub timeout_shrinks: u64,
 }
 
 impl VmOutcome {

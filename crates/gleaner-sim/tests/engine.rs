@@ -229,3 +229,35 @@ fn consolidation_shrinks_an_underused_vm() {
     assert!(v.gleaner_decisions > 0);
     assert!(v.gleaner_active_end.expect("controller") < 8, "active at end {:?}", v.gleaner_active_end);
 }
+
+#[test]
+fn the_governor_keeps_retention_where_it_pays_and_drops_it_where_it_cannot() {
+    // A barrier code next to a CPU hog on shared pCPUs: retention holds the pCPUs and pays.
+    let barrier = wl(vec![group("g", 4, Some(3000), vec![], &["compute 60us +-20%", "barrier b"])]);
+    let hog = wl(vec![group("h", 4, None, vec![], &["compute 10ms"])]);
+    let o = run(setup(4, vec![vm("app", barrier, 4, None, false, GuestPolicy::Retention), vm("hog", hog, 4, None, true, GuestPolicy::Stock)]));
+    let r = o.vms[0].retention.expect("a governed retention variant");
+    assert!(o.finished && r.periods > 20, "{r:?}");
+    assert!(r.probes > 0, "{r:?}");
+    assert_eq!(r.switches, 0, "{r:?}");
+    assert!(r.on_periods * 10 > r.periods * 8, "retention on most of the run: {r:?}");
+    // Long compute bursts with few sync points: nothing for retention to speed up, and its
+    // yielders spin at every burst's end: the governor turns it off.
+    let coarse = wl(vec![group("g", 4, Some(60), vec![], &["compute 5ms +-50%", "barrier b"])]);
+    let o = run(setup(4, vec![vm("app", coarse, 4, None, false, GuestPolicy::Retention)]));
+    let r = o.vms[0].retention.expect("a governed retention variant");
+    assert!(r.switches >= 1, "{r:?}");
+    assert!(r.on_periods * 2 < r.periods, "retention off most of the run: {r:?}");
+}
+
+#[test]
+fn an_ungoverned_fixed_timeout_is_the_old_retention() {
+    // `govern = false` and `adapt = false`: no governor record, the configured timeout.
+    let w = wl(vec![group("g", 4, Some(500), vec![], &["compute 60us", "barrier b"])]);
+    let mut app = vm("app", w, 4, None, false, GuestPolicy::Retention);
+    app.gleaner.govern = false;
+    app.gleaner.retention.adapt = false;
+    let o = run(setup(4, vec![app]));
+    assert!(o.finished);
+    assert!(o.vms[0].retention.is_none());
+}

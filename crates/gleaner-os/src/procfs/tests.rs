@@ -438,3 +438,36 @@ fn real_boot_id_and_kernel_release() {
     assert_eq!(id.len(), 36, "a UUID: {id}");
     assert_eq!(p.kernel_release().unwrap(), crate::kernel_release());
 }
+
+#[test]
+fn open_schedstat_is_reread_at_each_call() {
+    let (d, p) = fixture();
+    write(d.path(), "7/task/8/schedstat", "1000 250 3\n");
+    let mut f = p.open_task_schedstat(7, 8).unwrap();
+    assert_eq!(f.read().unwrap(), SchedStat { run_ns: 1000, wait_ns: 250, timeslices: 3 });
+    write(d.path(), "7/task/8/schedstat", "2000 900 5\n");
+    assert_eq!(f.read().unwrap().wait_ns, 900);
+}
+
+#[test]
+fn open_schedstat_malformed_and_empty_name_the_file() {
+    let (d, p) = fixture();
+    write(d.path(), "7/task/8/schedstat", "1000 x 3\n");
+    let mut f = p.open_task_schedstat(7, 8).unwrap();
+    let e = f.read().unwrap_err().to_string();
+    assert!(e.contains("schedstat") && e.contains("wait_ns"), "{e}");
+    write(d.path(), "7/task/8/schedstat", "");
+    let e = f.read().unwrap_err().to_string();
+    assert!(e.contains("schedstat"), "{e}");
+    assert!(p.open_task_schedstat(7, 9).unwrap_err().to_string().contains("task/9/schedstat"));
+}
+
+#[test]
+fn open_schedstat_of_this_thread_counts_its_run_time() {
+    let me = std::process::id() as i32;
+    let mut f = Procfs::new().open_task_schedstat(me, crate::sched::gettid()).unwrap();
+    let a = f.read().unwrap().run_ns;
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_millis(5) {}
+    assert!(f.read().unwrap().run_ns > a);
+}

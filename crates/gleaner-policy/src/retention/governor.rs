@@ -1,0 +1,599 @@
+//! Does retention pay *now*? The start-up verdict ([`super::retention_verdict`]) is only a
+//! prior: a host can start or stop polling halted vCPUs, a co-runner can arrive, the workload
+//! can change phase. The governor re-decides online from the workload's own progress.
+//!
+//! Time is cut into epochs (one control period each). The governor keeps a *baseline* mode and
+//! now and then runs one *probe* epoch in the other mode, then one more baseline epoch, and
+//! compares the probe with the two baseline epochs around it (an A-B-A sandwich, so a steady
+//! trend in the workload cancels out):
+//!
+//! ```text
+//!  epochs  ... A A A [A] (B) [A] A A A A A A [A] (B) [A] ...       A: baseline, B: probe
+//!                    before probe after             interval doubles while the answer holds
+//! ```
+//!
+//! Progress is the workload's voluntary context switches per second (its blocking sync points;
+//! the controller's progress proxy too). Retention's cost is the CPU its yielding threads burn,
+//! in vCPUs. One comparison:
+//!
+//! ```text
+//!  gain       = rate(on) / rate(off) - 1
+//!  break_even = cpu_price * burned vCPUs (in the on epochs)
+//!  verdict    = Pays   if gain >= break_even + margin
+//!               Loses  if gain <  break_even
+//!               Neutral otherwise (the dead band: neither mode is wrong enough to leave)
+//!               Inconclusive if the number of active vCPUs changed within the sandwich
+//!               (consolidation moved), or if an epoch has fewer than min_progress sync
+//!               points and the yielders burned less than IDLE_BURN_VCPUS (with more, Loses:
+//!               a workload that hardly synchronizes has nothing retention could speed up)
+//! ```
+//!
+//! A comparison that disagrees with the baseline (Pays while off, Loses while on) counts
+//! towards a switch; `confirm` of them in a row switch the baseline. Anything else but an
+//! inconclusive one resets that count. Probing backs off exponentially while comparisons agree
+//! (the interval between probes doubles from `probe_every_min` to `probe_every_max` epochs) and
+//! snaps back to `probe_every_min` on a disagreeing one or after a switch, so a doubt is
+//! confirmed or dropped quickly and a settled answer costs one wrong-mode epoch every
+//! `probe_every_max + 2` epochs.
+//!
+//! The governor also tells the adaptive timeouts when to stand still: from a comparison that
+//! says `Pays` until one that does not, they are held at their cap
+//! ([`super::IdleDetector::hold_at_cap`]). Shrinking a timeout saves spinning where retention
+//! barely matters; where it clearly pays, the spinning is worth its CPU, and shrinking can set
+//! off a cascade the detector cannot see (halted vCPUs wake slower and lose their pCPUs to
+//! other VMs, so the threads waiting for them idle longer, which shrinks more timeouts). In
+//! `gleaner sim fig7` streamcluster that cascade, started by a probe epoch, took the speedup
+//! from 1.90x (fixed timeout) to 1.03x; with the hold it is 1.82x.
+
+use serde::{Deserialize, Serialize};
+
+/// Yielding threads burning less than this (in vCPUs) during a comparison with too few sync
+/// points to judge cost nothing worth turning them off for.
+pub const IDLE_BURN_VCPUS: f64 = 0.01;
+
+/// Whether the yielding threads run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetentionMode {
+    On,
+    Off,
+}
+
+impl RetentionMode {
+    /// The other mode.
+    pub fn flipped(self) -> Self {
+        match self {
+            Self::On => Self::Off,
+            Self::Off => Self::On,
+        }
+    }
+
+    pub fn is_on(self) -> bool {
+        self == Self::On
+    }
+}
+
+/// Tunables of the governor (defaults in [`GovernorConfig::default`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GovernorConfig {
+    /// Baseline epochs between probes after a start, a switch or a disagreeing comparison.
+    pub probe_every_min: u32,
+    /// Longest interval between probes, in epochs (reached by doubling while the answer holds).
+    pub probe_every_max: u32,
+    /// Gain above break-even that retention must show to be turned on (the dead band's width).
+    pub margin: f64,
+    /// Break-even gain per vCPU the yielding threads burn: retention that takes one vCPU must
+    /// speed the workload up by this fraction to pay for it.
+    pub cpu_price: f64,
+    /// Disagreeing comparisons in a row that switch the baseline mode.
+    pub confirm: u32,
+    /// Epochs with fewer sync points than this are too few to compare (see the module docs).
+    pub min_progress: u64,
+}
+
+impl Default for GovernorConfig {
+    fn default() -> Self {
+        Self { probe_every_min: 4, probe_every_max: 32, margin: 0.05, cpu_price: 0.05, confirm: 3, min_progress: 50 }
+    }
+}
+
+impl GovernorConfig {
+    /// Checks the ranges; the error names the field and what is allowed.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.probe_every_min == 0 || self.probe_every_max < self.probe_every_min {
+            return Err(format!(
+                "probe_every_min = {}, probe_every_max = {}: need 1 <= min <= max",
+                self.probe_every_min, self.probe_every_max
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.margin) {
+            return Err(format!("margin = {}: need 0..=1", self.margin));
+        }
+        if !(0.0..=1.0).contains(&self.cpu_price) {
+            return Err(format!("cpu_price = {}: need 0..=1", self.cpu_price));
+        }
+        if self.confirm == 0 {
+            return Err("confirm = 0: need at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// What the agent (or the simulator) measured over one epoch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochReading {
+    /// Length of the epoch.
+    pub duration_ns: u64,
+    /// The workload's voluntary context switches (blocking sync points) in the epoch.
+    pub progress: u64,
+    /// CPU time of the yielding threads in the epoch.
+    pub yielder_cpu_ns: u64,
+    /// vCPUs the workload could run on during the epoch.
+    pub active_vcpus: u32,
+}
+
+/// The outcome of one on/off comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Pays,
+    Loses,
+    Neutral,
+    Inconclusive,
+}
+
+/// One on/off comparison and the numbers behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    /// Sync points per second with retention on / off.
+    pub on_rate: f64,
+    pub off_rate: f64,
+    /// `on_rate / off_rate - 1`.
+    pub gain: f64,
+    /// vCPUs the yielding threads burned in the on epochs.
+    pub burn_vcpus: f64,
+    /// `cpu_price * burn_vcpus`.
+    pub break_even: f64,
+    pub verdict: Verdict,
+}
+
+/// Where the governor is in its probe cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// In the baseline mode; the probe starts after `left` more epochs.
+    Baseline { left: u32 },
+    /// The probe epoch (the other mode) runs.
+    Probe,
+    /// The baseline epoch after the probe runs; the comparison follows it.
+    Confirm,
+}
+
+/// Why the applied mode changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeCause {
+    /// A probe epoch in the other mode begins.
+    Probe,
+    /// The probe is over: back to the baseline.
+    ProbeEnd,
+    /// `confirm` comparisons in a row disagreed with the baseline: it switched.
+    Switch,
+}
+
+/// A change of the applied mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModeChange {
+    pub from: RetentionMode,
+    pub to: RetentionMode,
+    pub cause: ChangeCause,
+}
+
+/// What one [`RetentionGovernor::step`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GovernorStep {
+    /// The mode to apply in the next epoch.
+    pub mode: RetentionMode,
+    /// Set when `mode` differs from the mode of the epoch just read.
+    pub change: Option<ModeChange>,
+    /// The comparison made at the end of this epoch, if one was.
+    pub comparison: Option<Comparison>,
+    /// Hold the adaptive timeouts at their cap in the next epoch
+    /// ([`GovernorState::hold_timeouts`]).
+    pub hold_timeouts: bool,
+}
+
+/// The governor's state, for status reports.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GovernorState {
+    /// The mode the governor believes in.
+    pub baseline: RetentionMode,
+    /// The mode applied now (the baseline, or the other one during a probe).
+    pub applied: RetentionMode,
+    pub phase: Phase,
+    /// Disagreeing comparisons in a row.
+    pub streak: u32,
+    /// Baseline epochs between probes now.
+    pub probe_every: u32,
+    pub probes: u64,
+    pub comparisons: u64,
+    pub switches: u64,
+    pub last: Option<Comparison>,
+    /// The last conclusive comparison said retention pays: hold the adaptive timeouts at
+    /// their cap until one says it does not ([`super::IdleDetector::hold_at_cap`]).
+    #[serde(default)]
+    pub hold_timeouts: bool,
+}
+
+/// The pure state machine that turns retention on and off (module documentation).
+#[derive(Debug, Clone)]
+pub struct RetentionGovernor {
+    cfg: GovernorConfig,
+    state: GovernorState,
+    before: Option<EpochReading>,
+    probe: Option<EpochReading>,
+}
+
+impl RetentionGovernor {
+    /// A governor whose baseline starts at `prior` (the start-up verdict) and which probes the
+    /// other mode after `probe_every_min` epochs.
+    pub fn new(cfg: GovernorConfig, prior: RetentionMode) -> Self {
+        let every = cfg.probe_every_min.max(1);
+        Self {
+            state: GovernorState {
+                baseline: prior,
+                applied: prior,
+                phase: Phase::Baseline { left: every },
+                streak: 0,
+                probe_every: every,
+                probes: 0,
+                comparisons: 0,
+                switches: 0,
+                last: None,
+                hold_timeouts: false,
+            },
+            cfg,
+            before: None,
+            probe: None,
+        }
+    }
+
+    pub fn config(&self) -> &GovernorConfig {
+        &self.cfg
+    }
+
+    pub fn state(&self) -> GovernorState {
+        self.state
+    }
+
+    /// The mode to apply now.
+    pub fn mode(&self) -> RetentionMode {
+        self.state.applied
+    }
+
+    /// Whether the epoch running now is a probe (retention in the non-baseline mode). Callers
+    /// keep such an epoch from other decisions (the consolidation controller): its readings
+    /// are the probe's, not the workload's.
+    pub fn probing(&self) -> bool {
+        self.state.phase == Phase::Probe
+    }
+
+    /// Whether the adaptive timeouts should be held at their cap now (retention measured to
+    /// pay clearly).
+    pub fn hold_timeouts(&self) -> bool {
+        self.state.hold_timeouts
+    }
+
+    /// Takes the reading of the epoch that just ended (run in [`Self::mode`]) and says which
+    /// mode the next epoch runs in.
+    pub fn step(&mut self, r: &EpochReading) -> GovernorStep {
+        let from = self.state.applied;
+        let mut comparison = None;
+        let mut cause = ChangeCause::Probe;
+        match self.state.phase {
+            Phase::Baseline { left } => {
+                self.before = Some(*r);
+                if left <= 1 {
+                    self.state.phase = Phase::Probe;
+                    self.state.applied = self.state.baseline.flipped();
+                    self.state.probes += 1;
+                } else {
+                    self.state.phase = Phase::Baseline { left: left - 1 };
+                }
+            }
+            Phase::Probe => {
+                self.probe = Some(*r);
+                self.state.phase = Phase::Confirm;
+                self.state.applied = self.state.baseline;
+                cause = ChangeCause::ProbeEnd;
+            }
+            Phase::Confirm => {
+                let c = match (self.before, self.probe) {
+                    (Some(b), Some(p)) => Some(self.compare(&b, &p, r)),
+                    _ => None,
+                };
+                let switched = c.is_some_and(|c| self.judge(c.verdict));
+                if switched {
+                    cause = ChangeCause::Switch;
+                }
+                self.state.last = c.or(self.state.last);
+                comparison = c;
+                self.probe = None;
+                // After a switch the next comparison needs a baseline epoch in the new mode.
+                self.before = if switched { None } else { Some(*r) };
+                self.state.applied = self.state.baseline;
+                self.state.phase = Phase::Baseline { left: self.state.probe_every };
+            }
+        }
+        let to = self.state.applied;
+        GovernorStep {
+            mode: to,
+            change: (to != from).then_some(ModeChange { from, to, cause }),
+            comparison,
+            hold_timeouts: self.state.hold_timeouts,
+        }
+    }
+
+    /// Compares a probe epoch with the baseline epochs around it.
+    fn compare(&mut self, before: &EpochReading, probe: &EpochReading, after: &EpochReading) -> Comparison {
+        self.state.comparisons += 1;
+        let rate = |progress: u64, ns: u64| if ns == 0 { 0.0 } else { progress as f64 * 1e9 / ns as f64 };
+        let base_ns = before.duration_ns + after.duration_ns;
+        let base_rate = rate(before.progress + after.progress, base_ns);
+        let probe_rate = rate(probe.progress, probe.duration_ns);
+        let (on_rate, off_rate, burn_vcpus) = match self.state.baseline {
+            RetentionMode::On => {
+                (base_rate, probe_rate, (before.yielder_cpu_ns + after.yielder_cpu_ns) as f64 / base_ns.max(1) as f64)
+            }
+            RetentionMode::Off => (probe_rate, base_rate, probe.yielder_cpu_ns as f64 / probe.duration_ns.max(1) as f64),
+        };
+        let break_even = self.cfg.cpu_price * burn_vcpus;
+        let gain = if off_rate > 0.0 { on_rate / off_rate - 1.0 } else { 0.0 };
+        let too_small = [before, probe, after].iter().any(|e| e.progress < self.cfg.min_progress || e.duration_ns == 0);
+        let moved = before.active_vcpus != probe.active_vcpus || probe.active_vcpus != after.active_vcpus;
+        let verdict = if moved {
+            Verdict::Inconclusive
+        } else if too_small {
+            // Too few sync points to compare: nothing for retention to speed up, so it loses
+            // if it costs anything (an idle workload's backed-off yielders cost ~0.02 vCPU).
+            if burn_vcpus > IDLE_BURN_VCPUS {
+                Verdict::Loses
+            } else {
+                Verdict::Inconclusive
+            }
+        } else if gain >= break_even + self.cfg.margin {
+            Verdict::Pays
+        } else if gain < break_even {
+            Verdict::Loses
+        } else {
+            Verdict::Neutral
+        };
+        Comparison { on_rate, off_rate, gain, burn_vcpus, break_even, verdict }
+    }
+
+    /// Applies a verdict to the streak, the probe interval and the baseline; true if the
+    /// baseline switched.
+    fn judge(&mut self, verdict: Verdict) -> bool {
+        let s = &mut self.state;
+        if verdict != Verdict::Inconclusive {
+            s.hold_timeouts = verdict == Verdict::Pays;
+        }
+        let disagrees = match verdict {
+            Verdict::Inconclusive => return false,
+            Verdict::Pays => s.baseline == RetentionMode::Off,
+            Verdict::Loses => s.baseline == RetentionMode::On,
+            Verdict::Neutral => false,
+        };
+        if !disagrees {
+            s.streak = 0;
+            s.probe_every = s.probe_every.saturating_mul(2).min(self.cfg.probe_every_max.max(1));
+            return false;
+        }
+        s.streak += 1;
+        s.probe_every = self.cfg.probe_every_min.max(1);
+        if s.streak < self.cfg.confirm.max(1) {
+            return false;
+        }
+        s.streak = 0;
+        s.baseline = s.baseline.flipped();
+        s.switches += 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::synthetic::{drive_governor, EpochModel};
+    use super::*;
+
+    /// A barrier-like workload: 5,000 sync points a second, 200 ms epochs, 2 vCPUs.
+    fn host(on_gain: f64, burn_vcpus: f64, noise: f64) -> EpochModel {
+        EpochModel { rate_per_s: 5_000.0, on_gain, burn_vcpus, noise, epoch_ns: 200_000_000, active_vcpus: 2 }
+    }
+    /// The development VM: the host polls halted vCPUs, forced retention costs 7%.
+    fn polling() -> EpochModel {
+        host(-0.07, 0.6, 0.02)
+    }
+    /// A host that does not poll: retention speeds the workload up by 25%.
+    fn not_polling() -> EpochModel {
+        host(0.25, 0.6, 0.02)
+    }
+
+    fn baseline_at(trace: &[(RetentionMode, GovernorStep)], k: usize) -> RetentionMode {
+        // The mode most epochs around k ran in (probes are single epochs).
+        let on = trace[k.saturating_sub(20)..k].iter().filter(|(m, _)| m.is_on()).count();
+        if on > 10 {
+            RetentionMode::On
+        } else {
+            RetentionMode::Off
+        }
+    }
+
+    fn switches(trace: &[(RetentionMode, GovernorStep)]) -> Vec<usize> {
+        trace
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, s))| s.change.is_some_and(|c| c.cause == ChangeCause::Switch))
+            .map(|(k, _)| k)
+            .collect()
+    }
+
+    #[test]
+    fn a_host_that_polls_turns_retention_off_and_it_is_probed_again_later() {
+        // The start-up verdict said Pays (a wrong prior), the host polls.
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        let trace = drive_governor(&mut g, 600, 1, |_| polling());
+        let sw = switches(&trace);
+        assert_eq!(sw.len(), 1, "exactly one switch: {sw:?}");
+        // Three comparisons of (4 baseline + probe + confirm) epochs.
+        assert!(sw[0] < 3 * 6 + 2, "switched off at epoch {}", sw[0]);
+        assert_eq!(g.state().baseline, RetentionMode::Off);
+        // Still probed later, ever more rarely: on epochs after the switch are single probes.
+        let probes: Vec<usize> = trace.iter().enumerate().skip(sw[0] + 1).filter(|(_, (m, _))| m.is_on()).map(|(k, _)| k).collect();
+        assert!(probes.len() >= 10, "{probes:?}");
+        let gaps: Vec<usize> = probes.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.windows(2).all(|w| w[1] >= w[0]), "probing backs off: {gaps:?}");
+        assert_eq!(*gaps.last().unwrap(), 32 + 2, "at most one probe every probe_every_max + 2 epochs");
+    }
+
+    #[test]
+    fn a_host_that_stops_polling_mid_run_turns_retention_back_on() {
+        // Start-up verdict HostPolls (prior off); at epoch 300 the host stops polling.
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::Off);
+        let trace = drive_governor(&mut g, 700, 2, |k| if k < 300 { polling() } else { not_polling() });
+        let sw = switches(&trace);
+        assert_eq!(sw.len(), 1, "{sw:?}");
+        // Detected within one backed-off interval plus three quick comparisons.
+        assert!((300..300 + 34 + 3 * 6).contains(&sw[0]), "switched on at epoch {}", sw[0]);
+        assert_eq!(baseline_at(&trace, 699), RetentionMode::On);
+        // ...and off again when it polls again.
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::Off);
+        let trace = drive_governor(&mut g, 1000, 3, |k| if (300..600).contains(&k) { not_polling() } else { polling() });
+        let sw = switches(&trace);
+        assert_eq!(sw.len(), 2, "{sw:?}");
+        assert!(sw[1] >= 600 && sw[1] < 600 + 34 + 3 * 6, "{sw:?}");
+        assert_eq!(g.state().baseline, RetentionMode::Off);
+    }
+
+    #[test]
+    fn noisy_readings_inside_the_dead_band_never_flap() {
+        // Retention gains 4% for 0.6 vCPU: break-even 3%, so the gain sits inside the dead band
+        // [3%, 8%) while each epoch's reading is off by up to +-3%.
+        for prior in [RetentionMode::On, RetentionMode::Off] {
+            let mut g = RetentionGovernor::new(GovernorConfig::default(), prior);
+            let trace = drive_governor(&mut g, 20_000, 4, |_| host(0.04, 0.6, 0.03));
+            let sw = switches(&trace);
+            assert!(sw.len() <= 2, "{prior:?}: {} switches: {sw:?}", sw.len());
+        }
+        // Clear answers under the same noise never switch away from the right mode.
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        assert!(switches(&drive_governor(&mut g, 20_000, 5, |_| host(0.25, 0.6, 0.03))).is_empty());
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::Off);
+        assert!(switches(&drive_governor(&mut g, 20_000, 6, |_| polling())).is_empty());
+    }
+
+    #[test]
+    fn a_single_outlier_does_not_switch() {
+        // Retention pays, but one probe epoch (retention off) runs twice as fast (a burst of
+        // easy work): one disagreeing comparison, then agreeing ones reset the count.
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        let mut rng = super::super::synthetic::SplitMix64(12);
+        let mut outliers = 0;
+        let mut max_streak = 0;
+        for k in 0..300 {
+            let mode = g.mode();
+            let mut r = not_polling().reading(mode, &mut rng);
+            if k > 40 && !mode.is_on() && outliers == 0 {
+                r.progress *= 2;
+                outliers += 1;
+            }
+            g.step(&r);
+            max_streak = max_streak.max(g.state().streak);
+        }
+        assert_eq!((outliers, max_streak), (1, 1));
+        assert_eq!(g.state().switches, 0);
+        assert_eq!(g.state().baseline, RetentionMode::On);
+    }
+
+    #[test]
+    fn idle_workloads_turn_costly_retention_off_and_moving_consolidation_is_inconclusive() {
+        // 20 sync points an epoch: too few to compare. Yielders that back off to almost
+        // nothing stay as they are; ones that burn CPU go.
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        let trace = drive_governor(&mut g, 400, 7, |_| EpochModel { rate_per_s: 100.0, burn_vcpus: 0.005, ..polling() });
+        assert!(switches(&trace).is_empty());
+        assert!(trace.iter().filter_map(|(_, s)| s.comparison).all(|c| c.verdict == Verdict::Inconclusive));
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        let trace = drive_governor(&mut g, 400, 7, |_| EpochModel { rate_per_s: 100.0, burn_vcpus: 0.2, ..polling() });
+        assert_eq!(switches(&trace).len(), 1);
+        assert_eq!(g.state().baseline, RetentionMode::Off);
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        let trace = drive_governor(&mut g, 400, 8, |k| EpochModel { active_vcpus: 1 + u32::from(k % 2 == 1), ..polling() });
+        assert!(switches(&trace).is_empty(), "the active vCPUs changed within every sandwich");
+    }
+
+    #[test]
+    fn every_change_is_reported_with_its_cause() {
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        let trace = drive_governor(&mut g, 200, 9, |_| polling());
+        let mut mode = RetentionMode::On;
+        for (ran, s) in &trace {
+            assert_eq!(*ran, mode);
+            match s.change {
+                Some(c) => {
+                    assert_eq!((c.from, c.to), (mode, s.mode));
+                    assert_ne!(c.from, c.to);
+                }
+                None => assert_eq!(s.mode, mode),
+            }
+            mode = s.mode;
+        }
+        let causes: Vec<ChangeCause> = trace.iter().filter_map(|(_, s)| s.change.map(|c| c.cause)).take(5).collect();
+        assert_eq!(causes, [ChangeCause::Probe, ChangeCause::ProbeEnd, ChangeCause::Probe, ChangeCause::ProbeEnd, ChangeCause::Probe]);
+    }
+
+    #[test]
+    fn timeouts_are_held_at_the_cap_while_retention_pays_clearly() {
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        assert!(!g.hold_timeouts());
+        let trace = drive_governor(&mut g, 300, 13, |k| if k < 150 { not_polling() } else { polling() });
+        let first = trace.iter().position(|(_, s)| s.comparison.is_some()).unwrap();
+        assert_eq!(trace[first].1.comparison.unwrap().verdict, Verdict::Pays);
+        // Held from the first comparison that pays until one that loses.
+        let held_until = trace.iter().position(|(_, s)| s.comparison.is_some_and(|c| c.verdict == Verdict::Loses)).unwrap();
+        assert!(held_until > 150);
+        assert!(!g.hold_timeouts());
+        assert!(trace[..first].iter().all(|(_, s)| !s.hold_timeouts));
+        assert!(trace[first..held_until].iter().all(|(_, s)| s.hold_timeouts));
+        assert!(!trace[held_until].1.hold_timeouts);
+        // Inside the dead band (neither paying nor losing) the timeouts adapt.
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        let trace = drive_governor(&mut g, 200, 14, |_| host(0.05, 0.6, 0.0));
+        assert!(trace.iter().filter_map(|(_, s)| s.comparison).all(|c| c.verdict == Verdict::Neutral));
+        assert!(!g.hold_timeouts());
+    }
+
+    #[test]
+    fn the_same_readings_give_the_same_decisions() {
+        let run = || {
+            let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::Off);
+            drive_governor(&mut g, 3000, 11, |k| if (k / 500) % 2 == 0 { polling() } else { not_polling() })
+        };
+        assert_eq!(run(), run());
+    }
+
+    #[test]
+    fn config_ranges_are_checked() {
+        assert!(GovernorConfig::default().validate().is_ok());
+        for bad in [
+            GovernorConfig { probe_every_min: 0, ..Default::default() },
+            GovernorConfig { probe_every_min: 8, probe_every_max: 4, ..Default::default() },
+            GovernorConfig { margin: -0.1, ..Default::default() },
+            GovernorConfig { cpu_price: 2.0, ..Default::default() },
+            GovernorConfig { confirm: 0, ..Default::default() },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+}
