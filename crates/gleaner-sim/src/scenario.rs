@@ -103,6 +103,12 @@ pub struct HostCfg {
     /// Pause-loop exiting: a spinning vCPU exits after this much spinning.
     #[serde(default = "ple")]
     pub ple_window_us: f64,
+    /// Periodic load balancing of the host (0: none, only idle pCPUs pull queued vCPUs): every
+    /// interval a queued vCPU moves from the pCPU with the most vCPUs to the one with the
+    /// fewest while they differ by two or more. Without it, vCPUs that never halt (idle=poll,
+    /// yielders) keep whatever imbalance they start with.
+    #[serde(default)]
+    pub balance_interval_us: f64,
 }
 
 fn one32() -> u32 {
@@ -549,6 +555,7 @@ impl Scenario {
         check_pos("host.guest_slice_us", h.guest_slice_us)?;
         check_nonneg("host.wakeup_granularity_us", h.wakeup_granularity_us)?;
         check_pos("host.ple_window_us", h.ple_window_us)?;
+        check_nonneg("host.balance_interval_us", h.balance_interval_us)?;
         if h.halt_poll_ns_grow == 0 {
             return Err(bad("host.halt_poll_ns_grow", 0, ">= 1"));
         }
