@@ -153,7 +153,7 @@ fn predict_cell(cell: &LabCell, hp: &str, costs: model::CostChoice, opts: &Model
     }
     let variants: Vec<VariantCfg> = modes.iter().map(|m| model::variant_for(&m.summary.mode, m.policy, &plan, halt_poll)).collect();
     let host = model::host_cfg(cell.pcpus, &opts.host);
-    let sc = model::scenario(&cell.name, host.clone(), cell.vcpus, a.clone(), b.clone(), &costs.table2, variants.clone());
+    let sc = model::scenario(&cell.name, host.clone(), cell.vcpus, a, b, &costs.table2, variants);
     sc.validate().with_context(|| format!("the simulator scenario of cell {}", cell.name))?;
     let reports: Vec<Report> = seeds.iter().map(|&s| gleaner_sim::run_cases(&cell.name, "", &[(hp.to_string(), sc.clone())], s, false)).collect::<anyhow::Result<_>>()?;
     let lab = LabWindows::of(cell, hp);
@@ -173,7 +173,7 @@ fn predict_cell(cell: &LabCell, hp: &str, costs: model::CostChoice, opts: &Model
         policies.push(PolicyPrediction {
             mode: s.mode.clone(),
             policy: m.policy,
-            simulated_as: variants[i].guest,
+            simulated_as: sc.variants[i].guest,
             runs_ok: s.runs_ok,
             finished,
             speedup: Compared::new(s.speedup, s.speedup_ci, &col(&|v| v[0].speedup)),
