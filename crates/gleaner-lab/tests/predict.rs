@@ -226,3 +226,22 @@ fn the_host_scheduler_defaults_follow_eevdf_and_the_tick() {
     assert_eq!(model::config_hz("# CONFIG_HZ_100 is not set\nCONFIG_HZ_250=y\nCONFIG_HZ=250\n"), Some(250));
     assert_eq!(model::config_hz("CONFIG_HZ_250=y\n"), None);
 }
+
+#[test]
+fn a_finished_matrix_gets_the_prediction_appended_to_its_report() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture("matrix-old/matrix.json"), dir.path().join("matrix.json")).unwrap();
+    std::fs::write(dir.path().join("matrix.md"), "# gleaner lab matrix\n").unwrap();
+    gleaner_lab::predict::append_to_matrix_report(dir.path());
+    let md = std::fs::read_to_string(dir.path().join("matrix.md")).unwrap();
+    assert!(md.starts_with("# gleaner lab matrix\n") && md.contains("## Simulator prediction") && md.contains("| oc-condvar-freqsleep | n/a |"), "{md}");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("prediction.json")).unwrap()).unwrap();
+    assert_eq!(json["cells"][0]["name"], "oc-condvar-freqsleep");
+    assert!(dir.path().join("prediction.md").is_file());
+    // A prediction that cannot be made is said in the report; the matrix itself stands.
+    let empty = tempfile::tempdir().unwrap();
+    std::fs::write(empty.path().join("matrix.md"), "# m\n").unwrap();
+    gleaner_lab::predict::append_to_matrix_report(empty.path());
+    let md = std::fs::read_to_string(empty.path().join("matrix.md")).unwrap();
+    assert!(md.contains("not available: invalid lab results"), "{md}");
+}
