@@ -82,7 +82,9 @@ pub struct LabResults {
     pub setup: Vec<SetupStep>,
     /// How the workload was sized (compute rate, synchronization cost, work per step).
     pub sizing: Option<Sizing>,
-    /// The agent's calibration at each boot of a measured guest (`gleaner calibrate --json`).
+    /// The agent's calibration at each boot of a measured guest (`gleaner calibrate --json`);
+    /// none in results written before the lab recorded it.
+    #[serde(default)]
     pub calibrations: Vec<(String, gleaner_agent::CalibrateReport)>,
     /// Cross-vCPU wakeup latencies measured in the guests (Table 2 A, B, C): alone and in the
     /// scenario's conditions. The simulator's `--from-lab` takes its costs from here.

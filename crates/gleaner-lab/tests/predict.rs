@@ -128,6 +128,14 @@ fn every_lab_policy_maps_to_a_simulator_variant() {
     // The fixture's agent measured B 181 us > C 90 us next to VM B: nothing to hide.
     let p = model::agent_plan(&cell(), "n/a");
     assert_eq!((p.retention, p.verdict), (false, Some(RetentionVerdict::NoHaltPenalty)));
+    // Results that record the agent's own calibration at boot are taken at their word.
+    let mut c = cell();
+    let wakeup_costs = gleaner_policy::retention::WakeupCosts { busy_ns: 20_000, idle_long_ns: 90_000, idle_at_timeout_ns: 80_000 };
+    c.calibrations = vec![("lab-x-A".into(), gleaner_agent::cache::CalibrationResults { wakeup_costs, timeout_ns: 140_000, idle_threshold_ns: 30_000, verdict: RetentionVerdict::Pays })];
+    let p = model::agent_plan(&c, "n/a");
+    assert!(p.retention && p.why.contains("calibrated it at boot"), "{}", p.why);
+    assert_eq!((p.config.timeout_ns, p.config.idle_threshold_ns), (140_000, 30_000));
+    assert_eq!(model::variant_for("gleaner", Policy::Gleaner, &p, false).guest, GuestPolicy::Gleaner);
 }
 
 #[test]

@@ -46,6 +46,9 @@ pub struct LabCell {
     pub modes: Vec<MeasuredMode>,
     /// Every run (empty when only `matrix.json` was available).
     pub rows: Vec<Row>,
+    /// The agent's own calibration at each boot of VM A (guest, results), when the lab
+    /// recorded it.
+    pub calibrations: Vec<(String, gleaner_agent::cache::CalibrationResults)>,
     /// What had to be assumed while reading.
     pub notes: Vec<String>,
 }
@@ -125,6 +128,7 @@ pub fn from_results(file: &Path, r: &LabResults) -> anyhow::Result<LabCell> {
         wake_costs: r.wake_costs.clone(),
         modes,
         rows: r.rows.clone(),
+        calibrations: r.calibrations.iter().map(|(g, c)| (g.clone(), c.results)).collect(),
         notes,
     })
 }
@@ -163,6 +167,7 @@ fn from_matrix(file: &Path, m: &MatrixResults) -> anyhow::Result<Vec<LabCell>> {
             wake_costs: c.wake_costs.clone(),
             modes,
             rows: Vec::new(),
+            calibrations: Vec::new(),
             notes,
         });
     }

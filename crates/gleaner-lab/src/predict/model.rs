@@ -395,10 +395,12 @@ pub struct AgentPlan {
     pub lab_timeouts: Option<u64>,
 }
 
-/// The agent's start-up decision (`gleaner_agent::agent::retention_plan`) from the medians it
-/// would measure in VM A next to VM B: setting B (busy vCPU) and C after 500 us (its long gap,
-/// also the lab's period); the C after exactly the timeout is not in the lab results, so C
-/// stands in for it.
+/// The agent's start-up decision (`gleaner_agent::agent::retention_plan`): the one the agent
+/// recorded at VM A's boots (`gleaner calibrate`, in results that have it; the first boot's
+/// when they disagree, said in `why`), else the one it would make from the medians the lab
+/// measured in VM A next to VM B: setting B (busy vCPU) and C after 500 us (the agent's long
+/// gap, also the lab's period), with C standing in for the C after exactly the timeout, which
+/// the lab does not measure.
 pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
     let cfg = AgentConfig::default();
     let base = RetentionConfig { max_sleep_ns: cfg.max_sleep_ms * 1_000_000, step_aside_ns: cfg.step_aside_us * 1000, ..RetentionConfig::default() };
@@ -408,6 +410,23 @@ pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
             .filter_map(|r| r.agent.as_ref().map(|a| a.timeouts))
             .sum()
     });
+    if let Some((guest, first)) = cell.calibrations.first() {
+        let agree = cell.calibrations.iter().all(|(_, c)| c.verdict == first.verdict);
+        let w = first.wakeup_costs;
+        let retention = first.verdict == RetentionVerdict::Pays;
+        let why = format!(
+            "{:?} as the agent calibrated it at boot ({guest}{}: B p50 {:.0} us, C p50 {:.0} us, {:.0} us after the {:.0} us timeout): retention {}",
+            first.verdict,
+            if agree { String::new() } else { format!("; {} boots, verdicts differ", cell.calibrations.len()) },
+            w.busy_ns as f64 / 1e3,
+            w.idle_long_ns as f64 / 1e3,
+            w.idle_at_timeout_ns as f64 / 1e3,
+            first.timeout_ns as f64 / 1e3,
+            if retention { "on" } else { "off" }
+        );
+        let config = RetentionConfig { timeout_ns: first.timeout_ns.max(1), idle_threshold_ns: first.idle_threshold_ns, ..base };
+        return AgentPlan { retention, verdict: Some(first.verdict), config, why, lab_timeouts };
+    }
     let w = cell.wake_with_co_runner(hp).or(cell.wake_alone());
     let p50 = |s: Setting| w.and_then(|w| setting(w, s)).and_then(|r| r.p50_us);
     let (Some(b), Some(c)) = (p50(Setting::B), p50(Setting::C)) else {
