@@ -24,6 +24,7 @@ fn every_command_has_help() {
         &["sim"],
         &["host"],
         &["lab"],
+        &["lab", "predict"],
     ];
     for c in cmds {
         let out = gleaner().args(*c).arg("--help").output().unwrap();
@@ -51,6 +52,8 @@ fn bad_input_exits_2_with_one_line() {
         &["bench", "overhead", g, g],
         &["sim", "/nonexistent/scenario.toml"],
         &["lab", "run", "no-such-experiment"],
+        &["lab", "predict", "/nonexistent/lab-results"],
+        &["lab", "predict", g],
     ];
     for args in cases {
         let out = gleaner().args(*args).output().unwrap();

@@ -25,6 +25,7 @@ pub mod knobs;
 pub mod matrix;
 pub mod modinfo;
 pub mod native;
+pub mod predict;
 pub mod qmp;
 pub mod report;
 pub mod results;
@@ -58,6 +59,9 @@ pub enum LabCommand {
     /// consolidation, both) against every workload and co-runner in the overcommitted
     /// scenario; one report per cell and a matrix report (docs/lab.md).
     Matrix(MatrixArgs),
+    /// Predict lab results with the simulator: each cell of a matrix (or one `lab run`)
+    /// simulated from the lab's own measurements, beside what was measured (docs/sim.md).
+    Predict(predict::PredictArgs),
 }
 
 /// Flags shared by `lab run` and `lab matrix`.
@@ -188,6 +192,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
     interrupt::install().context("installing signal handlers")?;
     let cache_dir = cache::resolve_cache_dir(args.cache_dir.as_deref());
     match args.command {
+        LabCommand::Predict(p) => predict::run(&p),
         LabCommand::FetchKernel(f) => {
             let k = cache::fetch_kernel(&cache_dir, Some(&f.package), &mut |s| eprintln!("lab: {s}"))?;
             println!("{} {}", k.meta.version, k.dir.display());
@@ -262,6 +267,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             let opts = m.flags.options(out.clone(), cache_dir)?;
             let results = matrix::run_matrix(&workloads, &co_runners, &policies, &opts)?;
             let report = matrix::write(&out, &results)?;
+            predict::append_to_matrix_report(&out);
             if m.json {
                 println!("{}", serde_json::to_string(&results)?);
             } else {

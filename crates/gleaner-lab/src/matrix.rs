@@ -81,18 +81,18 @@ pub fn cell_experiment(workload: Workload, co_runner: Workload, policies: &[Poli
     }
 }
 
-/// One policy in one cell, as the matrix report shows it.
+/// One policy in one cell, as the matrix report shows it (the halt-poll setting is the
+/// summary's: a field of its own would write `halt_poll` twice and could not be read back).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct MatrixEntry {
     pub workload: String,
     pub co_runner: String,
-    pub halt_poll: String,
     #[serde(flatten)]
     pub summary: SummaryRow,
 }
 
 /// One cell's provenance in `matrix.json`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MatrixCell {
     pub name: String,
     pub workload: String,
@@ -109,7 +109,7 @@ pub struct MatrixCell {
 }
 
 /// `matrix.json`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MatrixResults {
     pub quick: bool,
     pub policies: Vec<Policy>,
@@ -154,7 +154,7 @@ fn add_cell(m: &mut MatrixResults, w: Workload, c: Workload, dir: &Path, r: &Lab
         notes: r.notes.clone(),
     });
     for s in r.summary.iter().filter(|s| s.instance == "A") {
-        m.entries.push(MatrixEntry { workload: w.name().into(), co_runner: c.name().into(), halt_poll: s.halt_poll.clone(), summary: s.clone() });
+        m.entries.push(MatrixEntry { workload: w.name().into(), co_runner: c.name().into(), summary: s.clone() });
     }
 }
 
@@ -188,7 +188,7 @@ pub fn table(m: &MatrixResults) -> String {
         let _ = writeln!(
             t,
             "| {} | {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {cons} | {note} |",
-            e.workload, e.co_runner, e.halt_poll, s.mode, s.runs_ok, s.runs, f(s.wall_s, 3), ci(s.speedup, s.speedup_ci), ci(s.co_runner_ratio, s.co_runner_ratio_ci),
+            e.workload, e.co_runner, s.halt_poll, s.mode, s.runs_ok, s.runs, f(s.wall_s, 3), ci(s.speedup, s.speedup_ci), ci(s.co_runner_ratio, s.co_runner_ratio_ci),
             ci(s.weighted_speedup, s.weighted_speedup_ci), f(s.host_cpu_per_item_us, 1), f(s.sleeps_per_item, 2), f(s.cpu_per_avoided_halt_us, 0)
         );
     }
@@ -200,10 +200,10 @@ pub fn verdicts(m: &MatrixResults) -> Vec<String> {
     let mut out = Vec::new();
     for c in &m.cells {
         let es: Vec<&MatrixEntry> = m.entries.iter().filter(|e| e.workload == c.workload && e.co_runner == c.co_runner).collect();
-        let mut hps: Vec<&str> = es.iter().map(|e| e.halt_poll.as_str()).collect();
+        let mut hps: Vec<&str> = es.iter().map(|e| e.summary.halt_poll.as_str()).collect();
         hps.dedup();
         for hp in hps {
-            let cell: Vec<&&MatrixEntry> = es.iter().filter(|e| e.halt_poll == hp).collect();
+            let cell: Vec<&&MatrixEntry> = es.iter().filter(|e| e.summary.halt_poll == hp).collect();
             let best = cell.iter().filter(|e| e.summary.weighted_speedup.is_some()).max_by(|a, b| a.summary.weighted_speedup.partial_cmp(&b.summary.weighted_speedup).unwrap_or(std::cmp::Ordering::Equal));
             let g = cell.iter().find(|e| e.summary.policy == Policy::Gleaner.name());
             if let Some(b) = best {

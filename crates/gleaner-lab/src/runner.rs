@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use gleaner_os::BadInput;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::accel::{self, shell_quote};
 use crate::cache::{self, Kernel, KernelMeta};
@@ -53,7 +53,7 @@ pub struct RunOptions {
 }
 
 /// A setup step of a measured guest (not a measured run): its output is kept as provenance.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SetupStep {
     pub guest: String,
     pub step: String,
@@ -61,7 +61,7 @@ pub struct SetupStep {
     pub stdout: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LabResults {
     pub experiment: Experiment,
     pub quick: bool,
@@ -82,7 +82,9 @@ pub struct LabResults {
     pub setup: Vec<SetupStep>,
     /// How the workload was sized (compute rate, synchronization cost, work per step).
     pub sizing: Option<Sizing>,
-    /// The agent's calibration at each boot of a measured guest (`gleaner calibrate --json`).
+    /// The agent's calibration at each boot of a measured guest (`gleaner calibrate --json`);
+    /// none in results written before the lab recorded it.
+    #[serde(default)]
     pub calibrations: Vec<(String, gleaner_agent::CalibrateReport)>,
     /// Cross-vCPU wakeup latencies measured in the guests (Table 2 A, B, C): alone and in the
     /// scenario's conditions. The simulator's `--from-lab` takes its costs from here.
@@ -166,7 +168,7 @@ fn wakeup_args() -> Vec<String> {
 }
 
 /// Wakeup latencies measured in a guest (setup step `setup.wakeup`), and where.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WakeCosts {
     /// `alone` (the sizing guest, alone on the pCPUs) or `with co-runner` (the measured guest's
     /// first boot, next to VM B) or `next to VM B` (oc2).
@@ -345,7 +347,7 @@ fn cpu_per_item_us(outputs: &[String]) -> Option<f64> {
 }
 
 /// What sizing found (kept in the results).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sizing {
     pub compute: Compute,
     pub native_iters_per_us: f64,

@@ -64,6 +64,8 @@ pub struct Setup {
     pub guest_slice_ns: Ns,
     pub halt_poll: Option<HaltPoll>,
     pub ple_window_ns: Ns,
+    /// Periodic host load balancing interval (`None`: only idle pCPUs pull queued vCPUs).
+    pub balance_ns: Option<Ns>,
     /// False for the native baseline: no exits, no halt polling, PM costs.
     pub virt: bool,
     pub costs: Costs,
@@ -304,6 +306,7 @@ pub struct Engine {
     pub(crate) guest_slice_ns: Ns,
     pub(crate) halt_poll: Option<HaltPoll>,
     pub(crate) ple_window_ns: Ns,
+    balance_ns: Option<Ns>,
     pub(crate) pcpus: Vec<Pcpu>,
     pub(crate) vcpus: Vec<Vcpu>,
     /// Compact per-vCPU load (current thread + run queue + inbox) for fast scans.
@@ -360,6 +363,7 @@ impl Engine {
             guest_slice_ns: s.guest_slice_ns,
             halt_poll: if s.virt { s.halt_poll } else { None },
             ple_window_ns: s.ple_window_ns,
+            balance_ns: s.balance_ns,
             pcpus: (0..s.pcpus)
                 .map(|_| Pcpu { cur: NONE, rq: Vec::new(), seg_start: 0, last: NONE, dirty: false })
                 .collect(),
@@ -600,6 +604,9 @@ impl Engine {
         if let Some(p) = self.host_policy.period_ns() {
             self.q.push(p, Ev::HostPeriod);
         }
+        if let Some(b) = self.balance_ns {
+            self.q.push(b, Ev::HostBalance);
+        }
         self.flush_dirty();
         let limit = self.stop_at.unwrap_or(self.max_ns).min(self.max_ns);
         let mut finished = false;
@@ -646,6 +653,7 @@ impl Engine {
             }
             Ev::GleanerPeriod { vm } => self.on_gleaner_period(vm),
             Ev::HostPeriod => self.on_host_period(),
+            Ev::HostBalance => self.on_host_balance(),
         }
         true
     }
@@ -889,6 +897,47 @@ impl Engine {
             let vc = &mut self.vcpus[v as usize];
             vc.slice_end = self.now + vc.slice_ns;
         }
+    }
+
+    /// Periodic load balancing (`Setup::balance_ns`): while the pCPU with the most vCPUs
+    /// (running + queued) has two or more than the one with the fewest, move its oldest queued
+    /// vCPU that may run there, placed as a waking vCPU is (at most half a slice behind).
+    fn on_host_balance(&mut self) {
+        let Some(interval) = self.balance_ns else { return };
+        let n = self.pcpus.len();
+        for _ in 0..self.vcpus.len() {
+            if self.queued_vcpus == 0 || n < 2 {
+                break;
+            }
+            let load = |pc: &Pcpu| pc.rq.len() + usize::from(pc.cur != NONE);
+            let (mut hi, mut lo) = (0, 0);
+            for p in 1..n {
+                if load(&self.pcpus[p]) > load(&self.pcpus[hi]) {
+                    hi = p;
+                }
+                if load(&self.pcpus[p]) < load(&self.pcpus[lo]) {
+                    lo = p;
+                }
+            }
+            if load(&self.pcpus[hi]) < load(&self.pcpus[lo]) + 2 {
+                break;
+            }
+            let Some(pos) = self.pcpus[hi].rq.iter().position(|&w| self.affs[self.vcpus[w as usize].aff as usize].member[lo]) else { break };
+            let v = self.pcpus[hi].rq.remove(pos);
+            self.queued_vcpus -= 1;
+            let (hi, lo) = (hi as u32, lo as u32);
+            self.settle(lo);
+            let pc = &self.pcpus[lo as usize];
+            let minv = pc.rq.iter().chain(std::iter::once(&pc.cur).filter(|&&c| c != NONE)).map(|&w| self.vcpus[w as usize].vruntime).min();
+            if let Some(minv) = minv {
+                let vc = &mut self.vcpus[v as usize];
+                vc.vruntime = vc.vruntime.max(minv.saturating_sub(self.host_slice_ns / 2));
+            }
+            self.enqueue_on(lo, v);
+            self.mark_dirty(lo);
+            self.mark_dirty(hi);
+        }
+        self.q.push(self.now + interval, Ev::HostBalance);
     }
 
     /// Directed yield after a pause-loop exit: let a waiting vCPU run.
@@ -1164,8 +1213,47 @@ pub(crate) fn ms_to_ns(ms: f64) -> Ns {
 
 #[cfg(test)]
 mod tests {
-    use super::{round_at_least_1, Counters, Idle, Vcpu};
+    use super::{round_at_least_1, Counters, Engine, Host, Idle, Setup, SetupVm, Vcpu, NONE};
     use std::mem::{offset_of, size_of};
+
+    /// Four always-runnable vCPUs stacked on one of two pCPUs (three queued behind a running
+    /// one, which only an idle pCPU would pull): a balancing pass leaves two on each.
+    #[test]
+    fn periodic_balancing_moves_queued_vcpus_to_the_lighter_pcpu() {
+        let w = crate::workload::builtin("matmul", 4, 1.0, true).expect("builtin").resolve("m", 4, 4).expect("resolves");
+        let vm = SetupVm { name: "a".into(), workload: w, vcpus: 4, pin_offset: None, background: true, guest: crate::scenario::GuestPolicy::Stock, gleaner: Default::default(), haltpoll: Default::default() };
+        let costs = crate::scenario::Costs::from_table2(&crate::scenario::CostsCfg::default().vm, 1.0, 2.0, 1.0);
+        let mut e = Engine::new(Setup {
+            pcpus: 2,
+            host_slice_ns: 3_000_000,
+            wakeup_preemption: true,
+            wakeup_gran_ns: 0,
+            guest_slice_ns: 3_000_000,
+            halt_poll: None,
+            ple_window_ns: 20_000,
+            balance_ns: Some(32_000_000),
+            virt: true,
+            costs,
+            vms: vec![vm],
+            seed: 1,
+            stop_at: Some(1),
+            max_ns: 1,
+            host_policy: Box::new(crate::policy::StockHost),
+        });
+        e.pcpus[0].cur = 0;
+        e.vcpus[0].host = Host::Running(0);
+        e.idle_pcpus = 0;
+        for v in 1..4 {
+            e.enqueue_on(0, v);
+        }
+        e.pcpus[1].cur = NONE;
+        e.on_host_balance();
+        let load = |e: &Engine, p: usize| e.pcpus[p].rq.len() + usize::from(e.pcpus[p].cur != NONE);
+        assert_eq!((load(&e, 0), load(&e, 1)), (2, 2));
+        assert_eq!(e.pcpus[1].rq, vec![1, 2], "the oldest queued vCPUs move");
+        e.on_host_balance();
+        assert_eq!(e.pcpus[1].rq, vec![1, 2], "a balanced host stays as it is");
+    }
 
     #[test]
     fn vcpu_hot_fields_share_cache_lines() {

@@ -398,7 +398,9 @@ impl Engine {
                 sc.c.exits_ipi += 1;
                 sc.overhead += self.costs.ipi_send;
             }
-            self.costs.ipi
+            // A yielding vCPU keeps yielding until the IPI gets through (Costs::yield_wake).
+            let yielding = self.vcpus[vi].idle == Idle::Yield;
+            self.costs.ipi + if yielding { self.costs.yield_wake } else { 0 }
         };
         self.kick(v, delay);
     }

@@ -130,7 +130,9 @@ pub fn load_scenario(arg: &str) -> anyhow::Result<(String, String)> {
     Err(BadInput::new("scenario", arg, format!("a TOML file or a built-in scenario: {}", names.join(", "))).into())
 }
 
-fn with_pool<T: Send>(jobs: Option<usize>, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+/// Runs `f` on a rayon pool of `jobs` threads (`None`: the global pool, all cores); `--jobs 0`
+/// is bad input.
+pub fn with_pool<T: Send>(jobs: Option<usize>, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
     match jobs {
         None => Ok(f()),
         Some(0) => Err(BadInput::new("--jobs", 0, ">= 1").into()),
@@ -162,7 +164,8 @@ fn emit(reports: &[Report], opts: &RunOpts, many: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn parse_seeds(s: &str) -> anyhow::Result<Vec<u64>> {
+/// Parses a seed list: a range `1-5` or a list `1,7,9` (bad input names `--seeds`).
+pub fn parse_seeds(s: &str) -> anyhow::Result<Vec<u64>> {
     let bad = || BadInput::new("--seeds", s, "a range like 1-5 or a list like 1,7,9");
     if let Some((a, b)) = s.split_once('-') {
         let (a, b): (u64, u64) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);

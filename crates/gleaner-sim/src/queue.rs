@@ -27,6 +27,8 @@ pub enum Ev {
     GleanerPeriod { vm: u32 },
     /// The host policy's monitoring period ends.
     HostPeriod,
+    /// The host's periodic load balancing.
+    HostBalance,
 }
 
 #[derive(Debug, Clone, Copy)]

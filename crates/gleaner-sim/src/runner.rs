@@ -179,6 +179,7 @@ pub fn setup_for(sc: &Scenario, v: &VariantCfg, seed: u64) -> anyhow::Result<Set
             shrink: h.halt_poll_ns_shrink,
         }),
         ple_window_ns: us_to_ns(h.ple_window_us),
+        balance_ns: (h.balance_interval_us > 0.0).then(|| us_to_ns(h.balance_interval_us).max(1)),
         virt: true,
         costs: vm_costs,
         vms,
@@ -204,6 +205,7 @@ pub fn native_setup(sc: &Scenario, vm_index: usize, seed: u64) -> anyhow::Result
             guest_slice_ns: us_to_ns(h.guest_slice_us),
             halt_poll: None,
             ple_window_ns: us_to_ns(h.ple_window_us),
+            balance_ns: None,
             virt: false,
             costs: pm,
             vms: vec![SetupVm {

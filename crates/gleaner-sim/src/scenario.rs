@@ -103,6 +103,12 @@ pub struct HostCfg {
     /// Pause-loop exiting: a spinning vCPU exits after this much spinning.
     #[serde(default = "ple")]
     pub ple_window_us: f64,
+    /// Periodic load balancing of the host (0: none, only idle pCPUs pull queued vCPUs): every
+    /// interval a queued vCPU moves from the pCPU with the most vCPUs to the one with the
+    /// fewest while they differ by two or more. Without it, vCPUs that never halt (idle=poll,
+    /// yielders) keep whatever imbalance they start with.
+    #[serde(default)]
+    pub balance_interval_us: f64,
 }
 
 fn one32() -> u32 {
@@ -321,7 +327,9 @@ impl Default for CostsCfg {
 }
 
 /// Costs of one world (VM or native), in nanoseconds, derived from a Table 2 column:
-/// `A = RT`, `B = IPI + RT`, `C = IPI + RV + RT`, `D = IPI + PV + RV + RT`.
+/// `A = RT`, `B = IPI + YW + RT`, `C = IPI + RV + RT`, `D = IPI + PV + RV + RT`, where only
+/// one of `RV` (a halted vCPU is slower to wake, as on KVM) and `YW` (a vCPU running a
+/// yielding thread is slower to wake, as under QEMU TCG) is non-zero.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Costs {
     /// Guest thread switch (RT).
@@ -330,6 +338,9 @@ pub struct Costs {
     pub ipi: u64,
     /// Resuming a halted vCPU on an idle pCPU (RV; a C1 exit natively).
     pub rv: u64,
+    /// Extra delivery latency when the target vCPU runs a yielding thread instead of halting
+    /// (YW = B - C when B > C, else 0).
+    pub yield_wake: u64,
     /// Taking the pCPU from another vCPU (PV: exit, switch, cache and TLB refill).
     pub pv: u64,
     pub ipi_send: u64,
@@ -344,10 +355,15 @@ fn us(v: f64) -> u64 {
 impl Costs {
     pub fn from_table2(t: &Table2, ipi_send_us: f64, poll_wake_us: f64, ple_exit_us: f64) -> Self {
         let (a, b, c, d) = (us(t.a_us), us(t.b_us), us(t.c_us), us(t.d_us));
+        // Waking a busy vCPU is normally the cheaper case (B <= C): the IPI is the common part.
+        // Under binary translation a yielding vCPU can be the slower one; then the common part
+        // is C's and the rest of B is the yielder's own delay.
+        let common = b.min(c);
         Self {
             rt: a,
-            ipi: b.saturating_sub(a),
-            rv: c.saturating_sub(b),
+            ipi: common.saturating_sub(a),
+            rv: c.saturating_sub(common),
+            yield_wake: b.saturating_sub(common),
             pv: d.saturating_sub(c),
             ipi_send: us(ipi_send_us),
             poll_wake: us(poll_wake_us),
@@ -552,6 +568,7 @@ impl Scenario {
         check_pos("host.guest_slice_us", h.guest_slice_us)?;
         check_nonneg("host.wakeup_granularity_us", h.wakeup_granularity_us)?;
         check_pos("host.ple_window_us", h.ple_window_us)?;
+        check_nonneg("host.balance_interval_us", h.balance_interval_us)?;
         if h.halt_poll_ns_grow == 0 {
             return Err(bad("host.halt_poll_ns_grow", 0, ">= 1"));
         }
@@ -692,7 +709,19 @@ mod tests {
     #[test]
     fn costs_decompose_table2() {
         let c = Costs::from_table2(&CostsCfg::default().vm, 1.0, 2.0, 1.0);
-        assert_eq!((c.rt, c.ipi, c.rv, c.pv), (6_000, 11_000, 20_000, 59_000));
+        assert_eq!((c.rt, c.ipi, c.rv, c.yield_wake, c.pv), (6_000, 11_000, 20_000, 0, 59_000));
+    }
+
+    /// Under QEMU TCG a vCPU kept busy by a yielder wakes slower than a halted one (lab sample:
+    /// B 376 us, C 94 us): the decomposition must not turn that into a zero RV and an IPI that
+    /// every wake-up pays.
+    #[test]
+    fn costs_decompose_a_slow_busy_vcpu() {
+        let t = Table2 { a_us: 46.0, b_us: 376.0, c_us: 94.0, d_us: 130.0 };
+        let c = Costs::from_table2(&t, 1.0, 2.0, 1.0);
+        assert_eq!((c.rt, c.ipi, c.rv, c.yield_wake, c.pv), (46_000, 48_000, 0, 282_000, 36_000));
+        assert_eq!(c.rt + c.ipi + c.yield_wake, 376_000, "B");
+        assert_eq!(c.rt + c.ipi + c.rv, 94_000, "C");
     }
 
     #[test]

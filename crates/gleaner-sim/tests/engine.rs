@@ -45,6 +45,7 @@ fn setup(pcpus: u32, vms: Vec<SetupVm>) -> Setup {
         guest_slice_ns: 3_000_000,
         halt_poll: None,
         ple_window_ns: 20_000,
+        balance_ns: None,
         virt: true,
         costs: costs(),
         vms,
@@ -136,6 +137,27 @@ fn retention_keeps_the_vcpu_and_pays_only_the_ipi() {
     assert!((b - (c.ipi + c.rt) as f64 / 1000.0).abs() <= 1.0, "B {b}");
     assert!(o.vms[0].exits_hlt < 20, "the yielder keeps vCPUs from halting: {}", o.vms[0].exits_hlt);
     assert!(o.vms[0].yield_ns > 0);
+}
+
+/// Under QEMU TCG a vCPU running a yielder is the slower one to wake (B > C): yielding vCPUs
+/// pay B, halted ones C, each from its own Table 2 value.
+#[test]
+fn a_slow_busy_vcpu_pays_b_and_a_halted_one_c() {
+    let t = gleaner_sim::scenario::Table2 { a_us: 40.0, b_us: 400.0, c_us: 90.0, d_us: 90.0 };
+    let c = Costs::from_table2(&t, 1.0, 2.0, 1.0);
+    let p50 = |guest| {
+        let w = wl(vec![
+            group("ping", 1, Some(200), vec![0], &["compute 500us", "signal ping", "wait pong"]),
+            group("pong", 1, Some(200), vec![1], &["wait ping", "compute 30us", "signal pong"]),
+        ]);
+        let mut s = setup(2, vec![vm("app", w, 2, Some(0), false, guest)]);
+        s.costs = c;
+        s.vms[0].gleaner.retention.timeout_ns = 10_000_000_000;
+        run(s).vms[0].lat.summary().p50_us
+    };
+    // 1 us histogram buckets: the p50 is rounded down to the microsecond.
+    assert!((p50(GuestPolicy::Stock) - 90.0).abs() <= 1.0, "C");
+    assert!((p50(GuestPolicy::Retention) - 400.0).abs() <= 1.0, "B");
 }
 
 #[test]

@@ -137,7 +137,13 @@ impl WorkloadParams {
     /// The default size: about 1-3 s on an otherwise idle 2-vCPU VM (pipeline about 2 s, so
     /// that `gleaner compare` can do 5 + 5 runs in about a minute; longer under other load).
     pub fn default_for(w: Workload) -> WorkloadParams {
-        let cpus = available_cpus();
+        Self::default_for_cpus(w, available_cpus())
+    }
+
+    /// The default size on a machine with `cpus` CPUs (what [`WorkloadParams::default_for`]
+    /// gives there: the thread count follows the CPU count).
+    pub fn default_for_cpus(w: Workload, cpus: usize) -> WorkloadParams {
+        let cpus = cpus.max(1);
         let (threads, work_us, items) = match w {
             Workload::Pipeline => (cpus, 10.0, 100_000),
             Workload::Barrier => (cpus, 50.0, 15_000),

@@ -1,0 +1,255 @@
+//! `gleaner lab predict`: the simulator configured from lab results. Fixtures (trimmed from a
+//! `gleaner lab matrix --quick` run under TCG): `fixtures/oc-condvar-freqsleep.results.json`
+//! (one cell with its runs) and `fixtures/matrix-old/matrix.json` (a matrix.json as written
+//! before `halt_poll` was written once, without the cell's results.json).
+
+use std::path::{Path, PathBuf};
+
+use gleaner_agent::config::AgentConfig;
+use gleaner_bench::workload::Workload;
+use gleaner_lab::experiment::Policy;
+use gleaner_lab::predict::input::{self, LabCell};
+use gleaner_lab::predict::model::{self, HostSched, ModelOptions, WakeStat};
+use gleaner_lab::predict::{predict, report};
+use gleaner_os::BadInput;
+use gleaner_policy::retention::RetentionVerdict;
+use gleaner_sim::scenario::GuestPolicy;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn cell() -> LabCell {
+    let mut cells = input::load(&fixture("oc-condvar-freqsleep.results.json")).expect("fixture loads");
+    assert_eq!(cells.len(), 1);
+    cells.remove(0)
+}
+
+/// The host of the lab machine, fixed so the tests do not depend on the machine running them.
+fn opts(jitter_pct: f64) -> ModelOptions {
+    ModelOptions { host: HostSched::default_for(2, 250), wake_stat: WakeStat::P50, jitter_pct }
+}
+
+fn bad_input(e: &anyhow::Error) -> BadInput {
+    e.chain().find_map(|c| c.downcast_ref::<BadInput>()).cloned().unwrap_or_else(|| panic!("not BadInput: {e:#}"))
+}
+
+#[test]
+fn a_results_file_becomes_a_cell_with_the_guests_kernel_and_costs() {
+    let c = cell();
+    assert_eq!((c.name.as_str(), c.pcpus, c.vcpus, c.accel.as_str()), ("oc-condvar-freqsleep", 2, 2, "tcg"));
+    assert_eq!(c.workload.workload, Workload::Condvar);
+    // `--threads` absent: the kernel's default on the guest's 2 vCPUs.
+    assert_eq!((c.workload.params.threads, c.workload.params.items, c.workload.params.work_us), (2, 4000, 80.2));
+    let co = c.co_runner.as_ref().expect("oc has a co-runner");
+    assert_eq!((co.workload, co.params.threads, co.params.items), (Workload::Freqsleep, 2, 900));
+    let modes: Vec<&str> = c.modes.iter().map(|m| m.summary.mode.as_str()).collect();
+    assert_eq!(modes, ["consolidation", "stock", "yielders"]);
+    assert_eq!(c.halt_polls(), ["n/a"]);
+    assert!(c.wake_alone().is_some() && c.wake_with_co_runner("n/a").is_some());
+
+    // Table 2 from the sizing guest (alone): A, B, C medians; D adds the median extra of C
+    // next to the co-runner.
+    let costs = model::choose_costs(std::slice::from_ref(&c), "n/a", WakeStat::P50).expect("costs");
+    let t = costs.table2;
+    assert_eq!((t.a_us, t.b_us, t.c_us), (36.225, 57.955, 76.83500000000001));
+    assert!((t.d_us - 89.675).abs() < 1e-9, "D = C + (89.675 - 76.835): {}", t.d_us);
+    assert_eq!(costs.costs_ns.yield_wake, 0, "B < C here: the busy vCPU is the faster to wake");
+}
+
+#[test]
+fn the_scenario_has_the_labs_host_vms_kernel_and_co_runner() {
+    let c = cell();
+    let costs = model::choose_costs(std::slice::from_ref(&c), "n/a", WakeStat::P50).unwrap();
+    let (a, per_item) = model::kernel_workload(&c.workload, 80_200, 30_000, 0.0).unwrap();
+    assert_eq!(per_item, 2.0, "put and take");
+    let names: Vec<&str> = a.groups.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(names, ["producer0", "consumer0"]);
+    assert_eq!(a.groups[0].ops, ["compute 80200ns", "push mailbox0", "compute 30000ns"]);
+    assert_eq!(a.groups[0].iterations, Some(4000));
+    assert_eq!(a.queue_capacity, 1, "a one-slot mailbox");
+
+    let m = model::co_runner_model(&c, c.co_runner.as_ref().unwrap(), "n/a", costs.table2.a_us);
+    assert!(m.iterations >= 3 && m.startup_cpu_us > m.kernel_cpu_us, "start-up dominates the lab's freqsleep loop: {m:?}");
+    let b = model::co_runner_workload(&m, c.vcpus, 0.0);
+    assert_eq!(b.groups.len(), 2, "one pinned sleeper per vCPU");
+    assert_eq!(b.groups[1].pin, [1]);
+    assert_eq!(b.groups[0].ops.iter().filter(|o| o.starts_with("sleep")).count(), 450);
+
+    let plan = model::agent_plan(&c, "n/a");
+    let variants = vec![model::variant_for("stock", Policy::Stock, &plan, false), model::variant_for("yielders", Policy::Yielders, &plan, false)];
+    let host = model::host_cfg(c.pcpus, &HostSched::default_for(2, 250));
+    assert_eq!((host.pcpus, host.slice_us, host.wakeup_granularity_us), (2, 4000.0, 0.0));
+    let sc = model::scenario(&c.name, host, c.vcpus, a, Some(b), &costs.table2, variants);
+    sc.validate().expect("a valid simulator scenario");
+    assert_eq!(sc.vms.len(), 2);
+    assert!(!sc.vms[0].background && sc.vms[1].background);
+    assert_eq!(sc.baseline.as_deref(), Some("stock"));
+    // It is a scenario file like any other: `gleaner sim` can run what `--scenarios` writes.
+    let text = toml::to_string(&sc).unwrap();
+    gleaner_sim::scenario::parse(&text, "written").expect("the written scenario parses back");
+}
+
+#[test]
+fn the_sizing_fit_reproduces_the_guests_synchronization_cpu() {
+    let c = cell();
+    let costs = model::choose_costs(std::slice::from_ref(&c), "n/a", WakeStat::P50).unwrap();
+    let fit = model::fit_sync(&c, &HostSched::default_for(2, 250), &costs.table2).unwrap();
+    let target = fit.measured_us_per_item.expect("the fixture has a sizing");
+    assert!((fit.simulated_us_per_item - target).abs() <= 0.02 * target, "{fit:?}");
+    assert!(fit.sync_op_us > 0.0 && fit.simulated_without_us_per_item < target, "{fit:?}");
+}
+
+#[test]
+fn every_lab_policy_maps_to_a_simulator_variant() {
+    let cfg = AgentConfig::default();
+    let base = gleaner_policy::retention::RetentionConfig { timeout_ns: 150_000, ..Default::default() };
+    let plan = |retention| model::AgentPlan { retention, verdict: None, config: base, why: String::new(), lab_timeouts: None };
+    let (on, off) = (plan(true), plan(false));
+    let guest = |p, plan: &model::AgentPlan| model::variant_for(p, Policy::parse(p).unwrap(), plan, false).guest;
+    for (p, with_retention, without) in [
+        ("stock", GuestPolicy::Stock, GuestPolicy::Stock),
+        ("yielders", GuestPolicy::Retention, GuestPolicy::Retention),
+        ("idle-poll", GuestPolicy::IdlePoll, GuestPolicy::IdlePoll),
+        ("haltpoll", GuestPolicy::Haltpoll, GuestPolicy::Haltpoll),
+        ("retention", GuestPolicy::Retention, GuestPolicy::Stock),
+        ("consolidation", GuestPolicy::Consolidation, GuestPolicy::Consolidation),
+        ("gleaner", GuestPolicy::Gleaner, GuestPolicy::Consolidation),
+    ] {
+        assert_eq!(guest(p, &on), with_retention, "{p} when the agent retains");
+        assert_eq!(guest(p, &off), without, "{p} when the agent's verdict turns retention off");
+    }
+    let y = model::variant_for("yielders", Policy::Yielders, &on, false);
+    assert!(y.gleaner.retention.timeout_ns >= 3_600_000_000_000, "naive yielders never time out");
+    let g = model::variant_for("gleaner", Policy::Gleaner, &on, true);
+    assert_eq!(g.gleaner.retention.timeout_ns, 150_000, "the agent's calibrated timeout");
+    assert_eq!(g.gleaner.period_ms, cfg.period_ms as f64, "the agent's period");
+    assert!(g.host_halt_poll);
+    // The fixture's agent measured B 181 us > C 90 us next to VM B: nothing to hide.
+    let p = model::agent_plan(&cell(), "n/a");
+    assert_eq!((p.retention, p.verdict), (false, Some(RetentionVerdict::NoHaltPenalty)));
+    // Results that record the agent's own calibration at boot are taken at their word.
+    let mut c = cell();
+    let wakeup_costs = gleaner_policy::retention::WakeupCosts { busy_ns: 20_000, idle_long_ns: 90_000, idle_at_timeout_ns: 80_000 };
+    c.calibrations = vec![("lab-x-A".into(), gleaner_agent::cache::CalibrationResults { wakeup_costs, timeout_ns: 140_000, idle_threshold_ns: 30_000, verdict: RetentionVerdict::Pays })];
+    let p = model::agent_plan(&c, "n/a");
+    assert!(p.retention && p.why.contains("calibrated it at boot"), "{}", p.why);
+    assert_eq!((p.config.timeout_ns, p.config.idle_threshold_ns), (140_000, 30_000));
+    assert_eq!(model::variant_for("gleaner", Policy::Gleaner, &p, false).guest, GuestPolicy::Gleaner);
+}
+
+#[test]
+fn the_table_puts_prediction_beside_measurement() {
+    let c = cell();
+    let p = predict("fixture", std::slice::from_ref(&c), &opts(0.0), &[1], None).expect("prediction");
+    assert_eq!(p.cells.len(), 1);
+    let cp = &p.cells[0];
+    assert_eq!(cp.policies[0].mode, "stock", "the baseline first");
+    let stock = &cp.policies[0];
+    assert_eq!((stock.speedup.predicted, stock.speedup.measured, stock.within()), (Some(1.0), Some(1.0), Some(true)));
+    let y = cp.policies.iter().find(|x| x.policy == Policy::Yielders).unwrap();
+    assert_eq!(y.simulated_as, GuestPolicy::Retention);
+    let (m, s) = (y.speedup.measured.unwrap(), y.speedup.predicted.unwrap());
+    assert!((y.speedup.rel_diff.unwrap() - (s / m - 1.0)).abs() < 1e-12);
+    assert!(y.co_runner_ratio_workload.is_some(), "rows give the ratio over the workload's own window");
+    assert_eq!(p.compared, 2, "consolidation and yielders");
+    let md = report::markdown(&p);
+    assert!(md.contains("| cell | halt poll | policy (simulated as) | speedup: lab [95% CI] | sim | diff |"), "{md}");
+    assert_eq!(md.lines().filter(|l| l.starts_with("| oc-condvar-freqsleep | n/a |")).count(), 3, "{md}");
+    assert!(md.contains("| wakeup | context |"), "the wake-up check is reported");
+    let json = serde_json::to_value(&p).unwrap();
+    assert_eq!(json["cells"][0]["policies"][0]["speedup"]["within_25"], true);
+    assert!(json["cells"][0]["costs"]["costs_ns"]["rt"].as_u64().is_some());
+}
+
+#[test]
+fn predictions_are_deterministic_for_given_seeds() {
+    let c = cell();
+    let run = |jitter, seeds: &[u64]| serde_json::to_string(&predict("x", std::slice::from_ref(&c), &opts(jitter), seeds, None).unwrap()).unwrap();
+    assert_eq!(run(0.0, &[1]), run(0.0, &[1]));
+    let a = run(10.0, &[1, 2]);
+    assert_eq!(a, run(10.0, &[1, 2]));
+    let p = predict("x", std::slice::from_ref(&c), &opts(10.0), &[1, 2], None).unwrap();
+    for x in &p.cells[0].policies {
+        let s = x.speedup;
+        let (lo, mid, hi) = (s.predicted_min.unwrap(), s.predicted.unwrap(), s.predicted_max.unwrap());
+        assert!(lo <= mid && mid <= hi, "{s:?}");
+    }
+}
+
+#[test]
+fn bad_input_names_the_path_and_what_is_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = input::load(&dir.path().join("missing")).unwrap_err();
+    let b = bad_input(&e);
+    assert!(b.value.ends_with("missing") && b.allowed.contains("matrix.json") && b.allowed.contains("results.json"), "{b}");
+    assert!(bad_input(&input::load(dir.path()).unwrap_err()).allowed.contains("matrix.json"), "an empty directory");
+    for (name, text) in [("results.json", "{ not json"), ("matrix.json", "{\"cells\": 3}"), ("empty/results.json", "")] {
+        let f = dir.path().join(name);
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(&f, text).unwrap();
+        let b = bad_input(&input::load(&f).unwrap_err());
+        assert!(b.value == f.display().to_string() && b.allowed.contains("gleaner lab"), "{name}: {b}");
+        assert!(!b.to_string().contains('\n'), "one line: {b}");
+    }
+    // Results without the wakeup measurement cannot give costs.
+    let mut r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("oc-condvar-freqsleep.results.json")).unwrap()).unwrap();
+    r["wake_costs"] = serde_json::json!([]);
+    let f = dir.path().join("no-wake/results.json");
+    std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+    std::fs::write(&f, r.to_string()).unwrap();
+    let cells = input::load(f.parent().unwrap()).unwrap();
+    let e = predict("x", &cells, &opts(0.0), &[1], None).unwrap_err();
+    assert!(bad_input(&e).allowed.contains("setup.wakeup"), "{e:#}");
+}
+
+/// Regression: matrix.json files written before the fix carry `halt_poll` twice per entry and
+/// could not be read back; a matrix without its cells' results.json is predicted from what
+/// matrix.json holds.
+#[test]
+fn matrix_json_with_halt_poll_twice_reads_back() {
+    let cells = input::load(&fixture("matrix-old")).expect("an old matrix.json loads");
+    assert_eq!(cells.len(), 1);
+    let c = &cells[0];
+    assert!(c.rows.is_empty() && c.notes[0].contains("no results.json"), "{:?}", c.notes);
+    assert_eq!((c.pcpus, c.vcpus), (2, 2), "the matrix's own cell experiment");
+    assert_eq!(c.modes.len(), 3);
+    assert!(c.modes.iter().all(|m| m.summary.halt_poll == "n/a"));
+    // Written again, each entry has the key once.
+    let text = std::fs::read_to_string(fixture("matrix-old/matrix.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let m: gleaner_lab::matrix::MatrixResults = serde_json::from_value(v).unwrap();
+    let again = serde_json::to_string(&m).unwrap();
+    assert_eq!(again.matches("\"halt_poll\"").count(), m.entries.len());
+    let back: gleaner_lab::matrix::MatrixResults = serde_json::from_str(&again).expect("reads back without help");
+    assert_eq!(back.entries, m.entries);
+}
+
+#[test]
+fn the_host_scheduler_defaults_follow_eevdf_and_the_tick() {
+    let h = HostSched::default_for(2, 250);
+    assert_eq!((h.base_slice_us, h.tick_us, h.slice_us()), (1500.0, 4000.0, 4000.0));
+    assert_eq!(HostSched::default_for(1, 1000).slice_us(), 1000.0);
+    assert_eq!(HostSched::default_for(64, 1000).base_slice_us, 3000.0, "the scaling stops at 8 CPUs");
+    assert_eq!(model::config_hz("# CONFIG_HZ_100 is not set\nCONFIG_HZ_250=y\nCONFIG_HZ=250\n"), Some(250));
+    assert_eq!(model::config_hz("CONFIG_HZ_250=y\n"), None);
+}
+
+#[test]
+fn a_finished_matrix_gets_the_prediction_appended_to_its_report() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture("matrix-old/matrix.json"), dir.path().join("matrix.json")).unwrap();
+    std::fs::write(dir.path().join("matrix.md"), "# gleaner lab matrix\n").unwrap();
+    gleaner_lab::predict::append_to_matrix_report(dir.path());
+    let md = std::fs::read_to_string(dir.path().join("matrix.md")).unwrap();
+    assert!(md.starts_with("# gleaner lab matrix\n") && md.contains("## Simulator prediction") && md.contains("| oc-condvar-freqsleep | n/a |"), "{md}");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("prediction.json")).unwrap()).unwrap();
+    assert_eq!(json["cells"][0]["name"], "oc-condvar-freqsleep");
+    assert!(dir.path().join("prediction.md").is_file());
+    // A prediction that cannot be made is said in the report; the matrix itself stands.
+    let empty = tempfile::tempdir().unwrap();
+    std::fs::write(empty.path().join("matrix.md"), "# m\n").unwrap();
+    gleaner_lab::predict::append_to_matrix_report(empty.path());
+    let md = std::fs::read_to_string(empty.path().join("matrix.md")).unwrap();
+    assert!(md.contains("not available: invalid lab results"), "{md}");
+}
