@@ -460,13 +460,24 @@ pub fn variant_for(name: &str, policy: Policy, plan: &AgentPlan, halt_poll: bool
         Policy::Gleaner if plan.retention => GuestPolicy::Gleaner,
         Policy::Gleaner => GuestPolicy::Consolidation,
     };
-    let retention = if policy == Policy::Yielders { RetentionConfig { timeout_ns: NO_TIMEOUT_NS, ..RetentionConfig::default() } } else { plan.config };
+    // Naive yielders never time out, adapt or stop; the agent's retention adapts and is governed
+    // as the agent's configuration says (the sim's governor starts on: the variant retains only
+    // when the start-up verdict said it pays).
+    let yielders = policy == Policy::Yielders;
+    let retention = if yielders { RetentionConfig { timeout_ns: NO_TIMEOUT_NS, adapt: false, ..RetentionConfig::default() } } else { RetentionConfig { adapt: gleaner_agent::agent::governed(&cfg), ..plan.config } };
     VariantCfg {
         name: name.into(),
         guest,
         host_halt_poll: halt_poll,
         host: HostPolicyKind::Stock,
-        gleaner: GleanerCfg { period_ms: cfg.period_ms as f64, yield_us: GleanerCfg::default().yield_us, params: cfg.controller.clone(), retention },
+        gleaner: GleanerCfg {
+            period_ms: cfg.period_ms as f64,
+            yield_us: GleanerCfg::default().yield_us,
+            params: cfg.controller.clone(),
+            retention,
+            govern: !yielders && gleaner_agent::agent::governed(&cfg),
+            governor: cfg.governor,
+        },
         haltpoll: GuestHaltpollCfg::default(),
     }
 }
