@@ -172,15 +172,12 @@ fn ci(v: Option<f64>, c: Option<gleaner_policy::stats::Interval>) -> String {
 /// The matrix table (Markdown): one line per cell and policy.
 pub fn table(m: &MatrixResults) -> String {
     let mut t = String::from(
-        "| workload | co-runner | halt poll | policy | ok/runs | wall s | speedup [95% CI] | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU us/item | vCPU halts/item | host CPU per avoided halt, us | consolidations (fewest vCPUs) | note |\n\
+        "| workload | co-runner | halt poll | policy | ok/runs | wall s | speedup [95% CI] | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU us/item | vCPU halts/item | host CPU per avoided halt, us | agent: consolidations (fewest vCPUs), mean active vCPUs, retention on | note |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for e in &m.entries {
         let s = &e.summary;
-        let cons = match (s.consolidations, s.min_active_vcpus) {
-            (Some(c), Some(n)) => format!("{c:.0} ({n})"),
-            _ => "-".into(),
-        };
+        let cons = crate::report::agent_cell(s);
         let mut note = if s.runs_ok < s.runs { format!("{} run(s) failed: see the cell's runs.csv", s.runs - s.runs_ok) } else { String::new() };
         if let Some(b) = s.bww_bound {
             note = format!("blocked-waiter bound {b:.2}x {note}");

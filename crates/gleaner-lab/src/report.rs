@@ -54,16 +54,12 @@ fn ci(v: Option<f64>, c: Option<gleaner_policy::stats::Interval>, digits: usize)
 /// side (host CPU per unit of work, vCPU halts per unit, host CPU per avoided halt).
 pub fn main_table(r: &LabResults) -> String {
     let mut t = String::from(
-        "| run | policy | halt poll | ok/runs | wall s, median [95% CI] | speedup vs stock [95% CI] | co-runner items/s | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU ms per 1k items | vCPU halts per item | host CPU per avoided halt, us | vCPU wait for pCPU, s | consolidations (fewest vCPUs) | guest cpuidle | blocked-waiter bound | d_eta_r | d_eta_t | omega |\n\
+        "| run | policy | halt poll | ok/runs | wall s, median [95% CI] | speedup vs stock [95% CI] | co-runner items/s | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU ms per 1k items | vCPU halts per item | host CPU per avoided halt, us | vCPU wait for pCPU, s | agent: consolidations (fewest vCPUs), mean active vCPUs, retention on | guest cpuidle | blocked-waiter bound | d_eta_r | d_eta_t | omega |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in &r.summary {
         let who = if s.mode == "native" { format!("{} (host)", s.instance) } else { format!("VM {} {}", s.instance, s.mode) };
-        let cons = match (s.consolidations, s.min_active_vcpus) {
-            (Some(c), Some(m)) => format!("{c:.0} ({m})"),
-            (Some(c), None) => format!("{c:.0}"),
-            _ => "-".into(),
-        };
+        let cons = agent_cell(s);
         let _ = writeln!(
             t,
             "| {who} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {cons} | {} | {} | {} | {} | {} |",
@@ -90,11 +86,30 @@ pub fn main_table(r: &LabResults) -> String {
     t
 }
 
+/// What the agent did, in one table cell: consolidations (fewest vCPUs), mean active vCPUs,
+/// share of periods with retention on.
+pub fn agent_cell(s: &SummaryRow) -> String {
+    let Some(c) = s.consolidations else { return "-".into() };
+    let mut out = format!("{c:.0}");
+    if let Some(m) = s.min_active_vcpus {
+        out.push_str(&format!(" ({m})"));
+    }
+    if let Some(a) = s.mean_active_vcpus {
+        out.push_str(&format!(", {a:.2}"));
+    }
+    if let Some(r) = s.retention_on_share {
+        out.push_str(&format!(", {:.0}%", r * 100.0));
+    }
+    out
+}
+
 /// One policy in a latency-versus-CPU plot: x host CPU per unit of work, y wall time (median
 /// and its 95% interval).
 #[derive(Debug, Clone)]
 pub struct CostPoint {
     pub label: String,
+    /// The policy (its color).
+    pub policy: String,
     pub cpu: f64,
     pub wall: f64,
     pub wall_lo: f64,
@@ -110,9 +125,23 @@ pub fn cost_points(summary: &[SummaryRow]) -> Vec<CostPoint> {
             let (cpu, wall) = (s.host_cpu_per_item_us?, s.wall_s?);
             let c = s.wall_ci.unwrap_or(gleaner_policy::stats::Interval { lo: wall, hi: wall });
             let hp = if s.halt_poll == "n/a" { String::new() } else { format!(" hp={}", s.halt_poll) };
-            Some(CostPoint { label: format!("{}{hp}", s.mode), cpu, wall, wall_lo: c.lo, wall_hi: c.hi })
+            Some(CostPoint { label: format!("{}{hp}", s.mode), policy: s.policy.clone(), cpu, wall, wall_lo: c.lo, wall_hi: c.hi })
         })
         .collect()
+}
+
+/// One color per policy, the same in every plot.
+fn policy_color(policy: &str) -> RGBColor {
+    match policy {
+        "stock" => RGBColor(110, 110, 110),
+        "yielders" => RGBColor(255, 127, 14),
+        "idle-poll" => RGBColor(214, 39, 40),
+        "haltpoll" => RGBColor(148, 103, 189),
+        "retention" => RGBColor(31, 119, 180),
+        "consolidation" => RGBColor(44, 160, 44),
+        "gleaner" => RGBColor(0, 0, 0),
+        _ => RGBColor(140, 86, 75),
+    }
 }
 
 /// A scatter plot of wall time against host CPU per unit of work, one labelled point per
@@ -132,9 +161,8 @@ pub fn latency_cpu_chart(path: &Path, title: &str, x_desc: &str, points: &[CostP
         .build_cartesian_2d(0f64..xmax, 0f64..ymax)
         .map_err(|x| e(&x))?;
     chart.configure_mesh().x_desc(x_desc).y_desc("wall time, s (median, 95% CI)").draw().map_err(|x| e(&x))?;
-    let palette = [RGBColor(120, 120, 120), RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(148, 103, 189), RGBColor(140, 86, 75), RGBColor(227, 119, 194)];
-    for (i, p) in points.iter().enumerate() {
-        let c = palette[i % palette.len()];
+    for p in points {
+        let c = policy_color(&p.policy);
         chart.draw_series(std::iter::once(PathElement::new(vec![(p.cpu, p.wall_lo), (p.cpu, p.wall_hi)], c.stroke_width(2)))).map_err(|x| e(&x))?;
         chart.draw_series(std::iter::once(Circle::new((p.cpu, p.wall), 6, c.filled()))).map_err(|x| e(&x))?;
         chart.draw_series(std::iter::once(Text::new(p.label.clone(), (p.cpu + xmax * 0.01, p.wall + ymax * 0.015), ("sans-serif", 14).into_font().color(&c)))).map_err(|x| e(&x))?;
@@ -194,7 +222,7 @@ pub fn summary_csv(summary: &[SummaryRow]) -> String {
     let lo = |c: Option<gleaner_policy::stats::Interval>| c.map_or(String::new(), |c| format!("{}", c.lo));
     let hi = |c: Option<gleaner_policy::stats::Interval>| c.map_or(String::new(), |c| format!("{}", c.hi));
     let mut sc = String::from(
-        "instance,mode,policy,halt_poll,runs_ok,runs,wall_s,wall_lo,wall_hi,wall_spread,speedup,speedup_lo,speedup_hi,co_runner_rate,co_runner_ratio,co_runner_ratio_lo,co_runner_ratio_hi,weighted_speedup,weighted_speedup_lo,weighted_speedup_hi,guest_cpu_s,host_cpu_s,host_vcpu_s,host_cpu_per_item_us,sleeps_per_item,cpu_per_avoided_halt_us,vcpu_wait_s,consolidations,min_active_vcpus,cpuidle_driver,items,bww_bound,d_eta_r,d_eta_t,omega\n",
+        "instance,mode,policy,halt_poll,runs_ok,runs,wall_s,wall_lo,wall_hi,wall_spread,speedup,speedup_lo,speedup_hi,co_runner_rate,co_runner_ratio,co_runner_ratio_lo,co_runner_ratio_hi,weighted_speedup,weighted_speedup_lo,weighted_speedup_hi,guest_cpu_s,host_cpu_s,host_vcpu_s,host_cpu_per_item_us,sleeps_per_item,cpu_per_avoided_halt_us,vcpu_wait_s,consolidations,min_active_vcpus,mean_active_vcpus,retention_on_share,cpuidle_driver,items,bww_bound,d_eta_r,d_eta_t,omega\n",
     );
     for s in summary {
         let f = [
@@ -203,7 +231,7 @@ pub fn summary_csv(summary: &[SummaryRow]) -> String {
             o(s.co_runner_rate), o(s.co_runner_ratio), lo(s.co_runner_ratio_ci), hi(s.co_runner_ratio_ci),
             o(s.weighted_speedup), lo(s.weighted_speedup_ci), hi(s.weighted_speedup_ci), o(s.guest_cpu_s), o(s.host_cpu_s),
             s.host_vcpu_s.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(";"), o(s.host_cpu_per_item_us), o(s.sleeps_per_item),
-            o(s.cpu_per_avoided_halt_us), o(s.vcpu_wait_s), o(s.consolidations), s.min_active_vcpus.map_or(String::new(), |m| m.to_string()),
+            o(s.cpu_per_avoided_halt_us), o(s.vcpu_wait_s), o(s.consolidations), s.min_active_vcpus.map_or(String::new(), |m| m.to_string()), o(s.mean_active_vcpus), o(s.retention_on_share),
             s.cpuidle_driver.clone().unwrap_or_default(), o(s.items), o(s.bww_bound), o(s.d_eta_r), o(s.d_eta_t), o(s.omega),
         ];
         sc.push_str(&f.iter().map(|x| crate::results::csv_field(x)).collect::<Vec<_>>().join(","));

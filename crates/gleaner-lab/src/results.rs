@@ -268,6 +268,8 @@ const COLUMNS: &[Column] = &[
     ("co_runner_rate", |r| opt(&r.co_runner_rate)),
     ("consolidations", |r| r.agent.as_ref().map_or(String::new(), |a| a.consolidations.to_string())),
     ("min_active_vcpus", |r| r.agent.as_ref().and_then(|a| a.min_active).map_or(String::new(), |m| m.to_string())),
+    ("mean_active_vcpus", |r| r.agent.as_ref().and_then(|a| a.mean_active).map_or(String::new(), |m| format!("{m:.3}"))),
+    ("retention_on_share", |r| r.agent.as_ref().and_then(|a| a.retention_on_share).map_or(String::new(), |m| format!("{m:.3}"))),
     ("error", |r| r.error.clone().unwrap_or_default()),
 ];
 
@@ -349,6 +351,12 @@ pub struct SummaryRow {
     pub consolidations: Option<f64>,
     #[serde(default)]
     pub min_active_vcpus: Option<usize>,
+    /// Median over runs of the agent's time-weighted mean active vCPUs, and of the share of its
+    /// periods with retention on (from its `period` events).
+    #[serde(default)]
+    pub mean_active_vcpus: Option<f64>,
+    #[serde(default)]
+    pub retention_on_share: Option<f64>,
     /// The cpuidle driver the guest runs had (when all agreed), else `mixed`.
     #[serde(default)]
     pub cpuidle_driver: Option<String>,
@@ -445,6 +453,8 @@ pub fn summarize(rows: &[Row], stock: &str) -> Vec<SummaryRow> {
             co_runner_rate: median(&col(&|r| r.co_runner_rate)),
             consolidations: median(&col(&|r| r.agent.as_ref().map(|a| a.consolidations as f64))),
             min_active_vcpus: ok.iter().filter_map(|r| r.agent.as_ref()?.min_active).min(),
+            mean_active_vcpus: median(&col(&|r| r.agent.as_ref()?.mean_active)),
+            retention_on_share: median(&col(&|r| r.agent.as_ref()?.retention_on_share)),
             cpuidle_driver,
             items: median(&col(&|r| r.items.map(|n| n as f64))),
             ..Default::default()
