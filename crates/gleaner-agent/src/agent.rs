@@ -3,6 +3,7 @@
 //!
 //! ```text
 //!   setup: cgroup (recorded in the state file, guardian started) -> yielding threads
+//!          -> guardian armed (it says so) -> workload started
 //!          -> status socket / metrics / events
 //!   loop:  wait(period | workload exit | signal) -> Sampler::sample -> Controller::step
 //!          -> cpuset.cpus + Yielders::set_active -> RetentionGovernor::step
@@ -27,7 +28,7 @@ use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
 use gleaner_policy::gleaner::{Controller, Decision};
 use gleaner_policy::retention::{
-    EpochReading, GovernorStep, RetentionConfig, RetentionGovernor, RetentionMode, RetentionVerdict, WakeupCosts,
+    EpochReading, GovernorStep, PriorStrength, RetentionConfig, RetentionGovernor, RetentionMode, RetentionVerdict, WakeupCosts,
 };
 use tracing::{info, warn};
 
@@ -133,7 +134,9 @@ pub fn pending_signal() -> Option<i32> {
 /// Resolves the CPUs to manage: the configured list (must be online) or every online CPU.
 pub fn managed_cpus(cfg: &AgentConfig, sysfs: &Sysfs) -> anyhow::Result<CpuSet> {
     let online = sysfs.online_cpus().context("reading online CPUs")?;
-    let Some(list) = &cfg.cpus else { return Ok(online) };
+    let Some(list) = &cfg.cpus else {
+        return Ok(online);
+    };
     let want = CpuSet::parse(list).map_err(|_| BadInput::new("cpus", list, "a CPU list such as 0-3"))?;
     if want.is_empty() || !want.iter().all(|c| online.contains(c)) {
         return Err(BadInput::new("cpus", list, format!("a non-empty subset of the online CPUs {online}")).into());
@@ -233,7 +236,9 @@ pub fn medians(r: &CalibrationResults) -> String {
 pub fn retention_off_reason(r: &CalibrationResults) -> Option<String> {
     match r.verdict {
         RetentionVerdict::Pays => None,
-        RetentionVerdict::HostPolls => Some(format!("the host polls halted vCPUs for at least the {} us timeout ({})", r.timeout_ns / 1000, medians(r))),
+        RetentionVerdict::HostPolls => {
+            Some(format!("the host polls halted vCPUs for at least the {} us timeout ({})", r.timeout_ns / 1000, medians(r)))
+        }
         RetentionVerdict::NoHaltPenalty => Some(format!("no halt penalty to hide ({})", medians(r))),
     }
 }
@@ -281,6 +286,7 @@ impl RetentionSetup {
             return off(None, None);
         }
         let (plan, calibration) = opts.retention_plan.clone().unwrap_or_else(|| retention_plan(cfg, cpus, opts.quiet));
+        let strength = plan.measured().map_or(PriorStrength::Plain, |m| PriorStrength::of(&m));
         let (config, verdict, note) = match plan {
             RetentionPlan::On { config, .. } => (config, RetentionMode::On, None),
             RetentionPlan::Off { why, .. } if !governed(cfg) => return off(Some(why), calibration),
@@ -294,12 +300,14 @@ impl RetentionSetup {
                 RetentionMode::Off => off(note, calibration),
             };
         }
-        let start = match cfg.retention_start {
-            RetentionStart::Calibrated => verdict,
-            RetentionStart::On => RetentionMode::On,
-            RetentionStart::Off => RetentionMode::Off,
+        let (start, strength) = match cfg.retention_start {
+            RetentionStart::Calibrated => (verdict, strength),
+            RetentionStart::On => (RetentionMode::On, PriorStrength::Plain),
+            RetentionStart::Off => (RetentionMode::Off, PriorStrength::Plain),
         };
-        let governor = Some(RetentionGovernor::new(cfg.governor, start));
+        // A prior measured to make wakeups slower (busy vCPU slower to wake than a halted
+        // one: a co-runner on the pCPUs) is probed rarely from the start.
+        let governor = Some(RetentionGovernor::with_prior(cfg.governor, start, strength));
         Self { config: Some(config), start, governor, note, calibration }
     }
 }
@@ -329,7 +337,9 @@ impl Managed {
                 return t;
             }
         }
-        let Some(pid) = self.root_pid else { return Vec::new() };
+        let Some(pid) = self.root_pid else {
+            return Vec::new();
+        };
         let pids = procfs.descendants(pid, true).unwrap_or_default();
         let mut tids = Vec::new();
         for p in pids {
@@ -500,7 +510,8 @@ impl Session {
                 }
                 Target::System => unreachable!("no consolidation without a workload"),
                 Target::Cgroup(p) => {
-                    let cg = cgroups.open(p).map_err(|e| BadInput::new("--cgroup", p.display(), format!("an existing cpuset cgroup ({e})")))?;
+                    let cg =
+                        cgroups.open(p).map_err(|e| BadInput::new("--cgroup", p.display(), format!("an existing cpuset cgroup ({e})")))?;
                     if !cg.exists() {
                         return Err(BadInput::new("--cgroup", p.display(), "an existing cpuset cgroup").into());
                     }
@@ -519,6 +530,9 @@ impl Session {
             self.yielders = Some(Yielders::start(cpus, r, retention.start.is_on())?);
         }
         let mut governor = retention.governor;
+        if let Some(g) = self.guardian.as_mut() {
+            g.wait_armed(Duration::from_secs(5))?;
+        }
         if let Target::Command(argv) = target {
             workload_start = Instant::now();
             let pid = spawn_command(argv, managed.cgroup.as_ref(), opts)?;
@@ -577,7 +591,11 @@ impl Session {
             }
             match target {
                 Target::Pid(pid) if !crate::state::alive(*pid) => break,
-                Target::Cgroup(_) if managed.cgroup.as_ref().is_some_and(|c| !c.exists() || c.procs().map(|p| p.is_empty()).unwrap_or(true)) => break,
+                Target::Cgroup(_)
+                    if managed.cgroup.as_ref().is_some_and(|c| !c.exists() || c.procs().map(|p| p.is_empty()).unwrap_or(true)) =>
+                {
+                    break
+                }
                 _ => {}
             }
 
@@ -650,7 +668,8 @@ impl Session {
                     ..event("retention")
                 });
                 if change.cause == gleaner_policy::retention::ChangeCause::Switch && !opts.quiet {
-                    let why = comparison.map(|c| format!(" (sync points/s {:.0} on vs {:.0} off, {:.2} vCPU burned)", c.on_rate, c.off_rate, c.burn_vcpus));
+                    let why = comparison
+                        .map(|c| format!(" (sync points/s {:.0} on vs {:.0} off, {:.2} vCPU burned)", c.on_rate, c.off_rate, c.burn_vcpus));
                     info!("retention {:?} -> {:?}{}", change.from, change.to, why.unwrap_or_default());
                 }
             }
@@ -693,7 +712,10 @@ impl Session {
                 s.decisions += decisions.len() as u64;
                 s.yielder_cpu_ns += extras.yielder_run_ns;
                 s.threads = extras.threads;
-                for r in records.into_iter().filter(|r| r.decision.is_some() || r.change.is_some_and(|c| c.cause == gleaner_policy::retention::ChangeCause::Switch)) {
+                for r in records
+                    .into_iter()
+                    .filter(|r| r.decision.is_some() || r.change.is_some_and(|c| c.cause == gleaner_policy::retention::ChangeCause::Switch))
+                {
                     if s.recent.len() == RECENT {
                         s.recent.pop_front();
                     }
@@ -791,9 +813,7 @@ pub fn check_program(argv: &[String]) -> anyhow::Result<()> {
     let found = if prog.contains('/') {
         runnable(Path::new(prog))
     } else {
-        std::env::var_os("PATH")
-            .map(|path| std::env::split_paths(&path).any(|d| runnable(&d.join(prog))))
-            .unwrap_or(false)
+        std::env::var_os("PATH").map(|path| std::env::split_paths(&path).any(|d| runnable(&d.join(prog)))).unwrap_or(false)
     };
     if found {
         Ok(())

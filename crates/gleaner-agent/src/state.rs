@@ -99,11 +99,7 @@ pub fn state_path(run_dir: &Path, pid: i32) -> PathBuf {
 /// Creates `dir` readable by root only.
 pub fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("creating {}", dir.display()))
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))
 }
 
 /// Undoes `changes` newest first; returns the errors met (empty on success).
@@ -115,8 +111,7 @@ pub fn undo_changes(cgroups: &Cgroups, changes: &[Change]) -> Vec<String> {
                 Change::SetCpus { path, original } => {
                     let cg = cgroups.open(path)?;
                     if cg.exists() {
-                        let cpus = CpuSet::parse(original)
-                            .map_err(|e| anyhow::anyhow!("recorded cpus '{original}': {e}"))?;
+                        let cpus = CpuSet::parse(original).map_err(|e| anyhow::anyhow!("recorded cpus '{original}': {e}"))?;
                         cg.set_cpus(&cpus)?;
                     }
                 }
@@ -130,9 +125,7 @@ pub fn undo_changes(cgroups: &Cgroups, changes: &[Change]) -> Vec<String> {
                 }
                 Change::EnabledCpuset { dir } => {
                     // Only while no child group (ours is gone by now) could depend on it.
-                    let busy = std::fs::read_dir(dir)
-                        .map(|d| d.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir())))
-                        .unwrap_or(true);
+                    let busy = std::fs::read_dir(dir).map(|d| d.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()))).unwrap_or(true);
                     if !busy {
                         std::fs::write(dir.join("cgroup.subtree_control"), "-cpuset")
                             .with_context(|| format!("disabling cpuset in {}", dir.display()))?;
@@ -192,8 +185,7 @@ pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<Str
                 }
                 continue;
             }
-            let Some(pid) = name.strip_prefix("agent-").and_then(|s| s.strip_suffix(".json")).and_then(|s| s.parse::<i32>().ok())
-            else {
+            let Some(pid) = name.strip_prefix("agent-").and_then(|s| s.strip_suffix(".json")).and_then(|s| s.parse::<i32>().ok()) else {
                 continue;
             };
             if alive(pid) && pid != std::process::id() as i32 {
@@ -213,7 +205,9 @@ pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<Str
     }
     for cg in cgroups.list_gleaner_groups()? {
         let name = cg.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let Some(pid) = name.strip_prefix("gleaner-agent-").and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Some(pid) = name.strip_prefix("gleaner-agent-").and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
         if alive(pid) {
             continue;
         }
@@ -237,6 +231,8 @@ pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<Str
 pub struct Guardian {
     child: Child,
     pipe: Option<ChildStdin>,
+    /// The guardian writes one line here once it is armed (see [`Guardian::wait_armed`]).
+    ready: Option<std::process::ChildStdout>,
 }
 
 impl Guardian {
@@ -248,11 +244,39 @@ impl Guardian {
             .arg("--state")
             .arg(state_file)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .spawn()
             .context("starting the guardian process")?;
         let pipe = child.stdin.take();
-        Ok(Self { child, pipe })
+        let ready = child.stdout.take();
+        Ok(Self { child, pipe, ready })
+    }
+
+    /// Waits (at most `timeout`) until the guardian says it is armed: started, signals
+    /// ignored, reading its pipe. The agent calls this right before starting the workload, so
+    /// the guardian's start-up (an exec of this binary: milliseconds natively, ~100 ms of vCPU
+    /// time in an emulated guest) never competes with the workload, and a `kill -9` at any
+    /// moment after the workload started is covered. A guardian that exited is an error; one
+    /// that is merely slow is waited for no longer than `timeout` (it still arms later).
+    pub fn wait_armed(&mut self, timeout: std::time::Duration) -> anyhow::Result<()> {
+        use std::io::Read;
+        use std::os::fd::AsRawFd;
+        let Some(mut out) = self.ready.take() else {
+            return Ok(());
+        };
+        let mut pfd = libc::pollfd { fd: out.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd, count 1; `out` outlives the call.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r <= 0 {
+            tracing::warn!("the guardian did not report within {} ms; starting the workload anyway", timeout.as_millis());
+            return Ok(());
+        }
+        let mut b = [0u8; 1];
+        match out.read(&mut b) {
+            Ok(1) => Ok(()),
+            _ => anyhow::bail!("the guardian process exited before it was armed"),
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -280,9 +304,15 @@ impl Guardian {
 /// Body of `gleaner __guardian`: wait for the agent to go away, then undo what it left.
 pub fn guardian_main(state_file: &Path) -> anyhow::Result<()> {
     use nix::sys::signal::{signal, SigHandler, Signal};
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGPIPE] {
         // SAFETY: installing SIG_IGN has no handler code to be async-signal-safe.
         unsafe { signal(s, SigHandler::SigIgn) }.context("ignoring signals")?;
+    }
+    // Armed: tell the agent (Guardian::wait_armed), which then starts the workload.
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout();
+        let _ = out.write_all(b"\n").and_then(|()| out.flush());
     }
     let mut buf = [0u8; 64];
     let mut stdin = std::io::stdin();
@@ -294,7 +324,9 @@ pub fn guardian_main(state_file: &Path) -> anyhow::Result<()> {
             Err(_) => break,
         }
     }
-    let Ok(text) = std::fs::read(state_file) else { return Ok(()) };
+    let Ok(text) = std::fs::read(state_file) else {
+        return Ok(());
+    };
     let state: AgentState = serde_json::from_slice(&text).context("parsing the agent state file")?;
     let cgroups = Cgroups::detect()?;
     let errors = undo_changes(&cgroups, &state.changes);

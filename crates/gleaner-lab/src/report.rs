@@ -23,10 +23,12 @@ fn register_font() -> Result<(), String> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     DONE.get_or_init(|| {
         let path = std::env::var_os("GLEANER_FONT").map_or_else(|| PathBuf::from(DEFAULT_FONT), PathBuf::from);
-        let bytes = fs::read(&path).map_err(|e| format!("font {} ({e}): apt-get install fonts-dejavu-core or set GLEANER_FONT", path.display()))?;
+        let bytes =
+            fs::read(&path).map_err(|e| format!("font {} ({e}): apt-get install fonts-dejavu-core or set GLEANER_FONT", path.display()))?;
         // plotters keeps the font for the process lifetime: leak it once.
         let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).map_err(|_| format!("{} is not a usable font", path.display()))
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+            .map_err(|_| format!("{} is not a usable font", path.display()))
     })
     .clone()
 }
@@ -54,15 +56,15 @@ fn ci(v: Option<f64>, c: Option<gleaner_policy::stats::Interval>, digits: usize)
 /// side (host CPU per unit of work, vCPU halts per unit, host CPU per avoided halt).
 pub fn main_table(r: &LabResults) -> String {
     let mut t = String::from(
-        "| run | policy | halt poll | ok/runs | wall s, median [95% CI] | speedup vs stock [95% CI] | co-runner items/s | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU ms per 1k items | vCPU halts per item | host CPU per avoided halt, us | vCPU wait for pCPU, s | agent: consolidations (fewest vCPUs), mean active vCPUs, retention on | guest cpuidle | blocked-waiter bound | d_eta_r | d_eta_t | omega |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| run | policy | halt poll | ok/runs | wall s, median [95% CI] | speedup vs stock [95% CI] | co-runner items/s | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU ms per 1k items | vCPU halts per item | host CPU per avoided halt, us | vCPU wait for pCPU, s | agent: consolidations (fewest vCPUs), mean active vCPUs, retention on | guest cpuidle | compute share of vCPU CPU | blocked-waiter bound | d_eta_r | d_eta_t | omega |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in &r.summary {
         let who = if s.mode == "native" { format!("{} (host)", s.instance) } else { format!("VM {} {}", s.instance, s.mode) };
         let cons = agent_cell(s);
         let _ = writeln!(
             t,
-            "| {who} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {cons} | {} | {} | {} | {} | {} |",
+            "| {who} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {cons} | {} | {} | {} | {} | {} | {} |",
             if s.policy.is_empty() { "-" } else { &s.policy },
             s.halt_poll,
             s.runs_ok,
@@ -77,6 +79,7 @@ pub fn main_table(r: &LabResults) -> String {
             f(s.cpu_per_avoided_halt_us, 0),
             f(s.vcpu_wait_s, 2),
             s.cpuidle_driver.as_deref().unwrap_or("-"),
+            s.compute_share.map_or("-".into(), |c| format!("{:.0}%", c * 100.0)),
             s.bww_bound.map_or("-".into(), |b| format!("{b:.2}x")),
             f(s.d_eta_r, 2),
             f(s.d_eta_t, 2),
@@ -89,7 +92,9 @@ pub fn main_table(r: &LabResults) -> String {
 /// What the agent did, in one table cell: consolidations (fewest vCPUs), mean active vCPUs,
 /// share of periods with retention on.
 pub fn agent_cell(s: &SummaryRow) -> String {
-    let Some(c) = s.consolidations else { return "-".into() };
+    let Some(c) = s.consolidations else {
+        return "-".into();
+    };
     let mut out = format!("{c:.0}");
     if let Some(m) = s.min_active_vcpus {
         out.push_str(&format!(" ({m})"));
@@ -163,9 +168,17 @@ pub fn latency_cpu_chart(path: &Path, title: &str, x_desc: &str, points: &[CostP
     chart.configure_mesh().x_desc(x_desc).y_desc("wall time, s (median, 95% CI)").draw().map_err(|x| e(&x))?;
     for p in points {
         let c = policy_color(&p.policy);
-        chart.draw_series(std::iter::once(PathElement::new(vec![(p.cpu, p.wall_lo), (p.cpu, p.wall_hi)], c.stroke_width(2)))).map_err(|x| e(&x))?;
+        chart
+            .draw_series(std::iter::once(PathElement::new(vec![(p.cpu, p.wall_lo), (p.cpu, p.wall_hi)], c.stroke_width(2))))
+            .map_err(|x| e(&x))?;
         chart.draw_series(std::iter::once(Circle::new((p.cpu, p.wall), 6, c.filled()))).map_err(|x| e(&x))?;
-        chart.draw_series(std::iter::once(Text::new(p.label.clone(), (p.cpu + xmax * 0.01, p.wall + ymax * 0.015), ("sans-serif", 14).into_font().color(&c)))).map_err(|x| e(&x))?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                p.label.clone(),
+                (p.cpu + xmax * 0.01, p.wall + ymax * 0.015),
+                ("sans-serif", 14).into_font().color(&c),
+            )))
+            .map_err(|x| e(&x))?;
     }
     root.present().map_err(|x| e(&x))?;
     Ok(())
@@ -194,7 +207,11 @@ fn bar_chart(path: &Path, title: &str, y_desc: &str, bars: &[(String, f64)]) -> 
             // Bar positions are small non-negative indices.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let i = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 1e-6 { labels.get(i).cloned().unwrap_or_default() } else { String::new() }
+            if (x - x.floor() - 0.5).abs() < 1e-6 {
+                labels.get(i).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
         })
         .x_label_style(("sans-serif", 13))
         .y_desc(y_desc)
@@ -203,14 +220,22 @@ fn bar_chart(path: &Path, title: &str, y_desc: &str, bars: &[(String, f64)]) -> 
     const COLORS: [RGBColor; 4] = [RGBColor(120, 120, 120), RGBColor(31, 119, 180), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
     chart
         .draw_series(bars.iter().enumerate().map(|(i, (l, v))| {
-            let c = if l.starts_with("native") { COLORS[0] } else if l.contains(" off") { COLORS[3] } else if l.contains("vCPU") { COLORS[1 + i % 3] } else { COLORS[2] };
+            let c = if l.starts_with("native") {
+                COLORS[0]
+            } else if l.contains(" off") {
+                COLORS[3]
+            } else if l.contains("vCPU") {
+                COLORS[1 + i % 3]
+            } else {
+                COLORS[2]
+            };
             Rectangle::new([(i as f64 + 0.15, 0.0), (i as f64 + 0.85, *v)], c.filled())
         }))
         .map_err(|x| e(&x))?;
     chart
-        .draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
-            Text::new(format!("{v:.2}"), (i as f64 + 0.3, *v + max * 0.02), ("sans-serif", 14))
-        }))
+        .draw_series(
+            bars.iter().enumerate().map(|(i, (_, v))| Text::new(format!("{v:.2}"), (i as f64 + 0.3, *v + max * 0.02), ("sans-serif", 14))),
+        )
         .map_err(|x| e(&x))?;
     root.present().map_err(|x| e(&x))?;
     Ok(())
@@ -222,17 +247,48 @@ pub fn summary_csv(summary: &[SummaryRow]) -> String {
     let lo = |c: Option<gleaner_policy::stats::Interval>| c.map_or(String::new(), |c| format!("{}", c.lo));
     let hi = |c: Option<gleaner_policy::stats::Interval>| c.map_or(String::new(), |c| format!("{}", c.hi));
     let mut sc = String::from(
-        "instance,mode,policy,halt_poll,runs_ok,runs,wall_s,wall_lo,wall_hi,wall_spread,speedup,speedup_lo,speedup_hi,co_runner_rate,co_runner_ratio,co_runner_ratio_lo,co_runner_ratio_hi,weighted_speedup,weighted_speedup_lo,weighted_speedup_hi,guest_cpu_s,host_cpu_s,host_vcpu_s,host_cpu_per_item_us,sleeps_per_item,cpu_per_avoided_halt_us,vcpu_wait_s,consolidations,min_active_vcpus,mean_active_vcpus,retention_on_share,cpuidle_driver,items,bww_bound,d_eta_r,d_eta_t,omega\n",
+        "instance,mode,policy,halt_poll,runs_ok,runs,wall_s,wall_lo,wall_hi,wall_spread,speedup,speedup_lo,speedup_hi,co_runner_rate,co_runner_ratio,co_runner_ratio_lo,co_runner_ratio_hi,weighted_speedup,weighted_speedup_lo,weighted_speedup_hi,guest_cpu_s,host_cpu_s,host_vcpu_s,host_cpu_per_item_us,sleeps_per_item,cpu_per_avoided_halt_us,vcpu_wait_s,consolidations,min_active_vcpus,mean_active_vcpus,retention_on_share,cpuidle_driver,items,compute_share,bww_bound,d_eta_r,d_eta_t,omega\n",
     );
     for s in summary {
         let f = [
-            s.instance.clone(), s.mode.clone(), s.policy.clone(), s.halt_poll.clone(), s.runs_ok.to_string(), s.runs.to_string(),
-            o(s.wall_s), lo(s.wall_ci), hi(s.wall_ci), o(s.wall_spread), o(s.speedup), lo(s.speedup_ci), hi(s.speedup_ci),
-            o(s.co_runner_rate), o(s.co_runner_ratio), lo(s.co_runner_ratio_ci), hi(s.co_runner_ratio_ci),
-            o(s.weighted_speedup), lo(s.weighted_speedup_ci), hi(s.weighted_speedup_ci), o(s.guest_cpu_s), o(s.host_cpu_s),
-            s.host_vcpu_s.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(";"), o(s.host_cpu_per_item_us), o(s.sleeps_per_item),
-            o(s.cpu_per_avoided_halt_us), o(s.vcpu_wait_s), o(s.consolidations), s.min_active_vcpus.map_or(String::new(), |m| m.to_string()), o(s.mean_active_vcpus), o(s.retention_on_share),
-            s.cpuidle_driver.clone().unwrap_or_default(), o(s.items), o(s.bww_bound), o(s.d_eta_r), o(s.d_eta_t), o(s.omega),
+            s.instance.clone(),
+            s.mode.clone(),
+            s.policy.clone(),
+            s.halt_poll.clone(),
+            s.runs_ok.to_string(),
+            s.runs.to_string(),
+            o(s.wall_s),
+            lo(s.wall_ci),
+            hi(s.wall_ci),
+            o(s.wall_spread),
+            o(s.speedup),
+            lo(s.speedup_ci),
+            hi(s.speedup_ci),
+            o(s.co_runner_rate),
+            o(s.co_runner_ratio),
+            lo(s.co_runner_ratio_ci),
+            hi(s.co_runner_ratio_ci),
+            o(s.weighted_speedup),
+            lo(s.weighted_speedup_ci),
+            hi(s.weighted_speedup_ci),
+            o(s.guest_cpu_s),
+            o(s.host_cpu_s),
+            s.host_vcpu_s.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(";"),
+            o(s.host_cpu_per_item_us),
+            o(s.sleeps_per_item),
+            o(s.cpu_per_avoided_halt_us),
+            o(s.vcpu_wait_s),
+            o(s.consolidations),
+            s.min_active_vcpus.map_or(String::new(), |m| m.to_string()),
+            o(s.mean_active_vcpus),
+            o(s.retention_on_share),
+            s.cpuidle_driver.clone().unwrap_or_default(),
+            o(s.items),
+            o(s.compute_share),
+            o(s.bww_bound),
+            o(s.d_eta_r),
+            o(s.d_eta_t),
+            o(s.omega),
         ];
         sc.push_str(&f.iter().map(|x| crate::results::csv_field(x)).collect::<Vec<_>>().join(","));
         sc.push('\n');
@@ -260,7 +316,12 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
     let points = cost_points(&r.summary);
     if points.is_empty() {
         plot_notes.push("latency_cpu.png: no data".into());
-    } else if let Err(e) = latency_cpu_chart(&out.join("latency_cpu.png"), &format!("{}: wall time vs host CPU per unit of work", r.experiment.name), "host CPU per item, us", &points) {
+    } else if let Err(e) = latency_cpu_chart(
+        &out.join("latency_cpu.png"),
+        &format!("{}: wall time vs host CPU per unit of work", r.experiment.name),
+        "host CPU per item, us",
+        &points,
+    ) {
         plot_notes.push(format!("latency_cpu.png not drawn: {e}"));
     }
     for (file, title, y, bars) in [
@@ -279,8 +340,25 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
     let exp = &r.experiment;
     let mut md = String::new();
     let _ = writeln!(md, "# gleaner lab: {}\n\n{}\n", exp.name, exp.description);
-    let _ = writeln!(md, "- scenario: **{:?}**, {} vCPUs per guest, {} MiB, pCPUs {:?}, {} run(s) per mode{}", exp.scenario, exp.vcpus, exp.memory_mib, r.pcpus, r.runs_per_mode, if r.quick { " (--quick)" } else { "" });
-    let _ = writeln!(md, "- acceleration: **{}**; guest kernel {} ({} {}), {}", r.accel, r.kernel.version, r.kernel.package, r.kernel.package_version, if r.kernel.vmlinux { "uncompressed vmlinux" } else { "vmlinuz" });
+    let _ = writeln!(
+        md,
+        "- scenario: **{:?}**, {} vCPUs per guest, {} MiB, pCPUs {:?}, {} run(s) per mode{}",
+        exp.scenario,
+        exp.vcpus,
+        exp.memory_mib,
+        r.pcpus,
+        r.runs_per_mode,
+        if r.quick { " (--quick)" } else { "" }
+    );
+    let _ = writeln!(
+        md,
+        "- acceleration: **{}**; guest kernel {} ({} {}), {}",
+        r.accel,
+        r.kernel.version,
+        r.kernel.package,
+        r.kernel.package_version,
+        if r.kernel.vmlinux { "uncompressed vmlinux" } else { "vmlinuz" }
+    );
     let _ = writeln!(md, "- {}; host kernel {}; gleaner {}", r.qemu_version, r.host_kernel, r.gleaner);
     let boots: Vec<String> = r.boot_s.iter().map(|(k, v)| format!("{k} {v:.1} s")).collect();
     let _ = writeln!(md, "- boot to init: {}", if boots.is_empty() { "-".into() } else { boots.join(", ") });
@@ -302,7 +380,8 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
     );
     let _ = writeln!(md, "![wall time vs host CPU](latency_cpu.png)\n\n![wall time](wall.png)\n\n![host CPU per vCPU](vcpu_cpu.png)\n");
     if let Some(sz) = &r.sizing {
-        let _ = writeln!(md, "## Sizing\n\nnative: `gleaner {}`\n\nguests: `gleaner {}`\n", r.native_args.join(" "), r.guest_args.join(" "));
+        let _ =
+            writeln!(md, "## Sizing\n\nnative: `gleaner {}`\n\nguests: `gleaner {}`\n", r.native_args.join(" "), r.guest_args.join(" "));
         let _ = writeln!(
             md,
             "compute `{:?}`; iterations/us native {:.0}, guest {}; synchronization CPU per item native {} us, guest alone {} us; work per step native {} us, guest {} us\n",
@@ -319,7 +398,10 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
         md.push_str("## Cross-vCPU wakeup latency in the guests (Table 2 settings, us: p50 / mean / p99)\n\n| where | guest | A same vCPU | B other vCPU kept busy | C other vCPU halted |\n|---|---|---|---|---|\n");
         for w in &r.wake_costs {
             let cell = |name: &str| {
-                w.settings.iter().find(|x| x.setting.to_string() == name).map_or("-".into(), |x| format!("{} / {} / {}", f(x.p50_us, 0), f(x.mean_us, 0), f(x.p99_us, 0)))
+                w.settings
+                    .iter()
+                    .find(|x| x.setting.to_string() == name)
+                    .map_or("-".into(), |x| format!("{} / {} / {}", f(x.p50_us, 0), f(x.mean_us, 0), f(x.p99_us, 0)))
             };
             let _ = writeln!(md, "| {} | {} | {} | {} | {} |", w.context, w.guest, cell("A"), cell("B"), cell("C"));
         }
@@ -333,7 +415,8 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
     if !r.kvm_stats.is_empty() {
         md.push_str("## KVM statistics (QMP query-stats)\n\n");
         for (g, stats) in &r.kvm_stats {
-            let pick: Vec<String> = stats.iter().filter(|(k, _)| k.contains("halt") || k.ends_with(":exits")).map(|(k, v)| format!("{k}={v}")).collect();
+            let pick: Vec<String> =
+                stats.iter().filter(|(k, _)| k.contains("halt") || k.ends_with(":exits")).map(|(k, v)| format!("{k}={v}")).collect();
             let _ = writeln!(md, "- {g}: {}", pick.join(", "));
         }
         md.push('\n');

@@ -108,7 +108,10 @@ impl AgentSummary {
                     }
                     for v in e.vcpus.iter().flatten() {
                         match s.vcpu_timeouts.iter_mut().find(|t| t.cpu == v.cpu) {
-                            Some(t) => *t = VcpuTimeout { timeout_ns: v.timeout_ns, grows: t.grows + v.grows, shrinks: t.shrinks + v.shrinks, ..*t },
+                            Some(t) => {
+                                *t =
+                                    VcpuTimeout { timeout_ns: v.timeout_ns, grows: t.grows + v.grows, shrinks: t.shrinks + v.shrinks, ..*t }
+                            }
                             None => s.vcpu_timeouts.push(*v),
                         }
                     }
@@ -363,6 +366,11 @@ pub struct SummaryRow {
     /// Median items per run.
     #[serde(default)]
     pub items: Option<f64>,
+    /// VM rows: the share of the CPU the vCPU threads burned (host view) that was the
+    /// workload's own compute (steps per item x work per step); the rest is synchronization,
+    /// the guest kernel, idle polling and yielding.
+    #[serde(default)]
+    pub compute_share: Option<f64>,
     /// Stock rows: the largest speedup any idle policy could give, if every vCPU halt of the
     /// run cost only a same-vCPU switch (halts per item x (mean wakeup of a halted vCPU - mean
     /// same-vCPU wakeup), measured in the scenario, taken off the time per item; an upper bound
@@ -392,7 +400,10 @@ fn median(v: &[f64]) -> Option<f64> {
 
 /// A stable seed per table cell, so a report is reproducible from its rows.
 fn seed_of(parts: &[&str]) -> u64 {
-    parts.iter().flat_map(|p| p.bytes().chain([0xff])).fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    parts
+        .iter()
+        .flat_map(|p| p.bytes().chain([0xff]))
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 fn ci95(samples: &[&[f64]], seed: u64, stat: impl Fn(&[Vec<f64>]) -> Option<f64>) -> Option<Interval> {
@@ -472,7 +483,9 @@ fn relative_to_stock(out: &mut [SummaryRow], rows: &[Row], stock: &str) {
     };
     let snapshot = out.to_vec();
     for s in out.iter_mut().filter(|s| s.mode != "native") {
-        let Some(base) = snapshot.iter().find(|b| b.instance == s.instance && b.halt_poll == s.halt_poll && b.mode == stock) else { continue };
+        let Some(base) = snapshot.iter().find(|b| b.instance == s.instance && b.halt_poll == s.halt_poll && b.mode == stock) else {
+            continue;
+        };
         let (b_rows, m_rows) = (runs_of(&s.instance, &s.halt_poll, stock), runs_of(&s.instance, &s.halt_poll, &s.mode));
         let walls = |rs: &[&Row]| rs.iter().map(|r| r.wall_ns as f64).collect::<Vec<_>>();
         let rates = |rs: &[&Row]| rs.iter().filter_map(|r| r.co_runner_rate).collect::<Vec<_>>();
@@ -500,7 +513,9 @@ fn relative_to_stock(out: &mut [SummaryRow], rows: &[Row], stock: &str) {
                 }
             }
         }
-        if let (Some(bc), Some(c), Some(bh), Some(h)) = (base.host_cpu_per_item_us, s.host_cpu_per_item_us, base.sleeps_per_item, s.sleeps_per_item) {
+        if let (Some(bc), Some(c), Some(bh), Some(h)) =
+            (base.host_cpu_per_item_us, s.host_cpu_per_item_us, base.sleeps_per_item, s.sleeps_per_item)
+        {
             if bh - h > 1e-9 {
                 s.cpu_per_avoided_halt_us = Some((c - bc) / (bh - h));
             }
@@ -542,7 +557,8 @@ mod tests {
             git_revision: None,
             date: String::new(),
         };
-        let run = gleaner_bench::measure::RunMetrics { wall_ns: wall, user_ns: 50, sys_ns: 5, vcsw: 9, items: Some(items), ..Default::default() };
+        let run =
+            gleaner_bench::measure::RunMetrics { wall_ns: wall, user_ns: 50, sys_ns: 5, vcsw: 9, items: Some(items), ..Default::default() };
         let doc = BenchDoc {
             kind: "workload".into(),
             name: "pipeline".into(),
@@ -592,7 +608,10 @@ mod tests {
 
     #[test]
     fn period_and_retention_events_give_mean_active_vcpus_retention_share_and_timeouts() {
-        use gleaner_policy::retention::{ModeChange, RetentionMode::{Off, On}};
+        use gleaner_policy::retention::{
+            ModeChange,
+            RetentionMode::{Off, On},
+        };
         let m = |active| gleaner_policy::gleaner::Metrics { active, ..Default::default() };
         let vcpu = |cpu, timeout_ns, grows, shrinks| VcpuTimeout { cpu, timeout_ns, grows, shrinks };
         let period = |t_ms, active, mode, timeouts, vcpus: Vec<VcpuTimeout>| EventRecord {
@@ -635,7 +654,18 @@ mod tests {
 
     #[allow(clippy::too_many_arguments)]
     fn row(env: &str, inst: &str, mode: &str, wall: u64, cpu: u64, host: Option<u64>, gamma: f64, rate: Option<f64>) -> Row {
-        Row { env: env.into(), instance: inst.into(), mode: mode.into(), halt_poll: "n/a".into(), wall_ns: wall, cpu_ns: cpu, host_cpu_ns: host, gamma, co_runner_rate: rate, ..Default::default() }
+        Row {
+            env: env.into(),
+            instance: inst.into(),
+            mode: mode.into(),
+            halt_poll: "n/a".into(),
+            wall_ns: wall,
+            cpu_ns: cpu,
+            host_cpu_ns: host,
+            gamma,
+            co_runner_rate: rate,
+            ..Default::default()
+        }
     }
 
     #[test]

@@ -101,11 +101,7 @@ pub struct LabResults {
 pub const GUEST_EVENTS: &str = "/run/gleaner-lab/events.jsonl";
 
 fn cmd_line(gleaner: &Path, args: &[String]) -> String {
-    std::iter::once(gleaner.display().to_string())
-        .chain(args.iter().cloned())
-        .map(|a| shell_quote(&a))
-        .collect::<Vec<_>>()
-        .join(" ")
+    std::iter::once(gleaner.display().to_string()).chain(args.iter().cloned()).map(|a| shell_quote(&a)).collect::<Vec<_>>().join(" ")
 }
 
 /// The shell command of a mode: the workload stock, under naive yielders, or under the agent.
@@ -291,7 +287,21 @@ fn prepare(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Prepared> {
     };
     let halt_polls = if acc == Accel::Kvm { exp.halt_poll.clone() } else { vec!["n/a".into()] };
     let deadline = Instant::now() + Duration::from_secs(exp.timeout_for(opts.quick));
-    Ok(Prepared { gleaner, kernel, busybox, runs, pcpus, acc, deadline, halt_polls, gamma_native, gamma_vm, native_instances, notes, wake_costs: Vec::new() })
+    Ok(Prepared {
+        gleaner,
+        kernel,
+        busybox,
+        runs,
+        pcpus,
+        acc,
+        deadline,
+        halt_polls,
+        gamma_native,
+        gamma_vm,
+        native_instances,
+        notes,
+        wake_costs: Vec::new(),
+    })
 }
 
 fn left(d: Instant) -> String {
@@ -368,7 +378,12 @@ const SIZING_RUNS: usize = 3;
 /// The workload's arguments for (native, guest) runs, fixing the compute per item (see
 /// [`Compute`]): the compute rate is measured natively and, for `balanced`, in one guest
 /// booted alone on the pCPUs, with the synchronization cost per item on both sides.
-fn size_workload(exp: &Experiment, p: &mut Prepared, quick: bool, pb: &ProgressBar) -> anyhow::Result<(Vec<String>, Vec<String>, Option<Sizing>)> {
+fn size_workload(
+    exp: &Experiment,
+    p: &mut Prepared,
+    quick: bool,
+    pb: &ProgressBar,
+) -> anyhow::Result<(Vec<String>, Vec<String>, Option<Sizing>)> {
     let w = exp.workload_args(quick);
     let params = match bench_workload_params(&w) {
         None => return Ok((w.clone(), w, None)),
@@ -380,9 +395,18 @@ fn size_workload(exp: &Experiment, p: &mut Prepared, quick: bool, pb: &ProgressB
     pb.set_message(format!("{}: measuring the compute rate natively", exp.name));
     let rate_args = vec!["bench".to_string(), "rate".into(), "--trials".into(), "20".into()];
     let (_, out, _) = NativeProc::spawn(&p.gleaner, &rate_args, &p.pcpus)?.wait(p.deadline, "native compute rate")?;
-    let native_rate: f64 = out.trim().parse().map_err(|_| anyhow::anyhow!("`gleaner bench rate` printed {:?}, not a number", out.trim()))?;
+    let native_rate: f64 =
+        out.trim().parse().map_err(|_| anyhow::anyhow!("`gleaner bench rate` printed {:?}, not a number", out.trim()))?;
     let native = with_flag(&w, "--iters-per-us", &format!("{native_rate:.3}"));
-    let mut sizing = Sizing { compute: exp.compute, native_iters_per_us: native_rate, guest_iters_per_us: None, native_sync_us_per_item: None, guest_sync_us_per_item: None, native_work_us: params.work_us, guest_work_us: params.work_us };
+    let mut sizing = Sizing {
+        compute: exp.compute,
+        native_iters_per_us: native_rate,
+        guest_iters_per_us: None,
+        native_sync_us_per_item: None,
+        guest_sync_us_per_item: None,
+        native_work_us: params.work_us,
+        guest_work_us: params.work_us,
+    };
     if exp.compute == Compute::Native || params.work_us == 0.0 {
         p.notes.push(format!("compute per item fixed for native and guest runs with --iters-per-us {native_rate:.3} (measured natively): the same instructions everywhere"));
         return Ok((native.clone(), native, Some(sizing)));
@@ -396,7 +420,8 @@ fn size_workload(exp: &Experiment, p: &mut Prepared, quick: bool, pb: &ProgressB
     }
     // ...and in one guest alone on the pCPUs, with the guest's compute rate.
     pb.set_message(format!("{}: sizing guest (compute rate, synchronization cost per item)", exp.name));
-    let mut job = format!("step setup.rate {}\nstep setup.wakeup {}\n", cmd_line(&p.gleaner, &rate_args), cmd_line(&p.gleaner, &wakeup_args()));
+    let mut job =
+        format!("step setup.rate {}\nstep setup.wakeup {}\n", cmd_line(&p.gleaner, &rate_args), cmd_line(&p.gleaner, &wakeup_args()));
     for i in 0..SIZING_RUNS {
         job.push_str(&format!("step setup.sync{i} {}\n", cmd_line(&p.gleaner, &sync_args)));
     }
@@ -407,13 +432,25 @@ fn size_workload(exp: &Experiment, p: &mut Prepared, quick: bool, pb: &ProgressB
     match steps.iter().find(|s| s.step == "setup.wakeup") {
         Some(s) => match wake_costs("alone", &spec.name, &s.stdout) {
             Some(w) => p.wake_costs.push(w),
-            None => p.notes.push(format!("{}: setup.wakeup (rc {}) printed no wakeup document: {}", spec.name, s.rc, s.stdout.chars().take(200).collect::<String>())),
+            None => p.notes.push(format!(
+                "{}: setup.wakeup (rc {}) printed no wakeup document: {}",
+                spec.name,
+                s.rc,
+                s.stdout.chars().take(200).collect::<String>()
+            )),
         },
-        None => p.notes.push(format!("{}: no setup.wakeup step (steps: {})", spec.name, steps.iter().map(|s| s.step.as_str()).collect::<Vec<_>>().join(", "))),
+        None => p.notes.push(format!(
+            "{}: no setup.wakeup step (steps: {})",
+            spec.name,
+            steps.iter().map(|s| s.step.as_str()).collect::<Vec<_>>().join(", ")
+        )),
     }
     let guest_out: Vec<String> = steps.iter().filter(|s| s.step.starts_with("setup.sync")).map(|s| s.stdout.clone()).collect();
     let (Some(gr), Some(ns), Some(gs)) = (guest_rate, cpu_per_item_us(&native_out), cpu_per_item_us(&guest_out)) else {
-        anyhow::bail!("sizing the workload failed (guest steps: {})", steps.iter().map(|s| format!("{} rc {}", s.step, s.rc)).collect::<Vec<_>>().join(", "));
+        anyhow::bail!(
+            "sizing the workload failed (guest steps: {})",
+            steps.iter().map(|s| format!("{} rc {}", s.step, s.rc)).collect::<Vec<_>>().join(", ")
+        );
     };
     let k = (gs / ns.max(1e-3)).clamp(1.0, 1000.0);
     sizing.guest_iters_per_us = Some(gr);
@@ -432,10 +469,21 @@ fn native_baseline(exp: &Experiment, p: &Prepared, wargs: &[String], pb: &Progre
     let mut rows = Vec::new();
     for rep in 1..=p.runs {
         pb.set_message(format!("{}: native x{} run {rep}/{} ({})", exp.name, p.native_instances, p.runs, left(p.deadline)));
-        let procs: Vec<NativeProc> = (0..p.native_instances).map(|_| NativeProc::spawn(&p.gleaner, wargs, &p.pcpus)).collect::<Result<_, _>>()?;
+        let procs: Vec<NativeProc> =
+            (0..p.native_instances).map(|_| NativeProc::spawn(&p.gleaner, wargs, &p.pcpus)).collect::<Result<_, _>>()?;
         for (i, proc) in procs.into_iter().enumerate() {
             let (rc, out, wall) = proc.wait(p.deadline, "native baseline")?;
-            let mut row = Row { env: "native".into(), instance: format!("native-{}", i + 1), mode: "native".into(), halt_poll: "n/a".into(), rep, rc, gamma: p.gamma_native, end_s: wall.as_secs_f64(), ..Default::default() };
+            let mut row = Row {
+                env: "native".into(),
+                instance: format!("native-{}", i + 1),
+                mode: "native".into(),
+                halt_poll: "n/a".into(),
+                rep,
+                rc,
+                gamma: p.gamma_native,
+                end_s: wall.as_secs_f64(),
+                ..Default::default()
+            };
             row.fill_from_bench(&out);
             if rc != 0 && row.error.is_none() {
                 row.error = Some(format!("exit {rc}: {}", out.chars().take(300).collect::<String>()));
@@ -503,7 +551,11 @@ fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick:
                 format!("{} {what}", g.name.trim_start_matches("lab-"))
             })
             .collect();
-        let now = s.states.iter().map(|x| x.steps.iter().filter(|st| !st.0.step.starts_with("co.") && !st.0.step.starts_with("setup.")).count()).sum::<usize>();
+        let now = s
+            .states
+            .iter()
+            .map(|x| x.steps.iter().filter(|st| !st.0.step.starts_with("co.") && !st.0.step.starts_with("setup.")).count())
+            .sum::<usize>();
         pb.set_position(before + now as u64);
         pb.set_message(format!("{} [{}, halt_poll {hp}]: {} ({})", exp.name, p.acc, parts.join(", "), left(p.deadline)));
     };
@@ -511,7 +563,13 @@ fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick:
         Scenario::Oc => {
             let args = exp.co_runner_args(quick).unwrap_or_default();
             let b = s.start(&p.spec(exp, &format!("lab-{}-B", exp.name), co_runner_job(&args, &p.gleaner), &[]))?;
-            s.drive(p.deadline, "the co-runner to start in VM B", &[b], &|s| s.states[b].current_step().is_some() || !s.states[b].steps.is_empty(), &mut tick)?;
+            s.drive(
+                p.deadline,
+                "the co-runner to start in VM B",
+                &[b],
+                &|s| s.states[b].current_step().is_some() || !s.states[b].steps.is_empty(),
+                &mut tick,
+            )?;
             Some(b)
         }
         _ => None,
@@ -539,8 +597,12 @@ fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick:
                     let step = format!("{}.{rep}", m.name);
                     if !st.steps.iter().any(|x| x.0.step == step) {
                         let why = match (&cpuidle, m.policy()) {
-                            (Some(d), Policy::Haltpoll) if d != "haltpoll" => format!("not run: the guest's cpuidle driver is {d} (not haltpoll): {}", haltpoll_reason(p.acc)),
-                            _ => format!("not run: {name}'s job ended before step {step} (rc {})", st.done.unwrap_or(-1)),
+                            (Some(d), Policy::Haltpoll) if d != "haltpoll" => {
+                                format!("not run: the guest's cpuidle driver is {d} (not haltpoll): {}", haltpoll_reason(p.acc))
+                            }
+                            _ => {
+                                format!("not run: {name}'s job ended before step {step} (rc {})", st.done.unwrap_or(-1))
+                            }
                         };
                         pass.not_run.push((inst, m.name.clone(), rep, why));
                     }
@@ -564,7 +626,12 @@ fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick:
                     pass.setup.push(SetupStep { guest: name.clone(), step: r.step.clone(), rc: r.rc, stdout: r.stdout.trim().to_string() });
                     continue;
                 }
-                pass.measured.push(Measured { instance: inst, step: r.clone(), begin_s: (*bi - epoch).as_secs_f64(), end_s: (*ei - epoch).as_secs_f64() });
+                pass.measured.push(Measured {
+                    instance: inst,
+                    step: r.clone(),
+                    begin_s: (*bi - epoch).as_secs_f64(),
+                    end_s: (*ei - epoch).as_secs_f64(),
+                });
             }
             s.guests[id].wait_exit(Duration::from_secs(5));
         }
@@ -581,7 +648,12 @@ fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick:
             Err(e) => return Err(e.into()),
         }
         for (r, bi, ei) in &s.states[b].steps {
-            pass.co_runner.push(Measured { instance: "B", step: r.clone(), begin_s: (*bi - epoch).as_secs_f64(), end_s: (*ei - epoch).as_secs_f64() });
+            pass.co_runner.push(Measured {
+                instance: "B",
+                step: r.clone(),
+                begin_s: (*bi - epoch).as_secs_f64(),
+                end_s: (*ei - epoch).as_secs_f64(),
+            });
         }
         if let Some(bs) = s.boot_s(b) {
             pass.boot_s.insert(format!("{}@{hp}", s.guests[b].name), bs);
@@ -641,19 +713,36 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
             gamma: p.gamma_vm,
             co_runner_rate: results::co_runner_rate(m.begin_s, m.end_s, &co_iters),
             // An agent that decided nothing writes no events: an empty summary, not a failure.
-            agent: policy.filter(|x| x.agent_args().is_some()).map(|_| r.attachments.get("events").map_or_else(AgentSummary::default, |e| AgentSummary::from_events(e))),
+            agent: policy
+                .filter(|x| x.agent_args().is_some())
+                .map(|_| r.attachments.get("events").map_or_else(AgentSummary::default, |e| AgentSummary::from_events(e))),
             ..Default::default()
         };
         host_fields(&mut row, r);
         row.fill_from_bench(&r.stdout);
         if row.error.is_none() && policy == Some(Policy::Haltpoll) && row.cpuidle_driver.as_deref() != Some("haltpoll") {
-            row.error = Some(format!("the guest's cpuidle driver is {} (not haltpoll): {}", row.cpuidle_driver.as_deref().unwrap_or("unknown"), haltpoll_reason(p.acc)));
+            row.error = Some(format!(
+                "the guest's cpuidle driver is {} (not haltpoll): {}",
+                row.cpuidle_driver.as_deref().unwrap_or("unknown"),
+                haltpoll_reason(p.acc)
+            ));
         }
         rows.push(row);
     }
     for (inst, mode, rep, why) in &pass.not_run {
         let policy = exp.modes.iter().find(|x| &x.name == mode).map(|x| x.policy().name().to_string()).unwrap_or_default();
-        rows.push(Row { env: "vm".into(), instance: (*inst).into(), mode: mode.clone(), policy, halt_poll: hp.into(), rep: *rep, rc: -1, gamma: p.gamma_vm, error: Some(why.clone()), ..Default::default() });
+        rows.push(Row {
+            env: "vm".into(),
+            instance: (*inst).into(),
+            mode: mode.clone(),
+            policy,
+            halt_poll: hp.into(),
+            rep: *rep,
+            rc: -1,
+            gamma: p.gamma_vm,
+            error: Some(why.clone()),
+            ..Default::default()
+        });
     }
     for m in &pass.co_runner {
         let mut row = Row {
@@ -675,6 +764,32 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
     rows
 }
 
+/// The share of the CPU that was the workload's compute, per row (see
+/// [`SummaryRow::compute_share`]): for VM rows of the vCPU threads' host CPU, for native rows of
+/// the workload's own CPU time. Only for bench kernels with a fixed number of compute steps.
+fn add_compute_shares(summary: &mut [SummaryRow], native_args: &[String], guest_args: &[String]) {
+    let compute_us = |args: &[String]| -> Option<f64> {
+        let p = bench_workload_params(args)?.ok()?;
+        let w = gleaner_bench::workload::Workload::parse(args.get(2)?).ok()?;
+        Some(w.compute_steps_per_item(p.threads)? * p.work_us)
+    };
+    let (native, guest) = (compute_us(native_args), compute_us(guest_args));
+    for s in summary.iter_mut() {
+        let (compute, cpu_s) = if s.mode == "native" {
+            (native, s.guest_cpu_s)
+        } else {
+            (guest, (!s.host_vcpu_s.is_empty()).then(|| s.host_vcpu_s.iter().sum::<f64>()))
+        };
+        let (Some(c), Some(cpu), Some(n)) = (compute, cpu_s, s.items.filter(|&n| n > 0.0)) else {
+            continue;
+        };
+        let per_item = cpu * 1e6 / n;
+        if per_item > 0.0 {
+            s.compute_share = Some((c / per_item).min(1.0));
+        }
+    }
+}
+
 /// Mean wakeup latency of a setting, us.
 fn mean_us(w: &WakeCosts, setting: gleaner_bench::wakeup::Setting) -> Option<f64> {
     w.settings.iter().find(|s| s.setting == setting)?.mean_us
@@ -684,8 +799,12 @@ fn mean_us(w: &WakeCosts, setting: gleaner_bench::wakeup::Setting) -> Option<f64
 /// scenario's conditions (the first non-`alone` measurement, else `alone`).
 fn add_bww_bounds(summary: &mut [SummaryRow], wake: &[WakeCosts], notes: &mut Vec<String>) {
     use gleaner_bench::wakeup::Setting;
-    let Some(w) = wake.iter().find(|w| w.context != "alone").or_else(|| wake.first()) else { return };
-    let (Some(a), Some(c)) = (mean_us(w, Setting::A), mean_us(w, Setting::C)) else { return };
+    let Some(w) = wake.iter().find(|w| w.context != "alone").or_else(|| wake.first()) else {
+        return;
+    };
+    let (Some(a), Some(c)) = (mean_us(w, Setting::A), mean_us(w, Setting::C)) else {
+        return;
+    };
     let penalty = c - a;
     for s in summary.iter_mut().filter(|s| s.policy == Policy::Stock.name()) {
         s.bww_bound = results::bww_bound(s, penalty);
@@ -713,7 +832,11 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
     let mut p = prepare(exp, opts)?;
     let vm_steps = p.runs as usize * exp.modes.len() * if exp.scenario == Scenario::Oc2 { 2 } else { 1 } * p.halt_polls.len();
     let pb = if opts.progress { ProgressBar::new((p.runs as usize + vm_steps) as u64) } else { ProgressBar::hidden() };
-    pb.set_style(ProgressStyle::with_template("{elapsed_precise} [{bar:25}] {pos}/{len} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()).progress_chars("=> "));
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:25}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
 
     let (native_args, guest_args, sizing) = size_workload(exp, &mut p, opts.quick, &pb)?;
     let mut rows = native_baseline(exp, &p, &native_args, &pb)?;
@@ -756,10 +879,15 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
     if !failed.is_empty() {
         let mut why: Vec<String> = failed.iter().filter_map(|r| r.error.clone()).collect();
         why.dedup();
-        notes.push(format!("{} run(s) failed or printed no bench JSON: {}", failed.len(), why.into_iter().take(3).collect::<Vec<_>>().join("; ")));
+        notes.push(format!(
+            "{} run(s) failed or printed no bench JSON: {}",
+            failed.len(),
+            why.into_iter().take(3).collect::<Vec<_>>().join("; ")
+        ));
     }
     let mut summary = results::summarize(&rows, &exp.stock_mode().name);
     add_bww_bounds(&mut summary, &wake_costs, &mut notes);
+    add_compute_shares(&mut summary, &native_args, &guest_args);
     Ok(LabResults {
         experiment: exp.clone(),
         quick: opts.quick,
@@ -807,10 +935,19 @@ mod tests {
         let job = guest_job(&groups[0].1, &[1, 2], Path::new(G), &w, false);
         let lines: Vec<&str> = job.lines().collect();
         assert_eq!(lines[0], format!("step setup.calibrate {G} calibrate --json"));
-        let steps: Vec<&str> = lines.iter().filter(|l| l.starts_with("step ") && !l.starts_with("step setup.")).map(|l| l.split(' ').nth(1).unwrap()).collect();
+        let steps: Vec<&str> = lines
+            .iter()
+            .filter(|l| l.starts_with("step ") && !l.starts_with("step setup."))
+            .map(|l| l.split(' ').nth(1).unwrap())
+            .collect();
         assert_eq!(steps, ["off.1", "gleaner.1", "gleaner.2", "off.2"]);
         assert!(lines.contains(&format!("step off.1 {G} bench workload pipeline --json --items 3000").as_str()), "{job}");
-        assert!(lines.contains(&format!("step gleaner.1 {G} run --events {GUEST_EVENTS} -- {G} bench workload pipeline --json --items 3000").as_str()), "{job}");
+        assert!(
+            lines.contains(
+                &format!("step gleaner.1 {G} run --events {GUEST_EVENTS} -- {G} bench workload pipeline --json --items 3000").as_str()
+            ),
+            "{job}"
+        );
         assert!(lines.contains(&format!("attach gleaner.1 events {GUEST_EVENTS}").as_str()));
         let co = co_runner_job(&exp.co_runner_args(true).unwrap(), Path::new(G));
         assert!(co.contains(&format!("step co.$i {G} bench workload matmul --json --quick")));
@@ -826,7 +963,10 @@ mod tests {
         assert_eq!(cmd(Policy::Retention), format!("/g run --no-consolidation --events {GUEST_EVENTS} -- /g bench workload condvar"));
         assert_eq!(cmd(Policy::Consolidation), format!("/g run --no-retention --events {GUEST_EVENTS} -- /g bench workload condvar"));
         let m = Mode { name: "g2".into(), policy: Some(Policy::Gleaner), agent: Some(vec!["--period-ms".into(), "100".into()]) };
-        assert_eq!(mode_command(Path::new("/g"), &w, &m), format!("/g run --period-ms 100 --events {GUEST_EVENTS} -- /g bench workload condvar"));
+        assert_eq!(
+            mode_command(Path::new("/g"), &w, &m),
+            format!("/g run --period-ms 100 --events {GUEST_EVENTS} -- /g bench workload condvar")
+        );
     }
 
     #[test]
@@ -838,6 +978,28 @@ mod tests {
         assert_eq!((p.work_us, p.items), (10.0, 5));
         assert!(bench_workload_params(&["bench".into(), "workload".into(), "nope".into()]).unwrap().is_err());
         assert!(bench_workload_params(&["bench".into(), "rate".into()]).is_none());
+    }
+
+    #[test]
+    fn compute_share_is_compute_over_the_cpu_burned_per_item() {
+        let args = |w: &str| -> Vec<String> {
+            ["bench", "workload", "pipeline", "--threads", "2", "--work-us", w].iter().map(|s| s.to_string()).collect()
+        };
+        let mut rows = vec![
+            // Natively 1000 items, 0.04 s of CPU: 40 us per item, 2 x 10 us compute = 50%.
+            SummaryRow { mode: "native".into(), items: Some(1000.0), guest_cpu_s: Some(0.04), ..Default::default() },
+            // In the guest 2 x 100 us per item out of (0.3 + 0.5) s / 1000 = 800 us: 25%.
+            SummaryRow { mode: "stock".into(), items: Some(1000.0), host_vcpu_s: vec![0.3, 0.5], ..Default::default() },
+            SummaryRow { mode: "gleaner".into(), items: None, host_vcpu_s: vec![0.3], ..Default::default() },
+        ];
+        add_compute_shares(&mut rows, &args("10"), &args("100"));
+        assert!((rows[0].compute_share.unwrap() - 0.5).abs() < 1e-9);
+        assert!((rows[1].compute_share.unwrap() - 0.25).abs() < 1e-9);
+        assert_eq!(rows[2].compute_share, None);
+        // Kernels without a fixed number of steps per item get none.
+        let mut m = vec![SummaryRow { mode: "stock".into(), items: Some(1.0), host_vcpu_s: vec![1.0], ..Default::default() }];
+        add_compute_shares(&mut m, &[], &["bench".into(), "workload".into(), "matmul".into()]);
+        assert_eq!(m[0].compute_share, None);
     }
 
     #[test]

@@ -88,7 +88,7 @@ pub mod governor;
 pub mod synthetic;
 
 pub use governor::{
-    ChangeCause, Comparison, EpochReading, GovernorConfig, GovernorState, GovernorStep, ModeChange, Phase,
+    ChangeCause, Comparison, EpochReading, GovernorConfig, GovernorState, GovernorStep, ModeChange, Phase, PriorStrength,
     RetentionGovernor, RetentionMode, Verdict,
 };
 
@@ -420,7 +420,9 @@ impl IdleDetector {
     fn period_ended(&mut self, end_ns: u64) {
         let timed_out = std::mem::take(&mut self.timed_out);
         let noise = std::mem::take(&mut self.period_noise_ns);
-        let Some(start) = self.period_start_ns.take() else { return };
+        let Some(start) = self.period_start_ns.take() else {
+            return;
+        };
         if !self.cfg.adapt || self.held || !timed_out {
             // Caught before the timeout (or fixed timeout): the timeout stays.
             return;
@@ -573,7 +575,19 @@ mod tests {
         let mut d = IdleDetector::new(cfg());
         // Nobody waiting: keep yielding, and the question is asked.
         let mut asked = 0;
-        assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || { asked += 1; false })), RetentionAction::KeepYielding);
+        assert_eq!(
+            d.on_yield_with(
+                1_000,
+                &mut FnProbe(
+                    || true,
+                    || {
+                        asked += 1;
+                        false
+                    }
+                )
+            ),
+            RetentionAction::KeepYielding
+        );
         assert_eq!(asked, 1);
         // Someone waiting: step aside once...
         assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || true)), RetentionAction::StepAside { ns: 1_000 });
@@ -592,7 +606,10 @@ mod tests {
         for _ in 0..99 {
             d.on_yield_with(1_000, &mut FnProbe(|| true, || false));
         }
-        assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || panic!("not asked at the timeout"))), RetentionAction::Sleep { ns: 50_000 });
+        assert_eq!(
+            d.on_yield_with(1_000, &mut FnProbe(|| true, || panic!("not asked at the timeout"))),
+            RetentionAction::Sleep { ns: 50_000 }
+        );
         assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || true)), RetentionAction::StepAside { ns: 1_000 });
     }
 
@@ -684,7 +701,19 @@ mod tests {
         // A slow yield with no other task run: noise. Its time counts as idle.
         let mut asked = 0;
         let before = d.counters().idle_yield_ns;
-        assert_eq!(d.on_yield_with(60_000, &mut FnProbe(|| { asked += 1; false }, || false)), RetentionAction::KeepYielding);
+        assert_eq!(
+            d.on_yield_with(
+                60_000,
+                &mut FnProbe(
+                    || {
+                        asked += 1;
+                        false
+                    },
+                    || false
+                )
+            ),
+            RetentionAction::KeepYielding
+        );
         assert_eq!(asked, 1);
         assert_eq!(d.counters().idle_yield_ns - before, 60_000);
         assert_eq!((d.counters().noise_returns, d.counters().busy_returns), (1, 0));

@@ -70,12 +70,24 @@ impl Workload {
 
     /// Parse a command-line name; unknown names are [`BadInput`].
     pub fn parse(name: &str) -> Result<Workload, BadInput> {
-        Workload::ALL.into_iter().find(|w| w.name() == name).ok_or_else(|| {
-            BadInput::new("workload", name, Workload::ALL.map(Workload::name).join(", "))
-        })
+        Workload::ALL
+            .into_iter()
+            .find(|w| w.name() == name)
+            .ok_or_else(|| BadInput::new("workload", name, Workload::ALL.map(Workload::name).join(", ")))
     }
 
     /// What one item is, for throughput units.
+    /// Compute steps (`work_us` each) per item with `threads` threads, where that is fixed: a
+    /// pipeline item passes two stages, a hand-off is computed by producer and consumer, a
+    /// barrier phase by every thread. `None` for kernels without a fixed count.
+    pub fn compute_steps_per_item(self, threads: usize) -> Option<f64> {
+        match self {
+            Workload::Pipeline | Workload::Condvar => Some(2.0),
+            Workload::Barrier | Workload::SpinBarrier => Some(threads as f64),
+            _ => None,
+        }
+    }
+
     pub fn item_unit(self) -> &'static str {
         match self {
             Workload::Pipeline => "items",

@@ -73,6 +73,29 @@ impl RetentionMode {
     }
 }
 
+/// How much the start-up verdict says about retention here (see [`RetentionGovernor::with_prior`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PriorStrength {
+    /// An ordinary prior: probe soon to confirm it.
+    Plain,
+    /// Retention measured to make wakeups slower (a busy vCPU wakes slower than a halted one):
+    /// probe rarely from the start.
+    Harmful,
+}
+
+impl PriorStrength {
+    /// `Harmful` when waking a vCPU kept busy by a yielding thread took longer than waking a
+    /// halted one after a long idle period (by more than the noise floor), else `Plain`.
+    pub fn of(c: &super::WakeupCosts) -> Self {
+        if c.busy_ns > c.idle_long_ns.saturating_add(super::MIN_HALT_PENALTY_NS) {
+            Self::Harmful
+        } else {
+            Self::Plain
+        }
+    }
+}
+
 /// Tunables of the governor (defaults in [`GovernorConfig::default`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -239,7 +262,19 @@ impl RetentionGovernor {
     /// A governor whose baseline starts at `prior` (the start-up verdict) and which probes the
     /// other mode after `probe_every_min` epochs.
     pub fn new(cfg: GovernorConfig, prior: RetentionMode) -> Self {
-        let every = cfg.probe_every_min.max(1);
+        Self::with_prior(cfg, prior, PriorStrength::Plain)
+    }
+
+    /// A governor whose prior is `strength`: a [`PriorStrength::Harmful`] prior (measured: a
+    /// vCPU kept busy wakes *slower* than a halted one, so retention would lengthen wakeups)
+    /// starts probing at the longest interval, `probe_every_max`, instead of the shortest: the
+    /// first probe comes late and a run short enough to end before it never pays a probe. A
+    /// disagreeing comparison still snaps the interval back to `probe_every_min`.
+    pub fn with_prior(cfg: GovernorConfig, prior: RetentionMode, strength: PriorStrength) -> Self {
+        let every = match strength {
+            PriorStrength::Plain => cfg.probe_every_min.max(1),
+            PriorStrength::Harmful => cfg.probe_every_max.max(cfg.probe_every_min).max(1),
+        };
         Self {
             state: GovernorState {
                 baseline: prior,
@@ -338,14 +373,18 @@ impl RetentionGovernor {
     /// Compares a probe epoch with the baseline epochs around it.
     fn compare(&mut self, before: &EpochReading, probe: &EpochReading, after: &EpochReading) -> Comparison {
         self.state.comparisons += 1;
-        let rate = |progress: u64, ns: u64| if ns == 0 { 0.0 } else { progress as f64 * 1e9 / ns as f64 };
+        let rate = |progress: u64, ns: u64| {
+            if ns == 0 {
+                0.0
+            } else {
+                progress as f64 * 1e9 / ns as f64
+            }
+        };
         let base_ns = before.duration_ns + after.duration_ns;
         let base_rate = rate(before.progress + after.progress, base_ns);
         let probe_rate = rate(probe.progress, probe.duration_ns);
         let (on_rate, off_rate, burn_vcpus) = match self.state.baseline {
-            RetentionMode::On => {
-                (base_rate, probe_rate, (before.yielder_cpu_ns + after.yielder_cpu_ns) as f64 / base_ns.max(1) as f64)
-            }
+            RetentionMode::On => (base_rate, probe_rate, (before.yielder_cpu_ns + after.yielder_cpu_ns) as f64 / base_ns.max(1) as f64),
             RetentionMode::Off => (probe_rate, base_rate, probe.yielder_cpu_ns as f64 / probe.duration_ns.max(1) as f64),
         };
         let break_even = self.cfg.cpu_price * burn_vcpus;
@@ -431,12 +470,7 @@ mod tests {
     }
 
     fn switches(trace: &[(RetentionMode, GovernorStep)]) -> Vec<usize> {
-        trace
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, s))| s.change.is_some_and(|c| c.cause == ChangeCause::Switch))
-            .map(|(k, _)| k)
-            .collect()
+        trace.iter().enumerate().filter(|(_, (_, s))| s.change.is_some_and(|c| c.cause == ChangeCause::Switch)).map(|(k, _)| k).collect()
     }
 
     #[test]
@@ -455,6 +489,39 @@ mod tests {
         let gaps: Vec<usize> = probes.windows(2).map(|w| w[1] - w[0]).collect();
         assert!(gaps.windows(2).all(|w| w[1] >= w[0]), "probing backs off: {gaps:?}");
         assert_eq!(*gaps.last().unwrap(), 32 + 2, "at most one probe every probe_every_max + 2 epochs");
+    }
+
+    #[test]
+    fn a_harmful_prior_probes_late_and_rarely_but_a_changed_host_still_wins() {
+        use super::super::WakeupCosts;
+        // The TCG lab next to a co-runner: a busy vCPU wakes in ~0.4-5 ms, a halted one in ~90 us.
+        let tcg = WakeupCosts { busy_ns: 400_000, idle_long_ns: 90_000, idle_at_timeout_ns: 85_000 };
+        assert_eq!(PriorStrength::of(&tcg), PriorStrength::Harmful);
+        // The development VM (HostPolls): busy 13 us, halted 32 us: an ordinary prior.
+        let dev = WakeupCosts { busy_ns: 13_000, idle_long_ns: 32_000, idle_at_timeout_ns: 7_000 };
+        assert_eq!(PriorStrength::of(&dev), PriorStrength::Plain);
+        let cfg = GovernorConfig::default();
+        let harmful = |k| {
+            if k < 300 {
+                host(-0.4, 0.6, 0.02)
+            } else {
+                not_polling()
+            }
+        };
+        let mut g = RetentionGovernor::with_prior(cfg, RetentionMode::Off, PriorStrength::Harmful);
+        let trace = drive_governor(&mut g, 600, 3, harmful);
+        let first_on = trace.iter().position(|(m, _)| m.is_on()).unwrap();
+        assert_eq!(first_on, cfg.probe_every_max as usize, "the first probe waits probe_every_max epochs");
+        // A 3 s run at 200 ms periods (15 epochs) never probes; a plain prior probes at epoch 4.
+        let mut plain = RetentionGovernor::new(cfg, RetentionMode::Off);
+        let p = drive_governor(&mut plain, 15, 3, harmful);
+        let plain_on: Vec<usize> = p.iter().enumerate().filter(|(_, (m, _))| m.is_on()).map(|(k, _)| k).collect();
+        assert!(!plain_on.is_empty() && plain_on[0] <= 5, "a plain prior probes early: {plain_on:?}");
+        assert!(trace[..15].iter().all(|(m, _)| !m.is_on()));
+        // Once the host changes (epoch 300), retention is still found and turned on.
+        let sw = switches(&trace);
+        assert!(sw.iter().any(|&k| k > 300 && k < 300 + 3 * (cfg.probe_every_max as usize + 2) + 20), "{sw:?}");
+        assert_eq!(g.state().baseline, RetentionMode::On);
     }
 
     #[test]
