@@ -305,8 +305,9 @@ impl RetentionSetup {
             RetentionStart::On => (RetentionMode::On, PriorStrength::Plain),
             RetentionStart::Off => (RetentionMode::Off, PriorStrength::Plain),
         };
-        // A prior measured to make wakeups slower (busy vCPU slower to wake than a halted
-        // one: a co-runner on the pCPUs) is probed rarely from the start.
+        // A prior measured to gain little or to make wakeups slower (a busy vCPU wakes barely
+        // faster, or slower, than a halted one: TCG, a co-runner on the pCPUs) is probed late
+        // and rarely, so short runs never pay for a probe (PriorStrength::of).
         let governor = Some(RetentionGovernor::with_prior(cfg.governor, start, strength));
         Self { config: Some(config), start, governor, note, calibration }
     }
