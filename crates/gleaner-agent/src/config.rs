@@ -282,6 +282,9 @@ margin = 0.05
 cpu_price = 0.05
 # Comparisons in a row that must disagree before the mode switches.
 confirm = 3
+# While retention is on, one comparison in which it slowed the workload by more than this
+# fraction turns it off at once (1 disables).
+decisive_loss = 0.25
 # Periods with fewer workload sync points than this are too few to compare.
 min_progress = 50
 
@@ -326,6 +329,7 @@ mod tests {
             ("metrics_addr = \"localhost\"", "metrics_addr"),
             ("[controller]\nrho = 2.0", "rho"),
             ("[governor]\nconfirm = 0", "confirm"),
+            ("[governor]\ndecisive_loss = 1.5", "decisive_loss"),
             ("retention_start = \"maybe\"", "retention_start"),
             ("[[target]]\ncgroup = \"/a\"\npid = 3", "[[target]]"),
         ] {

@@ -30,7 +30,13 @@
 //!
 //! A comparison that disagrees with the baseline (Pays while off, Loses while on) counts
 //! towards a switch; `confirm` of them in a row switch the baseline. Anything else but an
-//! inconclusive one resets that count. Probing backs off exponentially while comparisons agree
+//! inconclusive one resets that count. One exception, asymmetric on purpose: while on, a
+//! comparison in which retention slowed the workload by more than `decisive_loss` (gain below
+//! `-decisive_loss`) counts as `confirm - 1` of them and the next probe follows after one
+//! baseline epoch, so one more losing comparison switches retention off 3 epochs later (9
+//! epochs after the start instead of 18). A single outlier still does not switch. A wrong
+//! "on" costs a vCPU of spinning and, in the TCG lab next to a co-runner, 20-40% of the run;
+//! a wrong "off" costs the halt penalty until the next probe. Probing backs off exponentially while comparisons agree
 //! (the interval between probes doubles from `probe_every_min` to `probe_every_max` epochs) and
 //! snaps back to `probe_every_min` on a disagreeing one or after a switch, so a doubt is
 //! confirmed or dropped quickly and a settled answer costs one wrong-mode epoch every
@@ -116,13 +122,16 @@ pub struct GovernorConfig {
     pub cpu_price: f64,
     /// Disagreeing comparisons in a row that switch the baseline mode.
     pub confirm: u32,
+    /// While on: a comparison with `gain < -decisive_loss` counts as `confirm - 1` losing ones
+    /// and brings the next comparison forward (1 disables).
+    pub decisive_loss: f64,
     /// Epochs with fewer sync points than this are too few to compare (see the module docs).
     pub min_progress: u64,
 }
 
 impl Default for GovernorConfig {
     fn default() -> Self {
-        Self { probe_every_min: 4, probe_every_max: 32, margin: 0.05, cpu_price: 0.05, confirm: 3, min_progress: 50 }
+        Self { probe_every_min: 4, probe_every_max: 32, margin: 0.05, cpu_price: 0.05, confirm: 3, decisive_loss: 0.25, min_progress: 50 }
     }
 }
 
@@ -140,6 +149,9 @@ impl GovernorConfig {
         }
         if !(0.0..=1.0).contains(&self.cpu_price) {
             return Err(format!("cpu_price = {}: need 0..=1", self.cpu_price));
+        }
+        if !(0.0..=1.0).contains(&self.decisive_loss) {
+            return Err(format!("decisive_loss = {}: need 0..=1 (1 disables)", self.decisive_loss));
         }
         if self.confirm == 0 {
             return Err("confirm = 0: need at least 1".into());
@@ -353,7 +365,7 @@ impl RetentionGovernor {
                     (Some(b), Some(p)) => Some(self.compare(&b, &p, r)),
                     _ => None,
                 };
-                let switched = c.is_some_and(|c| self.judge(c.verdict));
+                let switched = c.is_some_and(|c| self.judge(&c));
                 if switched {
                     cause = ChangeCause::Switch;
                 }
@@ -418,7 +430,9 @@ impl RetentionGovernor {
 
     /// Applies a verdict to the streak, the probe interval and the baseline; true if the
     /// baseline switched.
-    fn judge(&mut self, verdict: Verdict) -> bool {
+    fn judge(&mut self, c: &Comparison) -> bool {
+        let verdict = c.verdict;
+        let decisive = verdict == Verdict::Loses && c.gain < -self.cfg.decisive_loss;
         let s = &mut self.state;
         if verdict != Verdict::Inconclusive {
             s.hold_timeouts = verdict == Verdict::Pays;
@@ -434,9 +448,17 @@ impl RetentionGovernor {
             s.probe_every = s.probe_every.saturating_mul(2).min(self.cfg.probe_every_max.max(1));
             return false;
         }
-        s.streak += 1;
-        s.probe_every = self.cfg.probe_every_min.max(1);
-        if s.streak < self.cfg.confirm.max(1) {
+        // A decisive loss while on counts as all but one of the confirmations and asks for
+        // the next comparison right away: one more losing comparison (3 epochs later) switches.
+        let confirm = self.cfg.confirm.max(1);
+        if decisive && s.baseline == RetentionMode::On {
+            s.streak = (s.streak + confirm.saturating_sub(1)).max(s.streak + 1);
+            s.probe_every = 1;
+        } else {
+            s.streak += 1;
+            s.probe_every = self.cfg.probe_every_min.max(1);
+        }
+        if s.streak < confirm {
             return false;
         }
         s.streak = 0;
@@ -536,6 +558,31 @@ mod tests {
     }
 
     #[test]
+    fn a_decisive_loss_turns_retention_off_after_two_quick_comparisons_but_never_on() {
+        // The TCG lab next to freqsleep: calibration said Pays (busy 60 us vs halted 95 us),
+        // the condvar workload ran 40% slower with retention on.
+        let cfg = GovernorConfig::default();
+        let mut g = RetentionGovernor::new(cfg, RetentionMode::On);
+        let trace = drive_governor(&mut g, 40, 4, |_| host(-0.4, 0.8, 0.05));
+        let sw = switches(&trace);
+        // Probe at epoch 4, its confirm at 5 (decisive); baseline 6, probe 7, confirm 8: off.
+        assert_eq!(sw.first(), Some(&8), "{sw:?}");
+        assert_eq!(g.state().baseline, RetentionMode::Off);
+        // A 7% loss (within noise of break-even) still needs `confirm` comparisons.
+        let mut g = RetentionGovernor::new(cfg, RetentionMode::On);
+        let sw = switches(&drive_governor(&mut g, 40, 4, |_| polling()));
+        assert!(sw.first().is_some_and(|&k| k > 8 + 6), "{sw:?}");
+        // The mirror image (retention 40% faster while off) is not decisive: 3 comparisons.
+        let mut g = RetentionGovernor::new(cfg, RetentionMode::Off);
+        let sw = switches(&drive_governor(&mut g, 40, 4, |_| host(0.4, 0.6, 0.05)));
+        assert!(sw.first().is_some_and(|&k| k >= 3 * 6 - 1), "{sw:?}");
+        // decisive_loss = 1 disables it.
+        let mut g = RetentionGovernor::new(GovernorConfig { decisive_loss: 1.0, ..cfg }, RetentionMode::On);
+        let sw = switches(&drive_governor(&mut g, 40, 4, |_| host(-0.4, 0.8, 0.05)));
+        assert!(sw.first().is_some_and(|&k| k > 8 + 6), "{sw:?}");
+    }
+
+    #[test]
     fn a_host_that_stops_polling_mid_run_turns_retention_back_on() {
         // Start-up verdict HostPolls (prior off); at epoch 300 the host stops polling.
         let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::Off);
@@ -574,7 +621,8 @@ mod tests {
     #[test]
     fn a_single_outlier_does_not_switch() {
         // Retention pays, but one probe epoch (retention off) runs twice as fast (a burst of
-        // easy work): one disagreeing comparison, then agreeing ones reset the count.
+        // easy work): one disagreeing comparison (decisive: it counts twice), then agreeing
+        // ones reset the count.
         let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
         let mut rng = super::super::synthetic::SplitMix64(12);
         let mut outliers = 0;
@@ -589,7 +637,7 @@ mod tests {
             g.step(&r);
             max_streak = max_streak.max(g.state().streak);
         }
-        assert_eq!((outliers, max_streak), (1, 1));
+        assert_eq!((outliers, max_streak), (1, 2));
         assert_eq!(g.state().switches, 0);
         assert_eq!(g.state().baseline, RetentionMode::On);
     }
