@@ -47,7 +47,7 @@ fn calibrate_then_run_reuses_the_record_and_recalibrate_measures_again() {
     assert_eq!(stored, first["record"], "the record printed is the record stored");
     let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     assert_eq!(stored["depends_on"]["boot_id"], boot_id.trim());
-    assert_eq!(stored["schema"], 1);
+    assert_eq!(stored["schema"], gleaner_agent::cache::SCHEMA);
     for key in ["busy_ns", "idle_long_ns", "idle_at_timeout_ns"] {
         assert!(stored["results"]["wakeup_costs"][key].as_u64().unwrap_or(0) > 0, "{key}: {stored}");
     }
@@ -88,7 +88,7 @@ fn a_corrupt_or_symlinked_record_is_ignored_with_a_note_and_never_followed() {
     std::fs::write(&path, b"{\"schema\": 1, \"depends_on\": ").unwrap();
     let stderr = run_true(run_dir.path(), &[]);
     assert!(stderr.contains("record ignored:") && stderr.contains("is not a calibration record"), "{stderr}");
-    assert_eq!(record(run_dir.path())["schema"], 1, "replaced by a new record");
+    assert_eq!(record(run_dir.path())["schema"], gleaner_agent::cache::SCHEMA, "replaced by a new record");
 
     // A link to a valid record elsewhere is refused all the same, and its target is untouched.
     let outside = tempfile::tempdir().unwrap();
