@@ -139,6 +139,14 @@ fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {
             _ => {}
         }
     }
+    // The agent's own CPU on every period, never decreasing, and a closing `exit` line with
+    // the total.
+    let cpu: Vec<u64> = periods.iter().map(|p| p["agent_cpu_ns"].as_u64().unwrap_or_else(|| panic!("no agent_cpu_ns: {p}"))).collect();
+    assert!(cpu.windows(2).all(|w| w[1] >= w[0]), "{cpu:?}");
+    let last = lines.last().unwrap();
+    assert_eq!(last["event"], "exit", "the last line closes the run: {last}");
+    let total = last["agent_cpu_ns"].as_u64().unwrap_or_else(|| panic!("no agent_cpu_ns: {last}"));
+    assert!(total > 0 && total >= *cpu.last().unwrap(), "{total} ns after {cpu:?}");
     assert_no_leftovers(&run_dir.path().join("run"));
 }
 

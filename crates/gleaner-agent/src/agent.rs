@@ -223,7 +223,7 @@ pub fn retention_plan(cfg: &AgentConfig, cpus: &CpuSet, quiet: bool) -> (Retenti
 pub fn medians(r: &CalibrationResults) -> String {
     let (t, m) = (r.timeout_ns, r.wakeup_costs);
     format!(
-        "wakeup p50: {} us busy vCPU, {} us after {} us idle, {} us after {} us idle",
+        "wakeup mean: {} us busy vCPU, {} us after {} us idle, {} us after {} us idle",
         m.busy_ns / 1000,
         m.idle_at_timeout_ns / 1000,
         t / 1000,
@@ -430,7 +430,7 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     let mut outcome = result?;
     finish?;
     outcome.wall_ns = duration_ns(start.elapsed());
-    outcome.agent_cpu_ns = gleaner_os::rusage::self_rusage().map(|r| r.user_ns + r.sys_ns).unwrap_or(0);
+    outcome.agent_cpu_ns = self_cpu_ns().unwrap_or(0);
     outcome.final_status = status.lock().map(|s| s.clone()).unwrap_or_default();
     let f = &outcome.final_status;
     info!(
@@ -658,6 +658,7 @@ impl Session {
                 retention: ran,
                 reading: step.map(|_| reading),
                 comparison: step.and_then(|s| s.comparison),
+                agent_cpu_ns: self_cpu_ns(),
                 ..event("period")
             });
             if let Some(GovernorStep { mode, change: Some(change), comparison, .. }) = step {
@@ -723,6 +724,12 @@ impl Session {
                     s.recent.push_back(r);
                 }
             }
+        }
+        // The last, partial period: what the run ended with and what the agent cost in all.
+        if let Some(log) = &mut events {
+            let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let active = CpuSet::from_iter(controller.active().iter().copied());
+            log.write(&EventRecord { agent_cpu_ns: self_cpu_ns(), ..EventRecord::new(t_ms, "exit", active.to_string(), controller.metrics()) })?;
         }
         Ok(outcome)
     }
@@ -857,6 +864,11 @@ impl ChildWaiter {
         let (status, ru) = gleaner_os::rusage::wait4(self.pid).with_context(|| format!("waiting for pid {}", self.pid))?;
         Ok(Some((status.code(), ru)))
     }
+}
+
+/// The agent's own CPU time so far (every thread), if it can be read.
+fn self_cpu_ns() -> Option<u64> {
+    gleaner_os::rusage::self_rusage().ok().map(|r| r.user_ns + r.sys_ns)
 }
 
 fn sleep_interruptible(d: Duration) {

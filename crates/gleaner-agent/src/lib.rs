@@ -72,8 +72,9 @@ pub struct AgentFlags {
     #[arg(long, value_name = "IP:PORT")]
     pub metrics_addr: Option<String>,
     /// Append JSON lines to FILE: every consolidation decision, one `period` line per period
-    /// (active vCPUs, timeouts, per-vCPU retention timeouts, retention mode) and one
-    /// `retention` line per change of retention mode (with the governor's state).
+    /// (active vCPUs, timeouts, per-vCPU retention timeouts, retention mode, the agent's own
+    /// CPU time), one `retention` line per change of retention mode (with the governor's
+    /// state) and one `exit` line when the run ends.
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
     /// Directory of state files, status sockets and the calibration record.

@@ -46,7 +46,8 @@ pub struct VcpuTimeout {
 pub struct EventRecord {
     /// Milliseconds since the agent started.
     pub t_ms: u64,
-    /// `consolidate`, `restore`, `reset`, `factor_change`, `period`, `retention`.
+    /// `consolidate`, `restore`, `reset`, `factor_change`, `period`, `retention`, `exit` (the
+    /// last, partial period, written once when the run ends).
     pub event: String,
     /// The controller's decision, when the event is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,6 +79,10 @@ pub struct EventRecord {
     /// The governor's state after a `retention` event (none when retention is pinned).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub governor: Option<GovernorState>,
+    /// The agent's own CPU time (user + sys, every thread, the yielding threads included)
+    /// since it started (`period` and `exit` events): what managing the workload costs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_cpu_ns: Option<u64>,
 }
 
 impl EventRecord {
@@ -96,6 +101,7 @@ impl EventRecord {
             reading: None,
             comparison: None,
             governor: None,
+            agent_cpu_ns: None,
         }
     }
 

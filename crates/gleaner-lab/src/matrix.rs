@@ -172,15 +172,20 @@ fn ci(v: Option<f64>, c: Option<gleaner_policy::stats::Interval>) -> String {
 /// The matrix table (Markdown): one line per cell and policy.
 pub fn table(m: &MatrixResults) -> String {
     let mut t = String::from(
-        "| workload | co-runner | halt poll | policy | ok/runs | wall s | speedup [95% CI] | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU us/item | vCPU halts/item | host CPU per avoided halt, us | agent: consolidations (fewest vCPUs), mean active vCPUs, retention on | note |\n\
+        "| workload | co-runner | halt poll | policy | ok/runs | wall s | speedup [95% CI] | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU us/item | vCPU halts/item | host CPU per avoided halt, us | agent: consolidations (fewest vCPUs), mean active vCPUs, retention on, agent CPU | note |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for e in &m.entries {
         let s = &e.summary;
         let cons = crate::report::agent_cell(s);
-        let mut note = if s.runs_ok < s.runs { format!("{} run(s) failed: see the cell's runs.csv", s.runs - s.runs_ok) } else { String::new() };
+        let mut note = match &s.failure {
+            // A policy that cannot run here says why (one line: the reason's first sentence).
+            Some(why) if why.starts_with("not run:") => why.split(['\n', ';']).next().unwrap_or(why).to_string(),
+            _ if s.runs_ok < s.runs => format!("{} run(s) failed: see the cell's runs.csv", s.runs - s.runs_ok),
+            _ => String::new(),
+        };
         if let Some(b) = s.bww_bound {
-            note = format!("blocked-waiter bound {b:.2}x {note}");
+            note = format!("blocked-waiter bound {} {note}", crate::results::bound_label(b));
         }
         let _ = writeln!(
             t,
@@ -262,6 +267,27 @@ mod tests {
         assert_eq!(all.modes.len(), Policy::ALL.len());
         // The generated experiment passes the same validation as a file.
         Experiment::parse(&toml::to_string(&all).unwrap(), "matrix").unwrap();
+    }
+
+    #[test]
+    fn a_policy_that_cannot_run_here_says_why_in_its_line() {
+        let entry = |mode: &str, runs_ok, failure: Option<&str>| MatrixEntry {
+            workload: "pipeline".into(),
+            co_runner: "matmul".into(),
+            summary: SummaryRow { mode: mode.into(), runs_ok, runs: 7, failure: failure.map(String::from), ..Default::default() },
+        };
+        let why = "not run: the guest's cpuidle driver is none (not haltpoll): QEMU provides it only with -accel kvm";
+        let m = MatrixResults {
+            quick: false,
+            policies: vec![Policy::Haltpoll],
+            cells: Vec::new(),
+            entries: vec![entry("haltpoll", 0, Some(why)), entry("gleaner", 5, None), entry("yielders", 0, Some("guest timed out"))],
+        };
+        let t = table(&m);
+        let line = |mode: &str| t.lines().find(|l| l.contains(&format!("| {mode} |"))).unwrap().to_string();
+        assert!(line("haltpoll").contains(why), "{t}");
+        assert!(line("gleaner").contains("2 run(s) failed"), "{t}");
+        assert!(line("yielders").contains("7 run(s) failed"), "{t}");
     }
 
     #[test]

@@ -56,7 +56,7 @@ fn ci(v: Option<f64>, c: Option<gleaner_policy::stats::Interval>, digits: usize)
 /// side (host CPU per unit of work, vCPU halts per unit, host CPU per avoided halt).
 pub fn main_table(r: &LabResults) -> String {
     let mut t = String::from(
-        "| run | policy | halt poll | ok/runs | wall s, median [95% CI] | speedup vs stock [95% CI] | co-runner items/s | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU ms per 1k items | vCPU halts per item | host CPU per avoided halt, us | vCPU wait for pCPU, s | agent: consolidations (fewest vCPUs), mean active vCPUs, retention on | guest cpuidle | compute share of vCPU CPU | blocked-waiter bound | d_eta_r | d_eta_t | omega |\n\
+        "| run | policy | halt poll | ok/runs | wall s, median [95% CI] | speedup vs stock [95% CI] | co-runner items/s | co-runner ratio [95% CI] | weighted speedup [95% CI] | host CPU ms per 1k items | vCPU halts per item | host CPU per avoided halt, us | vCPU wait for pCPU, s | agent: consolidations (fewest vCPUs), mean active vCPUs, retention on, agent CPU | guest cpuidle | compute share of vCPU CPU | blocked-waiter bound | d_eta_r | d_eta_t | omega |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in &r.summary {
@@ -80,7 +80,7 @@ pub fn main_table(r: &LabResults) -> String {
             f(s.vcpu_wait_s, 2),
             s.cpuidle_driver.as_deref().unwrap_or("-"),
             s.compute_share.map_or("-".into(), |c| format!("{:.0}%", c * 100.0)),
-            s.bww_bound.map_or("-".into(), |b| format!("{b:.2}x")),
+            s.bww_bound.map_or("-".into(), crate::results::bound_label),
             f(s.d_eta_r, 2),
             f(s.d_eta_t, 2),
             f(s.omega, 2)
@@ -104,6 +104,9 @@ pub fn agent_cell(s: &SummaryRow) -> String {
     }
     if let Some(r) = s.retention_on_share {
         out.push_str(&format!(", {:.0}%", r * 100.0));
+    }
+    if let Some(ms) = s.agent_cpu_ms {
+        out.push_str(&format!(", {ms:.0} ms"));
     }
     out
 }

@@ -74,6 +74,10 @@ pub struct AgentSummary {
     /// summed over the step.
     #[serde(default)]
     pub vcpu_timeouts: Vec<VcpuTimeout>,
+    /// The agent's own CPU time over the step (its last `period` or `exit` line; the yielding
+    /// threads included), in ms.
+    #[serde(default)]
+    pub agent_cpu_ms: Option<f64>,
 }
 
 impl AgentSummary {
@@ -122,6 +126,9 @@ impl AgentSummary {
                     _ => {}
                 },
                 _ => {}
+            }
+            if let Some(ns) = e.agent_cpu_ns {
+                s.agent_cpu_ms = Some(s.agent_cpu_ms.unwrap_or(0.0).max(ns as f64 / 1e6));
             }
             if active > 0 {
                 s.min_active = Some(s.min_active.map_or(active, |m| m.min(active)));
@@ -273,6 +280,7 @@ const COLUMNS: &[Column] = &[
     ("min_active_vcpus", |r| r.agent.as_ref().and_then(|a| a.min_active).map_or(String::new(), |m| m.to_string())),
     ("mean_active_vcpus", |r| r.agent.as_ref().and_then(|a| a.mean_active).map_or(String::new(), |m| format!("{m:.3}"))),
     ("retention_on_share", |r| r.agent.as_ref().and_then(|a| a.retention_on_share).map_or(String::new(), |m| format!("{m:.3}"))),
+    ("agent_cpu_ms", |r| r.agent.as_ref().and_then(|a| a.agent_cpu_ms).map_or(String::new(), |m| format!("{m:.1}"))),
     ("error", |r| r.error.clone().unwrap_or_default()),
 ];
 
@@ -309,6 +317,10 @@ pub struct SummaryRow {
     pub halt_poll: String,
     pub runs_ok: usize,
     pub runs: usize,
+    /// When no run succeeded: the first failed run's error (e.g. a policy `not run:` here, and
+    /// why), so a matrix line says why it is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
     pub wall_s: Option<f64>,
     /// Bootstrap 95% interval of the median wall time, s.
     #[serde(default)]
@@ -360,6 +372,10 @@ pub struct SummaryRow {
     pub mean_active_vcpus: Option<f64>,
     #[serde(default)]
     pub retention_on_share: Option<f64>,
+    /// Median over runs of the agent's own CPU time per step (ms; its yielding threads
+    /// included): what the agent's presence costs inside the guest.
+    #[serde(default)]
+    pub agent_cpu_ms: Option<f64>,
     /// The cpuidle driver the guest runs had (when all agreed), else `mixed`.
     #[serde(default)]
     pub cpuidle_driver: Option<String>,
@@ -392,6 +408,17 @@ pub fn bww_bound(s: &SummaryRow, penalty_us: f64) -> Option<f64> {
     let per_item = s.wall_per_item_us()?;
     let saved = (s.sleeps_per_item? * penalty_us.max(0.0)).min(per_item * 0.999);
     Some(per_item / (per_item - saved))
+}
+
+/// The bound as a table shows it: above 10x the halts' penalties add up to (nearly) the whole
+/// time per item, so they cannot all be on the critical path (threads halt in parallel) and
+/// the bound says only that it is large.
+pub fn bound_label(b: f64) -> String {
+    if b >= 10.0 {
+        "> 10x (halts overlap)".into()
+    } else {
+        format!("{b:.2}x")
+    }
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -446,6 +473,7 @@ pub fn summarize(rows: &[Row], stock: &str) -> Vec<SummaryRow> {
             mode: mode.clone(),
             policy: rs.first().map(|r| r.policy.clone()).unwrap_or_default(),
             halt_poll: hp.clone(),
+            failure: if ok.is_empty() { rs.iter().find_map(|r| r.error.clone()) } else { None },
             runs_ok: ok.len(),
             runs: rs.len(),
             wall_s: wall,
@@ -466,6 +494,7 @@ pub fn summarize(rows: &[Row], stock: &str) -> Vec<SummaryRow> {
             min_active_vcpus: ok.iter().filter_map(|r| r.agent.as_ref()?.min_active).min(),
             mean_active_vcpus: median(&col(&|r| r.agent.as_ref()?.mean_active)),
             retention_on_share: median(&col(&|r| r.agent.as_ref()?.retention_on_share)),
+            agent_cpu_ms: median(&col(&|r| r.agent.as_ref()?.agent_cpu_ms)),
             cpuidle_driver,
             items: median(&col(&|r| r.items.map(|n| n as f64))),
             ..Default::default()
@@ -645,6 +674,17 @@ mod tests {
         assert_eq!((s.retention_switches, s.retention_probes), (1, 1));
         assert_eq!(s.vcpu_timeouts, [vcpu(0, 80_000, 1, 0), vcpu(1, 40_000, 0, 3)]);
         assert_eq!((s.min_active, s.last_active), (Some(2), Some(2)));
+        assert_eq!(s.agent_cpu_ms, None, "agents before agent_cpu_ns wrote none");
+        // The agent's own CPU: the largest (last) reading, the closing `exit` line included;
+        // `exit` is not a period.
+        let cpu = |t_ms, event: &str, ns| EventRecord { agent_cpu_ns: Some(ns), ..EventRecord::new(t_ms, event, String::new(), m(2)) };
+        let with_cpu = [cpu(200, "period", 4_000_000), cpu(400, "period", 6_000_000), cpu(450, "exit", 6_500_000)]
+            .iter()
+            .map(|e| serde_json::to_string(e).unwrap())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let s = AgentSummary::from_events(&with_cpu);
+        assert_eq!((s.periods, s.agent_cpu_ms), (2, Some(6.5)));
         // Without yielding threads (--no-retention) the periods carry no mode: no share.
         let plain = serde_json::to_string(&EventRecord { count: Some(0), ..EventRecord::new(200, "period", String::new(), m(3)) }).unwrap();
         let s = AgentSummary::from_events(&plain);
@@ -732,6 +772,9 @@ mod tests {
         assert!((bww_bound(&s, 100.0).unwrap() - 1.25).abs() < 1e-9);
         assert_eq!(bww_bound(&s, -5.0), Some(1.0));
         assert_eq!(bww_bound(&SummaryRow::default(), 100.0), None);
+        // Penalties worth more than the time per item: capped and labelled as such.
+        assert_eq!(bound_label(bww_bound(&s, 1e6).unwrap()), "> 10x (halts overlap)");
+        assert_eq!(bound_label(1.25), "1.25x");
     }
 
     #[test]

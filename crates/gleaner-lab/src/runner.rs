@@ -858,7 +858,7 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
             Ok(c) => {
                 let w = c.results.wakeup_costs;
                 notes.push(format!(
-                    "{}: the agent's calibration at boot (outside measured steps, {} ms): retention {:?} (wakeup p50 {:.0} us busy vCPU, {:.0} us after {:.0} us idle, {:.0} us after a long idle gap)",
+                    "{}: the agent's calibration at boot (outside measured steps, {} ms): retention {:?} (wakeup mean {:.0} us busy vCPU, {:.0} us after {:.0} us idle, {:.0} us after a long idle gap)",
                     st.guest,
                     c.record.as_ref().map_or(0, |r| r.took_ms),
                     c.results.verdict,
