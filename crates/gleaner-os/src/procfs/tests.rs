@@ -471,3 +471,43 @@ fn open_schedstat_of_this_thread_counts_its_run_time() {
     while t0.elapsed() < std::time::Duration::from_millis(5) {}
     assert!(f.read().unwrap().run_ns > a);
 }
+
+#[test]
+fn open_status_and_stat_are_reread_whole_at_each_call() {
+    let (d, p) = fixture();
+    let status = |vcsw: u64, pad: usize| {
+        // A status longer than the first 4 KiB buffer: the reader grows and reads again.
+        format!("Name:\tw\nState:\tS (sleeping)\nGroups:\t{}\nvoluntary_ctxt_switches:\t{vcsw}\nnonvoluntary_ctxt_switches:\t2\n", "1 ".repeat(pad))
+    };
+    write(d.path(), "7/task/8/status", &status(10, 0));
+    let mut f = p.open_task_status(7, 8).unwrap();
+    assert_eq!(f.read().unwrap().voluntary_ctxt_switches, 10);
+    write(d.path(), "7/task/8/status", &status(11, 5000));
+    assert_eq!(f.read().unwrap().voluntary_ctxt_switches, 11, "10 KB of status, read whole");
+    write(d.path(), "7/task/8/status", &status(12, 0));
+    assert_eq!(f.read().unwrap().voluntary_ctxt_switches, 12, "shorter again: no stale tail");
+    write(d.path(), "7/task/8/status", "Name:\tw\n");
+    assert!(f.read().unwrap_err().to_string().contains("status"), "a malformed status names the file");
+    assert!(p.open_task_status(7, 9).unwrap_err().to_string().contains("task/9/status"));
+
+    write(d.path(), "stat", STAT);
+    let mut s = p.open_stat().unwrap();
+    let first = s.read().unwrap();
+    assert_eq!(first, p.stat().unwrap(), "the kept file reads what a fresh open reads");
+    write(d.path(), "stat", &STAT.replacen("cpu1 7769", "cpu1 8769", 1));
+    assert_eq!(s.read().unwrap().cpus[&1].user, 8769);
+}
+
+#[test]
+fn open_status_of_an_exited_thread_fails_and_of_this_one_counts_switches() {
+    let me = std::process::id() as i32;
+    let child = std::thread::spawn(crate::sched::gettid).join().unwrap();
+    // The thread is gone (its tid is not reused while nothing pins it: opening fails).
+    assert!(Procfs::new().open_task_status(me, child).is_err());
+    let mut f = Procfs::new().open_task_status(me, crate::sched::gettid()).unwrap();
+    let a = f.read().unwrap().voluntary_ctxt_switches;
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    assert!(f.read().unwrap().voluntary_ctxt_switches > a, "a sleep is a voluntary switch");
+    let mut s = Procfs::new().open_stat().unwrap();
+    assert!(!s.read().unwrap().cpus.is_empty());
+}
