@@ -853,12 +853,7 @@ impl ChildWaiter {
     /// Returns the exit code and rusage if the child exited within `timeout` (or a signal
     /// interrupted the wait and it has exited).
     fn wait(&self, timeout: Duration) -> anyhow::Result<Option<(i32, Rusage)>> {
-        use std::os::fd::AsRawFd;
-        let mut pfd = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd, count 1.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r <= 0 {
+        if !gleaner_os::fd::wait_readable(&self.pidfd, timeout) {
             return Ok(None);
         }
         let (status, ru) = gleaner_os::rusage::wait4(self.pid).with_context(|| format!("waiting for pid {}", self.pid))?;

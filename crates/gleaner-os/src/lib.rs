@@ -47,6 +47,7 @@
 pub mod cgroup;
 pub mod cpuset;
 pub mod error;
+pub mod fd;
 pub mod input;
 pub mod private;
 pub mod procfs;
