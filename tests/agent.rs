@@ -505,3 +505,34 @@ fn daemon_manages_its_targets_and_stops_cleanly() {
     let _ = workload.wait();
     assert_no_leftovers(&run_dir);
 }
+
+#[test]
+#[serial(host)]
+fn the_workload_starts_only_once_the_guardian_is_armed() {
+    require_root_and_cpuset();
+    let run_dir = tempfile::tempdir().unwrap();
+    // The workload's first act: find its sibling `gleaner __guardian` (a child of the agent,
+    // its parent) and print the guardian's ignored-signal mask. Armed means SIGTERM (bit 14)
+    // and SIGPIPE (bit 12) are ignored already. The guardian is made slow to arm (300 ms, as
+    // an exec in a TCG guest is): an agent that did not wait would start the workload first.
+    let script = r#"for p in /proc/[0-9]*; do
+        [ "$p" = "/proc/$$" ] && continue
+        if tr '\0' ' ' < $p/cmdline 2>/dev/null | grep -q __guardian && grep -q "^PPid:[[:space:]]*$PPID\$" $p/status; then
+            sed -n 's/^SigIgn:[[:space:]]*//p' $p/status
+        fi
+    done"#;
+    let out = gleaner()
+        .env("GLEANER_GUARDIAN_ARM_DELAY_MS", "300")
+        .args(["run", "--no-retention", "--run-dir"])
+        .arg(run_dir.path())
+        .args(["--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let masks: Vec<u64> = stdout.lines().filter_map(|l| u64::from_str_radix(l.trim(), 16).ok()).collect();
+    assert_eq!(masks.len(), 1, "exactly one guardian of this agent: {stdout:?}");
+    let (sigterm, sigpipe) = (1u64 << (libc::SIGTERM - 1), 1u64 << (libc::SIGPIPE - 1));
+    assert_eq!(masks[0] & (sigterm | sigpipe), sigterm | sigpipe, "guardian not armed when the workload started: SigIgn {:#x}", masks[0]);
+    assert_no_leftovers(run_dir.path());
+}

@@ -260,15 +260,10 @@ impl Guardian {
     /// that is merely slow is waited for no longer than `timeout` (it still arms later).
     pub fn wait_armed(&mut self, timeout: std::time::Duration) -> anyhow::Result<()> {
         use std::io::Read;
-        use std::os::fd::AsRawFd;
         let Some(mut out) = self.ready.take() else {
             return Ok(());
         };
-        let mut pfd = libc::pollfd { fd: out.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd, count 1; `out` outlives the call.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r <= 0 {
+        if !gleaner_os::fd::wait_readable(&out, timeout) {
             tracing::warn!("the guardian did not report within {} ms; starting the workload anyway", timeout.as_millis());
             return Ok(());
         }
@@ -304,6 +299,11 @@ impl Guardian {
 /// Body of `gleaner __guardian`: wait for the agent to go away, then undo what it left.
 pub fn guardian_main(state_file: &Path) -> anyhow::Result<()> {
     use nix::sys::signal::{signal, SigHandler, Signal};
+    // Test seam: a slow guardian start (as in an emulated guest), so a test can tell whether
+    // the agent waits for it (tests/agent.rs, the_workload_starts_only_once_the_guardian_is_armed).
+    if let Some(ms) = std::env::var("GLEANER_GUARDIAN_ARM_DELAY_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms.min(2000)));
+    }
     for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGPIPE] {
         // SAFETY: installing SIG_IGN has no handler code to be async-signal-safe.
         unsafe { signal(s, SigHandler::SigIgn) }.context("ignoring signals")?;

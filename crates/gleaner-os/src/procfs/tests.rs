@@ -502,7 +502,8 @@ fn open_status_and_stat_are_reread_whole_at_each_call() {
 fn open_status_of_an_exited_thread_fails_and_of_this_one_counts_switches() {
     let me = std::process::id() as i32;
     let child = std::thread::spawn(crate::sched::gettid).join().unwrap();
-    // The thread is gone (its tid is not reused while nothing pins it: opening fails).
+    // The thread is gone: opening its files fails (Linux hands out pids in increasing order,
+    // so its tid is not reused until the pid space wraps).
     assert!(Procfs::new().open_task_status(me, child).is_err());
     let mut f = Procfs::new().open_task_status(me, crate::sched::gettid()).unwrap();
     let a = f.read().unwrap().voluntary_ctxt_switches;
