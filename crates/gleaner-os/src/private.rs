@@ -76,12 +76,8 @@ pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
     let write = |tmp: &PathBuf| -> std::io::Result<()> {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(tmp)?;
+        let mut f =
+            OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(tmp)?;
         f.write_all(bytes)?;
         f.sync_data()
     };
@@ -114,6 +110,81 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock> {
         return Err(OsError::Syscall { call: "flock", tid: 0, source: std::io::Error::last_os_error() });
     }
     Ok(DirLock { _dir: f })
+}
+
+/// Takes an exclusive `flock` on `dir` if nobody holds one: `Ok(None)` when another process
+/// (or another open of the directory) holds it. Unlike [`lock_dir`] this never waits. Works on
+/// cgroupfs directories too: two agents asked to manage one cgroup are told apart this way.
+pub fn try_lock_dir(dir: &Path) -> Result<Option<DirLock>> {
+    let f = OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC).open(dir).map_err(|source| OsError::Dir {
+        op: "open",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    // SAFETY: flock on a descriptor we own and keep open for the lifetime of the lock.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let source = std::io::Error::last_os_error();
+        if source.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Ok(None);
+        }
+        return Err(OsError::Syscall { call: "flock", tid: 0, source });
+    }
+    Ok(Some(DirLock { _dir: f }))
+}
+
+/// Reads a file a privileged agent acts on (its configuration), refusing it when anyone but
+/// its owner could have changed it, as sshd refuses a group- or world-writable
+/// configuration: the file must belong to root or to the caller and be writable by nobody
+/// else, and so must every directory above it (a sticky directory such as /tmp is fine: others
+/// cannot replace a file they do not own there). The checks are made on the opened file
+/// (`fstat`), so what is read is what was checked. Symbolic links are followed: the
+/// directories checked are those of the file they lead to.
+pub fn read_trusted(path: &Path, max_len: u64) -> Result<Vec<u8>> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| OsError::Read { path: path.to_path_buf(), source })?;
+    let meta = file.metadata().map_err(|source| OsError::Read { path: path.to_path_buf(), source })?;
+    if !meta.file_type().is_file() {
+        return Err(not_private(path, "not a regular file"));
+    }
+    check_trusted_owner_mode(path, &meta)?;
+    let real = std::fs::canonicalize(path).map_err(|source| OsError::Read { path: path.to_path_buf(), source })?;
+    for dir in real.ancestors().skip(1) {
+        let dmeta = std::fs::metadata(dir).map_err(|source| OsError::Dir { op: "inspect", path: dir.to_path_buf(), source })?;
+        if dmeta.mode() & 0o1000 == 0 {
+            check_trusted_owner_mode(dir, &dmeta).map_err(|e| match e {
+                OsError::NotPrivate { path: d, reason } => not_private(path, format!("its directory {} is {reason}", d.display())),
+                other => other,
+            })?;
+        }
+    }
+    if meta.len() > max_len {
+        return Err(not_private(path, format!("{} bytes, more than the {max_len} allowed", meta.len())));
+    }
+    let mut buf = Vec::new();
+    file.read_to_end(&mut buf).map_err(|source| OsError::Read { path: path.to_path_buf(), source })?;
+    Ok(buf)
+}
+
+/// Owner root or the caller, and not writable by group or others.
+fn check_trusted_owner_mode(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(not_private(path, format!("owned by uid {}, neither root nor {me}", meta.uid())));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(not_private(
+            path,
+            format!(
+                "writable by others (mode {:o}): anyone who can write it could make this root agent act on it; run `chmod go-w {}`",
+                meta.mode() & 0o7777,
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -180,6 +251,53 @@ mod tests {
         std::os::unix::fs::symlink(d.path(), &link).unwrap();
         assert!(check_private_dir(&link).unwrap_err().to_string().contains("not a directory"));
         assert!(matches!(check_private_dir(&d.path().join("missing")).unwrap_err(), OsError::Dir { .. }));
+    }
+
+    #[test]
+    fn try_lock_says_when_the_directory_is_held() {
+        let d = private_tempdir();
+        let first = try_lock_dir(d.path()).unwrap().expect("free directory");
+        assert!(try_lock_dir(d.path()).unwrap().is_none(), "second lock taken while the first is held");
+        drop(first);
+        assert!(try_lock_dir(d.path()).unwrap().is_some(), "lock released on drop");
+    }
+
+    #[test]
+    fn a_trusted_file_is_read_and_a_writable_one_is_refused_with_the_fix() {
+        let d = private_tempdir();
+        let p = d.path().join("gleaner.toml");
+        std::fs::write(&p, b"period_ms = 100\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(read_trusted(&p, 1024).unwrap(), b"period_ms = 100\n");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = read_trusted(&p, 1024).unwrap_err().to_string();
+        assert!(e.contains("writable by others (mode 666)") && e.contains("chmod go-w"), "{e}");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o620)).unwrap();
+        assert!(read_trusted(&p, 1024).unwrap_err().to_string().contains("mode 620"));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(read_trusted(&p, 4).unwrap_err().to_string().contains("more than the 4 allowed"));
+        assert!(matches!(read_trusted(&d.path().join("missing"), 1024).unwrap_err(), OsError::Read { .. }));
+    }
+
+    #[test]
+    fn a_trusted_file_in_a_directory_others_can_write_is_refused_unless_sticky() {
+        let d = private_tempdir();
+        let open = d.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        let p = open.join("gleaner.toml");
+        std::fs::write(&p, b"x").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = read_trusted(&p, 1024).unwrap_err().to_string();
+        assert!(e.contains(&format!("its directory {} is writable by others", open.display())), "{e}");
+        // Through a symlink from a private place, the file's real directory is what counts.
+        let link = d.path().join("link.toml");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert!(read_trusted(&link, 1024).unwrap_err().to_string().contains("writable by others"));
+        // A sticky directory (like /tmp) is fine: others cannot replace a file they do not own.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert_eq!(read_trusted(&p, 1024).unwrap(), b"x");
+        assert_eq!(read_trusted(&link, 1024).unwrap(), b"x");
     }
 
     #[test]
