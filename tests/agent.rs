@@ -5,42 +5,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gleaner_policy::retention::{retention_verdict, RetentionVerdict, WakeupCosts};
 use common::*;
 use serial_test::serial;
-
-/// The cpuset cgroup (path relative to its hierarchy) of `pid`.
-fn cpuset_cgroup_of(pid: u32) -> String {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let v1 = text.lines().find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|x| x == "cpuset")));
-    let line = v1.or_else(|| text.lines().find(|l| l.starts_with("0::"))).unwrap_or("");
-    line.splitn(3, ':').nth(2).unwrap_or("").to_string()
-}
-
-fn agent_groups() -> Vec<PathBuf> {
-    gleaner_groups().into_iter().filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("gleaner-agent-"))).collect()
-}
-
-/// Agent cgroups whose agent is gone: `gleaner-agent-<pid>` of a dead pid. A live agent's
-/// group is in use, not left over (other checkouts on a shared machine run agents too).
-fn leftover_agent_groups() -> Vec<PathBuf> {
-    agent_groups()
-        .into_iter()
-        .filter(|p| {
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            name.strip_prefix("gleaner-agent-").is_some_and(|pid| !pid.parse().is_ok_and(alive))
-        })
-        .collect()
-}
-
-fn assert_no_leftovers(run_dir: &Path) {
-    assert!(leftover_agent_groups().is_empty(), "leftover agent cgroups: {:?}", leftover_agent_groups());
-    assert_run_dir_clean(run_dir);
-}
 
 #[test]
 #[serial(host)]

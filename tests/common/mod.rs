@@ -159,3 +159,71 @@ impl Drop for RemoveDir {
         let _ = std::fs::remove_dir(&self.0);
     }
 }
+
+/// The cpuset cgroup (path relative to its hierarchy) of `pid`.
+pub fn cpuset_cgroup_of(pid: u32) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let v1 = text.lines().find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|x| x == "cpuset")));
+    let line = v1.or_else(|| text.lines().find(|l| l.starts_with("0::"))).unwrap_or("");
+    line.splitn(3, ':').nth(2).unwrap_or("").to_string()
+}
+
+pub fn agent_groups() -> Vec<PathBuf> {
+    gleaner_groups().into_iter().filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("gleaner-agent-"))).collect()
+}
+
+/// Agent cgroups whose agent is gone: `gleaner-agent-<pid>` of a dead pid. A live agent's
+/// group is in use, not left over (other checkouts on a shared machine run agents too).
+pub fn leftover_agent_groups() -> Vec<PathBuf> {
+    agent_groups()
+        .into_iter()
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            name.strip_prefix("gleaner-agent-").is_some_and(|pid| !pid.parse().is_ok_and(alive))
+        })
+        .collect()
+}
+
+/// Asserts an agent left no cgroup of a dead agent and nothing in its run dir.
+pub fn assert_no_leftovers(run_dir: &Path) {
+    assert!(leftover_agent_groups().is_empty(), "leftover agent cgroups: {:?}", leftover_agent_groups());
+    assert_run_dir_clean(run_dir);
+}
+
+/// The CPUs `pid` may run on (`Cpus_allowed_list` of /proc/PID/status).
+pub fn cpus_allowed(pid: u32) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or("").trim().to_string()
+}
+
+/// Online CPUs in kernel list form (e.g. `0-1`) and how many there are.
+pub fn online_cpus() -> (String, usize) {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default().trim().to_string();
+    let n = text
+        .split(',')
+        .filter(|r| !r.is_empty())
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0),
+            None => 1,
+        })
+        .sum();
+    (text, n)
+}
+
+/// Whether `pid` is stopped (state `T`, e.g. by SIGSTOP).
+pub fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('T')))
+        .unwrap_or(false)
+}
+
+/// A process this test started, killed (by its PID) and reaped when dropped.
+pub struct Started(pub Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -85,6 +85,9 @@ pub struct Outcome {
     pub retention_on_periods: u64,
     /// The signal that stopped the agent, if any.
     pub signal: Option<i32>,
+    /// Management ended before the workload did because someone else took the target away
+    /// (its cgroup removed): what happened, for the front end to print and exit with 1.
+    pub lost: Option<String>,
     pub final_status: StatusReport,
 }
 
@@ -364,6 +367,42 @@ fn own_cpuset_cgroup(cgroups: &Cgroups, procfs: &Procfs, pid: i32) -> anyhow::Re
     Ok(cgroups.root().join(rel.trim_start_matches('/')))
 }
 
+/// The status socket in the (private) run directory.
+fn serve_status(cfg: &AgentConfig, status: &SharedStatus) -> anyhow::Result<report::Server> {
+    crate::state::create_private_dir(&cfg.run_dir)?;
+    report::serve_status(&report::socket_path(&cfg.run_dir, std::process::id() as i32), Arc::clone(status))
+}
+
+/// Refuses `attach --pid` of a process another live agent already manages (it is in that
+/// agent's `gleaner-agent-<pid>` cgroup): two agents would fight over its cpuset.
+fn refuse_if_managed(cgroups: &Cgroups, procfs: &Procfs, pid: i32) -> anyhow::Result<()> {
+    let Ok(current) = own_cpuset_cgroup(cgroups, procfs, pid) else {
+        return Ok(());
+    };
+    let name = current.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let me = std::process::id() as i32;
+    if let Some(agent) = name.strip_prefix("gleaner-agent-").and_then(|p| p.parse::<i32>().ok()).filter(|a| *a != me) {
+        if crate::state::alive(agent) {
+            return Err(BadInput::new(
+                "--pid",
+                pid,
+                format!("a process no other gleaner agent manages (agent {agent} manages it, in {}; stop that agent first)", current.display()),
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Takes the exclusive lock that says "an agent manages this cgroup"; refuses when another
+/// agent holds it.
+fn lock_managed(path: &Path, what: &str) -> anyhow::Result<gleaner_os::private::DirLock> {
+    match gleaner_os::private::try_lock_dir(path)? {
+        Some(lock) => Ok(lock),
+        None => Err(BadInput::new(what, path.display(), "a cgroup no other gleaner agent manages (another agent holds its lock; stop that agent first)").into()),
+    }
+}
+
 /// Runs the agent on `target` until the workload exits (command), vanishes (pid), empties
 /// (cgroup) or a signal arrives. Every change is undone before returning, also on error.
 pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
@@ -384,6 +423,9 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     let agent_pid = std::process::id() as i32;
 
     let cgroups = Cgroups::detect();
+    if let (Target::Pid(pid), Ok(cg)) = (&target, &cgroups) {
+        refuse_if_managed(cg, &procfs, *pid)?;
+    }
     let mut note = None;
     let consolidation = cfg.consolidation && !matches!(target, Target::System) && {
         note = consolidation_blocker(&cgroups);
@@ -424,7 +466,7 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     }));
 
     // Everything from here on is undone by `Session::finish`.
-    let mut session = Session { state: None, guardian: None, cgroups: cgroups.ok(), yielders: None, servers: Vec::new() };
+    let mut session = Session { locks: Vec::new(), state: None, guardian: None, cgroups: cgroups.ok(), yielders: None, servers: Vec::new() };
     let result = session.run_inner(&target, cfg, opts, &cpus, consolidation, retention, &status, &procfs, &sysfs, start);
     let finish = session.finish();
     let mut outcome = result?;
@@ -446,6 +488,8 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
 }
 
 struct Session {
+    /// `flock`s on the managed cgroup: a second agent asked to manage it is refused.
+    locks: Vec<gleaner_os::private::DirLock>,
     state: Option<StateFile>,
     guardian: Option<Guardian>,
     cgroups: Option<Cgroups>,
@@ -461,7 +505,7 @@ impl Session {
         cfg: &AgentConfig,
         opts: &RunOptions,
         cpus: &CpuSet,
-        consolidation: bool,
+        mut consolidation: bool,
         retention: RetentionSetup,
         status: &SharedStatus,
         procfs: &Procfs,
@@ -475,9 +519,10 @@ impl Session {
 
         // Status first: once the workload is in our cgroup, `gleaner status` must find us (a
         // test raced the old order, which opened the socket after starting the yielders).
-        if opts.status_socket {
-            crate::state::create_private_dir(&cfg.run_dir)?;
-            self.servers.push(report::serve_status(&report::socket_path(&cfg.run_dir, agent_pid), Arc::clone(status))?);
+        // (With consolidation, right after the guardian starts: a kill -9 at any moment then
+        // leaves no socket either, as the guardian removes it.)
+        if opts.status_socket && !consolidation {
+            self.servers.push(serve_status(cfg, status)?);
         }
         if let Some(addr) = &cfg.metrics_addr {
             self.servers.push(report::serve_metrics(addr, Arc::clone(status))?);
@@ -485,15 +530,28 @@ impl Session {
 
         if consolidation {
             let cgroups = self.cgroups.as_ref().context("cgroups vanished")?;
+            if let Target::Cgroup(p) = target {
+                // Before any change: a second agent on this cgroup stops here, having done nothing.
+                let cg = cgroups.open(p).map_err(|e| BadInput::new("--cgroup", p.display(), format!("an existing cpuset cgroup ({e})")))?;
+                if cg.exists() {
+                    self.locks.push(lock_managed(cg.path(), "--cgroup")?);
+                }
+            }
+            crate::seam::stop_at(crate::seam::BEFORE_JOURNAL);
             let mut state = StateFile::create(&cfg.run_dir, agent_pid)?;
             self.guardian = Some(Guardian::spawn(state.path())?);
+            if opts.status_socket {
+                self.servers.push(serve_status(cfg, status)?);
+            }
             let fallback = own_cpuset_cgroup(cgroups, procfs, agent_pid)?;
             match target {
                 Target::Command(_) | Target::Pid(_) => {
                     let name = format!("gleaner-agent-{agent_pid}");
                     let path = cgroups.root().join(&name);
                     state.record(Change::CreatedCgroup { path: path.clone(), fallback: fallback.clone() })?;
+                    crate::seam::stop_at(crate::seam::JOURNALED);
                     let cg = cgroups.create(Path::new(""), &name)?;
+                    self.locks.push(lock_managed(cg.path(), "cgroup")?);
                     for dir in cg.enabled_cpuset_in() {
                         state.record(Change::EnabledCpuset { dir: dir.clone() })?;
                     }
@@ -592,12 +650,33 @@ impl Session {
             }
             match target {
                 Target::Pid(pid) if !crate::state::alive(*pid) => break,
-                Target::Cgroup(_)
-                    if managed.cgroup.as_ref().is_some_and(|c| !c.exists() || c.procs().map(|p| p.is_empty()).unwrap_or(true)) =>
-                {
+                Target::Cgroup(_) if managed.cgroup.as_ref().is_some_and(|c| c.exists() && c.procs().map(|p| p.is_empty()).unwrap_or(true)) => {
                     break
                 }
                 _ => {}
+            }
+            // Someone else removed the cgroup we manage (they had to move the workload out
+            // first): there is nothing left to consolidate.
+            if let Some(gone) = managed.cgroup.as_ref().filter(|c| !c.exists()).map(|c| c.path().to_path_buf()) {
+                let what = format!("the workload's cgroup {} was removed by someone else", gone.display());
+                managed.cgroup = None;
+                controller.reset();
+                consolidation = false;
+                if let Some(y) = &self.yielders {
+                    y.set_active(cpus);
+                }
+                if let Target::Command(_) = target {
+                    // The workload is ours to wait for: it runs on, unmanaged, and its exit
+                    // status stays the run's.
+                    eprintln!("gleaner: {what}; consolidation stopped, the workload runs on where it was moved");
+                    if let Ok(mut st) = status.lock() {
+                        st.consolidation = false;
+                        st.note = Some(what);
+                    }
+                } else {
+                    outcome.lost = Some(what);
+                    break;
+                }
             }
 
             let tids = managed.tids(procfs);
@@ -618,10 +697,22 @@ impl Session {
             let active = CpuSet::from_iter(controller.active().iter().copied());
             if active != active_before {
                 if let Some(cg) = &managed.cgroup {
-                    if let Err(e) = cg.set_cpus(&active) {
-                        warn!("setting CPUs {active} on {}: {e}; giving every vCPU back", cg.path().display());
-                        controller.reset();
-                        let _ = cg.set_cpus(cpus);
+                    match cg.set_cpus(&active) {
+                        Ok(()) if active.len() < active_before.len() => crate::seam::stop_at(crate::seam::AFTER_SHRINK),
+                        Ok(()) => {}
+                        Err(e) => {
+                            // Refused (a read-only file, a security module, a cpuset rule of
+                            // the parent): stop consolidating rather than retrying every period.
+                            let what = format!("writing CPUs {active} to {} was refused ({:#})", cg.path().display(), anyhow::Error::from(e));
+                            eprintln!("gleaner: {what}; consolidation stopped for the rest of this run, the workload keeps CPUs {cpus}");
+                            controller.reset();
+                            let _ = cg.set_cpus(cpus);
+                            consolidation = false;
+                            if let Ok(mut st) = status.lock() {
+                                st.consolidation = false;
+                                st.note = Some(what);
+                            }
+                        }
                     }
                 }
                 if let Some(y) = &self.yielders {

@@ -50,7 +50,7 @@ pub struct AgentConfig {
     pub controller: Params,
     /// Governor parameters (probe intervals, margin, cpu_price, confirm, min_progress).
     pub governor: GovernorConfig,
-    /// Prometheus text endpoint, e.g. `127.0.0.1:9464`.
+    /// Prometheus text endpoint: a port alone (`9464`, served on 127.0.0.1) or `IP:PORT`.
     pub metrics_addr: Option<String>,
     /// JSON-lines file of decisions, periods and retention changes.
     pub events: Option<PathBuf>,
@@ -111,10 +111,15 @@ impl Default for AgentConfig {
 }
 
 impl AgentConfig {
-    /// Reads and validates a TOML file.
+    /// Reads and validates a TOML file. The agent runs as root and acts on what the file says
+    /// (which cgroups and processes to manage), so a file anyone but its owner could have
+    /// changed is refused, as sshd refuses one ([`gleaner_os::private::read_trusted`]).
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| BadInput::new("config file", path.display(), format!("a readable TOML file ({e})")))?;
+        let bytes = gleaner_os::private::read_trusted(path, MAX_CONFIG_BYTES).map_err(|e| match e {
+            gleaner_os::OsError::NotPrivate { .. } => BadInput::new("config file", path.display(), format!("a file only its owner can change ({e})")),
+            other => BadInput::new("config file", path.display(), format!("a readable TOML file ({other})")),
+        })?;
+        let text = String::from_utf8(bytes).map_err(|e| BadInput::new("config file", path.display(), format!("UTF-8 text ({e})")))?;
         Self::parse(&text).with_context(|| format!("config file {}", path.display()))
     }
 
@@ -165,8 +170,7 @@ impl AgentConfig {
                 .map_err(|_| BadInput::new("cpus", c, "a CPU list such as 0-3,6"))?;
         }
         if let Some(a) = &self.metrics_addr {
-            a.parse::<std::net::SocketAddr>()
-                .map_err(|_| BadInput::new("metrics_addr", a, "IP:PORT, e.g. 127.0.0.1:9464"))?;
+            gleaner_os::input::metrics_addr("metrics_addr", a)?;
         }
         self.controller
             .validate()
@@ -190,6 +194,9 @@ impl AgentConfig {
 
 /// Longest allowed `calibration_max_age_s`: a year.
 pub const MAX_CALIBRATION_AGE_S: u64 = 365 * 24 * 3600;
+
+/// A configuration larger than this is not one (the sample is ~3 KB).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 impl AgentConfig {
     /// Where this agent's calibration record lives and how long it stays valid.
@@ -243,8 +250,9 @@ max_sleep_ms = 20
 step_aside_us = 0
 # CPUs to manage (kernel list format). Unset: every online CPU.
 # cpus = "0-3"
-# Prometheus text-format endpoint (loopback only is recommended).
-# metrics_addr = "127.0.0.1:9464"
+# Prometheus text-format endpoint: a port alone listens on 127.0.0.1 only; "IP:PORT" listens
+# where told (another machine can then read the metrics).
+# metrics_addr = "9464"
 # JSON-lines log: every decision (consolidate, restore, reset, factor change), one `period`
 # line per period (per-vCPU retention timeouts) and one `retention` line per change of mode.
 # events = "/var/log/gleaner/events.jsonl"

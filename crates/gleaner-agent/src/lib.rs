@@ -16,6 +16,7 @@ pub mod compare;
 pub mod config;
 pub mod report;
 pub mod sampler;
+pub mod seam;
 pub mod state;
 pub mod yielders;
 
@@ -68,8 +69,9 @@ pub struct AgentFlags {
     /// Default: 86400, or `calibration_max_age_s` of the config file.
     #[arg(long, value_name = "S")]
     pub calibration_max_age_s: Option<u64>,
-    /// Serve Prometheus text-format metrics on this address (e.g. 127.0.0.1:9464).
-    #[arg(long, value_name = "IP:PORT")]
+    /// Serve Prometheus text-format metrics: a port alone (e.g. 9464) listens on 127.0.0.1
+    /// only; IP:PORT listens where told (another machine can then read them).
+    #[arg(long, value_name = "[IP:]PORT")]
     pub metrics_addr: Option<String>,
     /// Append JSON lines to FILE: every consolidation decision, one `period` line per period
     /// (active vCPUs, timeouts, per-vCPU retention timeouts, retention mode, the agent's own
@@ -265,6 +267,11 @@ pub fn run(cmd: AgentCommand) -> anyhow::Result<ExitCode> {
             };
             let opts = agent::RunOptions { status_socket: true, ..Default::default() };
             let out = agent::run(target, &cfg, &opts)?;
+            if let Some(what) = &out.lost {
+                // Everything of ours is undone; the target is gone from under us.
+                eprintln!("gleaner: stopped managing: {what}");
+                return Ok(ExitCode::FAILURE);
+            }
             Ok(exit_code(out.signal.map(|s| 128 + s).unwrap_or(0)))
         }
         AgentCommand::Calibrate(args) => calibrate(args),

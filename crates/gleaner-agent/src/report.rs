@@ -318,8 +318,12 @@ pub fn retention_agents(run_dir: &Path) -> usize {
 
 /// Serves Prometheus text format at `http://addr/metrics` (any path answers).
 pub fn serve_metrics(addr: &str, status: SharedStatus) -> anyhow::Result<Server> {
-    let listener = TcpListener::bind(addr)
-        .map_err(|e| gleaner_os::BadInput::new("--metrics-addr", addr, format!("a free local IP:PORT ({e})")))?;
+    let sock = gleaner_os::input::metrics_addr("--metrics-addr", addr)?;
+    let listener = TcpListener::bind(sock)
+        .map_err(|e| gleaner_os::BadInput::new("--metrics-addr", addr, format!("a free local PORT or IP:PORT ({e})")))?;
+    if let Some(w) = gleaner_os::input::metrics_exposure(sock) {
+        tracing::warn!("{w}");
+    }
     listener.set_nonblocking(true)?;
     let accept = |l: &TcpListener| l.accept().map(|(c, _)| c);
     spawn_server("gleaner-metrics", listener, accept, move |mut conn| {

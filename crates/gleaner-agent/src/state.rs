@@ -70,18 +70,27 @@ impl StateFile {
         self.write()
     }
 
+    /// Replaces the file atomically, never through a symbolic link (a full /run fails here,
+    /// naming the file, and leaves no partial file behind).
     fn write(&self) -> anyhow::Result<()> {
-        let tmp = self.path.with_extension("json.tmp");
         let text = serde_json::to_vec_pretty(&self.state)?;
-        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, &self.path).with_context(|| format!("renaming {}", tmp.display()))?;
-        Ok(())
+        gleaner_os::private::write_private_atomic(&self.path, &text)
+            .with_context(|| format!("writing the state file {}", self.path.display()))
     }
 
     /// Undoes every recorded change (newest first) and removes the file. Errors are collected:
-    /// one failed step does not stop the others.
+    /// one failed step does not stop the others. Killed half-way, the file (still naming every
+    /// change) lets the guardian or `gleaner restore` finish: each step is idempotent.
     pub fn undo(self, cgroups: &Cgroups) -> anyhow::Result<()> {
-        let errors = undo_changes(cgroups, &self.state.changes);
+        let mut errors = Vec::new();
+        for (i, change) in self.state.changes.iter().rev().enumerate() {
+            if let Err(e) = undo_one(cgroups, change) {
+                errors.push(format!("{change:?}: {e:#}"));
+            }
+            if i == 0 {
+                crate::seam::stop_at(crate::seam::MID_RESTORE);
+            }
+        }
         let _ = std::fs::remove_file(&self.path);
         if errors.is_empty() {
             Ok(())
@@ -96,59 +105,96 @@ pub fn state_path(run_dir: &Path, pid: i32) -> PathBuf {
     run_dir.join(format!("agent-{pid}.json"))
 }
 
-/// Creates `dir` readable by root only.
+/// The largest state file an agent writes is a few KB; anything bigger is not one.
+const MAX_STATE_BYTES: u64 = 4 << 20;
+
+/// Creates `dir` readable by root only (mode 0700), and refuses one that exists but is not
+/// private: a symbolic link, another user's, or writable by others. Everything in it is read
+/// and acted on as root.
 pub fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
+    gleaner_os::private::check_private_dir(dir).context("the run directory must be root's alone")?;
+    Ok(())
+}
+
+/// Reads an agent's state file: never through a symbolic link, and only if it is a regular
+/// file of ours that nobody else can write. `None` when it is missing.
+pub fn read_state(path: &Path) -> anyhow::Result<Option<AgentState>> {
+    let Some(bytes) = gleaner_os::private::read_private(path, MAX_STATE_BYTES)? else {
+        return Ok(None);
+    };
+    let state = serde_json::from_slice(&bytes)
+        .map_err(|err| gleaner_os::BadInput::new("state file", path.display(), format!("an agent state file ({err})")))?;
+    Ok(Some(state))
 }
 
 /// Undoes `changes` newest first; returns the errors met (empty on success).
 pub fn undo_changes(cgroups: &Cgroups, changes: &[Change]) -> Vec<String> {
     let mut errors = Vec::new();
     for change in changes.iter().rev() {
-        let r: anyhow::Result<()> = (|| {
-            match change {
-                Change::SetCpus { path, original } => {
-                    let cg = cgroups.open(path)?;
-                    if cg.exists() {
-                        let cpus = CpuSet::parse(original).map_err(|e| anyhow::anyhow!("recorded cpus '{original}': {e}"))?;
-                        cg.set_cpus(&cpus)?;
-                    }
-                }
-                Change::MovedProcess { pid, from, to } => {
-                    let dest = cgroups.open(from)?;
-                    let src = cgroups.open(to)?;
-                    // Only move it back if it is still where we put it.
-                    if src.exists() && src.procs().unwrap_or_default().contains(pid) && dest.exists() {
-                        ignore_vanished(dest.add_process(*pid))?;
-                    }
-                }
-                Change::EnabledCpuset { dir } => {
-                    // Only while no child group (ours is gone by now) could depend on it.
-                    let busy = std::fs::read_dir(dir).map(|d| d.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()))).unwrap_or(true);
-                    if !busy {
-                        std::fs::write(dir.join("cgroup.subtree_control"), "-cpuset")
-                            .with_context(|| format!("disabling cpuset in {}", dir.display()))?;
-                    }
-                }
-                Change::CreatedCgroup { path, fallback } => {
-                    let cg = cgroups.open(path)?;
-                    if cg.exists() {
-                        let dest = cgroups.open(fallback)?;
-                        for pid in cg.procs().unwrap_or_default() {
-                            ignore_vanished(dest.add_process(pid))?;
-                        }
-                        cg.remove()?;
-                    }
-                }
-            }
-            Ok(())
-        })();
-        if let Err(e) = r {
+        if let Err(e) = undo_one(cgroups, change) {
             errors.push(format!("{change:?}: {e:#}"));
         }
     }
     errors
+}
+
+/// Undoes one change. Idempotent: what is already undone (a group gone, a process moved
+/// back, cpus already at their original value) is left alone.
+fn undo_one(cgroups: &Cgroups, change: &Change) -> anyhow::Result<()> {
+    match change {
+        Change::SetCpus { path, original } => {
+            if let Some(cg) = open_if_exists(cgroups, path)? {
+                let cpus = CpuSet::parse(original).map_err(|e| anyhow::anyhow!("recorded cpus '{original}': {e}"))?;
+                // Unchanged (a write refused, or undone before a kill): nothing to
+                // write, so a read-only cpuset.cpus is not a failed restore.
+                if cg.cpus().ok().as_ref() != Some(&cpus) {
+                    cg.set_cpus(&cpus)?;
+                }
+            }
+        }
+        Change::MovedProcess { pid, from, to } => {
+            // Only move it back if it is still where we put it (and where it came from exists).
+            if let (Some(src), Some(dest)) = (open_if_exists(cgroups, to)?, open_if_exists(cgroups, from)?) {
+                if src.procs().unwrap_or_default().contains(pid) {
+                    ignore_vanished(dest.add_process(*pid))?;
+                }
+            }
+        }
+        Change::EnabledCpuset { dir } => {
+            // Only while no child group (ours is gone by now) could depend on it.
+            let busy = std::fs::read_dir(dir).map(|d| d.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()))).unwrap_or(true);
+            if !busy {
+                std::fs::write(dir.join("cgroup.subtree_control"), "-cpuset")
+                    .with_context(|| format!("disabling cpuset in {}", dir.display()))?;
+            }
+        }
+        Change::CreatedCgroup { path, fallback } => {
+            // Removed already (by us before a kill, or by someone else): nothing to undo.
+            if let Some(cg) = open_if_exists(cgroups, path)? {
+                // Whatever is left goes back where the agent came from, or to the root.
+                let dest = match open_if_exists(cgroups, fallback)? {
+                    Some(d) => d,
+                    None => cgroups.open(cgroups.root())?,
+                };
+                for pid in cg.procs().unwrap_or_default() {
+                    ignore_vanished(dest.add_process(pid))?;
+                }
+                cg.remove()?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The group at `path`, `None` when it does not exist (any more).
+fn open_if_exists(cgroups: &Cgroups, path: &Path) -> anyhow::Result<Option<gleaner_os::cgroup::CpusetCgroup>> {
+    match cgroups.open(path) {
+        Ok(cg) => Ok(Some(cg)),
+        Err(gleaner_os::OsError::Dir { op: "open", source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A process that exited between listing and moving is not an error.
@@ -191,9 +237,16 @@ pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<Str
             if alive(pid) && pid != std::process::id() as i32 {
                 continue;
             }
-            let text = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
-            let state: AgentState = serde_json::from_slice(&text)
-                .map_err(|err| gleaner_os::BadInput::new("state file", p.display(), format!("an agent state file ({err})")))?;
+            // A state file that is not ours alone (a symlink, another user's, writable by
+            // others) is neither followed nor acted on; the others are still restored.
+            let state = match read_state(&p) {
+                Ok(Some(state)) => state,
+                Ok(None) => continue,
+                Err(e) => {
+                    errors.push(format!("{e:#}"));
+                    continue;
+                }
+            };
             let errs = undo_changes(cgroups, &state.changes);
             if errs.is_empty() {
                 let _ = std::fs::remove_file(&p);
@@ -324,15 +377,21 @@ pub fn guardian_main(state_file: &Path) -> anyhow::Result<()> {
             Err(_) => break,
         }
     }
-    let Ok(text) = std::fs::read(state_file) else {
+    // The agent is gone. A state file left means it did not finish its own restore.
+    let Some(state) = read_state(state_file)? else {
         return Ok(());
     };
-    let state: AgentState = serde_json::from_slice(&text).context("parsing the agent state file")?;
     let cgroups = Cgroups::detect()?;
     let errors = undo_changes(&cgroups, &state.changes);
     let _ = std::fs::remove_file(state_file);
     let _ = std::fs::remove_file(state_file.with_extension("sock"));
     if errors.is_empty() {
+        eprintln!(
+            "gleaner: guardian: agent {} ended without restoring; undid its {} recorded change(s) from {}",
+            state.agent_pid,
+            state.changes.len(),
+            state_file.display()
+        );
         Ok(())
     } else {
         anyhow::bail!("guardian restore incomplete: {}", errors.join("; "))

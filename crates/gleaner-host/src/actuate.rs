@@ -61,23 +61,27 @@ pub struct State {
     pub plan: Plan,
 }
 
+/// A host state file is a few hundred KB at most; anything bigger is not one.
+const MAX_STATE_BYTES: u64 = 16 << 20;
+
 impl State {
+    /// Reads the state file, never through a symbolic link and only if it is root's alone
+    /// (`gleaner_os::private`): the host agent acts on what it says.
     pub fn load(path: &Path) -> anyhow::Result<Option<State>> {
-        match std::fs::read_to_string(path) {
-            Ok(t) => Ok(Some(serde_json::from_str(&t).with_context(|| format!("state file {} is not valid", path.display()))?)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("cannot read state file {}", path.display())),
-        }
+        let Some(bytes) = gleaner_os::private::read_private(path, MAX_STATE_BYTES).context("cannot read the state file")? else {
+            return Ok(None);
+        };
+        Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("state file {} is not valid", path.display()))?))
     }
 
-    /// Writes atomically (temp file + rename).
+    /// Writes atomically (a new 0600 temp file, never through a symlink, renamed over the
+    /// old), in a directory created root-only (0700).
     pub fn save(&self, path: &Path) -> anyhow::Result<()> {
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d).with_context(|| format!("cannot create {}", d.display()))?;
         }
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?).with_context(|| format!("cannot write {}", tmp.display()))?;
-        std::fs::rename(&tmp, path).with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+        gleaner_os::private::write_private_atomic(path, &serde_json::to_vec_pretty(self)?).context("cannot write the state file")?;
         Ok(())
     }
 }

@@ -160,8 +160,9 @@ pub struct RunArgs {
     /// State file recording every change (for `restore` after a crash).
     #[arg(long, default_value = STATE_PATH)]
     pub state: PathBuf,
-    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9464.
-    #[arg(long)]
+    /// Serve Prometheus metrics: a port alone (e.g. 9464) listens on 127.0.0.1 only; IP:PORT
+    /// listens where told (another machine can then read them).
+    #[arg(long, value_name = "[IP:]PORT")]
     pub metrics_addr: Option<String>,
     /// Print one JSON document (at exit).
     #[arg(long)]
@@ -522,7 +523,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let metrics_addr: Option<SocketAddr> = match &a.metrics_addr {
-        Some(s) => Some(s.parse().map_err(|_| BadInput::new("--metrics-addr", s, "IP:PORT, e.g. 127.0.0.1:9464"))?),
+        Some(s) => Some(gleaner_os::input::metrics_addr("--metrics-addr", s)?),
         None => None,
     };
     let cfg = HostConfig::load(a.monitor.config.as_deref())?;
@@ -532,6 +533,9 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let metrics = metrics::Metrics::new();
     if let Some(addr) = metrics_addr {
         let local = metrics.serve(addr)?;
+        if let Some(w) = gleaner_os::input::metrics_exposure(local) {
+            eprintln!("gleaner host: warning: {w}");
+        }
         eprintln!("gleaner host: metrics on http://{local}/metrics");
     }
     let mut actuator = if a.dry_run {

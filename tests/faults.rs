@@ -1,0 +1,401 @@
+//! Fault injection through the real binary (issue 12): the agent killed at each phase, the
+//! workload's cgroup removed by someone else, a cpuset write refused, thread churn, a full run
+//! directory, and a second agent on the same target. After each: the workload has all its CPUs
+//! back within 1 s, no `gleaner*` cgroup, socket or state file is left, and the agent's exit
+//! status and message name what happened. They need root and a cpuset cgroup and fail saying
+//! so; they change host-global state (cgroups, a tmpfs mount), so they run serially.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serial_test::serial;
+
+/// A spawned agent whose stderr goes to a file (the guardian, which inherits it, writes there
+/// too), killed and reaped on drop.
+struct Agent {
+    child: Started,
+    err: PathBuf,
+}
+
+impl Agent {
+    fn spawn(mut cmd: Command, dir: &Path) -> Self {
+        let err = dir.join("agent.stderr");
+        let child = cmd.stderr(std::fs::File::create(&err).unwrap()).spawn().unwrap();
+        Self { child: Started(child), err }
+    }
+    fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+    fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        match wait_child(&mut self.child.0, timeout) {
+            Some(s) => s,
+            None => panic!("agent did not exit within {timeout:?}; stderr: {}", self.stderr()),
+        }
+    }
+}
+
+/// The checks made after every fault: CPUs back within 1 s, then no leftovers.
+fn assert_recovered(workload: u32, original_cgroup: &str, original_cpus: &str, run_dir: &Path, since: Instant, what: &str) {
+    assert!(
+        wait_until(Duration::from_secs(1).saturating_sub(since.elapsed()), || {
+            cpuset_cgroup_of(workload) == original_cgroup && cpus_allowed(workload) == original_cpus
+        }),
+        "{what}: workload not back in {original_cgroup} with CPUs {original_cpus} within 1 s (now {} on {})",
+        cpuset_cgroup_of(workload),
+        cpus_allowed(workload)
+    );
+    eprintln!("{what}: workload had its CPUs back {:?} after the fault", since.elapsed());
+    assert!(
+        wait_until(Duration::from_secs(3), || leftover_agent_groups().is_empty()),
+        "{what}: cgroups left: {:?}",
+        leftover_agent_groups()
+    );
+    let only_calibration = || {
+        std::fs::read_dir(run_dir).map(|d| d.flatten().all(|e| e.file_name().to_string_lossy().starts_with("calibration"))).unwrap_or(true)
+    };
+    assert!(wait_until(Duration::from_secs(3), only_calibration), "{what}: state file or socket left in {}", run_dir.display());
+    assert_no_leftovers(run_dir);
+}
+
+fn sleeper() -> Started {
+    Started(Command::new("sleep").arg("60").spawn().unwrap())
+}
+
+fn require_two_cpus() {
+    let (list, n) = online_cpus();
+    assert!(n >= 2, "this test needs at least 2 online CPUs to consolidate (online: {list})");
+}
+
+#[test]
+#[serial(host)]
+fn agent_killed_at_each_phase_leaves_nothing_behind() {
+    require_root_and_cpuset();
+    require_two_cpus();
+    for phase in ["before-journal", "journaled", "after-shrink", "mid-restore"] {
+        let dir = tempfile::tempdir().unwrap();
+        let run_dir = dir.path().join("run");
+        let workload = sleeper();
+        let w = workload.0.id();
+        let (cgroup, cpus) = (cpuset_cgroup_of(w), cpus_allowed(w));
+        let mut cmd = gleaner();
+        cmd.args(["attach", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(&run_dir).args(["--pid", &w.to_string()]);
+        cmd.env("GLEANER_TEST_STOP_AT", phase);
+        let mut agent = Agent::spawn(cmd, dir.path());
+        if phase == "mid-restore" {
+            // The agent restores when told to stop: let it take the workload, then stop it.
+            assert!(
+                wait_until(Duration::from_secs(5), || cpuset_cgroup_of(w).contains("gleaner-agent-")),
+                "{phase}: workload never moved; stderr: {}",
+                agent.stderr()
+            );
+            signal(agent.pid() as i32, libc::SIGTERM);
+        }
+        assert!(
+            wait_until(Duration::from_secs(10), || stopped(agent.pid())),
+            "{phase}: the agent never reached the phase; stderr: {}",
+            agent.stderr()
+        );
+        assert!(agent.stderr().contains(&format!("test seam: stopped at {phase}")), "{phase}: {}", agent.stderr());
+        let guardian = children_of(agent.pid())
+            .into_iter()
+            .find(|p| std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.contains("__guardian")));
+        assert_eq!(guardian.is_some(), phase != "before-journal", "{phase}: guardian {guardian:?}");
+        let t0 = Instant::now();
+        signal(agent.pid() as i32, libc::SIGKILL);
+        let status = agent.wait(Duration::from_secs(5));
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{phase}: {status:?}");
+        assert_recovered(w, &cgroup, &cpus, &run_dir, t0, phase);
+        if let Some(g) = guardian {
+            assert!(wait_until(Duration::from_secs(3), || !alive(g)), "{phase}: guardian {g} still running");
+            assert!(
+                agent.stderr().contains("guardian: agent") && agent.stderr().contains("recorded change(s)"),
+                "{phase}: {}",
+                agent.stderr()
+            );
+        }
+    }
+}
+
+#[test]
+#[serial(host)]
+fn a_cgroup_removed_under_attach_ends_it_with_a_message() {
+    require_root_and_cpuset();
+    let (root, _) = cpuset_root().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let workload = sleeper();
+    let w = workload.0.id();
+    let (cgroup, cpus) = (cpuset_cgroup_of(w), cpus_allowed(w));
+    let mut cmd = gleaner();
+    cmd.args(["attach", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(&run_dir).args(["--pid", &w.to_string()]);
+    let mut agent = Agent::spawn(cmd, dir.path());
+    assert!(wait_until(Duration::from_secs(5), || cpuset_cgroup_of(w).contains("gleaner-agent-")), "stderr: {}", agent.stderr());
+    // Someone else: moves the workload back, then removes the agent's group.
+    let ours = root.join(cpuset_cgroup_of(w).trim_start_matches('/'));
+    std::fs::write(root.join(cgroup.trim_start_matches('/')).join("cgroup.procs"), w.to_string()).unwrap();
+    std::fs::remove_dir(&ours).unwrap();
+    let t0 = Instant::now();
+    let status = agent.wait(Duration::from_secs(5));
+    assert_eq!(status.code(), Some(1), "stderr: {}", agent.stderr());
+    let msg = format!("stopped managing: the workload's cgroup {} was removed by someone else", ours.display());
+    assert!(agent.stderr().contains(&msg), "{}", agent.stderr());
+    assert_recovered(w, &cgroup, &cpus, &run_dir, t0, "cgroup removed under attach");
+}
+
+#[test]
+#[serial(host)]
+fn a_cgroup_removed_under_run_lets_the_workload_finish_unmanaged() {
+    require_root_and_cpuset();
+    let (root, _) = cpuset_root().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let mine = cpuset_cgroup_of(std::process::id());
+    let mut cmd = gleaner();
+    cmd.args(["run", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(&run_dir).args(["--", "sh", "-c", "sleep 2; exit 7"]);
+    let mut agent = Agent::spawn(cmd, dir.path());
+    let sh = || {
+        children_of(agent.pid()).into_iter().find(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sh"))
+    };
+    assert!(wait_until(Duration::from_secs(5), || sh().is_some_and(|p| cpuset_cgroup_of(p as u32).contains("gleaner-agent-"))));
+    let w = sh().unwrap() as u32;
+    let ours = root.join(cpuset_cgroup_of(w).trim_start_matches('/'));
+    // Move every process of the group (the shell and its sleep) back, then remove it.
+    let procs = std::fs::read_to_string(ours.join("cgroup.procs")).unwrap();
+    for p in procs.lines() {
+        std::fs::write(root.join(mine.trim_start_matches('/')).join("cgroup.procs"), p).unwrap();
+    }
+    std::fs::remove_dir(&ours).unwrap();
+    let status = agent.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(7), "the workload's exit status stays the run's; stderr: {}", agent.stderr());
+    assert!(
+        agent.stderr().contains(&format!("the workload's cgroup {} was removed by someone else; consolidation stopped", ours.display())),
+        "{}",
+        agent.stderr()
+    );
+    assert_no_leftovers(&run_dir);
+}
+
+/// A cpuset cgroup of the test's own, holding `pid`, removed (and its file mode restored) on drop.
+fn test_cgroup(name: &str, cpus: &str, pid: u32) -> (PathBuf, RemoveDir) {
+    let (root, v1) = cpuset_root().unwrap();
+    let cg = root.join(format!("gleaner-test-{name}-{}", std::process::id()));
+    std::fs::create_dir(&cg).unwrap();
+    let guard = RemoveDir(cg.clone());
+    if v1 {
+        std::fs::write(cg.join("cpuset.mems"), std::fs::read_to_string(root.join("cpuset.mems")).unwrap()).unwrap();
+    } else {
+        let sub = std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
+        assert!(sub.split_whitespace().any(|c| c == "cpuset"), "cgroup2 root without +cpuset in subtree_control: {sub}");
+    }
+    std::fs::write(cg.join("cpuset.cpus"), cpus).unwrap();
+    std::fs::write(cg.join("cgroup.procs"), pid.to_string()).unwrap();
+    (cg, guard)
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// `gleaner` without CAP_DAC_OVERRIDE, so a read-only cgroup file refuses root's write.
+fn gleaner_without_dac_override() -> Command {
+    let mut c = Command::new("setpriv");
+    c.args(["--bounding-set", "-dac_override", "--", env!("CARGO_BIN_EXE_gleaner")]);
+    c
+}
+
+#[test]
+#[serial(host)]
+fn a_refused_cpuset_write_stops_consolidation_and_says_so() {
+    require_root_and_cpuset();
+    require_two_cpus();
+    let all = online_cpus().0;
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let workload = sleeper();
+    let w = workload.0.id();
+    let (cg, _guard) = test_cgroup("refused", &all, w);
+    let file = cg.join("cpuset.cpus");
+    let original = std::fs::read_to_string(&file).unwrap();
+
+    // Refused mid-run: the shrink of an idle workload fails, the agent says so once and runs on.
+    let mut cmd = gleaner_without_dac_override();
+    cmd.args(["attach", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(&run_dir).arg("--cgroup").arg(&cg);
+    let mut agent = Agent::spawn(cmd, dir.path());
+    let (up, _) = wait_status(&run_dir, Duration::from_secs(5), |r| r.as_array().is_some_and(|a| !a.is_empty()));
+    assert!(up, "agent never reported; stderr: {}", agent.stderr());
+    set_mode(&file, 0o444);
+    let t0 = Instant::now();
+    let refused = wait_until(Duration::from_secs(5), || agent.stderr().contains("was refused"));
+    set_mode(&file, 0o644);
+    assert!(refused, "no refusal reported; stderr: {}", agent.stderr());
+    let err = agent.stderr();
+    assert!(err.contains(&format!("to {} was refused", cg.display())) && err.contains("Permission denied"), "{err}");
+    assert!(err.contains("consolidation stopped for the rest of this run"), "{err}");
+    assert_eq!(err.matches("was refused").count(), 1, "said once, not every period: {err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), original, "the workload kept every CPU");
+    eprintln!("refusal reported {:?} after the file became read-only", t0.elapsed());
+    let (_, st) = wait_status(&run_dir, Duration::from_secs(2), |r| r[0]["consolidation"] == false);
+    assert_eq!(st[0]["consolidation"], false, "{st}");
+    assert!(st[0]["note"].as_str().is_some_and(|n| n.contains("was refused")), "{st}");
+    signal(agent.pid() as i32, libc::SIGINT);
+    let status = agent.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "stderr: {}", agent.stderr());
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), original);
+    assert_no_leftovers(&run_dir);
+
+    // Refused at start: the agent's first write fails; it says which file and why, changes
+    // nothing and exits 1.
+    let first = all.split(['-', ',']).next().unwrap().to_string();
+    std::fs::write(&file, &first).unwrap();
+    set_mode(&file, 0o444);
+    let out = gleaner_without_dac_override()
+        .args(["attach", "--timeout-us", "50", "--run-dir"])
+        .arg(&run_dir)
+        .arg("--cgroup")
+        .arg(&cg)
+        .output()
+        .unwrap();
+    set_mode(&file, 0o644);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&file.display().to_string()) && err.contains("Permission denied"), "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), first);
+    assert_no_leftovers(&run_dir);
+}
+
+#[test]
+#[serial(host)]
+fn thread_churn_is_sampled_without_leaking_files_or_failing() {
+    require_root_and_cpuset();
+    assert!(
+        Command::new("python3").arg("-V").output().is_ok_and(|o| o.status.success()),
+        "this test needs python3 (a thread-churning workload)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let events = dir.path().join("events.jsonl");
+    let out_file = dir.path().join("rate.txt");
+    // Threads started and joined in batches of 8 for 3 s; prints threads per second.
+    let churn = "import threading,time\nn=0\nt0=time.time()\nwhile time.time()-t0<3:\n ts=[threading.Thread(target=int) for _ in range(8)]\n [t.start() for t in ts]\n [t.join() for t in ts]\n n+=8\nprint(int(n/(time.time()-t0)))\n";
+    let mut cmd = gleaner();
+    cmd.args(["run", "--timeout-us", "50", "--period-ms", "20", "--events"])
+        .arg(&events)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args(["--", "python3", "-c", churn])
+        .stdout(std::fs::File::create(&out_file).unwrap());
+    let mut agent = Agent::spawn(cmd, dir.path());
+    let mut peak_fds = 0;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline && agent.child.0.try_wait().unwrap().is_none() {
+        if let Ok(d) = std::fs::read_dir(format!("/proc/{}/fd", agent.pid())) {
+            peak_fds = peak_fds.max(d.count());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = agent.wait(Duration::from_secs(5));
+    assert!(status.success(), "stderr: {}", agent.stderr());
+    let rate: u64 = std::fs::read_to_string(&out_file).unwrap().trim().parse().unwrap();
+    assert!(rate >= 1000, "the workload churned only {rate} threads/s: not the fault under test");
+    let periods = std::fs::read_to_string(&events).unwrap().lines().filter(|l| l.contains("\"event\":\"period\"")).count();
+    eprintln!("{rate} threads/s churned; agent: {periods} periods, peak {peak_fds} open fds");
+    assert!(periods >= 50, "the agent sampled only {periods} periods of 20 ms in 3 s");
+    assert!(peak_fds <= 64, "the agent held {peak_fds} fds for a workload with at most 9 live threads: files of ended threads leak");
+    assert_no_leftovers(&run_dir);
+}
+
+/// A small tmpfs of the test's own, unmounted on drop.
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+#[serial(host)]
+fn a_full_run_directory_fails_cleanly_and_names_the_file() {
+    require_root_and_cpuset();
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k,mode=0700", "gleaner-test-full"]).arg(&run_dir).status();
+    assert!(mounted.is_ok_and(|s| s.success()), "mounting a tmpfs (needs root and mount(8))");
+    let _mount = Mount(run_dir.clone());
+    // Fill it.
+    let filler = run_dir.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let chunk = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut f, &chunk).is_ok() {}
+    drop(f);
+    let out = gleaner().args(["run", "--timeout-us", "50", "--run-dir"]).arg(&run_dir).args(["--", "true"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("writing the state file") && err.contains("No space left on device"), "{err}");
+    assert!(err.contains(&run_dir.display().to_string()), "names the file: {err}");
+    let left: Vec<_> = std::fs::read_dir(&run_dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("filler")], "nothing but the filler is left");
+    assert!(leftover_agent_groups().is_empty(), "{:?}", leftover_agent_groups());
+}
+
+#[test]
+#[serial(host)]
+fn a_second_agent_on_the_same_target_is_refused() {
+    require_root_and_cpuset();
+    let dir = tempfile::tempdir().unwrap();
+    let (run_a, run_b) = (dir.path().join("a"), dir.path().join("b"));
+    let workload = sleeper();
+    let w = workload.0.id();
+    let (cgroup, cpus) = (cpuset_cgroup_of(w), cpus_allowed(w));
+    let mut cmd = gleaner();
+    cmd.args(["attach", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(&run_a).args(["--pid", &w.to_string()]);
+    let mut first = Agent::spawn(cmd, dir.path());
+    assert!(wait_until(Duration::from_secs(5), || cpuset_cgroup_of(w).contains("gleaner-agent-")), "stderr: {}", first.stderr());
+    let managed_in = cpuset_cgroup_of(w);
+
+    // The same pid, from another run directory.
+    let out = gleaner().args(["attach", "--timeout-us", "50", "--run-dir"]).arg(&run_b).args(["--pid", &w.to_string()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("agent {} manages it", first.pid())), "{err}");
+    // The first agent's own group, as a cgroup target.
+    let (root, _) = cpuset_root().unwrap();
+    let group = root.join(managed_in.trim_start_matches('/'));
+    let out = gleaner().args(["attach", "--timeout-us", "50", "--run-dir"]).arg(&run_b).arg("--cgroup").arg(&group).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("another agent holds its lock"), "{err}");
+    assert_eq!(cpuset_cgroup_of(w), managed_in, "the refused agents changed nothing");
+    assert!(alive(first.pid() as i32));
+    assert_no_leftovers(&run_b);
+    signal(first.pid() as i32, libc::SIGTERM);
+    first.wait(Duration::from_secs(10));
+    assert_recovered(w, &cgroup, &cpus, &run_a, Instant::now(), "first agent stopped");
+
+    // A cgroup target, twice.
+    let other = sleeper();
+    let (cg, _guard) = test_cgroup("twice", &online_cpus().0, other.0.id());
+    let mut cmd = gleaner();
+    cmd.args(["attach", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(&run_a).arg("--cgroup").arg(&cg);
+    let mut first = Agent::spawn(cmd, dir.path());
+    let (up, _) = wait_status(&run_a, Duration::from_secs(5), |r| r.as_array().is_some_and(|a| !a.is_empty()));
+    assert!(up, "stderr: {}", first.stderr());
+    let out = gleaner().args(["attach", "--timeout-us", "50", "--run-dir"]).arg(&run_b).arg("--cgroup").arg(&cg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&cg.display().to_string()) && err.contains("another agent holds its lock"), "{err}");
+    signal(first.pid() as i32, libc::SIGTERM);
+    first.wait(Duration::from_secs(10));
+    assert_no_leftovers(&run_a);
+    assert_no_leftovers(&run_b);
+}
