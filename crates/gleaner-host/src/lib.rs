@@ -6,7 +6,7 @@
 //! ```text
 //!  discover (/proc: QEMU "CPU n/KVM|TCG", Firecracker "fc_vcpu N", Cloud Hypervisor "vcpuN")
 //!     -> monitor every period (/proc task io + schedstat, QMP query-stats, perf counters)
-//!     -> TypeRecognizer (n = 4) -> plan (algorithms 1, 2) -> diff -> Actuator
+//!     -> AqlController (TypeRecognizer n = 4, plan: algorithms 1, 2, diff, confirmation) -> Actuator
 //!                                                      cpusets gleaner-aql-*, sched_setattr slices,
 //!                                                      state file /run/gleaner/host-state.json
 //! ```
@@ -34,7 +34,7 @@ use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
-use gleaner_policy::aql::{self, Classification, Plan, PlanDiff, Topology, TypeRecognizer, VcpuClass, VcpuId, VcpuInfo, VcpuType};
+use gleaner_policy::aql::{self, AqlController, Classification, ControllerConfig, Plan, PlanDiff, Topology, VcpuId, VcpuType};
 use serde::Serialize;
 
 use crate::actuate::{Actuator, Placement, State};
@@ -280,7 +280,9 @@ struct Engine {
     procfs: Procfs,
     filter: VmFilter,
     monitor: Monitor,
-    recognizer: TypeRecognizer,
+    /// The whole AQL loop (gleaner_policy::aql::AqlController): this adapter only reads
+    /// counters into it and applies its decisions.
+    controller: AqlController,
     vms: Vec<Vm>,
     last: BTreeMap<VcpuId, monitor::VcpuReading>,
     vm_io: Vec<VmIo>,
@@ -288,14 +290,14 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(filter: VmFilter, window: usize, limits: aql::Limits, hysteresis: f64) -> anyhow::Result<Self> {
+    fn new(filter: VmFilter, cfg: ControllerConfig) -> anyhow::Result<Self> {
         let procfs = Procfs::new();
         let vms = find_vms(&procfs, &filter)?;
         Ok(Self {
             monitor: Monitor::new(procfs.clone(), ProcExtra::new()),
             procfs,
             filter,
-            recognizer: TypeRecognizer::new(window, limits).with_hysteresis(hysteresis),
+            controller: AqlController::new(cfg),
             vms,
             last: BTreeMap::new(),
             vm_io: Vec::new(),
@@ -303,22 +305,27 @@ impl Engine {
         })
     }
 
-    /// One period: rediscover (every second), sample, observe.
-    fn step(&mut self) -> anyhow::Result<()> {
+    /// Rediscovers the VMs (every second) and reads the counters of the period since the
+    /// last call, without stepping the controller (the baseline sample).
+    fn sample(&mut self) -> anyhow::Result<Vec<aql::Reading>> {
         if Instant::now() >= self.next_discovery {
             self.vms = find_vms(&self.procfs, &self.filter)?;
             self.next_discovery = Instant::now() + Duration::from_secs(1);
             let live: Vec<VcpuId> = self.ids().collect();
-            self.recognizer.retain(|id| live.contains(id));
             self.last.retain(|id, _| live.contains(id));
         }
         let (readings, vm_io) = self.monitor.sample(&self.vms);
-        for r in readings {
-            self.recognizer.observe(r.id, &r.counters);
-            self.last.insert(r.id, r);
-        }
         self.vm_io = vm_io;
-        Ok(())
+        let out = controller_readings(&readings);
+        self.last.extend(readings.into_iter().map(|r| (r.id, r)));
+        Ok(out)
+    }
+
+    /// One period: sample, then the controller's step (a decision every window).
+    fn step(&mut self) -> anyhow::Result<Option<aql::Decision>> {
+        let readings = self.sample()?;
+        let live: Vec<VcpuId> = self.ids().collect();
+        Ok(self.controller.step(&live, &readings))
     }
 
     fn ids(&self) -> impl Iterator<Item = VcpuId> + '_ {
@@ -338,21 +345,23 @@ impl Engine {
                     tid: v.tid,
                     io_source: last.and_then(|l| l.io_source),
                     last: last.map(|l| l.counters).unwrap_or_default(),
-                    classification: self.recognizer.classify(id),
+                    classification: self.controller.classify(id),
                 });
             }
         }
         out
     }
+}
 
-    fn infos(&self) -> Vec<VcpuInfo> {
-        self.ids()
-            .map(|id| match self.recognizer.classify(id) {
-                Some(c) => VcpuInfo::from_classification(id, &c),
-                None => VcpuInfo::new(id, VcpuClass::Unknown, false),
-            })
-            .collect()
-    }
+/// What the host adapter hands the AQL controller for one period: each vCPU's counters as the
+/// monitor read them (raw per-vCPU spin events; the controller normalises them per VM).
+pub fn controller_readings(readings: &[monitor::VcpuReading]) -> Vec<aql::Reading> {
+    readings.iter().map(|r| aql::Reading { id: r.id, counters: r.counters }).collect()
+}
+
+/// The controller's settings from the host's flags and configuration.
+fn controller_config(m: &MonitorArgs, limits: aql::Limits, topology: Topology, quanta: aql::Quanta) -> ControllerConfig {
+    ControllerConfig { window: m.window, decide_every: m.window, confirm: true, limits, hysteresis: m.hysteresis_points, topology, quanta }
 }
 
 /// The next period boundary after `next`; when the loop fell behind (a slow step), it
@@ -402,17 +411,18 @@ fn fmt_class(c: &Option<Classification>) -> String {
 fn cmd_classify(a: ClassifyArgs) -> anyhow::Result<ExitCode> {
     a.monitor.validate()?;
     let cfg = HostConfig::load(a.monitor.config.as_deref())?;
-    let mut e = Engine::new(a.monitor.filter.clone(), a.monitor.window, cfg.config.limits, a.monitor.hysteresis_points)?;
+    let topo = topology(None, None, &CpuTopo::new(), &Sysfs::new())?;
+    let mut e = Engine::new(a.monitor.filter.clone(), controller_config(&a.monitor, cfg.config.limits, topo, cfg.config.quanta))?;
     let stop = AtomicBool::new(false);
     let period = Duration::from_millis(a.monitor.period_ms);
     // One baseline sample plus `window` periods.
     let mut next = Instant::now();
+    e.sample()?;
     for _ in 0..=a.monitor.window {
-        e.step()?;
         next = advance(next, period);
         sleep_until(next, &stop);
+        e.step()?;
     }
-    e.step()?;
     let reports = e.reports();
     let sources = e.monitor.sources();
     if a.json {
@@ -529,7 +539,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let cfg = HostConfig::load(a.monitor.config.as_deref())?;
     let quanta = cfg.config.quanta;
     let topo = topology(a.cpus.as_deref(), a.reserve_cpus.as_deref(), &CpuTopo::new(), &Sysfs::new())?;
-    let mut engine = Engine::new(a.monitor.filter.clone(), a.monitor.window, cfg.config.limits, a.monitor.hysteresis_points)?;
+    let mut engine = Engine::new(a.monitor.filter.clone(), controller_config(&a.monitor, cfg.config.limits, topo.clone(), quanta))?;
     let metrics = metrics::Metrics::new();
     if let Some(addr) = metrics_addr {
         let local = metrics.serve(addr)?;
@@ -549,58 +559,43 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let period = Duration::from_millis(a.monitor.period_ms);
     let mut next = Instant::now();
-    let mut current = Plan::default();
     let mut last_diff = PlanDiff::default();
-    let mut pending: Option<Plan> = None;
+    let mut dry_plan: Option<Plan> = None;
     let (mut periods, mut applied) = (0u64, 0u64);
     let result: anyhow::Result<()> = (|| {
-        engine.step()?; // baseline
+        engine.sample()?; // baseline
         loop {
             next = advance(next, period);
             sleep_until(next, &STOP);
             if STOP.load(Ordering::SeqCst) {
                 break;
             }
-            engine.step()?;
+            let decision = engine.step()?;
             periods += 1;
             metrics.period();
-            if periods % a.monitor.window as u64 == 0 {
-                let new = aql::plan(&engine.infos(), &topo, &quanta);
-                let diff = new.diff(&current);
+            if let Some(d) = decision {
                 let classes: Vec<(VcpuId, String, Classification)> = engine
                     .reports()
                     .into_iter()
                     .filter_map(|r| Some((VcpuId { vm: u64::try_from(r.pid).ok()?, vcpu: r.vcpu }, r.vm, r.classification?)))
                     .collect();
-                metrics.update(&classes, &new, !diff.is_empty());
+                metrics.update(&classes, &d.plan, !d.diff.is_empty());
                 if a.dry_run {
-                    current = new;
-                    last_diff = diff;
+                    last_diff = d.diff;
+                    dry_plan = Some(d.plan);
                     break;
                 }
-                // A changed plan is applied when two consecutive decisions agree (or it is the
-                // first): vCPUs whose type flaps between windows do not migrate every window.
-                let confirmed = current.pools.is_empty() || pending.as_ref() == Some(&new);
-                if diff.is_empty() {
-                    pending = None;
-                } else if !confirmed {
-                    pending = Some(new);
-                } else {
-                    pending = None;
+                // The controller applies a changed plan once two consecutive windows agree.
+                if d.apply {
                     if let Some(act) = actuator.as_mut() {
-                        act.apply(&new, &placements(&new, &engine.vms))?;
+                        act.apply(&d.plan, &placements(&d.plan, &engine.vms))?;
                     }
                     applied += 1;
-                    tracing::info!(pools = new.pools.len(), moves = diff.moves.len(), "plan applied");
+                    tracing::info!(pools = d.plan.pools.len(), moves = d.diff.moves.len(), "plan applied");
                     if !a.json {
-                        eprintln!(
-                            "gleaner host: plan {applied}: {} pools, {} vCPU moves",
-                            new.pools.len(),
-                            diff.moves.len()
-                        );
+                        eprintln!("gleaner host: plan {applied}: {} pools, {} vCPU moves", d.plan.pools.len(), d.diff.moves.len());
                     }
-                    last_diff = diff;
-                    current = new;
+                    last_diff = d.diff;
                 }
             }
             if a.duration_s.is_some_and(|d| started.elapsed().as_secs_f64() >= d) {
@@ -632,7 +627,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
         sources: engine.monitor.sources(),
         periods,
         plans_applied: applied,
-        plan: current,
+        plan: dry_plan.unwrap_or_else(|| engine.controller.current().clone()),
         changes: last_diff,
         vcpus: engine.reports(),
         warnings,

@@ -2,12 +2,14 @@
 //! may receive pCPU pools (sets of pCPUs with a time slice) and a vCPU -> pool assignment.
 //!
 //! - [`StockHost`]: one pool of every pCPU with the fixed `host.slice_us` (no period).
-//! - [`AqlHost`]: AQL_Sched, i.e. `gleaner_policy::aql`'s type recognizer over a window of
-//!   periods and its clustering (algorithms 1 and 2), exactly the code `gleaner host` runs.
+//! - [`AqlHost`]: AQL_Sched, i.e. `gleaner_policy::aql::AqlController` (type recognizer over a
+//!   window of periods, clustering by algorithms 1 and 2, plan confirmation), exactly the loop
+//!   `gleaner host run` runs.
 
 use gleaner_policy::aql;
 
 use crate::queue::Ns;
+pub use crate::scenario::AqlCfg;
 
 /// Whether the AQL adapter is built (the scenario validator refuses `host = "aql"` otherwise).
 pub const AQL_AVAILABLE: bool = true;
@@ -117,34 +119,57 @@ impl HostPolicy for StockHost {
 /// (the simulator has no instruction counter; 2 per ns ~ IPC 1 at 2 GHz).
 const INSTR_PER_NS: u64 = 2;
 
-/// A VM's pause-loop exits over `run_ns` of its vCPUs' run time, as a count per `period_ns` of
-/// running (0 when the VM did not run). Saturates instead of overflowing.
-pub fn spin_events_per_period(exits: u64, run_ns: u64, period_ns: u64) -> u64 {
-    if run_ns == 0 {
-        return 0;
-    }
-    let v = u128::from(exits) * u128::from(period_ns) / u128::from(run_ns);
-    u64::try_from(v).unwrap_or(u64::MAX)
-}
-
-/// AQL_Sched on the simulated host.
+/// AQL_Sched on the simulated host: `gleaner_policy::aql::AqlController`, the loop
+/// `gleaner host run` runs (ConSpin per VM per run time, a decision every window, a changed
+/// plan applied once two windows agree). This adapter only turns the engine's counters into
+/// readings and the controller's plan into pools.
 pub struct AqlHost {
-    rec: aql::TypeRecognizer,
-    topo: aql::Topology,
-    quanta: aql::Quanta,
+    controller: aql::AqlController,
     period_ns: Ns,
 }
 
 impl AqlHost {
-    /// The paper's settings: 30 ms period, window of 4 periods, calibrated quanta.
-    pub fn new(pcpus: u32, sockets: u32) -> Self {
-        Self {
-            rec: aql::TypeRecognizer::new(4, aql::Limits::default()),
-            topo: aql::Topology::uniform(sockets, pcpus / sockets.max(1)),
+    /// 30 ms periods, calibrated quanta, and the loop's damping from `damping` (default: the
+    /// paper's rule, a window of 4, a decision every period, every change applied).
+    pub fn new(pcpus: u32, sockets: u32, damping: &AqlCfg) -> Self {
+        Self { controller: aql::AqlController::new(Self::config(pcpus, sockets, damping)), period_ns: 30_000_000 }
+    }
+
+    /// The controller's settings for a host of `pcpus` on `sockets`.
+    pub fn config(pcpus: u32, sockets: u32, damping: &AqlCfg) -> aql::ControllerConfig {
+        aql::ControllerConfig {
+            window: damping.window,
+            decide_every: damping.decide_every,
+            confirm: damping.confirm,
+            limits: aql::Limits::default(),
+            hysteresis: damping.hysteresis_points,
+            topology: aql::Topology::uniform(sockets, pcpus / sockets.max(1)),
             quanta: aql::Quanta::paper(),
-            period_ns: 30_000_000,
         }
     }
+
+    /// The readings the controller gets for one period's counters.
+    pub fn readings(view: &HostView<'_>) -> Vec<aql::Reading> {
+        view.vcpus
+            .iter()
+            .map(|c| aql::Reading {
+                id: vcpu_id(c),
+                counters: aql::VcpuCounters {
+                    period_ns: view.period_ns,
+                    io_events: Some(c.io_events),
+                    spin_events: Some(c.ple_exits),
+                    llc_refs: Some(c.llc_refs.round() as u64),
+                    llc_misses: Some(c.llc_misses.round() as u64),
+                    instructions: Some(c.run_ns.saturating_mul(INSTR_PER_NS)),
+                    run_ns: Some(c.run_ns),
+                },
+            })
+            .collect()
+    }
+}
+
+fn vcpu_id(c: &VcpuCounters) -> aql::VcpuId {
+    aql::VcpuId { vm: u64::from(c.vm), vcpu: c.vcpu }
 }
 
 impl HostPolicy for AqlHost {
@@ -155,42 +180,16 @@ impl HostPolicy for AqlHost {
         Some(self.period_ns)
     }
     fn on_period(&mut self, view: &HostView<'_>) -> Option<HostPlan> {
-        // ConSpin_level is "the number of spin-locks performed by its VM" (AQL paper, 3.3.1):
-        // the VM's pause-loop exits per second of the VM's run time, scaled to a full period.
-        // Counting per wall-clock period instead makes the level depend on the CPU share the
-        // policy itself gave: a spinning vCPU starved by a long slice exits rarely per wall
-        // second, stays below ConSpin_LIMIT and is typed LoLCF (see `spin_level_per_vm_run_time`).
-        let mut vm_spin: std::collections::BTreeMap<u32, (u64, u64)> = std::collections::BTreeMap::new();
-        for c in view.vcpus {
-            let e = vm_spin.entry(c.vm).or_default();
-            e.0 += c.ple_exits;
-            e.1 += c.run_ns;
+        let live: Vec<aql::VcpuId> = view.vcpus.iter().map(vcpu_id).collect();
+        let decision = self.controller.step(&live, &Self::readings(view))?;
+        if !decision.apply {
+            return None;
         }
-        let mut infos = Vec::with_capacity(view.vcpus.len());
-        for c in view.vcpus {
-            let id = aql::VcpuId { vm: c.vm as u64, vcpu: c.vcpu };
-            let (exits, run) = vm_spin[&c.vm];
-            let spin_events = spin_events_per_period(exits, run, view.period_ns);
-            let counters = aql::VcpuCounters {
-                period_ns: view.period_ns,
-                io_events: Some(c.io_events),
-                spin_events: Some(spin_events),
-                llc_refs: Some(c.llc_refs.round() as u64),
-                llc_misses: Some(c.llc_misses.round() as u64),
-                instructions: Some(c.run_ns.saturating_mul(INSTR_PER_NS)),
-                run_ns: Some(c.run_ns),
-            };
-            self.rec.observe(id, &counters);
-            let class = self.rec.classify(id)?;
-            infos.push(aql::VcpuInfo::from_classification(id, &class));
-        }
-        let plan = aql::plan(&infos, &self.topo, &self.quanta);
-        let pools: Vec<HostPool> =
-            plan.pools.iter().map(|p| HostPool { pcpus: p.pcpus.clone(), slice_ns: p.quantum_ns }).collect();
+        let plan = decision.plan;
+        let pools: Vec<HostPool> = plan.pools.iter().map(|p| HostPool { pcpus: p.pcpus.clone(), slice_ns: p.quantum_ns }).collect();
         let mut assign = Vec::with_capacity(view.vcpus.len());
-        for c in view.vcpus {
-            let id = aql::VcpuId { vm: c.vm as u64, vcpu: c.vcpu };
-            let a = plan.assignment.iter().find(|a| a.vcpu == id)?;
+        for id in &live {
+            let a = plan.assignment.iter().find(|a| a.vcpu == *id)?;
             assign.push(a.pool as u32);
         }
         Some(HostPlan { pools, assign })
@@ -213,7 +212,7 @@ mod tests {
 
     #[test]
     fn aql_types_spinning_and_cache_friendly_vcpus_apart() {
-        let mut h = AqlHost::new(4, 1);
+        let mut h = AqlHost::new(4, 1, &AqlCfg::default());
         let period = 30_000_000;
         let spin = VcpuCounters { vm: 0, vcpu: 0, ple_exits: 1000, run_ns: period, llc_refs: 1e5, llc_misses: 1e4, ..Default::default() };
         // matmul-like: 20 refs per 1000 instructions, 0.4 misses per 1000.
@@ -221,7 +220,7 @@ mod tests {
         let mut last = None;
         for _ in 0..4 {
             let view = HostView { now_ns: 0, period_ns: period, pcpus: 4, vcpus: &[spin, llcf] };
-            last = h.on_period(&view);
+            last = h.on_period(&view).or(last);
         }
         let plan = last.expect("a plan once vCPUs are typed");
         assert!(plan.validate(4, 2).is_ok());
@@ -267,15 +266,12 @@ mod tests {
     /// starved spinners ConSpin and gives them the 1 ms pool, apart from the LLCF hog.
     #[test]
     fn spin_level_per_vm_run_time() {
-        assert_eq!(spin_events_per_period(8, 1_120_000, 30_000_000), 214);
-        assert_eq!(spin_events_per_period(5, 0, 30_000_000), 0);
-        assert_eq!(spin_events_per_period(u64::MAX, 1, u64::MAX), u64::MAX);
-        let mut h = AqlHost::new(4, 1);
+        let mut h = AqlHost::new(4, 1, &AqlCfg::default());
         let hog = |vcpu| VcpuCounters { vm: 1, vcpu, run_ns: 30_000_000, llc_refs: 1.2e6, llc_misses: 2.4e4, ..Default::default() };
         let vcpus: Vec<VcpuCounters> = (0..8).map(starved_spinner).chain((0..8).map(hog)).collect();
         let mut last = None;
         for _ in 0..4 {
-            last = h.on_period(&HostView { now_ns: 0, period_ns: 30_000_000, pcpus: 4, vcpus: &vcpus });
+            last = h.on_period(&HostView { now_ns: 0, period_ns: 30_000_000, pcpus: 4, vcpus: &vcpus }).or(last);
         }
         let plan = last.expect("plan");
         for v in 0..8 {

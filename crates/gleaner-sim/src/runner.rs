@@ -138,10 +138,10 @@ pub struct VmReport {
     pub retention: Option<crate::stats::RetentionOutcome>,
 }
 
-fn host_policy(kind: HostPolicyKind, sc: &Scenario) -> Box<dyn HostPolicy> {
+fn host_policy(kind: HostPolicyKind, aql: &crate::scenario::AqlCfg, sc: &Scenario) -> Box<dyn HostPolicy> {
     match kind {
         HostPolicyKind::Stock => Box::new(StockHost),
-        HostPolicyKind::Aql => Box::new(AqlHost::new(sc.host.pcpus, sc.host.sockets)),
+        HostPolicyKind::Aql => Box::new(AqlHost::new(sc.host.pcpus, sc.host.sockets, aql)),
     }
 }
 
@@ -186,7 +186,7 @@ pub fn setup_for(sc: &Scenario, v: &VariantCfg, seed: u64) -> anyhow::Result<Set
         seed,
         stop_at: sc.duration_ms.map(ms_to_ns),
         max_ns: ms_to_ns(sc.max_sim_ms),
-        host_policy: host_policy(v.host, sc),
+        host_policy: host_policy(v.host, &v.aql, sc),
     })
 }
 

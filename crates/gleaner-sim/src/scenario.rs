@@ -218,6 +218,44 @@ pub struct VariantCfg {
     pub gleaner: GleanerCfg,
     #[serde(default)]
     pub haltpoll: GuestHaltpollCfg,
+    /// The AQL loop's damping (`host = "aql"` only).
+    #[serde(default)]
+    pub aql: AqlCfg,
+}
+
+/// How the AQL host loop (`gleaner_policy::aql::AqlController`) is damped. The default is the
+/// paper's rule; `gleaner host run`'s defaults are `window = 4, decide_every = 4, confirm =
+/// true, hysteresis_points = 10`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AqlCfg {
+    /// The type recognizer's window in periods.
+    pub window: usize,
+    /// Periods between decisions.
+    pub decide_every: usize,
+    /// Apply a changed plan only when two consecutive decisions agree on it.
+    pub confirm: bool,
+    /// Cursor points by which another type must win to change a vCPU's type.
+    pub hysteresis_points: f64,
+}
+
+impl Default for AqlCfg {
+    fn default() -> Self {
+        Self { window: 4, decide_every: 1, confirm: false, hysteresis_points: 0.0 }
+    }
+}
+
+impl AqlCfg {
+    /// Ranges: window and decide_every 1..=1000, hysteresis 0..=100.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=1000).contains(&self.window) || !(1..=1000).contains(&self.decide_every) {
+            return Err(format!("aql window {} / decide_every {}: allowed 1..=1000", self.window, self.decide_every));
+        }
+        if !(0.0..=100.0).contains(&self.hysteresis_points) {
+            return Err(format!("aql hysteresis_points {}: allowed 0..=100", self.hysteresis_points));
+        }
+        Ok(())
+    }
 }
 
 fn stock() -> GuestPolicy {
@@ -236,6 +274,7 @@ impl VariantCfg {
             host: HostPolicyKind::Stock,
             gleaner: GleanerCfg::default(),
             haltpoll: GuestHaltpollCfg::default(),
+            aql: AqlCfg::default(),
         }
     }
 }
@@ -629,6 +668,7 @@ impl Scenario {
             check_pos(&k("gleaner.yield_us"), v.gleaner.yield_us)?;
             v.gleaner.params.validate().map_err(|e| bad(k("gleaner.params"), e, "see gleaner_policy::gleaner::Params"))?;
             v.gleaner.governor.validate().map_err(|e| bad(k("gleaner.governor"), e, "see gleaner_policy::retention::GovernorConfig"))?;
+            v.aql.validate().map_err(|e| bad(k("aql"), e, "window, decide_every 1..=1000; hysteresis_points 0..=100"))?;
             if v.gleaner.retention.timeout_ns == 0 {
                 return Err(bad(k("gleaner.retention.timeout_ns"), 0, ">= 1"));
             }

@@ -479,6 +479,7 @@ pub fn variant_for(name: &str, policy: Policy, plan: &AgentPlan, halt_poll: bool
             governor: cfg.governor,
         },
         haltpoll: GuestHaltpollCfg::default(),
+        aql: gleaner_sim::scenario::AqlCfg::default(),
     }
 }
 

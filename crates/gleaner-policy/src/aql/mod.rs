@@ -48,6 +48,7 @@
 //! [`VcpuClass::Unknown`]. No value is ever made up.
 
 mod cluster;
+mod controller;
 mod cursors;
 mod diff;
 mod recognizer;
@@ -55,6 +56,7 @@ mod recognizer;
 #[cfg(test)]
 mod tests;
 
+pub use controller::{normalise_spin, spin_events_per_period, AqlController, ControllerConfig, Decision, Reading};
 pub use cluster::{plan, Plan, Pool, PoolKind, Quanta, QuantaError, Topology, VcpuAssignment, VcpuInfo, VmShare};
 pub use cursors::{cursors, CacheCursors, Cursors, Limits, Source, VcpuCounters};
 pub use diff::{PlanDiff, PoolChange, VcpuMove};
