@@ -336,7 +336,7 @@ fn deb_installs_runs_and_purges_without_leftovers() {
     run_ok(Command::new("dpkg").arg("-i").arg(deb).env("DEBIAN_FRONTEND", "noninteractive"));
     assert_eq!(dpkg_status(), "install ok installed");
     for f in &files {
-        assert!(Path::new(f).is_file(), "{f} not installed");
+        assert!(Path::new(f).is_file(), "{f} not installed (does a path-exclude in /etc/dpkg/dpkg.cfg.d/ drop it?)");
     }
     let conffiles = run_ok(Command::new("dpkg-query").args(["-W", "-f=${Conffiles}", "gleaner"]));
     assert!(conffiles.contains("/etc/gleaner/gleaner.toml"), "not a conffile: {conffiles}");
