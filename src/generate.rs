@@ -40,8 +40,66 @@ pub fn parse_shell(name: &str) -> Result<Shell, BadInput> {
     Shell::from_str(name, true).map_err(|_| BadInput::new("shell", name, SHELLS))
 }
 
-/// The completion script of `cmd` for `shell`.
-pub fn completion_script(mut cmd: clap::Command, shell: Shell) -> Vec<u8> {
+/// A boolean setting of a command, such as [`clap::Command::propagate_version`].
+type Setter = fn(clap::Command, bool) -> clap::Command;
+
+/// `cmd` without its hidden subcommands, at any depth. clap_complete, unlike clap_mangen, offers
+/// hidden subcommands (clap issue 1335), and `__guardian` (internal) and `man-pages` (packaging)
+/// are not for people. clap cannot remove a subcommand, so a command with hidden subcommands is
+/// rebuilt from what completion scripts use (name, version, about, arguments, groups, the
+/// settings that add or require flags and subcommands); the others are kept as they are.
+pub fn without_hidden_subcommands(cmd: &clap::Command) -> clap::Command {
+    let visible = cmd.get_subcommands().filter(|s| !s.is_hide_set()).map(|s| {
+        if s.get_subcommands().any(clap::Command::is_hide_set) {
+            without_hidden_subcommands(s)
+        } else {
+            s.clone()
+        }
+    });
+    let mut out = clap::Command::new(cmd.get_name().to_owned())
+        .args(cmd.get_arguments().cloned())
+        .groups(cmd.get_groups().cloned())
+        .subcommands(visible);
+    // Only settings that are set are copied: setting one to false unsets it, which for a global
+    // setting (propagate_version) would also undo what a parent propagates.
+    let settings: [(bool, Setter); 8] = [
+        (cmd.is_propagate_version_set(), clap::Command::propagate_version),
+        (cmd.is_subcommand_required_set(), clap::Command::subcommand_required),
+        (cmd.is_arg_required_else_help_set(), clap::Command::arg_required_else_help),
+        (cmd.is_args_conflicts_with_subcommands_set(), clap::Command::args_conflicts_with_subcommands),
+        (cmd.is_subcommand_negates_reqs_set(), clap::Command::subcommand_negates_reqs),
+        (cmd.is_disable_help_subcommand_set(), clap::Command::disable_help_subcommand),
+        (cmd.is_disable_help_flag_set(), clap::Command::disable_help_flag),
+        // is_disable_version_flag_set() is also true of a command without a version of its own,
+        // to which a parent may still propagate one: copied only for a command with a version.
+        (
+            cmd.is_disable_version_flag_set() && (cmd.get_version().is_some() || cmd.get_long_version().is_some()),
+            clap::Command::disable_version_flag,
+        ),
+    ];
+    for (set, setter) in settings {
+        if set {
+            out = setter(out, true);
+        }
+    }
+    if let Some(v) = cmd.get_version() {
+        out = out.version(v.to_owned());
+    }
+    if let Some(v) = cmd.get_long_version() {
+        out = out.long_version(v.to_owned());
+    }
+    if let Some(a) = cmd.get_about() {
+        out = out.about(a.clone());
+    }
+    if let Some(a) = cmd.get_long_about() {
+        out = out.long_about(a.clone());
+    }
+    out
+}
+
+/// The completion script of `cmd` for `shell`, without hidden subcommands.
+pub fn completion_script(cmd: clap::Command, shell: Shell) -> Vec<u8> {
+    let mut cmd = without_hidden_subcommands(&cmd);
     let name = cmd.get_name().to_string();
     let mut script = Vec::new();
     // Into memory: clap_complete panics on a failed write, and standard output can fail (a
@@ -99,6 +157,41 @@ mod tests {
     fn the_parser_lists_exactly_the_shells_it_accepts() {
         let listed: Vec<String> = ShellName.possible_values().unwrap().map(|v| v.get_name().to_string()).collect();
         assert_eq!(listed.join(", "), SHELLS);
+    }
+
+    /// A command with hidden subcommands at two depths, or the same command without them.
+    fn demo(with_hidden: bool) -> clap::Command {
+        let run = clap::Command::new("run").about("Run it.").subcommand(clap::Command::new("fast").about("Quickly."));
+        let mut tools = clap::Command::new("tools").about("Tools.").arg(clap::arg!(--all "Everything"));
+        let mut demo = clap::Command::new("demo")
+            .version("1.2.3")
+            .about("A demo.")
+            .long_about("A demo, at length.")
+            .propagate_version(true)
+            .subcommand_required(true)
+            .arg(clap::arg!(-v --verbose "Talk"));
+        if with_hidden {
+            tools = tools.subcommand(clap::Command::new("inner-secret").hide(true));
+        }
+        demo = demo.subcommand(run).subcommand(tools);
+        if with_hidden {
+            demo = demo.subcommand(clap::Command::new("secret").hide(true));
+        }
+        demo
+    }
+
+    #[test]
+    fn completion_scripts_are_those_of_the_command_without_its_hidden_subcommands() {
+        for shell in [Shell::Bash, Shell::Elvish, Shell::Fish, Shell::PowerShell, Shell::Zsh] {
+            let mut expected = Vec::new();
+            clap_complete::generate(shell, &mut demo(false), "demo", &mut expected);
+            let script = completion_script(demo(true), shell);
+            assert_eq!(String::from_utf8(script).unwrap(), String::from_utf8(expected).unwrap(), "{shell}");
+        }
+        // And the generator alone would offer them (why `without_hidden_subcommands` exists).
+        let mut raw = Vec::new();
+        clap_complete::generate(Shell::Bash, &mut demo(true), "demo", &mut raw);
+        assert!(String::from_utf8(raw).unwrap().contains("secret"));
     }
 
     #[test]

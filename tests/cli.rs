@@ -77,6 +77,7 @@ fn completions_for_every_shell_and_one_line_for_a_wrong_one() {
         assert!(out.status.success(), "{shell}: {}", String::from_utf8_lossy(&out.stderr));
         let script = String::from_utf8_lossy(&out.stdout);
         assert!(script.contains("gleaner") && script.contains("diagnose"), "{shell}: {script}");
+        assert!(!script.contains("__guardian") && !script.contains("man-pages"), "{shell} offers a hidden command: {script}");
     }
     let out = gleaner().args(["completions", "tcsh"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
