@@ -4,9 +4,12 @@
 //! command; errors are printed once, with their whole chain, and mapped to exit codes:
 //! 2 for bad input ([`gleaner_os::BadInput`]), 1 for everything else.
 
+mod generate;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Gleaner: mitigate the blocked-waiter wakeup problem of multithreaded programs in VMs,
 /// type vCPUs on KVM hosts (AQL_Sched), and measure virtualization overhead.
@@ -31,13 +34,31 @@ enum Command {
     Host(gleaner_host::HostArgs),
     /// Real QEMU guests for the UC / OC / OC2 experiments.
     Lab(gleaner_lab::LabArgs),
+    /// Print the shell completion script for gleaner, generated from its command line.
+    ///
+    /// Install it where the shell looks for completions, e.g. bash:
+    /// `gleaner completions bash > /usr/share/bash-completion/completions/gleaner`; zsh: a file
+    /// `_gleaner` in a directory of $fpath; fish: `~/.config/fish/completions/gleaner.fish`.
+    /// The Debian package installs the bash, zsh and fish scripts.
+    Completions {
+        /// The shell: bash, elvish, fish, powershell or zsh.
+        #[arg(value_name = "SHELL", value_parser = generate::ShellName)]
+        shell: String,
+    },
+    /// Write the man pages, generated from the command line: gleaner.1 and one per subcommand
+    /// (gleaner-run.1, gleaner-bench-wakeup.1, ...). Used by scripts/build-deb.sh.
+    #[command(hide = true)]
+    ManPages {
+        /// Directory to write the pages into (created if missing).
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GLEANER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("GLEANER_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -49,6 +70,13 @@ fn main() -> ExitCode {
         Command::Sim(a) => gleaner_sim::run(a),
         Command::Host(a) => gleaner_host::run(a),
         Command::Lab(a) => gleaner_lab::run(a),
+        Command::Completions { shell } => generate::completions(Cli::command(), &shell),
+        Command::ManPages { dir } => generate::man_pages(Cli::command(), &dir).map(|pages| {
+            for p in pages {
+                println!("{}", p.display());
+            }
+            ExitCode::SUCCESS
+        }),
     };
     match result {
         Ok(code) => code,

@@ -25,6 +25,8 @@ fn every_command_has_help() {
         &["host"],
         &["lab"],
         &["lab", "predict"],
+        &["completions"],
+        &["man-pages"],
     ];
     for c in cmds {
         let out = gleaner().args(*c).arg("--help").output().unwrap();
@@ -54,6 +56,7 @@ fn bad_input_exits_2_with_one_line() {
         &["lab", "run", "no-such-experiment"],
         &["lab", "predict", "/nonexistent/lab-results"],
         &["lab", "predict", g],
+        &["completions", "tcsh"],
     ];
     for args in cases {
         let out = gleaner().args(*args).output().unwrap();
@@ -65,4 +68,19 @@ fn bad_input_exits_2_with_one_line() {
             assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
         }
     }
+}
+
+#[test]
+fn completions_for_every_shell_and_one_line_for_a_wrong_one() {
+    for shell in ["bash", "elvish", "fish", "powershell", "zsh"] {
+        let out = gleaner().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}: {}", String::from_utf8_lossy(&out.stderr));
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(script.contains("gleaner") && script.contains("diagnose"), "{shell}: {script}");
+        assert!(!script.contains("__guardian") && !script.contains("man-pages"), "{shell} offers a hidden command: {script}");
+    }
+    let out = gleaner().args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "gleaner: invalid shell 'tcsh': allowed: bash, elvish, fish, powershell, zsh\n");
 }

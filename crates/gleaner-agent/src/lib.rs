@@ -178,11 +178,13 @@ pub enum AgentCommand {
     /// haltpoll parameters; younger than --max-age-s) is shown, not measured again, unless
     /// --recalibrate.
     Calibrate(CalibrateArgs),
-    /// Run as a service: manage the `[[target]]`s of the configuration file, or, with none,
-    /// keep retention on every vCPU of the VM. See dist/gleaner.service.
+    /// Run as a service (what the systemd unit gleaner.service runs): manage the `[[target]]`s
+    /// of the configuration file, or, with none, keep retention on every vCPU of the VM.
     ///
     /// Also keeps the calibration record fresh: renews it before it expires, while the
-    /// machine idles.
+    /// machine idles. The Debian package installs the unit (neither enabled nor started) and
+    /// the sample configuration as /etc/gleaner/gleaner.toml; without it, see the header of
+    /// dist/gleaner.service in the source tree.
     Daemon {
         /// Configuration file.
         #[arg(long, value_name = "FILE", default_value = "/etc/gleaner/gleaner.toml")]
