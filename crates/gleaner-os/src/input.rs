@@ -1,34 +1,7 @@
-//! The error for bad user input. The binary maps it to exit status 2.
+//! Bad user input: the shared [`BadInput`] error (defined in `gleaner_policy::input`, re-exported
+//! here for the OS layer's callers) and parsers of values given on command lines.
 
-use std::fmt;
-
-/// A value given by the user that is not allowed: names the value and what is allowed.
-///
-/// Any command that rejects its input returns this (possibly wrapped in `anyhow`
-/// context); `main` prints the chain once and exits with status 2.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadInput {
-    /// What the value is (`--threads`, `CPU id`, `workload`, `result file`).
-    pub what: String,
-    /// The value as given.
-    pub value: String,
-    /// What is allowed instead.
-    pub allowed: String,
-}
-
-impl BadInput {
-    pub fn new(what: impl Into<String>, value: impl fmt::Display, allowed: impl Into<String>) -> Self {
-        Self { what: what.into(), value: value.to_string(), allowed: allowed.into() }
-    }
-}
-
-impl fmt::Display for BadInput {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid {} '{}': allowed: {}", self.what, self.value, self.allowed)
-    }
-}
-
-impl std::error::Error for BadInput {}
+pub use gleaner_policy::input::BadInput;
 
 /// The address a metrics endpoint listens on, from `--metrics-addr` (named `what`): a port
 /// alone means loopback (`9464` is `127.0.0.1:9464`); `IP:PORT` is taken as given, so
@@ -50,12 +23,6 @@ pub fn metrics_exposure(addr: std::net::SocketAddr) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn message_names_value_and_allowed() {
-        let e = BadInput::new("--threads", 0, "1..=4096");
-        assert_eq!(e.to_string(), "invalid --threads '0': allowed: 1..=4096");
-    }
 
     #[test]
     fn a_metrics_port_alone_is_loopback_and_other_addresses_are_as_written() {

@@ -10,6 +10,7 @@
 
 pub mod aql;
 pub mod gleaner;
+pub mod input;
 pub mod overhead;
 pub mod retention;
 pub mod stats;

@@ -27,7 +27,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use gleaner_os::BadInput;
+use gleaner_policy::input::BadInput;
 
 pub mod agent;
 pub mod engine;

@@ -44,7 +44,7 @@ pub fn wall_times(reports: &[Report], path: &Path) -> anyhow::Result<()> {
     match ext.as_str() {
         "svg" => draw(SVGBackend::new(path, (900, h)).into_drawing_area(), &bars),
         "png" => draw(BitMapBackend::new(path, (900, h)).into_drawing_area(), &bars),
-        _ => Err(gleaner_os::BadInput::new("--plot", path.display(), "a file name ending in .svg or .png").into()),
+        _ => Err(gleaner_policy::input::BadInput::new("--plot", path.display(), "a file name ending in .svg or .png").into()),
     }
     .with_context(|| format!("drawing {}", path.display()))
 }

@@ -2,12 +2,12 @@
 //! costs, and optional cases (sets of overrides, e.g. Table 1's rows).
 //!
 //! Every table rejects unknown keys; every value is checked and a bad one is reported as
-//! [`gleaner_os::BadInput`] naming the key and what is allowed (exit status 2).
+//! [`gleaner_policy::input::BadInput`] naming the key and what is allowed (exit status 2).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use gleaner_os::BadInput;
+use gleaner_policy::input::BadInput;
 use gleaner_policy::gleaner::Params;
 use gleaner_policy::retention::{GovernorConfig, RetentionConfig};
 use serde::{Deserialize, Serialize};

@@ -167,7 +167,7 @@ fn intern(map: &mut BTreeMap<String, u32>, name: &str) -> u32 {
 }
 
 fn parse_op(names: &mut Names, s: &str, key: &str) -> anyhow::Result<Op> {
-    let bad = || gleaner_os::BadInput::new(key, s, OPS_ALLOWED);
+    let bad = || gleaner_policy::input::BadInput::new(key, s, OPS_ALLOWED);
     let words: Vec<&str> = s.split_whitespace().collect();
     let (&verb, rest) = words.split_first().ok_or_else(bad)?;
     let dur = |w: Option<&&str>| w.and_then(|w| parse_duration(w)).ok_or_else(bad);
@@ -214,26 +214,26 @@ impl WorkloadCfg {
     pub fn resolve(&self, name: &str, default_threads: u32, vcpus: u32) -> anyhow::Result<Workload> {
         let key = |g: &str, what: &str| format!("workload.{name}.group.{g}.{what}");
         if self.groups.is_empty() {
-            return Err(gleaner_os::BadInput::new(format!("workload.{name}.group"), "[]", "at least one group").into());
+            return Err(gleaner_policy::input::BadInput::new(format!("workload.{name}.group"), "[]", "at least one group").into());
         }
         if self.queue_capacity == 0 {
-            return Err(gleaner_os::BadInput::new(format!("workload.{name}.queue_capacity"), 0, ">= 1").into());
+            return Err(gleaner_policy::input::BadInput::new(format!("workload.{name}.queue_capacity"), 0, ">= 1").into());
         }
         let c = &self.cache;
         for (k, v) in [("refs_per_us", c.refs_per_us), ("wss_kb", c.wss_kb), ("refill_ns_per_kb", c.refill_ns_per_kb)] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(gleaner_os::BadInput::new(format!("workload.{name}.cache.{k}"), v, "a number >= 0").into());
+                return Err(gleaner_policy::input::BadInput::new(format!("workload.{name}.cache.{k}"), v, "a number >= 0").into());
             }
         }
         if !(0.0..=1.0).contains(&c.miss_ratio) {
-            return Err(gleaner_os::BadInput::new(format!("workload.{name}.cache.miss_ratio"), c.miss_ratio, "0..=1").into());
+            return Err(gleaner_policy::input::BadInput::new(format!("workload.{name}.cache.miss_ratio"), c.miss_ratio, "0..=1").into());
         }
         let mut names = Names::default();
         let mut groups = Vec::new();
         for g in &self.groups {
             let threads = g.threads.unwrap_or(default_threads);
             if threads == 0 || threads > 1 << 20 {
-                return Err(gleaner_os::BadInput::new(key(&g.name, "threads"), threads, "1..=1048576").into());
+                return Err(gleaner_policy::input::BadInput::new(key(&g.name, "threads"), threads, "1..=1048576").into());
             }
             let mut ops = Vec::new();
             for s in &g.ops {
@@ -245,7 +245,7 @@ impl WorkloadCfg {
                 _ => false,
             });
             if !advances {
-                return Err(gleaner_os::BadInput::new(
+                return Err(gleaner_policy::input::BadInput::new(
                     key(&g.name, "ops"),
                     g.ops.join("; "),
                     "a body with at least one compute, sleep or io of non-zero length",
@@ -253,10 +253,10 @@ impl WorkloadCfg {
                 .into());
             }
             if let Some(&bad) = g.pin.iter().find(|&&p| p >= vcpus) {
-                return Err(gleaner_os::BadInput::new(key(&g.name, "pin"), bad, format!("vCPU indices 0..{vcpus}")).into());
+                return Err(gleaner_policy::input::BadInput::new(key(&g.name, "pin"), bad, format!("vCPU indices 0..{vcpus}")).into());
             }
             if g.iterations == Some(0) {
-                return Err(gleaner_os::BadInput::new(key(&g.name, "iterations"), 0, ">= 1 (or omit it)").into());
+                return Err(gleaner_policy::input::BadInput::new(key(&g.name, "iterations"), 0, ">= 1 (or omit it)").into());
             }
             groups.push(Group { name: g.name.clone(), threads, iterations: g.iterations, pin: g.pin.clone(), ops });
         }
@@ -298,7 +298,7 @@ impl WorkloadCfg {
                 runs_forever = true;
             }
             if (seen_b.iter().any(|s| *s) || seen_s.iter().any(|s| *s)) && g.iterations.is_none() {
-                return Err(gleaner_os::BadInput::new(
+                return Err(gleaner_policy::input::BadInput::new(
                     key(&g.name, "iterations"),
                     "none",
                     "a loop count: threads at a barrier must all run a known number of iterations",
@@ -501,7 +501,7 @@ mod tests {
             groups: vec![group("g", 1, Some(1), &["compute 5 parsecs"])],
         };
         let e = cfg.resolve("w", 1, 1).expect_err("bad op");
-        let b = e.downcast_ref::<gleaner_os::BadInput>().expect("BadInput");
+        let b = e.downcast_ref::<gleaner_policy::input::BadInput>().expect("BadInput");
         assert_eq!(b.what, "workload.w.group.g.ops");
         assert!(b.allowed.contains("compute DURATION"));
         let cfg2 = WorkloadCfg { groups: vec![group("g", 1, Some(1), &["lock a", "unlock a"])], ..cfg.clone() };

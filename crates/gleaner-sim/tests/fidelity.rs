@@ -113,9 +113,9 @@ fn aql_host_policy_runs_and_changes_slices() {
     assert!(a < s / 1.5, "AQL spin VM {a} ns should beat the fixed slice {s} ns by 1.5x");
 }
 
-fn bad(text: &str) -> gleaner_os::BadInput {
+fn bad(text: &str) -> gleaner_policy::input::BadInput {
     let e = run_text("t", text, None, false).expect_err("refused");
-    e.chain().find_map(|c| c.downcast_ref::<gleaner_os::BadInput>()).cloned().unwrap_or_else(|| panic!("{e:#}"))
+    e.chain().find_map(|c| c.downcast_ref::<gleaner_policy::input::BadInput>()).cloned().unwrap_or_else(|| panic!("{e:#}"))
 }
 
 #[test]
