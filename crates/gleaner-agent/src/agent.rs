@@ -15,7 +15,6 @@ use std::ffi::CString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -108,30 +107,15 @@ pub struct RunOptions {
     pub retention_plan: Option<(RetentionPlan, Option<CalibrationSource>)>,
 }
 
-static SIGNALED: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    SIGNALED.store(sig, Ordering::SeqCst);
-}
-
-/// Installs handlers for SIGINT, SIGTERM and SIGHUP that only record the signal (no
-/// SA_RESTART, so a blocking poll returns early).
+/// Catches SIGINT, SIGTERM and SIGHUP as a flag (`gleaner_os::signal`), without SA_RESTART so
+/// the blocking wait on the workload returns as soon as one arrives.
 pub fn install_signal_handlers() -> anyhow::Result<()> {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let act = SigAction::new(SigHandler::Handler(on_signal), SaFlags::empty(), SigSet::empty());
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { sigaction(s, &act) }.context("installing a signal handler")?;
-    }
-    Ok(())
+    gleaner_os::signal::catch_stop_signals(gleaner_os::signal::InterruptedCalls::Return).context("installing signal handlers")
 }
 
 /// The signal received since start, if any.
 pub fn pending_signal() -> Option<i32> {
-    match SIGNALED.load(Ordering::SeqCst) {
-        0 => None,
-        s => Some(s),
-    }
+    gleaner_os::signal::received()
 }
 
 /// Resolves the CPUs to manage: the configured list (must be online) or every online CPU.

@@ -25,7 +25,6 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -377,8 +376,9 @@ fn advance(next: Instant, period: Duration) -> Instant {
 }
 
 /// Sleeps until `deadline` unless `stop` is set (checked every 10 ms).
-fn sleep_until(deadline: Instant, stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
+/// Sleeps until `deadline` in steps of at most 10 ms, returning early on a stop signal.
+fn sleep_until(deadline: Instant) {
+    while !gleaner_os::signal::stop_requested() {
         let now = Instant::now();
         if now >= deadline {
             return;
@@ -413,14 +413,13 @@ fn cmd_classify(a: ClassifyArgs) -> anyhow::Result<ExitCode> {
     let cfg = HostConfig::load(a.monitor.config.as_deref())?;
     let topo = topology(None, None, &CpuTopo::new(), &Sysfs::new())?;
     let mut e = Engine::new(a.monitor.filter.clone(), controller_config(&a.monitor, cfg.config.limits, topo, cfg.config.quanta))?;
-    let stop = AtomicBool::new(false);
     let period = Duration::from_millis(a.monitor.period_ms);
     // One baseline sample plus `window` periods.
     let mut next = Instant::now();
     e.sample()?;
     for _ in 0..=a.monitor.window {
         next = advance(next, period);
-        sleep_until(next, &stop);
+        sleep_until(next);
         e.step()?;
     }
     let reports = e.reports();
@@ -464,22 +463,6 @@ pub fn topology(cpus: Option<&str>, reserve: Option<&str>, topo: &CpuTopo, sysfs
         sockets.entry(topo.package_id(c)?.unwrap_or(0)).or_default().push(c);
     }
     Ok(Topology { sockets: sockets.into_values().collect() })
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() -> anyhow::Result<()> {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let act = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { sigaction(s, &act) }.with_context(|| format!("installing a {s} handler"))?;
-    }
-    Ok(())
 }
 
 /// Placements of a plan's vCPUs on the discovered threads.
@@ -554,8 +537,8 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
         let cg = Cgroups::detect().context("a cpuset cgroup controller is needed for pools")?;
         Some(Actuator::new(cg, Procfs::new(), ProcExtra::new(), a.state.clone())?)
     };
-    STOP.store(false, Ordering::SeqCst);
-    install_signal_handlers()?;
+    gleaner_os::signal::clear();
+    gleaner_os::signal::catch_stop_signals(gleaner_os::signal::InterruptedCalls::Restart).context("installing signal handlers")?;
     let started = Instant::now();
     let period = Duration::from_millis(a.monitor.period_ms);
     let mut next = Instant::now();
@@ -566,8 +549,8 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
         engine.sample()?; // baseline
         loop {
             next = advance(next, period);
-            sleep_until(next, &STOP);
-            if STOP.load(Ordering::SeqCst) {
+            sleep_until(next);
+            if gleaner_os::signal::stop_requested() {
                 break;
             }
             let decision = engine.step()?;

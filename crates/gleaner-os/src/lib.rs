@@ -54,6 +54,7 @@ pub mod procfs;
 pub mod qmp;
 pub mod rusage;
 pub mod sched;
+pub mod signal;
 pub mod sysfs;
 pub mod virt;
 mod util;
