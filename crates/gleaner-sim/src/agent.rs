@@ -15,7 +15,7 @@
 //!                                                      -> yielders parked or woken
 //! ```
 
-use gleaner_policy::gleaner::{Decision, Snapshot, VcpuSample};
+use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 use gleaner_policy::retention::{EpochReading, KnownProbe, RetentionAction};
 
 use crate::engine::{ms_to_ns, Engine, Host, Idle, Ts, YState, NONE};
@@ -180,25 +180,33 @@ impl Engine {
         self.retention_period(vm, EpochReading { duration_ns: period, progress: s_work, yielder_cpu_ns: yielder_ns, active_vcpus: active });
         let ctrl = self.vms[vmi].ctrl.as_mut().filter(|_| !probe);
         let decisions = ctrl.map(|c| c.step(&snap)).unwrap_or_default();
-        for d in decisions {
+        for d in &decisions {
             self.vms[vmi].decisions += 1;
             if self.vms[vmi].decision_log.len() < 10_000 {
                 self.vms[vmi].decision_log.push((self.now, format!("{d:?}")));
             }
-            match d {
-                Decision::Deactivate { cpu } => self.deactivate(base + cpu),
-                Decision::Restore { cpu } => self.restore(base + cpu),
-                Decision::ResetAll { .. } => {
-                    for v in base..base + n {
-                        if !self.allowed[v as usize] {
-                            self.restore(v);
-                        }
-                    }
-                }
-                Decision::SetRho { .. } | Decision::SetEta { .. } => {}
-            }
+        }
+        // The controller's output is its active set, read as the agent reads it (which vCPUs
+        // the workload may use); the decisions are only logged.
+        if let Some(active) = self.vms[vmi].ctrl.as_ref().map(|c| c.active().to_vec()) {
+            self.apply_active(base, n, &active);
         }
         self.q.push(self.now + period, Ev::GleanerPeriod { vm });
+    }
+
+    /// Makes the VM's allowed vCPUs (`base..base + n`) the controller's `active` set (indices in
+    /// the VM): vCPUs taken back first, then those given up, in vCPU order.
+    fn apply_active(&mut self, base: u32, n: u32, active: &[u32]) {
+        for i in 0..n {
+            if active.contains(&i) && !self.allowed[(base + i) as usize] {
+                self.restore(base + i);
+            }
+        }
+        for i in 0..n {
+            if !active.contains(&i) && self.allowed[(base + i) as usize] {
+                self.deactivate(base + i);
+            }
+        }
     }
 
     /// The retention governor reads the period that ended and picks the next one's mode.
