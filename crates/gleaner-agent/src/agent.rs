@@ -33,7 +33,7 @@ use tracing::{info, warn};
 
 use crate::cache::{CalibrationResults, CalibrationSource};
 use crate::config::{AgentConfig, RetentionStart};
-use crate::report::{self, EventLog, EventRecord, SharedStatus, StatusReport, RECENT};
+use crate::report::{self, EventLog, EventRecord, SharedStatus, StatusReport};
 use crate::sampler::Sampler;
 use crate::state::{Change, Guardian, StateFile};
 use crate::yielders::Yielders;
@@ -339,6 +339,35 @@ impl Managed {
     }
 }
 
+impl Managed {
+    /// Gives the workload the vCPUs `active` (it had `before`). A refused write gives every
+    /// managed vCPU back and says what was refused.
+    fn apply(&self, active: &CpuSet, before: &CpuSet, all: &CpuSet) -> Result<(), String> {
+        let Some(cg) = &self.cgroup else { return Ok(()) };
+        match cg.set_cpus(active) {
+            Ok(()) => {
+                if active.len() < before.len() {
+                    crate::seam::stop_at(crate::seam::AFTER_SHRINK);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let what = format!("writing CPUs {active} to {} was refused ({:#})", cg.path().display(), anyhow::Error::from(e));
+                let _ = cg.set_cpus(all);
+                Err(what)
+            }
+        }
+    }
+}
+
+/// Consolidation is off for the rest of the run, and the status says why.
+fn consolidation_stopped(status: &SharedStatus, why: String) {
+    if let Ok(mut st) = status.lock() {
+        st.consolidation = false;
+        st.note = Some(why);
+    }
+}
+
 /// The cpuset cgroup (absolute path) process `pid` is in: where it goes back to.
 fn own_cpuset_cgroup(cgroups: &Cgroups, procfs: &Procfs, pid: i32) -> anyhow::Result<PathBuf> {
     let lines = procfs.cgroup_of(pid).with_context(|| format!("reading the cgroups of pid {pid}"))?;
@@ -370,7 +399,10 @@ fn refuse_if_managed(cgroups: &Cgroups, procfs: &Procfs, pid: i32) -> anyhow::Re
             return Err(BadInput::new(
                 "--pid",
                 pid,
-                format!("a process no other gleaner agent manages (agent {agent} manages it, in {}; stop that agent first)", current.display()),
+                format!(
+                    "a process no other gleaner agent manages (agent {agent} manages it, in {}; stop that agent first)",
+                    current.display()
+                ),
             )
             .into());
         }
@@ -383,7 +415,12 @@ fn refuse_if_managed(cgroups: &Cgroups, procfs: &Procfs, pid: i32) -> anyhow::Re
 fn lock_managed(path: &Path, what: &str) -> anyhow::Result<gleaner_os::private::DirLock> {
     match gleaner_os::private::try_lock_dir(path)? {
         Some(lock) => Ok(lock),
-        None => Err(BadInput::new(what, path.display(), "a cgroup no other gleaner agent manages (another agent holds its lock; stop that agent first)").into()),
+        None => Err(BadInput::new(
+            what,
+            path.display(),
+            "a cgroup no other gleaner agent manages (another agent holds its lock; stop that agent first)",
+        )
+        .into()),
     }
 }
 
@@ -450,8 +487,10 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     }));
 
     // Everything from here on is undone by `Session::finish`.
-    let mut session = Session { locks: Vec::new(), state: None, guardian: None, cgroups: cgroups.ok(), yielders: None, servers: Vec::new() };
-    let result = session.run_inner(&target, cfg, opts, &cpus, consolidation, retention, &status, &procfs, &sysfs, start);
+    let mut session =
+        Session { locks: Vec::new(), state: None, guardian: None, cgroups: cgroups.ok(), yielders: None, servers: Vec::new() };
+    let ctx = RunContext { target: &target, cfg, opts, cpus: &cpus, status: &status, procfs: &procfs, sysfs: &sysfs, start };
+    let result = session.run_inner(&ctx, consolidation, retention);
     let finish = session.finish();
     let mut outcome = result?;
     finish?;
@@ -471,6 +510,19 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     Ok(outcome)
 }
 
+/// What every phase of a run reads: the target, configuration and the shared status.
+#[derive(Clone, Copy)]
+struct RunContext<'a> {
+    target: &'a Target,
+    cfg: &'a AgentConfig,
+    opts: &'a RunOptions,
+    cpus: &'a CpuSet,
+    status: &'a SharedStatus,
+    procfs: &'a Procfs,
+    sysfs: &'a Sysfs,
+    start: Instant,
+}
+
 struct Session {
     /// `flock`s on the managed cgroup: a second agent asked to manage it is refused.
     locks: Vec<gleaner_os::private::DirLock>,
@@ -482,22 +534,11 @@ struct Session {
 }
 
 impl Session {
-    #[allow(clippy::too_many_arguments)]
-    fn run_inner(
-        &mut self,
-        target: &Target,
-        cfg: &AgentConfig,
-        opts: &RunOptions,
-        cpus: &CpuSet,
-        mut consolidation: bool,
-        retention: RetentionSetup,
-        status: &SharedStatus,
-        procfs: &Procfs,
-        sysfs: &Sysfs,
-        start: Instant,
-    ) -> anyhow::Result<Outcome> {
-        let agent_pid = std::process::id() as i32;
-        let mut managed = Managed { cgroup: None, root_pid: None };
+    /// Set-up, then the control loop until the workload ends, a signal arrives or the target
+    /// is taken away. Phases: [`Session::take_target`] (journal, guardian, cgroup) ->
+    /// yielders -> workload -> every period [`Session::apply`] and [`publish`].
+    fn run_inner(&mut self, ctx: &RunContext<'_>, mut consolidation: bool, retention: RetentionSetup) -> anyhow::Result<Outcome> {
+        let RunContext { target, cfg, opts, cpus, status, procfs, sysfs, start } = *ctx;
         let mut child_pid = None;
         let mut workload_start = Instant::now();
 
@@ -511,61 +552,7 @@ impl Session {
         if let Some(addr) = &cfg.metrics_addr {
             self.servers.push(report::serve_metrics(addr, Arc::clone(status))?);
         }
-
-        if consolidation {
-            let cgroups = self.cgroups.as_ref().context("cgroups vanished")?;
-            if let Target::Cgroup(p) = target {
-                // Before any change: a second agent on this cgroup stops here, having done nothing.
-                let cg = cgroups.open(p).map_err(|e| BadInput::new("--cgroup", p.display(), format!("an existing cpuset cgroup ({e})")))?;
-                if cg.exists() {
-                    self.locks.push(lock_managed(cg.path(), "--cgroup")?);
-                }
-            }
-            crate::seam::stop_at(crate::seam::BEFORE_JOURNAL);
-            let mut state = StateFile::create(&cfg.run_dir, agent_pid)?;
-            self.guardian = Some(Guardian::spawn(state.path())?);
-            if opts.status_socket {
-                self.servers.push(serve_status(cfg, status)?);
-            }
-            let fallback = own_cpuset_cgroup(cgroups, procfs, agent_pid)?;
-            match target {
-                Target::Command(_) | Target::Pid(_) => {
-                    let name = format!("gleaner-agent-{agent_pid}");
-                    let path = cgroups.root().join(&name);
-                    state.record(Change::CreatedCgroup { path: path.clone(), fallback: fallback.clone() })?;
-                    crate::seam::stop_at(crate::seam::JOURNALED);
-                    let cg = cgroups.create(Path::new(""), &name)?;
-                    self.locks.push(lock_managed(cg.path(), "cgroup")?);
-                    for dir in cg.enabled_cpuset_in() {
-                        state.record(Change::EnabledCpuset { dir: dir.clone() })?;
-                    }
-                    cg.set_cpus(cpus)?;
-                    if let Target::Pid(pid) = target {
-                        let pids = procfs.descendants(*pid, true).unwrap_or_default();
-                        for p in pids {
-                            let from = own_cpuset_cgroup(cgroups, procfs, p)?;
-                            state.record(Change::MovedProcess { pid: p, from, to: cg.path().to_path_buf() })?;
-                            cg.add_process(p).with_context(|| format!("moving pid {p} into {}", cg.path().display()))?;
-                        }
-                        managed.root_pid = Some(*pid);
-                    }
-                    managed.cgroup = Some(cg);
-                }
-                Target::System => unreachable!("no consolidation without a workload"),
-                Target::Cgroup(p) => {
-                    let cg =
-                        cgroups.open(p).map_err(|e| BadInput::new("--cgroup", p.display(), format!("an existing cpuset cgroup ({e})")))?;
-                    if !cg.exists() {
-                        return Err(BadInput::new("--cgroup", p.display(), "an existing cpuset cgroup").into());
-                    }
-                    let original = cg.cpus()?.to_string();
-                    state.record(Change::SetCpus { path: cg.path().to_path_buf(), original })?;
-                    cg.set_cpus(cpus)?;
-                    managed.cgroup = Some(cg);
-                }
-            }
-            self.state = Some(state);
-        }
+        let mut managed = if consolidation { self.take_target(ctx)? } else { Managed { cgroup: None, root_pid: None } };
 
         // Yielding threads first, so the workload has them from its first instruction (parked
         // if retention starts off: the governor may turn them on).
@@ -634,7 +621,9 @@ impl Session {
             }
             match target {
                 Target::Pid(pid) if !crate::state::alive(*pid) => break,
-                Target::Cgroup(_) if managed.cgroup.as_ref().is_some_and(|c| c.exists() && c.procs().map(|p| p.is_empty()).unwrap_or(true)) => {
+                Target::Cgroup(_)
+                    if managed.cgroup.as_ref().is_some_and(|c| c.exists() && c.procs().map(|p| p.is_empty()).unwrap_or(true)) =>
+                {
                     break
                 }
                 _ => {}
@@ -653,10 +642,7 @@ impl Session {
                     // The workload is ours to wait for: it runs on, unmanaged, and its exit
                     // status stays the run's.
                     eprintln!("gleaner: {what}; consolidation stopped, the workload runs on where it was moved");
-                    if let Ok(mut st) = status.lock() {
-                        st.consolidation = false;
-                        st.note = Some(what);
-                    }
+                    consolidation_stopped(status, what);
                 } else {
                     outcome.lost = Some(what);
                     break;
@@ -680,24 +666,13 @@ impl Session {
             };
             let active = CpuSet::from_iter(controller.active().iter().copied());
             if active != active_before {
-                if let Some(cg) = &managed.cgroup {
-                    match cg.set_cpus(&active) {
-                        Ok(()) if active.len() < active_before.len() => crate::seam::stop_at(crate::seam::AFTER_SHRINK),
-                        Ok(()) => {}
-                        Err(e) => {
-                            // Refused (a read-only file, a security module, a cpuset rule of
-                            // the parent): stop consolidating rather than retrying every period.
-                            let what = format!("writing CPUs {active} to {} was refused ({:#})", cg.path().display(), anyhow::Error::from(e));
-                            eprintln!("gleaner: {what}; consolidation stopped for the rest of this run, the workload keeps CPUs {cpus}");
-                            controller.reset();
-                            let _ = cg.set_cpus(cpus);
-                            consolidation = false;
-                            if let Ok(mut st) = status.lock() {
-                                st.consolidation = false;
-                                st.note = Some(what);
-                            }
-                        }
-                    }
+                if let Err(what) = managed.apply(&active, &active_before, cpus) {
+                    // Refused (a read-only file, a security module, a cpuset rule of the
+                    // parent): stop consolidating rather than retrying every period.
+                    eprintln!("gleaner: {what}; consolidation stopped for the rest of this run, the workload keeps CPUs {cpus}");
+                    controller.reset();
+                    consolidation = false;
+                    consolidation_stopped(status, what);
                 }
                 if let Some(y) = &self.yielders {
                     y.set_active(&CpuSet::from_iter(controller.active().iter().copied()));
@@ -768,45 +743,83 @@ impl Session {
             if let Ok(mut s) = status.lock() {
                 s.retention_mode = self.yielders.as_ref().map(|y| if y.retaining() { RetentionMode::On } else { RetentionMode::Off });
                 s.governor = governor.as_ref().map(RetentionGovernor::state);
-                for v in &extras.vcpus {
-                    match s.vcpu_timeouts.iter_mut().find(|t| t.cpu == v.cpu) {
-                        Some(t) => {
-                            t.timeout_ns = v.timeout_ns;
-                            t.grows += v.grows;
-                            t.shrinks += v.shrinks;
-                        }
-                        None => s.vcpu_timeouts.push(*v),
-                    }
-                }
                 s.active_cpus = controller.active().iter().copied().collect::<CpuSet>().to_string();
                 s.metrics = metrics;
-                s.periods += 1;
                 s.uptime_s = start.elapsed().as_secs_f64();
-                s.yields += extras.yields;
-                s.timeouts += extras.timeouts;
-                s.step_asides += extras.step_asides;
-                s.noise_returns += extras.noise_returns;
-                s.decisions += decisions.len() as u64;
-                s.yielder_cpu_ns += extras.yielder_run_ns;
-                s.threads = extras.threads;
-                for r in records
-                    .into_iter()
-                    .filter(|r| r.decision.is_some() || r.change.is_some_and(|c| c.cause == gleaner_policy::retention::ChangeCause::Switch))
-                {
-                    if s.recent.len() == RECENT {
-                        s.recent.pop_front();
-                    }
-                    s.recent.push_back(r);
-                }
+                s.add_period(&extras, decisions.len() as u64, records);
             }
         }
         // The last, partial period: what the run ended with and what the agent cost in all.
         if let Some(log) = &mut events {
             let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
             let active = CpuSet::from_iter(controller.active().iter().copied());
-            log.write(&EventRecord { agent_cpu_ns: self_cpu_ns(), ..EventRecord::new(t_ms, "exit", active.to_string(), controller.metrics()) })?;
+            log.write(&EventRecord {
+                agent_cpu_ns: self_cpu_ns(),
+                ..EventRecord::new(t_ms, "exit", active.to_string(), controller.metrics())
+            })?;
         }
         Ok(outcome)
+    }
+
+    /// Consolidation's set-up, each change journaled before it is made: the state file and its
+    /// guardian, the status socket, then the workload's cgroup (created, or the given one taken
+    /// over and locked).
+    fn take_target(&mut self, ctx: &RunContext<'_>) -> anyhow::Result<Managed> {
+        let RunContext { target, cfg, opts, cpus, status, procfs, .. } = *ctx;
+        let agent_pid = std::process::id() as i32;
+        let mut managed = Managed { cgroup: None, root_pid: None };
+        let cgroups = self.cgroups.as_ref().context("cgroups vanished")?;
+        if let Target::Cgroup(p) = target {
+            // Before any change: a second agent on this cgroup stops here, having done nothing.
+            let cg = cgroups.open(p).map_err(|e| BadInput::new("--cgroup", p.display(), format!("an existing cpuset cgroup ({e})")))?;
+            if cg.exists() {
+                self.locks.push(lock_managed(cg.path(), "--cgroup")?);
+            }
+        }
+        crate::seam::stop_at(crate::seam::BEFORE_JOURNAL);
+        let mut state = StateFile::create(&cfg.run_dir, agent_pid)?;
+        self.guardian = Some(Guardian::spawn(state.path())?);
+        if opts.status_socket {
+            self.servers.push(serve_status(cfg, status)?);
+        }
+        let fallback = own_cpuset_cgroup(cgroups, procfs, agent_pid)?;
+        match target {
+            Target::Command(_) | Target::Pid(_) => {
+                let name = format!("gleaner-agent-{agent_pid}");
+                let path = cgroups.root().join(&name);
+                state.record(Change::CreatedCgroup { path: path.clone(), fallback: fallback.clone() })?;
+                crate::seam::stop_at(crate::seam::JOURNALED);
+                let cg = cgroups.create(Path::new(""), &name)?;
+                self.locks.push(lock_managed(cg.path(), "cgroup")?);
+                for dir in cg.enabled_cpuset_in() {
+                    state.record(Change::EnabledCpuset { dir: dir.clone() })?;
+                }
+                cg.set_cpus(cpus)?;
+                if let Target::Pid(pid) = target {
+                    let pids = procfs.descendants(*pid, true).unwrap_or_default();
+                    for p in pids {
+                        let from = own_cpuset_cgroup(cgroups, procfs, p)?;
+                        state.record(Change::MovedProcess { pid: p, from, to: cg.path().to_path_buf() })?;
+                        cg.add_process(p).with_context(|| format!("moving pid {p} into {}", cg.path().display()))?;
+                    }
+                    managed.root_pid = Some(*pid);
+                }
+                managed.cgroup = Some(cg);
+            }
+            Target::System => unreachable!("no consolidation without a workload"),
+            Target::Cgroup(p) => {
+                let cg = cgroups.open(p).map_err(|e| BadInput::new("--cgroup", p.display(), format!("an existing cpuset cgroup ({e})")))?;
+                if !cg.exists() {
+                    return Err(BadInput::new("--cgroup", p.display(), "an existing cpuset cgroup").into());
+                }
+                let original = cg.cpus()?.to_string();
+                state.record(Change::SetCpus { path: cg.path().to_path_buf(), original })?;
+                cg.set_cpus(cpus)?;
+                managed.cgroup = Some(cg);
+            }
+        }
+        self.state = Some(state);
+        Ok(managed)
     }
 
     /// Undoes everything, in reverse order of setup. Runs on every exit path.

@@ -261,6 +261,40 @@ fn spawn_server<L: AsFd + Send + 'static, C>(
     Ok(Server { wake: Some(wake_tx), thread: Some(thread), socket: None })
 }
 
+impl StatusReport {
+    /// Adds one period's counts: yields, timeouts, decisions, yielder CPU, each vCPU's timeout
+    /// (grows and shrinks summed), and the decisions and retention switches among `records`
+    /// to the recent ones (at most [`RECENT`]).
+    pub fn add_period(&mut self, extras: &crate::sampler::PeriodExtras, decisions: u64, records: Vec<EventRecord>) {
+        for v in &extras.vcpus {
+            match self.vcpu_timeouts.iter_mut().find(|t| t.cpu == v.cpu) {
+                Some(t) => {
+                    t.timeout_ns = v.timeout_ns;
+                    t.grows += v.grows;
+                    t.shrinks += v.shrinks;
+                }
+                None => self.vcpu_timeouts.push(*v),
+            }
+        }
+        self.periods += 1;
+        self.yields += extras.yields;
+        self.timeouts += extras.timeouts;
+        self.step_asides += extras.step_asides;
+        self.noise_returns += extras.noise_returns;
+        self.decisions += decisions;
+        self.yielder_cpu_ns += extras.yielder_run_ns;
+        self.threads = extras.threads;
+        let kept =
+            |r: &EventRecord| r.decision.is_some() || r.change.is_some_and(|c| c.cause == gleaner_policy::retention::ChangeCause::Switch);
+        for r in records.into_iter().filter(kept) {
+            if self.recent.len() == RECENT {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(r);
+        }
+    }
+}
+
 /// The status socket of agent `pid` in `run_dir`.
 pub fn socket_path(run_dir: &Path, pid: i32) -> PathBuf {
     run_dir.join(format!("agent-{pid}.sock"))
@@ -271,8 +305,7 @@ pub fn serve_status(path: &Path, status: SharedStatus) -> anyhow::Result<Server>
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("chmod {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).with_context(|| format!("chmod {}", path.display()))?;
     listener.set_nonblocking(true)?;
     let accept = |l: &UnixListener| l.accept().map(|(c, _)| c);
     let mut server = spawn_server("gleaner-status", listener, accept, move |mut conn| {
@@ -294,8 +327,7 @@ pub fn query_all(run_dir: &Path) -> anyhow::Result<Vec<StatusReport>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
         Err(e) => return Err(e).with_context(|| format!("reading {}", run_dir.display())),
     };
-    let mut paths: Vec<PathBuf> =
-        entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "sock")).collect();
+    let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "sock")).collect();
     paths.sort();
     for p in paths {
         let Ok(mut s) = UnixStream::connect(&p) else { continue };
@@ -375,7 +407,12 @@ pub fn prometheus_text(s: &StatusReport) -> String {
     gauge(&mut reg, "g_comp_seconds", "Computation granularity", m.g_comp_ns.unwrap_or(f64::NAN) / 1e9);
     gauge(&mut reg, "l_idle_seconds", "Idle period length", m.l_idle_ns.unwrap_or(f64::NAN) / 1e9);
     gauge(&mut reg, "utilization_vcpus", "Workload utilization in vCPUs", m.util);
-    gauge(&mut reg, "retention_timeout_seconds", "Retention timeout (configured, or the cap of the adaptive ones)", s.timeout_us as f64 / 1e6);
+    gauge(
+        &mut reg,
+        "retention_timeout_seconds",
+        "Retention timeout (configured, or the cap of the adaptive ones)",
+        s.timeout_us as f64 / 1e6,
+    );
     gauge(&mut reg, "retention_on", "Retention on (1) or off (0) now", f64::from(u8::from(s.retention_mode == Some(RetentionMode::On))));
     let per_cpu: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>> = Family::default();
     for v in &s.vcpu_timeouts {
@@ -383,13 +420,28 @@ pub fn prometheus_text(s: &StatusReport) -> String {
     }
     reg.register("vcpu_retention_timeout_seconds", "Adaptive retention timeout of each vCPU's yielding thread", per_cpu);
     counter(&mut reg, "retention_timeout_grows", "Times a vCPU's adaptive timeout grew", s.vcpu_timeouts.iter().map(|v| v.grows).sum());
-    counter(&mut reg, "retention_timeout_shrinks", "Times a vCPU's adaptive timeout shrank", s.vcpu_timeouts.iter().map(|v| v.shrinks).sum());
-    counter(&mut reg, "retention_switches", "Times the governor switched retention's baseline mode", s.governor.map(|g| g.switches).unwrap_or(0));
+    counter(
+        &mut reg,
+        "retention_timeout_shrinks",
+        "Times a vCPU's adaptive timeout shrank",
+        s.vcpu_timeouts.iter().map(|v| v.shrinks).sum(),
+    );
+    counter(
+        &mut reg,
+        "retention_switches",
+        "Times the governor switched retention's baseline mode",
+        s.governor.map(|g| g.switches).unwrap_or(0),
+    );
     counter(&mut reg, "retention_probes", "Probe epochs the governor ran in the other mode", s.governor.map(|g| g.probes).unwrap_or(0));
     counter(&mut reg, "yields", "sched_yield calls of the yielding threads", s.yields);
     counter(&mut reg, "timeouts", "Retention timeouts", s.timeouts);
     counter(&mut reg, "step_asides", "Yielding threads stepping aside for a thread waiting on another vCPU", s.step_asides);
-    counter(&mut reg, "noise_yields", "Slow yields with no other task run (interrupts, host preemption): not counted as work", s.noise_returns);
+    counter(
+        &mut reg,
+        "noise_yields",
+        "Slow yields with no other task run (interrupts, host preemption): not counted as work",
+        s.noise_returns,
+    );
     counter(&mut reg, "decisions", "Controller decisions", s.decisions);
     counter(&mut reg, "periods", "Control periods", s.periods);
     gauge(&mut reg, "yielder_cpu_seconds", "CPU time of the yielding threads", s.yielder_cpu_ns as f64 / 1e9);
@@ -440,7 +492,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("e.jsonl");
         let mut log = EventLog::open(&p).unwrap();
-        let e = EventRecord { decision: Some(Decision::Deactivate { cpu: 1 }), ..EventRecord::new(5, "consolidate", "0".into(), Metrics::default()) };
+        let e = EventRecord {
+            decision: Some(Decision::Deactivate { cpu: 1 }),
+            ..EventRecord::new(5, "consolidate", "0".into(), Metrics::default())
+        };
         let period = EventRecord {
             count: Some(3),
             vcpus: Some(vec![VcpuTimeout { cpu: 0, timeout_ns: 20_000, grows: 1, shrinks: 0 }]),
@@ -449,7 +504,11 @@ mod tests {
         };
         let change = EventRecord {
             retention: Some(RetentionMode::On),
-            change: Some(ModeChange { from: RetentionMode::Off, to: RetentionMode::On, cause: gleaner_policy::retention::ChangeCause::Probe }),
+            change: Some(ModeChange {
+                from: RetentionMode::Off,
+                to: RetentionMode::On,
+                cause: gleaner_policy::retention::ChangeCause::Probe,
+            }),
             ..EventRecord::new(7, "retention", "0".into(), Metrics::default())
         };
         for r in [&e, &e, &period, &change] {
