@@ -251,9 +251,8 @@ impl Loadavg {
     pub fn runnable(&mut self) -> Result<u32> {
         let mut buf = [0u8; 128];
         let text = self.0.read(&mut buf)?;
-        parse_loadavg_runnable(text).ok_or_else(|| {
-            parse_err(&self.0.path, 1, format!("no 'R/T' fourth field in '{}'", String::from_utf8_lossy(text).trim()))
-        })
+        parse_loadavg_runnable(text)
+            .ok_or_else(|| parse_err(&self.0.path, 1, format!("no 'R/T' fourth field in '{}'", String::from_utf8_lossy(text).trim())))
     }
 }
 
@@ -273,7 +272,7 @@ impl SchedstatFile {
 }
 
 /// The runnable count of a `/proc/loadavg` text: the digits before '/' in the fourth field.
-fn parse_loadavg_runnable(text: &[u8]) -> Option<u32> {
+pub fn parse_loadavg_runnable(text: &[u8]) -> Option<u32> {
     let field = text.split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty()).nth(3)?;
     let slash = field.iter().position(|&b| b == b'/')?;
     std::str::from_utf8(&field[..slash]).ok()?.parse().ok()
@@ -729,13 +728,18 @@ pub fn parse_cgroup(path: &Path, text: &str) -> Result<Vec<CgroupLine>> {
     Ok(out)
 }
 
-/// Decodes the octal escapes (`\040` for space) mountinfo uses in paths.
+/// Decodes the octal escapes (`\040` for space) mountinfo uses in paths. A backslash not
+/// followed by three octal digits of a byte value (`\000`..=`\377`) is kept as it is.
 fn unescape_mount(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && (b'0'..=b'3').contains(&b[i + 1])
+            && b[i + 2..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -754,9 +758,7 @@ pub fn parse_mountinfo(path: &Path, text: &str) -> Result<Vec<MountInfo>> {
         if line.trim().is_empty() {
             continue;
         }
-        let (pre, post) = line
-            .split_once(" - ")
-            .ok_or_else(|| parse_err(path, i + 1, "no ' - ' separator before the filesystem type"))?;
+        let (pre, post) = line.split_once(" - ").ok_or_else(|| parse_err(path, i + 1, "no ' - ' separator before the filesystem type"))?;
         let pre: Vec<&str> = pre.split_whitespace().collect();
         let post: Vec<&str> = post.split_whitespace().collect();
         if pre.len() < 6 {

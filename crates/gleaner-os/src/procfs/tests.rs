@@ -130,7 +130,11 @@ fn task_files_valid() {
 fn task_files_malformed() {
     let (d, p) = fixture();
     write(d.path(), "42/task/43/schedstat", "12 x 3\n");
-    write(d.path(), "42/task/43/status", "Name:\tw\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\tmany\nnonvoluntary_ctxt_switches:\t7\n");
+    write(
+        d.path(),
+        "42/task/43/status",
+        "Name:\tw\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\tmany\nnonvoluntary_ctxt_switches:\t7\n",
+    );
     write(d.path(), "42/task/43/stat", "43 (short) S 1 2 3\n");
     assert!(matches!(p.task_schedstat(42, 43).unwrap_err(), OsError::Parse { .. }));
     assert!(matches!(p.task_status(42, 43).unwrap_err(), OsError::Parse { line: 3, .. }));
@@ -245,7 +249,11 @@ pub(crate) const MOUNTINFO_V1: &str = "22 1 254:0 / / rw,relatime - ext4 /dev/vd
 #[test]
 fn mountinfo_valid() {
     let (d, p) = fixture();
-    write(d.path(), "self/mountinfo", &format!("{MOUNTINFO_V1}50 22 0:40 /x /mnt/with\\040space rw shared:5 master:1 - fuse.sshfs user@host:/a\\040b rw,user_id=0\n"));
+    write(
+        d.path(),
+        "self/mountinfo",
+        &format!("{MOUNTINFO_V1}50 22 0:40 /x /mnt/with\\040space rw shared:5 master:1 - fuse.sshfs user@host:/a\\040b rw,user_id=0\n"),
+    );
     let m = p.mountinfo().unwrap();
     assert_eq!(m.len(), 6);
     assert_eq!(m[3].mount_point, PathBuf::from("/sys/fs/cgroup/cpuset"));
@@ -255,6 +263,17 @@ fn mountinfo_valid() {
     assert_eq!(m[5].mount_point, PathBuf::from("/mnt/with space"));
     assert_eq!(m[5].root, "/x");
     assert_eq!(m[5].source, "user@host:/a b");
+}
+
+/// Found by fuzzing (`cgroup_files`): `\777` overflowed the byte being decoded (a panic with
+/// overflow checks, a wrong byte without).
+#[test]
+fn mountinfo_escape_above_a_byte_is_kept_not_overflowed() {
+    let (d, p) = fixture();
+    write(d.path(), "self/mountinfo", "40 25 0:30 / /mnt/a\\777b\\101\\400 rw - tmpfs none\\1 rw\n");
+    let m = p.mountinfo().unwrap();
+    assert_eq!(m[0].mount_point, PathBuf::from("/mnt/a\\777bA\\400"));
+    assert_eq!(m[0].source, "none\\1");
 }
 
 #[test]
@@ -271,7 +290,11 @@ fn mountinfo_malformed_and_empty() {
 #[test]
 fn cpuinfo_and_kernel_cmdline() {
     let (d, p) = fixture();
-    write(d.path(), "cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme hypervisor\n\nprocessor\t: 1\nflags\t\t: other\n");
+    write(
+        d.path(),
+        "cpuinfo",
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme hypervisor\n\nprocessor\t: 1\nflags\t\t: other\n",
+    );
     assert_eq!(p.cpuinfo_flags().unwrap(), vec!["fpu", "vme", "hypervisor"]);
     write(d.path(), "cpuinfo", "processor\t: 0\nFeatures\t: fp asimd\n");
     assert_eq!(p.cpuinfo_flags().unwrap(), vec!["fp", "asimd"]);
@@ -477,7 +500,10 @@ fn open_status_and_stat_are_reread_whole_at_each_call() {
     let (d, p) = fixture();
     let status = |vcsw: u64, pad: usize| {
         // A status longer than the first 4 KiB buffer: the reader grows and reads again.
-        format!("Name:\tw\nState:\tS (sleeping)\nGroups:\t{}\nvoluntary_ctxt_switches:\t{vcsw}\nnonvoluntary_ctxt_switches:\t2\n", "1 ".repeat(pad))
+        format!(
+            "Name:\tw\nState:\tS (sleeping)\nGroups:\t{}\nvoluntary_ctxt_switches:\t{vcsw}\nnonvoluntary_ctxt_switches:\t2\n",
+            "1 ".repeat(pad)
+        )
     };
     write(d.path(), "7/task/8/status", &status(10, 0));
     let mut f = p.open_task_status(7, 8).unwrap();
