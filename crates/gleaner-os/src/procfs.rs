@@ -190,6 +190,17 @@ impl Reread {
         Ok(&buf[..n])
     }
 
+    /// The file's current text, which must be shorter than `buf` (a text that fills it may be
+    /// cut short, and a prefix could parse as a wrong value): `what` names the file in the error.
+    fn read_short<'b>(&self, buf: &'b mut [u8], what: &str) -> Result<&'b [u8]> {
+        let len = buf.len();
+        let text = self.read(buf)?;
+        if text.len() == len {
+            return Err(parse_err(&self.path, 1, format!("{len} bytes or more: longer than any {what}")));
+        }
+        Ok(text)
+    }
+
     /// The file's whole current text, read with one `pread` into `buf` (kept between reads),
     /// which grows and reads again while the text fills it.
     fn read_text<'b>(&self, buf: &'b mut Vec<u8>) -> Result<&'b str> {
@@ -250,7 +261,7 @@ impl Loadavg {
     /// numerator of the fourth field ("2/78"); it counts the calling thread.
     pub fn runnable(&mut self) -> Result<u32> {
         let mut buf = [0u8; 128];
-        let text = self.0.read(&mut buf)?;
+        let text = self.0.read_short(&mut buf, "loadavg")?;
         parse_loadavg_runnable(text)
             .ok_or_else(|| parse_err(&self.0.path, 1, format!("no 'R/T' fourth field in '{}'", String::from_utf8_lossy(text).trim())))
     }
@@ -265,7 +276,7 @@ impl SchedstatFile {
     /// The thread's run time, run-queue delay and timeslices now.
     pub fn read(&mut self) -> Result<SchedStat> {
         let mut buf = [0u8; 96];
-        let text = self.0.read(&mut buf)?;
+        let text = self.0.read_short(&mut buf, "schedstat line")?;
         let text = std::str::from_utf8(text).map_err(|_| parse_err(&self.0.path, 1, "not UTF-8"))?;
         parse_schedstat(&self.0.path, text)
     }
@@ -347,7 +358,7 @@ impl Procfs {
             Err(e) if crate::error::is_gone(&e) => return Err(OsError::Vanished { pid, tid: None }),
             Err(source) => return Err(OsError::Dir { op: "list", path: dir, source }),
         };
-        let mut tids: Vec<i32> = rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+        let mut tids: Vec<i32> = rd.filter_map(|e| id_of(e.ok()?.file_name().to_str()?)).collect();
         tids.sort_unstable();
         Ok(tids)
     }
@@ -383,7 +394,7 @@ impl Procfs {
     /// All process ids, increasing.
     pub fn pids(&self) -> Result<Vec<i32>> {
         let names = util::list_dir(&self.root)?;
-        let mut pids: Vec<i32> = names.iter().filter_map(|n| n.parse().ok()).filter(|&p: &i32| p > 0).collect();
+        let mut pids: Vec<i32> = names.iter().filter_map(|n| id_of(n)).collect();
         pids.sort_unstable();
         Ok(pids)
     }
@@ -565,6 +576,13 @@ impl Procfs {
         }
         Ok(0)
     }
+}
+
+/// The pid or tid a `/proc` directory is named after: a positive id in the kernel's own
+/// spelling (`42`, not `042` or `+42`), so that the path rebuilt from it names the same
+/// directory.
+fn id_of(name: &str) -> Option<i32> {
+    name.parse::<i32>().ok().filter(|&id| id > 0 && id.to_string() == name)
 }
 
 /// Parses `/proc/stat` text.

@@ -188,6 +188,20 @@ fn process_tree_with_children_files() {
     assert!(p.descendants(99, true).unwrap_err().is_vanished());
 }
 
+/// Found by fuzzing (`procfs_tasks`): a task directory `011` was listed as tid 11, whose
+/// rebuilt path `task/11` does not exist, so `children` (reading `task/011/children`) and
+/// `descendants` (which then found no children file and scanned parent pids) disagreed. Only
+/// the kernel's spelling of an id names a pid or tid.
+#[test]
+fn tasks_and_pids_take_only_canonical_ids() {
+    let (d, p) = fixture();
+    for dir in ["100/task/100", "100/task/011", "100/task/+7", "100/task/-3", "0100/task/1", "+5/task/5", "42/task/42"] {
+        fs::create_dir_all(d.path().join(dir)).unwrap();
+    }
+    assert_eq!(p.tasks(100).unwrap(), vec![100]);
+    assert_eq!(p.pids().unwrap(), vec![42, 100]);
+}
+
 #[test]
 fn process_tree_without_children_files() {
     // This machine's kernel lacks CONFIG_PROC_CHILDREN: the parent pid scan must work.
@@ -483,6 +497,26 @@ fn open_schedstat_malformed_and_empty_name_the_file() {
     let e = f.read().unwrap_err().to_string();
     assert!(e.contains("schedstat"), "{e}");
     assert!(p.open_task_schedstat(7, 9).unwrap_err().to_string().contains("task/9/schedstat"));
+}
+
+/// Found by fuzzing (`procfs_schedstat`): the kept-open readers read into a fixed buffer (96
+/// bytes for schedstat, 128 for loadavg) and parsed whatever fitted, so a longer text was cut:
+/// a wrong value, or a "not UTF-8" error for a character cut in two. Longer texts are refused.
+#[test]
+fn schedstat_and_loadavg_longer_than_the_buffer_are_refused_not_cut() {
+    let (d, p) = fixture();
+    let long = format!("1 2 {}345\n", " ".repeat(90));
+    write(d.path(), "7/task/8/schedstat", &long);
+    assert_eq!(p.task_schedstat(7, 8).unwrap().timeslices, 345);
+    let e = p.open_task_schedstat(7, 8).unwrap().read().unwrap_err().to_string();
+    assert!(e.contains("task/8/schedstat") && e.contains("longer than any schedstat line"), "{e}");
+    write(d.path(), "loadavg", &format!("0.00 0.30 2.03 {}12/78 16254\n", " ".repeat(120)));
+    let e = p.open_loadavg().unwrap().runnable().unwrap_err().to_string();
+    assert!(e.contains("loadavg") && e.contains("longer than any loadavg"), "{e}");
+    // The longest real lines still fit.
+    let max = format!("{m} {m} {m}\n", m = u64::MAX);
+    write(d.path(), "7/task/8/schedstat", &max);
+    assert_eq!(p.open_task_schedstat(7, 8).unwrap().read().unwrap().run_ns, u64::MAX);
 }
 
 #[test]
