@@ -43,17 +43,18 @@ pub struct CpuTimes {
 
 impl CpuTimes {
     /// Ticks spent doing work: user + nice + system + irq + softirq (guest time is part of
-    /// user/nice already; steal is neither busy nor idle).
+    /// user/nice already; steal is neither busy nor idle). The sums saturate at `u64::MAX`:
+    /// the counters come from the kernel (and some hypervisors have reported garbage steal).
     pub fn busy_ticks(&self) -> u64 {
-        self.user + self.nice + self.system + self.irq + self.softirq
+        [self.nice, self.system, self.irq, self.softirq].into_iter().fold(self.user, u64::saturating_add)
     }
     /// Ticks idle: idle + iowait.
     pub fn idle_ticks(&self) -> u64 {
-        self.idle + self.iowait
+        self.idle.saturating_add(self.iowait)
     }
     /// All ticks: busy + idle + steal.
     pub fn total_ticks(&self) -> u64 {
-        self.busy_ticks() + self.idle_ticks() + self.steal
+        self.busy_ticks().saturating_add(self.idle_ticks()).saturating_add(self.steal)
     }
     /// Busy time in ns at `clk_tck` ticks per second.
     pub fn busy_ns(&self, clk_tck: u64) -> u64 {

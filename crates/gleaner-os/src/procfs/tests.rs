@@ -60,6 +60,20 @@ fn stat_valid() {
     assert_eq!(s.cpus[&0].delta(&c1).user, 0, "delta saturates");
 }
 
+/// Found by fuzzing (`procfs_stat`): a counter near `u64::MAX` (`cpu 18446744073709551615 14
+/// ...`) overflowed the busy/idle/total sums (a panic with overflow checks, a tiny wrapped
+/// busy time without). They saturate.
+#[test]
+fn cpu_times_near_u64_max_saturate_not_overflow() {
+    let path = Path::new("/proc/stat");
+    let s = parse_stat(path, "cpu 18446744073709551615 14 542468 0 0\ncpu0 1 2 3 18446744073709551615 1\nctxt 5\n", 100).unwrap();
+    assert_eq!(s.total.busy_ticks(), u64::MAX);
+    assert_eq!(s.total.busy_ns(100), u64::MAX);
+    assert_eq!(s.cpus[&0].idle_ticks(), u64::MAX);
+    assert_eq!(s.cpus[&0].total_ticks(), u64::MAX);
+    assert_eq!(s.cpus[&0].busy_ticks(), 1 + 2 + 3);
+}
+
 #[test]
 fn stat_old_kernel_with_four_fields() {
     let (d, p) = fixture();
