@@ -111,7 +111,7 @@ for t in "${targets[@]}"; do
   # -timeout: one input taking longer is a hang (a crash); -rss_limit_mb: a tiny input must
   # not allocate gigabytes.
   TMPDIR="$fixtures" "$bindir/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 -artifact_prefix="$art/" "$new" "$seeds" >"$log" 2>&1 || rc=$?
+    -dict="$root/fuzz/numbers.dict" -print_final_stats=1 -artifact_prefix="$art/" "$new" "$seeds" >"$log" 2>&1 || rc=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   units=$(find "$new" -type f | wc -l)
