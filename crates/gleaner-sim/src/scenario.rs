@@ -556,7 +556,7 @@ impl Scenario {
         if h.pcpus == 0 || h.pcpus > 4096 {
             return Err(bad("host.pcpus", h.pcpus, "1..=4096"));
         }
-        if h.sockets == 0 || h.pcpus % h.sockets != 0 {
+        if h.sockets == 0 || !h.pcpus.is_multiple_of(h.sockets) {
             return Err(bad("host.sockets", h.sockets, format!("a divisor of host.pcpus ({})", h.pcpus)));
         }
         check_pos("host.slice_us", h.slice_us)?;
