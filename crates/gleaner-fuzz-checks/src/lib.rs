@@ -132,7 +132,8 @@ pub fn procfs_status(data: &[u8]) {
 }
 
 /// `/proc/<pid>/task/<tid>/schedstat` and `/proc/loadavg`: a parsed schedstat prints back to
-/// a line that parses the same; the kept-open readers agree with the plain parsers.
+/// a line that parses the same; the kept-open readers (fixed buffers of 96 and 128 bytes)
+/// agree with the plain parsers on texts that fit and refuse longer ones.
 pub fn procfs_schedstat(data: &[u8]) {
     let s = text(data);
     let r = procfs::parse_schedstat(Path::new(P), &s);
@@ -143,12 +144,18 @@ pub fn procfs_schedstat(data: &[u8]) {
     let runnable = procfs::parse_loadavg_runnable(data);
     let dir = fixture(&[("1/task/1/schedstat", data), ("loadavg", data)]);
     let p = Procfs::with_root(dir.path());
-    if std::str::from_utf8(data).is_ok() {
-        let kept = p.open_task_schedstat(1, 1).expect("the fixture exists").read();
+    let kept = p.open_task_schedstat(1, 1).expect("the fixture exists").read();
+    if data.len() >= 96 {
+        assert!(kept.is_err(), "{} bytes of schedstat read as {kept:?}", data.len());
+    } else if std::str::from_utf8(data).is_ok() {
         assert_eq!(kept.ok(), r.as_ref().ok().copied(), "kept-open schedstat vs parse of {s:?}");
     }
     let kept = p.open_loadavg().expect("the fixture exists").runnable();
-    assert_eq!(kept.ok(), runnable, "kept-open loadavg vs parse of {s:?}");
+    if data.len() >= 128 {
+        assert!(kept.is_err(), "{} bytes of loadavg read as {kept:?}", data.len());
+    } else {
+        assert_eq!(kept.ok(), runnable, "kept-open loadavg vs parse of {s:?}");
+    }
 }
 
 /// `/proc/<pid>/task/<tid>/stat` (`pid (comm) state ppid ...`): comm is the text between the
@@ -166,13 +173,15 @@ pub fn procfs_task_stat(data: &[u8]) {
 ///
 /// Input: one process per line, `PIDDIR PPID TID,TID,... [| CHILDREN...]`: the directory name
 /// of the process, the text of its stat line's ppid field, its task directory names, and the
-/// text of each task's `children` file (absent without `|`). The first line's process is
+/// text of each task's `children` file (absent without `|`; like the kernel, all tasks of a
+/// process have one or none, so a process's second line is skipped). The first line's process is
 /// queried: task ids are sorted numbers; children (minus itself) are among its descendants;
 /// the walk ends (cycles included); `tree_threads` lists only descendants' threads.
 pub fn procfs_tasks(data: &[u8]) {
     let s = text(data);
     let dir = tempfile::tempdir().expect("a temp dir (TMPDIR)");
     let mut first = None;
+    let mut seen = BTreeSet::new();
     for line in s.lines().take(32) {
         let (head, children) = match line.split_once('|') {
             Some((h, c)) => (h, Some(c)),
@@ -180,7 +189,7 @@ pub fn procfs_tasks(data: &[u8]) {
         };
         let mut it = head.split_whitespace();
         let (Some(pid), Some(ppid)) = (it.next(), it.next()) else { continue };
-        if !component(pid) {
+        if !component(pid) || !seen.insert(pid) {
             continue;
         }
         let tids: Vec<&str> = it.next().unwrap_or("").split(',').filter(|t| component(t)).take(16).collect();
