@@ -85,7 +85,7 @@ bin_args=()
 for t in "${targets[@]}"; do
   bin_args+=(--bin "$t")
 done
-cargo build --locked --release --manifest-path fuzz/Cargo.toml --target "$triple" "${bin_args[@]}"
+cargo build --release --manifest-path fuzz/Cargo.toml --target "$triple" "${bin_args[@]}"
 echo "== fuzz: build took $(($(date +%s) - build_start)) s"
 [ "$mode" = build ] && exit 0
 bindir="$root/fuzz/target/$triple/release"

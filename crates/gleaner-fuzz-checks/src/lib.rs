@@ -236,9 +236,9 @@ pub fn procfs_tasks(data: &[u8]) {
     }
 }
 
-/// A path component a fixture can hold.
+/// A path component a fixture can hold (at most NAME_MAX = 255 bytes).
 fn component(s: &str) -> bool {
-    !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\0'])
+    !s.is_empty() && s.len() <= 255 && s != "." && s != ".." && !s.contains(['/', '\0'])
 }
 
 /// A temp dir with `files` (path relative to it, content).
