@@ -61,9 +61,10 @@ pub struct RunMetrics {
 }
 
 impl RunMetrics {
-    /// User + system CPU time, ns (the cycle proxy of `bench overhead`).
+    /// User + system CPU time, ns (the cycle proxy of `bench overhead`); saturates (documents
+    /// read back from a guest's output can hold any number).
     pub fn cpu_ns(&self) -> u64 {
-        self.user_ns + self.sys_ns
+        self.user_ns.saturating_add(self.sys_ns)
     }
 }
 
@@ -96,14 +97,7 @@ impl SystemMeter {
     pub fn start(procfs: &Procfs, sysfs: &Sysfs, cpus: &CpuSet) -> anyhow::Result<SystemMeter> {
         let idle_entries = sysfs.total_idle_entries(cpus).context("reading cpuidle counters")?;
         let stat = procfs.stat().context("reading CPU times")?;
-        Ok(SystemMeter {
-            procfs: procfs.clone(),
-            sysfs: sysfs.clone(),
-            cpus: cpus.clone(),
-            started: Instant::now(),
-            stat,
-            idle_entries,
-        })
+        Ok(SystemMeter { procfs: procfs.clone(), sysfs: sysfs.clone(), cpus: cpus.clone(), started: Instant::now(), stat, idle_entries })
     }
 
     /// When the measurement started.
@@ -217,11 +211,7 @@ fn cpu_count(cpus: &CpuSet) -> u32 {
 
 /// The CPUs this process may run on (its affinity), falling back to all online CPUs.
 pub fn allowed_cpu_set() -> CpuSet {
-    sched::affinity(0)
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| Sysfs::new().online_cpus().ok())
-        .unwrap_or_else(|| CpuSet::first_n(1))
+    sched::affinity(0).ok().filter(|s| !s.is_empty()).or_else(|| Sysfs::new().online_cpus().ok()).unwrap_or_else(|| CpuSet::first_n(1))
 }
 
 /// [`allowed_cpu_set`] as a list.
@@ -236,6 +226,16 @@ pub fn pin_current_thread(cpu: u32) -> gleaner_os::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    /// Found with the `bench_json` fuzz target: a bench document whose run has `user_ns` near
+    /// `u64::MAX` overflowed `cpu_ns` when the lab filled its result row (a panic with overflow
+    /// checks, a tiny wrapped CPU time without).
+    #[test]
+    fn cpu_ns_of_huge_user_and_sys_times_saturates_not_overflows() {
+        let r = super::RunMetrics { user_ns: u64::MAX, sys_ns: 5, ..Default::default() };
+        assert_eq!(r.cpu_ns(), u64::MAX);
+        assert_eq!(super::RunMetrics { user_ns: 7, sys_ns: 5, ..Default::default() }.cpu_ns(), 12);
+    }
+
     use super::*;
     use gleaner_os::procfs::CpuTimes;
 

@@ -44,15 +44,19 @@ impl HostConfig {
         };
         let text = match std::fs::read_to_string(&p) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must => {
-                return Ok(Loaded { config: HostConfig::default(), path: None })
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must => return Ok(Loaded { config: HostConfig::default(), path: None }),
             Err(e) => return Err(e).with_context(|| format!("cannot read config {}", p.display())),
         };
-        let config: HostConfig = toml::from_str(&text)
-            .map_err(|e| gleaner_os::BadInput::new("config file", p.display(), format!("valid TOML: {e}")))?;
-        config.quanta.validate().map_err(|e| gleaner_os::BadInput::new("config file", p.display(), e.to_string()))?;
+        let config = Self::parse(&text, &p)?;
         Ok(Loaded { config, path: Some(p) })
+    }
+
+    /// Parses and validates the TOML text of the file at `path` (named in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<HostConfig, gleaner_os::BadInput> {
+        let config: HostConfig =
+            toml::from_str(text).map_err(|e| gleaner_os::BadInput::new("config file", path.display(), format!("valid TOML: {e}")))?;
+        config.quanta.validate().map_err(|e| gleaner_os::BadInput::new("config file", path.display(), e.to_string()))?;
+        Ok(config)
     }
 
     pub fn save(&self, path: &Path) -> anyhow::Result<()> {

@@ -21,9 +21,7 @@ pub struct TaskIo {
 fn read_proc(path: &Path, pid: i32, tid: Option<i32>) -> Result<String, OsError> {
     match std::fs::read(path) {
         Ok(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => {
-            Err(OsError::Vanished { pid, tid })
-        }
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => Err(OsError::Vanished { pid, tid }),
         Err(source) => Err(OsError::Read { path: path.to_path_buf(), source }),
     }
 }
@@ -47,9 +45,8 @@ pub fn parse_task_io(path: &Path, text: &str) -> Result<TaskIo, OsError> {
         })?;
         m.insert(k.trim().to_string(), v);
     }
-    let get = |k: &str| {
-        m.get(k).copied().ok_or_else(|| OsError::Parse { path: path.to_path_buf(), line: 0, reason: format!("no '{k}' field") })
-    };
+    let get =
+        |k: &str| m.get(k).copied().ok_or_else(|| OsError::Parse { path: path.to_path_buf(), line: 0, reason: format!("no '{k}' field") });
     Ok(TaskIo { syscr: get("syscr")?, syscw: get("syscw")?, rchar: get("rchar")?, wchar: get("wchar")? })
 }
 
@@ -166,7 +163,7 @@ impl Default for CpuTopo {
     }
 }
 
-/// `32K`, `8192K`, `16M` -> bytes.
+/// `32K`, `8192K`, `16M` -> bytes; `None` when malformed or beyond `u64`.
 pub fn parse_size(s: &str) -> Option<u64> {
     let (num, mul) = match s.chars().last()? {
         'K' | 'k' => (&s[..s.len() - 1], 1024),
@@ -174,7 +171,7 @@ pub fn parse_size(s: &str) -> Option<u64> {
         'G' | 'g' => (&s[..s.len() - 1], 1024 * 1024 * 1024),
         _ => (s, 1),
     };
-    num.trim().parse::<u64>().ok().map(|n| n * mul)
+    num.trim().parse::<u64>().ok()?.checked_mul(mul)
 }
 
 #[cfg(test)]
@@ -214,5 +211,15 @@ mod tests {
         assert!(t.package_id(1).is_err());
         assert_eq!(parse_size("8M"), Some(8 << 20));
         assert_eq!(parse_size(""), None);
+    }
+
+    /// Found by fuzzing (`host_procfs`): `77777777777777G` overflowed the multiplication (a
+    /// panic with overflow checks, a wrapped size without).
+    #[test]
+    fn cache_size_beyond_u64_is_refused_not_wrapped() {
+        assert_eq!(parse_size("77777777777777G"), None);
+        assert_eq!(parse_size("18014398509481984K"), None);
+        assert_eq!(parse_size("18014398509481983K"), Some(18_014_398_509_481_983 * 1024));
+        assert_eq!(parse_size("18446744073709551615"), Some(u64::MAX));
     }
 }

@@ -22,19 +22,25 @@ pub trait VcpuQueries {
 impl VcpuQueries for Qmp {
     fn cpu_threads(&mut self) -> Result<BTreeMap<String, i32>, QmpError> {
         let r = self.execute("query-cpus-fast", None)?;
-        let mut out = BTreeMap::new();
-        for c in r.as_array().into_iter().flatten() {
-            if let (Some(p), Some(t)) = (c["qom-path"].as_str(), c["thread-id"].as_i64()) {
-                out.insert(p.to_string(), i32::try_from(t).unwrap_or(-1));
-            }
-        }
-        Ok(out)
+        Ok(parse_cpu_threads(&r))
     }
 
     fn vcpu_stats(&mut self, threads: &BTreeMap<String, i32>) -> Result<BTreeMap<i32, BTreeMap<String, u64>>, QmpError> {
         let r = self.execute("query-stats", Some(json!({ "target": "vcpu" })))?;
         Ok(parse_vcpu_stats(&r, threads))
     }
+}
+
+/// Parses a `query-cpus-fast` reply (`[{qom-path, thread-id, ...}]`): QOM path -> thread id
+/// (-1 when the id does not fit a tid).
+pub fn parse_cpu_threads(r: &Value) -> BTreeMap<String, i32> {
+    let mut out = BTreeMap::new();
+    for c in r.as_array().into_iter().flatten() {
+        if let (Some(p), Some(t)) = (c["qom-path"].as_str(), c["thread-id"].as_i64()) {
+            out.insert(p.to_string(), i32::try_from(t).unwrap_or(-1));
+        }
+    }
+    out
 }
 
 /// Parses a `query-stats` reply (`[{provider, qom-path, stats: [{name, value}]}]`); only

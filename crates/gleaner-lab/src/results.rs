@@ -81,7 +81,8 @@ pub struct AgentSummary {
 }
 
 impl AgentSummary {
-    /// Reads the agent's `--events` JSON lines.
+    /// Reads the agent's `--events` JSON lines (a guest's output: counts saturate rather than
+    /// overflow).
     pub fn from_events(text: &str) -> Self {
         let mut s = Self::default();
         let (mut last_t_ms, mut weighted, mut total_ms, mut active_sum) = (0u64, 0.0, 0u64, 0usize);
@@ -97,15 +98,15 @@ impl AgentSummary {
                 "consolidate" => s.consolidations += 1,
                 "restore" => s.restores += 1,
                 "reset" => s.resets += 1,
-                "timeout" => s.timeouts += e.count.unwrap_or(0),
+                "timeout" => s.timeouts = s.timeouts.saturating_add(e.count.unwrap_or(0)),
                 "period" => {
                     s.periods += 1;
-                    s.timeouts += e.count.unwrap_or(0);
+                    s.timeouts = s.timeouts.saturating_add(e.count.unwrap_or(0));
                     let ms = e.t_ms.saturating_sub(last_t_ms);
                     last_t_ms = e.t_ms;
                     weighted += active as f64 * ms as f64;
-                    total_ms += ms;
-                    active_sum += active;
+                    total_ms = total_ms.saturating_add(ms);
+                    active_sum = active_sum.saturating_add(active);
                     if let Some(mode) = e.retention {
                         governed_periods += 1;
                         on_periods += u64::from(mode == RetentionMode::On);
@@ -113,8 +114,8 @@ impl AgentSummary {
                     for v in e.vcpus.iter().flatten() {
                         match s.vcpu_timeouts.iter_mut().find(|t| t.cpu == v.cpu) {
                             Some(t) => {
-                                *t =
-                                    VcpuTimeout { timeout_ns: v.timeout_ns, grows: t.grows + v.grows, shrinks: t.shrinks + v.shrinks, ..*t }
+                                let (grows, shrinks) = (t.grows.saturating_add(v.grows), t.shrinks.saturating_add(v.shrinks));
+                                *t = VcpuTimeout { timeout_ns: v.timeout_ns, grows, shrinks, ..*t }
                             }
                             None => s.vcpu_timeouts.push(*v),
                         }
@@ -633,6 +634,33 @@ mod tests {
         assert_eq!((s.events, s.bad_lines, s.consolidations, s.restores, s.resets, s.timeouts), (4, 1, 1, 1, 1, 5));
         assert_eq!((s.min_active, s.last_active), (Some(1), Some(2)));
         assert_eq!(AgentSummary::from_events(""), AgentSummary::default());
+    }
+
+    /// Found with the `lab_guest_port` fuzz target: counts near `u64::MAX` in a guest's event
+    /// lines overflowed the sums (a panic with overflow checks, wrapped totals without).
+    #[test]
+    fn agent_event_counts_near_u64_max_saturate_not_overflow() {
+        let m = |active| gleaner_policy::gleaner::Metrics { active, ..Default::default() };
+        let vcpu = VcpuTimeout { cpu: 0, timeout_ns: 1, grows: u64::MAX, shrinks: u64::MAX };
+        let period = |t_ms| EventRecord {
+            count: Some(u64::MAX),
+            vcpus: Some(vec![vcpu]),
+            ..EventRecord::new(t_ms, "period", String::new(), m(usize::MAX))
+        };
+        let lines = [
+            period(u64::MAX),
+            period(0),
+            period(u64::MAX),
+            EventRecord { count: Some(3), ..EventRecord::new(1, "timeout", String::new(), m(1)) },
+        ]
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+        let s = AgentSummary::from_events(&lines);
+        assert_eq!((s.events, s.periods, s.timeouts), (4, 3, u64::MAX));
+        assert_eq!((s.vcpu_timeouts[0].grows, s.vcpu_timeouts[0].shrinks), (u64::MAX, u64::MAX));
+        assert!(s.mean_active.is_some_and(f64::is_finite), "{:?}", s.mean_active);
     }
 
     #[test]

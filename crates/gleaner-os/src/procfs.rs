@@ -43,17 +43,18 @@ pub struct CpuTimes {
 
 impl CpuTimes {
     /// Ticks spent doing work: user + nice + system + irq + softirq (guest time is part of
-    /// user/nice already; steal is neither busy nor idle).
+    /// user/nice already; steal is neither busy nor idle). The sums saturate at `u64::MAX`:
+    /// the counters come from the kernel (and some hypervisors have reported garbage steal).
     pub fn busy_ticks(&self) -> u64 {
-        self.user + self.nice + self.system + self.irq + self.softirq
+        [self.nice, self.system, self.irq, self.softirq].into_iter().fold(self.user, u64::saturating_add)
     }
     /// Ticks idle: idle + iowait.
     pub fn idle_ticks(&self) -> u64 {
-        self.idle + self.iowait
+        self.idle.saturating_add(self.iowait)
     }
     /// All ticks: busy + idle + steal.
     pub fn total_ticks(&self) -> u64 {
-        self.busy_ticks() + self.idle_ticks() + self.steal
+        self.busy_ticks().saturating_add(self.idle_ticks()).saturating_add(self.steal)
     }
     /// Busy time in ns at `clk_tck` ticks per second.
     pub fn busy_ns(&self, clk_tck: u64) -> u64 {
@@ -190,6 +191,17 @@ impl Reread {
         Ok(&buf[..n])
     }
 
+    /// The file's current text, which must be shorter than `buf` (a text that fills it may be
+    /// cut short, and a prefix could parse as a wrong value): `what` names the file in the error.
+    fn read_short<'b>(&self, buf: &'b mut [u8], what: &str) -> Result<&'b [u8]> {
+        let len = buf.len();
+        let text = self.read(buf)?;
+        if text.len() == len {
+            return Err(parse_err(&self.path, 1, format!("{len} bytes or more: longer than any {what}")));
+        }
+        Ok(text)
+    }
+
     /// The file's whole current text, read with one `pread` into `buf` (kept between reads),
     /// which grows and reads again while the text fills it.
     fn read_text<'b>(&self, buf: &'b mut Vec<u8>) -> Result<&'b str> {
@@ -250,10 +262,9 @@ impl Loadavg {
     /// numerator of the fourth field ("2/78"); it counts the calling thread.
     pub fn runnable(&mut self) -> Result<u32> {
         let mut buf = [0u8; 128];
-        let text = self.0.read(&mut buf)?;
-        parse_loadavg_runnable(text).ok_or_else(|| {
-            parse_err(&self.0.path, 1, format!("no 'R/T' fourth field in '{}'", String::from_utf8_lossy(text).trim()))
-        })
+        let text = self.0.read_short(&mut buf, "loadavg")?;
+        parse_loadavg_runnable(text)
+            .ok_or_else(|| parse_err(&self.0.path, 1, format!("no 'R/T' fourth field in '{}'", String::from_utf8_lossy(text).trim())))
     }
 }
 
@@ -266,14 +277,14 @@ impl SchedstatFile {
     /// The thread's run time, run-queue delay and timeslices now.
     pub fn read(&mut self) -> Result<SchedStat> {
         let mut buf = [0u8; 96];
-        let text = self.0.read(&mut buf)?;
+        let text = self.0.read_short(&mut buf, "schedstat line")?;
         let text = std::str::from_utf8(text).map_err(|_| parse_err(&self.0.path, 1, "not UTF-8"))?;
         parse_schedstat(&self.0.path, text)
     }
 }
 
 /// The runnable count of a `/proc/loadavg` text: the digits before '/' in the fourth field.
-fn parse_loadavg_runnable(text: &[u8]) -> Option<u32> {
+pub fn parse_loadavg_runnable(text: &[u8]) -> Option<u32> {
     let field = text.split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty()).nth(3)?;
     let slash = field.iter().position(|&b| b == b'/')?;
     std::str::from_utf8(&field[..slash]).ok()?.parse().ok()
@@ -348,7 +359,7 @@ impl Procfs {
             Err(e) if crate::error::is_gone(&e) => return Err(OsError::Vanished { pid, tid: None }),
             Err(source) => return Err(OsError::Dir { op: "list", path: dir, source }),
         };
-        let mut tids: Vec<i32> = rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
+        let mut tids: Vec<i32> = rd.filter_map(|e| id_of(e.ok()?.file_name().to_str()?)).collect();
         tids.sort_unstable();
         Ok(tids)
     }
@@ -384,7 +395,7 @@ impl Procfs {
     /// All process ids, increasing.
     pub fn pids(&self) -> Result<Vec<i32>> {
         let names = util::list_dir(&self.root)?;
-        let mut pids: Vec<i32> = names.iter().filter_map(|n| n.parse().ok()).filter(|&p: &i32| p > 0).collect();
+        let mut pids: Vec<i32> = names.iter().filter_map(|n| id_of(n)).collect();
         pids.sort_unstable();
         Ok(pids)
     }
@@ -568,6 +579,13 @@ impl Procfs {
     }
 }
 
+/// The pid or tid a `/proc` directory is named after: a positive id in the kernel's own
+/// spelling (`42`, not `042` or `+42`), so that the path rebuilt from it names the same
+/// directory.
+fn id_of(name: &str) -> Option<i32> {
+    name.parse::<i32>().ok().filter(|&id| id > 0 && id.to_string() == name)
+}
+
 /// Parses `/proc/stat` text.
 pub fn parse_stat(path: &Path, text: &str, clk_tck: u64) -> Result<ProcStat> {
     let mut out = ProcStat { clk_tck, ..ProcStat::default() };
@@ -729,13 +747,18 @@ pub fn parse_cgroup(path: &Path, text: &str) -> Result<Vec<CgroupLine>> {
     Ok(out)
 }
 
-/// Decodes the octal escapes (`\040` for space) mountinfo uses in paths.
+/// Decodes the octal escapes (`\040` for space) mountinfo uses in paths. A backslash not
+/// followed by three octal digits of a byte value (`\000`..=`\377`) is kept as it is.
 fn unescape_mount(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && (b'0'..=b'3').contains(&b[i + 1])
+            && b[i + 2..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -754,9 +777,7 @@ pub fn parse_mountinfo(path: &Path, text: &str) -> Result<Vec<MountInfo>> {
         if line.trim().is_empty() {
             continue;
         }
-        let (pre, post) = line
-            .split_once(" - ")
-            .ok_or_else(|| parse_err(path, i + 1, "no ' - ' separator before the filesystem type"))?;
+        let (pre, post) = line.split_once(" - ").ok_or_else(|| parse_err(path, i + 1, "no ' - ' separator before the filesystem type"))?;
         let pre: Vec<&str> = pre.split_whitespace().collect();
         let post: Vec<&str> = post.split_whitespace().collect();
         if pre.len() < 6 {

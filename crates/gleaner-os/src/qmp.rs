@@ -34,8 +34,14 @@ impl Qmp {
     /// Connects to `path` and negotiates capabilities; every read and write waits at most
     /// `timeout`.
     pub fn connect(path: &Path, timeout: Duration) -> Result<Qmp, QmpError> {
+        let s = UnixStream::connect(path).map_err(|source| QmpError::Io { path: path.to_path_buf(), source })?;
+        Self::from_stream(s, path, timeout)
+    }
+
+    /// Negotiates capabilities on an already connected stream (`path` names it in errors);
+    /// every read and write waits at most `timeout`.
+    pub fn from_stream(s: UnixStream, path: &Path, timeout: Duration) -> Result<Qmp, QmpError> {
         let io = |source| QmpError::Io { path: path.to_path_buf(), source };
-        let s = UnixStream::connect(path).map_err(io)?;
         s.set_read_timeout(Some(timeout)).map_err(io)?;
         s.set_write_timeout(Some(timeout)).map_err(io)?;
         let writer = s.try_clone().map_err(io)?;

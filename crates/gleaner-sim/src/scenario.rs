@@ -499,9 +499,7 @@ pub fn apply_override(doc: &mut toml::Value, key: &str, value: toml::Value) -> a
                 t.entry((*part).to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()))
             }
             toml::Value::Array(a) => {
-                let idx: usize = part
-                    .parse()
-                    .map_err(|_| bad(format!("override key {key}"), part, "an array index (e.g. vm.0.vcpus)"))?;
+                let idx: usize = part.parse().map_err(|_| bad(format!("override key {key}"), part, "an array index (e.g. vm.0.vcpus)"))?;
                 let len = a.len();
                 let slot = a.get_mut(idx).ok_or_else(|| bad(format!("override key {key}"), idx, format!("0..{len}")))?;
                 if last {
@@ -532,9 +530,9 @@ pub fn expand_cases(text: &str, origin: &str) -> anyhow::Result<Vec<(String, Sce
         for (k, v) in &case.set {
             apply_override(&mut d, k, v.clone())?;
         }
-        let sc: Scenario = d
-            .try_into()
-            .map_err(|e: toml::de::Error| bad(format!("case {} of {origin}", case.name), e.message().trim(), "the keys documented in docs/sim.md"))?;
+        let sc: Scenario = d.try_into().map_err(|e: toml::de::Error| {
+            bad(format!("case {} of {origin}", case.name), e.message().trim(), "the keys documented in docs/sim.md")
+        })?;
         sc.validate().map_err(|e| e.context(format!("case {}", case.name)))?;
         out.push((case.name.clone(), sc));
     }
@@ -565,16 +563,13 @@ impl Scenario {
         let c = &self.costs;
         let vm_t2 = match &c.bench_json {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| bad("costs.bench_json", p.display(), format!("a readable file ({e})")))?;
+                let text =
+                    std::fs::read_to_string(p).map_err(|e| bad("costs.bench_json", p.display(), format!("a readable file ({e})")))?;
                 table2_from_bench_json(&text, &p.display().to_string())?
             }
             None => c.vm,
         };
-        Ok((
-            Costs::from_table2(&vm_t2, c.ipi_send_us, c.poll_wake_us, c.ple_exit_us),
-            Costs::from_table2(&c.pm, 0.0, 0.0, 0.0),
-        ))
+        Ok((Costs::from_table2(&vm_t2, c.ipi_send_us, c.poll_wake_us, c.ple_exit_us), Costs::from_table2(&c.pm, 0.0, 0.0, 0.0)))
     }
 
     /// Resolves a VM's workload (built-in or from this file).
@@ -600,7 +595,7 @@ impl Scenario {
         if h.pcpus == 0 || h.pcpus > 4096 {
             return Err(bad("host.pcpus", h.pcpus, "1..=4096"));
         }
-        if h.sockets == 0 || h.pcpus % h.sockets != 0 {
+        if h.sockets == 0 || !h.pcpus.is_multiple_of(h.sockets) {
             return Err(bad("host.sockets", h.sockets, format!("a divisor of host.pcpus ({})", h.pcpus)));
         }
         check_pos("host.slice_us", h.slice_us)?;
@@ -637,7 +632,7 @@ impl Scenario {
             if vm.vcpus == 0 || vm.vcpus > 4096 {
                 return Err(bad(k("vcpus"), vm.vcpus, "1..=4096"));
             }
-            if vm.pin && vm.pin_offset + vm.vcpus > h.pcpus {
+            if vm.pin && vm.pin_offset.saturating_add(vm.vcpus) > h.pcpus {
                 return Err(bad(
                     k("vcpus"),
                     vm.vcpus,
@@ -647,11 +642,7 @@ impl Scenario {
             check_pos(&k("scale"), vm.scale)?;
             let w = self.workload_of(vm)?;
             if w.runs_forever && !vm.background && self.duration_ms.is_none() {
-                return Err(bad(
-                    k("background"),
-                    false,
-                    format!("true (workload {} never ends), or set duration_ms", vm.workload),
-                ));
+                return Err(bad(k("background"), false, format!("true (workload {} never ends), or set duration_ms", vm.workload)));
             }
         }
         if vms.iter().all(|v| v.background) && self.duration_ms.is_none() {
@@ -723,6 +714,16 @@ mod tests {
         let b = err_of(&MIN.replace("scale = 0.1", "scale = 0.1\npin = true").replace("vcpus = 4", "vcpus = 8"));
         assert_eq!(b.what, "vm.a.vcpus");
         assert!(b.allowed.contains("at most"));
+    }
+
+    /// Found with the `sim_scenario` fuzz target: `pin_offset = 4294967295` overflowed the pinning
+    /// check (a panic with overflow checks; without, `u32::MAX + 4` wrapped to 3 and passed, so
+    /// vCPUs were pinned to pCPUs that do not exist).
+    #[test]
+    fn pin_offset_near_u32_max_is_refused_not_wrapped() {
+        let b = err_of(&MIN.replace("scale = 0.1", "scale = 0.1\npin = true\npin_offset = 4294967295"));
+        assert_eq!((b.what.as_str(), b.value.as_str()), ("vm.a.vcpus", "4"));
+        assert!(b.allowed.contains("pin_offset = 0"), "{b}");
     }
 
     #[test]

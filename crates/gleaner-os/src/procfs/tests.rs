@@ -60,6 +60,20 @@ fn stat_valid() {
     assert_eq!(s.cpus[&0].delta(&c1).user, 0, "delta saturates");
 }
 
+/// Found by fuzzing (`procfs_stat`): a counter near `u64::MAX` (`cpu 18446744073709551615 14
+/// ...`) overflowed the busy/idle/total sums (a panic with overflow checks, a tiny wrapped
+/// busy time without). They saturate.
+#[test]
+fn cpu_times_near_u64_max_saturate_not_overflow() {
+    let path = Path::new("/proc/stat");
+    let s = parse_stat(path, "cpu 18446744073709551615 14 542468 0 0\ncpu0 1 2 3 18446744073709551615 1\nctxt 5\n", 100).unwrap();
+    assert_eq!(s.total.busy_ticks(), u64::MAX);
+    assert_eq!(s.total.busy_ns(100), u64::MAX);
+    assert_eq!(s.cpus[&0].idle_ticks(), u64::MAX);
+    assert_eq!(s.cpus[&0].total_ticks(), u64::MAX);
+    assert_eq!(s.cpus[&0].busy_ticks(), 1 + 2 + 3);
+}
+
 #[test]
 fn stat_old_kernel_with_four_fields() {
     let (d, p) = fixture();
@@ -130,7 +144,11 @@ fn task_files_valid() {
 fn task_files_malformed() {
     let (d, p) = fixture();
     write(d.path(), "42/task/43/schedstat", "12 x 3\n");
-    write(d.path(), "42/task/43/status", "Name:\tw\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\tmany\nnonvoluntary_ctxt_switches:\t7\n");
+    write(
+        d.path(),
+        "42/task/43/status",
+        "Name:\tw\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\tmany\nnonvoluntary_ctxt_switches:\t7\n",
+    );
     write(d.path(), "42/task/43/stat", "43 (short) S 1 2 3\n");
     assert!(matches!(p.task_schedstat(42, 43).unwrap_err(), OsError::Parse { .. }));
     assert!(matches!(p.task_status(42, 43).unwrap_err(), OsError::Parse { line: 3, .. }));
@@ -182,6 +200,20 @@ fn process_tree_with_children_files() {
     write(d.path(), "20/task/20/children", "x");
     assert!(matches!(p.children(20).unwrap_err(), OsError::Parse { .. }));
     assert!(p.descendants(99, true).unwrap_err().is_vanished());
+}
+
+/// Found by fuzzing (`procfs_tasks`): a task directory `011` was listed as tid 11, whose
+/// rebuilt path `task/11` does not exist, so `children` (reading `task/011/children`) and
+/// `descendants` (which then found no children file and scanned parent pids) disagreed. Only
+/// the kernel's spelling of an id names a pid or tid.
+#[test]
+fn tasks_and_pids_take_only_canonical_ids() {
+    let (d, p) = fixture();
+    for dir in ["100/task/100", "100/task/011", "100/task/+7", "100/task/-3", "0100/task/1", "+5/task/5", "42/task/42"] {
+        fs::create_dir_all(d.path().join(dir)).unwrap();
+    }
+    assert_eq!(p.tasks(100).unwrap(), vec![100]);
+    assert_eq!(p.pids().unwrap(), vec![42, 100]);
 }
 
 #[test]
@@ -245,7 +277,11 @@ pub(crate) const MOUNTINFO_V1: &str = "22 1 254:0 / / rw,relatime - ext4 /dev/vd
 #[test]
 fn mountinfo_valid() {
     let (d, p) = fixture();
-    write(d.path(), "self/mountinfo", &format!("{MOUNTINFO_V1}50 22 0:40 /x /mnt/with\\040space rw shared:5 master:1 - fuse.sshfs user@host:/a\\040b rw,user_id=0\n"));
+    write(
+        d.path(),
+        "self/mountinfo",
+        &format!("{MOUNTINFO_V1}50 22 0:40 /x /mnt/with\\040space rw shared:5 master:1 - fuse.sshfs user@host:/a\\040b rw,user_id=0\n"),
+    );
     let m = p.mountinfo().unwrap();
     assert_eq!(m.len(), 6);
     assert_eq!(m[3].mount_point, PathBuf::from("/sys/fs/cgroup/cpuset"));
@@ -255,6 +291,17 @@ fn mountinfo_valid() {
     assert_eq!(m[5].mount_point, PathBuf::from("/mnt/with space"));
     assert_eq!(m[5].root, "/x");
     assert_eq!(m[5].source, "user@host:/a b");
+}
+
+/// Found by fuzzing (`cgroup_files`): `\777` overflowed the byte being decoded (a panic with
+/// overflow checks, a wrong byte without).
+#[test]
+fn mountinfo_escape_above_a_byte_is_kept_not_overflowed() {
+    let (d, p) = fixture();
+    write(d.path(), "self/mountinfo", "40 25 0:30 / /mnt/a\\777b\\101\\400 rw - tmpfs none\\1 rw\n");
+    let m = p.mountinfo().unwrap();
+    assert_eq!(m[0].mount_point, PathBuf::from("/mnt/a\\777bA\\400"));
+    assert_eq!(m[0].source, "none\\1");
 }
 
 #[test]
@@ -271,7 +318,11 @@ fn mountinfo_malformed_and_empty() {
 #[test]
 fn cpuinfo_and_kernel_cmdline() {
     let (d, p) = fixture();
-    write(d.path(), "cpuinfo", "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme hypervisor\n\nprocessor\t: 1\nflags\t\t: other\n");
+    write(
+        d.path(),
+        "cpuinfo",
+        "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme hypervisor\n\nprocessor\t: 1\nflags\t\t: other\n",
+    );
     assert_eq!(p.cpuinfo_flags().unwrap(), vec!["fpu", "vme", "hypervisor"]);
     write(d.path(), "cpuinfo", "processor\t: 0\nFeatures\t: fp asimd\n");
     assert_eq!(p.cpuinfo_flags().unwrap(), vec!["fp", "asimd"]);
@@ -462,6 +513,26 @@ fn open_schedstat_malformed_and_empty_name_the_file() {
     assert!(p.open_task_schedstat(7, 9).unwrap_err().to_string().contains("task/9/schedstat"));
 }
 
+/// Found by fuzzing (`procfs_schedstat`): the kept-open readers read into a fixed buffer (96
+/// bytes for schedstat, 128 for loadavg) and parsed whatever fitted, so a longer text was cut:
+/// a wrong value, or a "not UTF-8" error for a character cut in two. Longer texts are refused.
+#[test]
+fn schedstat_and_loadavg_longer_than_the_buffer_are_refused_not_cut() {
+    let (d, p) = fixture();
+    let long = format!("1 2 {}345\n", " ".repeat(90));
+    write(d.path(), "7/task/8/schedstat", &long);
+    assert_eq!(p.task_schedstat(7, 8).unwrap().timeslices, 345);
+    let e = p.open_task_schedstat(7, 8).unwrap().read().unwrap_err().to_string();
+    assert!(e.contains("task/8/schedstat") && e.contains("longer than any schedstat line"), "{e}");
+    write(d.path(), "loadavg", &format!("0.00 0.30 2.03 {}12/78 16254\n", " ".repeat(120)));
+    let e = p.open_loadavg().unwrap().runnable().unwrap_err().to_string();
+    assert!(e.contains("loadavg") && e.contains("longer than any loadavg"), "{e}");
+    // The longest real lines still fit.
+    let max = format!("{m} {m} {m}\n", m = u64::MAX);
+    write(d.path(), "7/task/8/schedstat", &max);
+    assert_eq!(p.open_task_schedstat(7, 8).unwrap().read().unwrap().run_ns, u64::MAX);
+}
+
 #[test]
 fn open_schedstat_of_this_thread_counts_its_run_time() {
     let me = std::process::id() as i32;
@@ -477,7 +548,10 @@ fn open_status_and_stat_are_reread_whole_at_each_call() {
     let (d, p) = fixture();
     let status = |vcsw: u64, pad: usize| {
         // A status longer than the first 4 KiB buffer: the reader grows and reads again.
-        format!("Name:\tw\nState:\tS (sleeping)\nGroups:\t{}\nvoluntary_ctxt_switches:\t{vcsw}\nnonvoluntary_ctxt_switches:\t2\n", "1 ".repeat(pad))
+        format!(
+            "Name:\tw\nState:\tS (sleeping)\nGroups:\t{}\nvoluntary_ctxt_switches:\t{vcsw}\nnonvoluntary_ctxt_switches:\t2\n",
+            "1 ".repeat(pad)
+        )
     };
     write(d.path(), "7/task/8/status", &status(10, 0));
     let mut f = p.open_task_status(7, 8).unwrap();
