@@ -69,6 +69,26 @@ fn sleeper() -> Started {
     Started(Command::new("sleep").arg("60").spawn().unwrap())
 }
 
+/// A sleeping workload, where it started (its cpuset cgroup and CPUs), and an agent attached to
+/// it (`attach --pid`, 50 ms periods) with `env` set, its stderr in `dir`.
+struct Attached {
+    _workload: Started,
+    pid: u32,
+    cgroup: String,
+    cpus: String,
+    agent: Agent,
+}
+
+fn attach_to_sleeper(dir: &Path, run_dir: &Path, env: &[(&str, &str)]) -> Attached {
+    let workload = sleeper();
+    let pid = workload.0.id();
+    let (cgroup, cpus) = (cpuset_cgroup_of(pid), cpus_allowed(pid));
+    let mut cmd = gleaner();
+    cmd.args(["attach", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(run_dir).args(["--pid", &pid.to_string()]);
+    cmd.envs(env.iter().copied());
+    Attached { _workload: workload, pid, cgroup, cpus, agent: Agent::spawn(cmd, dir) }
+}
+
 fn require_two_cpus() {
     let (list, n) = online_cpus();
     assert!(n >= 2, "this test needs at least 2 online CPUs to consolidate (online: {list})");
@@ -82,13 +102,8 @@ fn agent_killed_at_each_phase_leaves_nothing_behind() {
     for phase in ["before-journal", "journaled", "after-shrink", "mid-restore"] {
         let dir = tempfile::tempdir().unwrap();
         let run_dir = dir.path().join("run");
-        let workload = sleeper();
-        let w = workload.0.id();
-        let (cgroup, cpus) = (cpuset_cgroup_of(w), cpus_allowed(w));
-        let mut cmd = gleaner();
-        cmd.args(["attach", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(&run_dir).args(["--pid", &w.to_string()]);
-        cmd.env("GLEANER_TEST_STOP_AT", phase);
-        let mut agent = Agent::spawn(cmd, dir.path());
+        let Attached { _workload, pid: w, cgroup, cpus, mut agent } =
+            attach_to_sleeper(dir.path(), &run_dir, &[("GLEANER_TEST_STOP_AT", phase)]);
         if phase == "mid-restore" {
             // The agent restores when told to stop: let it take the workload, then stop it.
             assert!(
@@ -131,12 +146,7 @@ fn a_cgroup_removed_under_attach_ends_it_with_a_message() {
     let (root, _) = cpuset_root().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let run_dir = dir.path().join("run");
-    let workload = sleeper();
-    let w = workload.0.id();
-    let (cgroup, cpus) = (cpuset_cgroup_of(w), cpus_allowed(w));
-    let mut cmd = gleaner();
-    cmd.args(["attach", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(&run_dir).args(["--pid", &w.to_string()]);
-    let mut agent = Agent::spawn(cmd, dir.path());
+    let Attached { _workload, pid: w, cgroup, cpus, mut agent } = attach_to_sleeper(dir.path(), &run_dir, &[]);
     assert!(wait_until(Duration::from_secs(5), || cpuset_cgroup_of(w).contains("gleaner-agent-")), "stderr: {}", agent.stderr());
     // Someone else: moves the workload back, then removes the agent's group.
     let ours = root.join(cpuset_cgroup_of(w).trim_start_matches('/'));
@@ -354,12 +364,7 @@ fn a_second_agent_on_the_same_target_is_refused() {
     require_root_and_cpuset();
     let dir = tempfile::tempdir().unwrap();
     let (run_a, run_b) = (dir.path().join("a"), dir.path().join("b"));
-    let workload = sleeper();
-    let w = workload.0.id();
-    let (cgroup, cpus) = (cpuset_cgroup_of(w), cpus_allowed(w));
-    let mut cmd = gleaner();
-    cmd.args(["attach", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(&run_a).args(["--pid", &w.to_string()]);
-    let mut first = Agent::spawn(cmd, dir.path());
+    let Attached { _workload, pid: w, cgroup, cpus, agent: mut first } = attach_to_sleeper(dir.path(), &run_a, &[]);
     assert!(wait_until(Duration::from_secs(5), || cpuset_cgroup_of(w).contains("gleaner-agent-")), "stderr: {}", first.stderr());
     let managed_in = cpuset_cgroup_of(w);
 
