@@ -51,6 +51,7 @@ fn register_font() -> anyhow::Result<()> {
 const COLORS: [RGBColor; 4] = [RGBColor(31, 119, 180), RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(148, 103, 189)];
 
 /// One curve: a label and its samples (any unit; the axis says µs).
+#[derive(Debug)]
 pub struct Curve {
     pub label: String,
     pub values: Vec<f64>,

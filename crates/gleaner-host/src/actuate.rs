@@ -87,6 +87,7 @@ impl State {
 }
 
 /// Applies plans and keeps the state file current.
+#[derive(Debug)]
 pub struct Actuator {
     cgroups: Cgroups,
     procfs: Procfs,

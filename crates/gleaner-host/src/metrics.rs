@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 type Labels = Vec<(String, String)>;
 
 /// The host agent's metrics.
+#[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     cursor: Family<Labels, Gauge<f64, AtomicU64>>,

@@ -58,6 +58,7 @@ pub struct SourceReport {
     pub llc: String,
 }
 
+#[derive(Debug)]
 struct VmState {
     qmp: Option<Qmp>,
     qmp_threads: BTreeMap<String, i32>,
@@ -65,6 +66,7 @@ struct VmState {
 }
 
 /// Keeps the previous raw readings and turns them into per-period counters.
+#[derive(Debug)]
 pub struct Monitor {
     procfs: Procfs,
     extra: ProcExtra,

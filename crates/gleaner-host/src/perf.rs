@@ -29,6 +29,7 @@ pub const CACHE_REFERENCES: u64 = 2;
 pub const CACHE_MISSES: u64 = 3;
 
 /// A counting hardware event on one thread.
+#[derive(Debug)]
 pub struct Counter {
     fd: OwnedFd,
 }
@@ -68,6 +69,7 @@ pub fn probe() -> Result<(), String> {
 }
 
 /// The three counters of one vCPU thread.
+#[derive(Debug)]
 pub struct LlcCounters {
     pub refs: Counter,
     pub misses: Counter,

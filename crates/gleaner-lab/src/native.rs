@@ -11,6 +11,7 @@ use crate::guest::LabError;
 use crate::interrupt;
 
 /// A running native process.
+#[derive(Debug)]
 pub struct NativeProc {
     child: Child,
     pub pid: u32,

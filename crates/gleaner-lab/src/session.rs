@@ -61,6 +61,7 @@ impl GuestState {
     }
 }
 
+#[derive(Debug)]
 pub struct Session {
     kernel: Kernel,
     busybox: PathBuf,

@@ -56,6 +56,7 @@ pub struct SetupVm {
 }
 
 /// Everything one run needs.
+#[derive(Debug)]
 pub struct Setup {
     pub pcpus: u32,
     pub host_slice_ns: Ns,
@@ -291,6 +292,19 @@ pub(crate) struct VmState {
     pub decisions: u64,
     pub decision_log: Vec<(Ns, String)>,
     pub lat: Hist,
+}
+
+/// The engine's clock and sizes; its thousands of threads and sync objects are left out.
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("now", &self.now)
+            .field("pcpus", &self.pcpus.len())
+            .field("vcpus", &self.vcpus.len())
+            .field("threads", &self.threads.len())
+            .field("host_policy", &self.host_policy)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The simulator state for one run.

@@ -90,8 +90,8 @@ impl HostPlan {
     }
 }
 
-/// A host-side scheduling policy.
-pub trait HostPolicy: Send {
+/// A host-side scheduling policy (`Debug` so the engine and its set-up can be printed).
+pub trait HostPolicy: Send + std::fmt::Debug {
     fn name(&self) -> &'static str;
     /// Monitoring period; `None` = never called.
     fn period_ns(&self) -> Option<Ns>;
@@ -123,6 +123,7 @@ const INSTR_PER_NS: u64 = 2;
 /// `gleaner host run` runs (ConSpin per VM per run time, a decision every window, a changed
 /// plan applied once two windows agree). This adapter only turns the engine's counters into
 /// readings and the controller's plan into pools.
+#[derive(Debug)]
 pub struct AqlHost {
     controller: aql::AqlController,
     period_ns: Ns,

@@ -43,6 +43,7 @@ fn wait_until<'a, T>(
     Ok(g)
 }
 
+#[derive(Debug)]
 struct QueueState<T> {
     items: VecDeque<T>,
     closed: bool,
@@ -51,6 +52,7 @@ struct QueueState<T> {
 
 /// A bounded multi-producer multi-consumer queue (mutex + two condvars), like the queues
 /// between PARSEC dedup's stages.
+#[derive(Debug)]
 pub struct BoundedQueue<T> {
     state: Mutex<QueueState<T>>,
     not_empty: Condvar,
@@ -120,6 +122,7 @@ impl<T> BoundedQueue<T> {
     }
 }
 
+#[derive(Debug)]
 struct BarrierState {
     count: usize,
     generation: u64,
@@ -127,6 +130,7 @@ struct BarrierState {
 }
 
 /// A blocking barrier (mutex + condvar generation counter), like `pthread_barrier_wait`.
+#[derive(Debug)]
 pub struct Barrier {
     state: Mutex<BarrierState>,
     cv: Condvar,
@@ -173,6 +177,7 @@ impl Barrier {
 }
 
 /// A one-slot mailbox for producer/consumer hand-offs.
+#[derive(Debug)]
 pub struct Mailbox<T> {
     slot: Mutex<(Option<T>, bool)>,
     cv: Condvar,
@@ -227,6 +232,7 @@ impl<T> Default for Mailbox<T> {
 /// A user-level spinning barrier, volrend's (survey, listing 1):
 /// `LOCK(CountLock); Counter--; UNLOCK(CountLock); while (Counter);` made reusable with a
 /// generation number. Spinning checks the deadline every 4096 iterations.
+#[derive(Debug)]
 pub struct SpinBarrier {
     count_lock: Mutex<usize>,
     generation: std::sync::atomic::AtomicU64,
