@@ -89,7 +89,7 @@ impl AqlController {
             self.rec.observe(r.id, &r.counters);
         }
         self.periods += 1;
-        if self.periods % self.cfg.decide_every.max(1) as u64 != 0 {
+        if !self.periods.is_multiple_of(self.cfg.decide_every.max(1) as u64) {
             return None;
         }
         let infos: Vec<VcpuInfo> = live
