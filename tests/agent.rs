@@ -407,16 +407,8 @@ fn print_config_is_a_valid_config() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("g.toml");
     std::fs::write(&cfg, &out.stdout).unwrap();
-    // The sample parses: `run --config` accepts it (it fails later only if not root). Its own
-    // run dir, so that /run/gleaner is neither needed nor left behind.
-    let out = gleaner()
-        .args(["run", "--no-consolidation", "--timeout-us", "50", "--config"])
-        .arg(&cfg)
-        .arg("--run-dir")
-        .arg(dir.path().join("run"))
-        .args(["--", "true"])
-        .output()
-        .unwrap();
+    // The sample parses: `run --config` accepts it (it fails later only if not root).
+    let out = run_true_with_config(&cfg, &dir.path().join("run"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 

@@ -161,15 +161,8 @@ fn a_config_file_others_can_write_is_refused_as_sshd_does() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains(&format!("its directory {} is writable by others", dir.path().display())), "{err}");
-    // 0644 root:root is fine (with a run dir of the test's own: /run/gleaner is left alone).
-    let out = gleaner()
-        .args(["run", "--no-consolidation", "--timeout-us", "50", "--config"])
-        .arg(&cfg)
-        .arg("--run-dir")
-        .arg(dir.path().join("run"))
-        .args(["--", "true"])
-        .output()
-        .unwrap();
+    // 0644 root:root is fine.
+    let out = run_true_with_config(&cfg, &dir.path().join("run"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 

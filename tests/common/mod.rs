@@ -227,3 +227,17 @@ impl Drop for Started {
         let _ = self.0.wait();
     }
 }
+
+/// `gleaner run --no-consolidation --timeout-us 50 --config CFG --run-dir RUN_DIR -- true`: the
+/// configuration accepted or refused, with a run dir of the test's own (/run/gleaner is left
+/// alone).
+pub fn run_true_with_config(cfg: &Path, run_dir: &Path) -> std::process::Output {
+    gleaner()
+        .args(["run", "--no-consolidation", "--timeout-us", "50", "--config"])
+        .arg(cfg)
+        .arg("--run-dir")
+        .arg(run_dir)
+        .args(["--", "true"])
+        .output()
+        .unwrap()
+}

@@ -536,7 +536,8 @@ struct Session {
 impl Session {
     /// Set-up, then the control loop until the workload ends, a signal arrives or the target
     /// is taken away. Phases: [`Session::take_target`] (journal, guardian, cgroup) ->
-    /// yielders -> workload -> every period [`Session::apply`] and [`publish`].
+    /// yielders -> workload -> every period: sample, `Controller::step`, [`Managed::apply`],
+    /// the governor, events, [`StatusReport::add_period`].
     fn run_inner(&mut self, ctx: &RunContext<'_>, mut consolidation: bool, retention: RetentionSetup) -> anyhow::Result<Outcome> {
         let RunContext { target, cfg, opts, cpus, status, procfs, sysfs, start } = *ctx;
         let mut child_pid = None;
@@ -632,20 +633,19 @@ impl Session {
             // first): there is nothing left to consolidate.
             if let Some(gone) = managed.cgroup.as_ref().filter(|c| !c.exists()).map(|c| c.path().to_path_buf()) {
                 let what = format!("the workload's cgroup {} was removed by someone else", gone.display());
+                if !matches!(target, Target::Command(_)) {
+                    outcome.lost = Some(what);
+                    break;
+                }
+                // A `run` workload is ours to wait for: it runs on, unmanaged, and its exit
+                // status stays the run's.
+                eprintln!("gleaner: {what}; consolidation stopped, the workload runs on where it was moved");
                 managed.cgroup = None;
                 controller.reset();
                 consolidation = false;
+                consolidation_stopped(status, what);
                 if let Some(y) = &self.yielders {
                     y.set_active(cpus);
-                }
-                if let Target::Command(_) = target {
-                    // The workload is ours to wait for: it runs on, unmanaged, and its exit
-                    // status stays the run's.
-                    eprintln!("gleaner: {what}; consolidation stopped, the workload runs on where it was moved");
-                    consolidation_stopped(status, what);
-                } else {
-                    outcome.lost = Some(what);
-                    break;
                 }
             }
 
@@ -769,13 +769,16 @@ impl Session {
         let agent_pid = std::process::id() as i32;
         let mut managed = Managed { cgroup: None, root_pid: None };
         let cgroups = self.cgroups.as_ref().context("cgroups vanished")?;
-        if let Target::Cgroup(p) = target {
-            // Before any change: a second agent on this cgroup stops here, having done nothing.
-            let cg = cgroups.open(p).map_err(|e| BadInput::new("--cgroup", p.display(), format!("an existing cpuset cgroup ({e})")))?;
-            if cg.exists() {
+        // An existing group to take over is opened and locked before any change: a second
+        // agent on it stops here, having done nothing.
+        let given = match target {
+            Target::Cgroup(p) => {
+                let cg = cgroups.open(p).map_err(|e| BadInput::new("--cgroup", p.display(), format!("an existing cpuset cgroup ({e})")))?;
                 self.locks.push(lock_managed(cg.path(), "--cgroup")?);
+                Some(cg)
             }
-        }
+            _ => None,
+        };
         crate::seam::stop_at(crate::seam::BEFORE_JOURNAL);
         let mut state = StateFile::create(&cfg.run_dir, agent_pid)?;
         self.guardian = Some(Guardian::spawn(state.path())?);
@@ -807,11 +810,8 @@ impl Session {
                 managed.cgroup = Some(cg);
             }
             Target::System => unreachable!("no consolidation without a workload"),
-            Target::Cgroup(p) => {
-                let cg = cgroups.open(p).map_err(|e| BadInput::new("--cgroup", p.display(), format!("an existing cpuset cgroup ({e})")))?;
-                if !cg.exists() {
-                    return Err(BadInput::new("--cgroup", p.display(), "an existing cpuset cgroup").into());
-                }
+            Target::Cgroup(_) => {
+                let cg = given.context("the --cgroup group was opened above")?;
                 let original = cg.cpus()?.to_string();
                 state.record(Change::SetCpus { path: cg.path().to_path_buf(), original })?;
                 cg.set_cpus(cpus)?;

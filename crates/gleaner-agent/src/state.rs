@@ -82,15 +82,11 @@ impl StateFile {
     /// one failed step does not stop the others. Killed half-way, the file (still naming every
     /// change) lets the guardian or `gleaner restore` finish: each step is idempotent.
     pub fn undo(self, cgroups: &Cgroups) -> anyhow::Result<()> {
-        let mut errors = Vec::new();
-        for (i, change) in self.state.changes.iter().rev().enumerate() {
-            if let Err(e) = undo_one(cgroups, change) {
-                errors.push(format!("{change:?}: {e:#}"));
-            }
+        let errors = undo_each(cgroups, &self.state.changes, |i| {
             if i == 0 {
                 crate::seam::stop_at(crate::seam::MID_RESTORE);
             }
-        }
+        });
         let _ = std::fs::remove_file(&self.path);
         if errors.is_empty() {
             Ok(())
@@ -131,11 +127,18 @@ pub fn read_state(path: &Path) -> anyhow::Result<Option<AgentState>> {
 
 /// Undoes `changes` newest first; returns the errors met (empty on success).
 pub fn undo_changes(cgroups: &Cgroups, changes: &[Change]) -> Vec<String> {
+    undo_each(cgroups, changes, |_| {})
+}
+
+/// Undoes `changes` newest first, calling `after(i)` once the i-th has been undone (the
+/// agent's own restore has a test seam there; the guardian's has none).
+fn undo_each(cgroups: &Cgroups, changes: &[Change], mut after: impl FnMut(usize)) -> Vec<String> {
     let mut errors = Vec::new();
-    for change in changes.iter().rev() {
+    for (i, change) in changes.iter().rev().enumerate() {
         if let Err(e) = undo_one(cgroups, change) {
             errors.push(format!("{change:?}: {e:#}"));
         }
+        after(i);
     }
     errors
 }
@@ -145,7 +148,7 @@ pub fn undo_changes(cgroups: &Cgroups, changes: &[Change]) -> Vec<String> {
 fn undo_one(cgroups: &Cgroups, change: &Change) -> anyhow::Result<()> {
     match change {
         Change::SetCpus { path, original } => {
-            if let Some(cg) = open_if_exists(cgroups, path)? {
+            if let Some(cg) = cgroups.open_existing(path)? {
                 let cpus = CpuSet::parse(original).map_err(|e| anyhow::anyhow!("recorded cpus '{original}': {e}"))?;
                 // Unchanged (a write refused, or undone before a kill): nothing to
                 // write, so a read-only cpuset.cpus is not a failed restore.
@@ -156,7 +159,7 @@ fn undo_one(cgroups: &Cgroups, change: &Change) -> anyhow::Result<()> {
         }
         Change::MovedProcess { pid, from, to } => {
             // Only move it back if it is still where we put it (and where it came from exists).
-            if let (Some(src), Some(dest)) = (open_if_exists(cgroups, to)?, open_if_exists(cgroups, from)?) {
+            if let (Some(src), Some(dest)) = (cgroups.open_existing(to)?, cgroups.open_existing(from)?) {
                 if src.procs().unwrap_or_default().contains(pid) {
                     ignore_vanished(dest.add_process(*pid))?;
                 }
@@ -172,9 +175,9 @@ fn undo_one(cgroups: &Cgroups, change: &Change) -> anyhow::Result<()> {
         }
         Change::CreatedCgroup { path, fallback } => {
             // Removed already (by us before a kill, or by someone else): nothing to undo.
-            if let Some(cg) = open_if_exists(cgroups, path)? {
+            if let Some(cg) = cgroups.open_existing(path)? {
                 // Whatever is left goes back where the agent came from, or to the root.
-                let dest = match open_if_exists(cgroups, fallback)? {
+                let dest = match cgroups.open_existing(fallback)? {
                     Some(d) => d,
                     None => cgroups.open(cgroups.root())?,
                 };
@@ -186,15 +189,6 @@ fn undo_one(cgroups: &Cgroups, change: &Change) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The group at `path`, `None` when it does not exist (any more).
-fn open_if_exists(cgroups: &Cgroups, path: &Path) -> anyhow::Result<Option<gleaner_os::cgroup::CpusetCgroup>> {
-    match cgroups.open(path) {
-        Ok(cg) => Ok(Some(cg)),
-        Err(gleaner_os::OsError::Dir { op: "open", source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// A process that exited between listing and moving is not an error.

@@ -177,15 +177,22 @@ impl Cgroups {
     /// An existing group (attach mode): `path` absolute under the root, or relative to it.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<CpusetCgroup> {
         let path = self.resolve(path.as_ref())?;
+        self.open_existing(&path)?.ok_or_else(|| OsError::Dir {
+            op: "open",
+            path,
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        })
+    }
+
+    /// Like [`Cgroups::open`], but a group that does not exist (any more) is `None`, not an
+    /// error: for undoing changes, where a group already removed is already undone.
+    pub fn open_existing(&self, path: impl AsRef<Path>) -> Result<Option<CpusetCgroup>> {
+        let path = self.resolve(path.as_ref())?;
         if !path.is_dir() {
-            return Err(OsError::Dir {
-                op: "open",
-                path,
-                source: std::io::Error::from(std::io::ErrorKind::NotFound),
-            });
+            return Ok(None);
         }
         let parent = path.parent().map(Path::to_path_buf).unwrap_or_else(|| path.clone());
-        Ok(CpusetCgroup { path, parent, layout: self.layout.clone(), enabled_cpuset_in: Vec::new() })
+        Ok(Some(CpusetCgroup { path, parent, layout: self.layout.clone(), enabled_cpuset_in: Vec::new() }))
     }
 
     /// The cpuset group process `pid` is in (v1: the line naming the `cpuset` controller in

@@ -119,7 +119,12 @@ fn open_relative_absolute_and_proc_style() {
     assert_eq!(cg.open(&abs).unwrap().path(), abs);
     assert_eq!(cg.open("gleaner-a").unwrap().path(), abs);
     assert_eq!(cg.open("/gleaner-a").unwrap().path(), abs);
+    assert_eq!(cg.open_existing("gleaner-a").unwrap().map(|g| g.path().to_path_buf()), Some(abs.clone()));
     g.remove().unwrap();
+    // Gone: `open` is an error naming the resolved path, `open_existing` says None.
+    assert!(matches!(cg.open("gleaner-a").unwrap_err(), OsError::Dir { op: "open", path, .. } if path == abs));
+    assert!(cg.open_existing("gleaner-a").unwrap().is_none());
+    assert!(matches!(cg.open_existing("../x").unwrap_err(), OsError::BadInput(_)));
 }
 
 #[test]
