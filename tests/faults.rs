@@ -151,8 +151,7 @@ fn a_cgroup_removed_under_attach_ends_it_with_a_message() {
     assert!(wait_until(Duration::from_secs(5), || cpuset_cgroup_of(w).contains("gleaner-agent-")), "stderr: {}", agent.stderr());
     // Someone else: moves the workload back, then removes the agent's group.
     let ours = root.join(cpuset_cgroup_of(w).trim_start_matches('/'));
-    std::fs::write(root.join(cgroup.trim_start_matches('/')).join("cgroup.procs"), w.to_string()).unwrap();
-    std::fs::remove_dir(&ours).unwrap();
+    evacuate_and_remove(&ours, &root.join(cgroup.trim_start_matches('/')));
     let t0 = Instant::now();
     let status = agent.wait(Duration::from_secs(5));
     assert_eq!(status.code(), Some(1), "stderr: {}", agent.stderr());
@@ -179,11 +178,7 @@ fn a_cgroup_removed_under_run_lets_the_workload_finish_unmanaged() {
     let w = sh().unwrap() as u32;
     let ours = root.join(cpuset_cgroup_of(w).trim_start_matches('/'));
     // Move every process of the group (the shell and its sleep) back, then remove it.
-    let procs = std::fs::read_to_string(ours.join("cgroup.procs")).unwrap();
-    for p in procs.lines() {
-        std::fs::write(root.join(mine.trim_start_matches('/')).join("cgroup.procs"), p).unwrap();
-    }
-    std::fs::remove_dir(&ours).unwrap();
+    evacuate_and_remove(&ours, &root.join(mine.trim_start_matches('/')));
     let status = agent.wait(Duration::from_secs(10));
     assert_eq!(status.code(), Some(7), "the workload's exit status stays the run's; stderr: {}", agent.stderr());
     assert!(
@@ -192,6 +187,26 @@ fn a_cgroup_removed_under_run_lets_the_workload_finish_unmanaged() {
         agent.stderr()
     );
     assert_no_leftovers(&run_dir);
+}
+
+/// What "someone else" does to a group: moves every process out of `group` into `to`, then removes it.
+/// Repeats until the removal succeeds: a process may fork into the group between reading
+/// `cgroup.procs` and the last move (the shell of the `run` test starts its `sleep` at any time),
+/// and the kernel answers EBUSY until the group is empty.
+fn evacuate_and_remove(group: &Path, to: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let procs = std::fs::read_to_string(group.join("cgroup.procs")).unwrap_or_default();
+        for p in procs.lines() {
+            // A process that exited meanwhile (ESRCH) is already out of the group.
+            let _ = std::fs::write(to.join("cgroup.procs"), p);
+        }
+        match std::fs::remove_dir(group) {
+            Ok(()) => return,
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("removing {} as someone else would: {e}", group.display()),
+        }
+    }
 }
 
 /// A cpuset cgroup of the test's own, holding `pid`, removed (and its file mode restored) on drop.
