@@ -165,7 +165,7 @@ fn sigterm_undoes_everything_and_stops_the_workload() {
     let group = format!("gleaner-agent-{}", agent.id());
     assert!(wait_until(Duration::from_secs(5), || marker.exists() && agent_groups().iter().any(|g| g.ends_with(&group))));
     let workload: i32 = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
-    signal(agent.id() as i32, libc::SIGTERM);
+    signal(agent.id().cast_signed(), libc::SIGTERM);
     let status = wait_child(&mut agent, Duration::from_secs(10)).expect("agent did not exit after SIGTERM");
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "exit status");
     assert!(!alive(workload), "workload still running after SIGTERM");
@@ -194,7 +194,7 @@ fn kill_9_gives_the_workload_its_cpus_back_within_a_second() {
         wait_until(Duration::from_secs(5), || cpuset_cgroup_of(workload.id()).contains("gleaner-agent-")),
         "workload never moved into the agent's cgroup"
     );
-    signal(agent.id() as i32, libc::SIGKILL);
+    signal(agent.id().cast_signed(), libc::SIGKILL);
     let _ = agent.wait();
     let t0 = std::time::Instant::now();
     assert!(
@@ -236,7 +236,7 @@ fn restore_cleans_up_after_agent_and_guardian_are_killed() {
     // Kill the guardian first (a child of the agent running `__guardian`), then the agent.
     let guardian = children_of(agent.id()).into_iter().next().expect("agent has a guardian process");
     signal(guardian, libc::SIGKILL);
-    signal(agent.id() as i32, libc::SIGKILL);
+    signal(agent.id().cast_signed(), libc::SIGKILL);
     let _ = agent.wait();
     std::thread::sleep(Duration::from_millis(300));
     assert!(cpuset_cgroup_of(workload.id()).contains("gleaner-agent-"), "nobody should have restored yet");
@@ -281,10 +281,10 @@ fn attach_to_cgroup_manages_and_restores_its_cpus() {
             "idle workload never consolidated"
         );
     }
-    signal(agent.id() as i32, libc::SIGINT);
+    signal(agent.id().cast_signed(), libc::SIGINT);
     wait_child(&mut agent, Duration::from_secs(10)).expect("agent did not stop on SIGINT");
     assert_eq!(std::fs::read_to_string(cg.join("cpuset.cpus")).unwrap(), original, "cpus not restored");
-    assert!(alive(workload.id() as i32), "attach must not stop the workload");
+    assert!(alive(workload.id().cast_signed()), "attach must not stop the workload");
     let _ = workload.kill();
     let _ = workload.wait();
     assert_no_leftovers(run_dir.path());
@@ -468,7 +468,7 @@ fn daemon_manages_its_targets_and_stops_cleanly() {
     // It measured once before starting its agent, which read the record.
     assert_eq!(reports[0]["calibration"]["origin"], "cached", "{reports}");
     assert!(run_dir.join("calibration.json").exists());
-    signal(daemon.id() as i32, libc::SIGTERM);
+    signal(daemon.id().cast_signed(), libc::SIGTERM);
     wait_child(&mut daemon, Duration::from_secs(10)).expect("daemon did not stop on SIGTERM");
     assert!(wait_until(Duration::from_secs(2), || cpuset_cgroup_of(workload.id()) == original));
     let _ = workload.kill();

@@ -112,7 +112,7 @@ fn agent_killed_at_each_phase_leaves_nothing_behind() {
                 "{phase}: workload never moved; stderr: {}",
                 agent.stderr()
             );
-            signal(agent.pid() as i32, libc::SIGTERM);
+            signal(agent.pid().cast_signed(), libc::SIGTERM);
         }
         assert!(
             wait_until(Duration::from_secs(10), || stopped(agent.pid())),
@@ -125,7 +125,7 @@ fn agent_killed_at_each_phase_leaves_nothing_behind() {
             .find(|p| std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.contains("__guardian")));
         assert_eq!(guardian.is_some(), phase != "before-journal", "{phase}: guardian {guardian:?}");
         let t0 = Instant::now();
-        signal(agent.pid() as i32, libc::SIGKILL);
+        signal(agent.pid().cast_signed(), libc::SIGKILL);
         let status = agent.wait(Duration::from_secs(5));
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{phase}: {status:?}");
         assert_recovered(w, &cgroup, &cpus, &run_dir, t0, phase);
@@ -174,8 +174,8 @@ fn a_cgroup_removed_under_run_lets_the_workload_finish_unmanaged() {
     let sh = || {
         children_of(agent.pid()).into_iter().find(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sh"))
     };
-    assert!(wait_until(Duration::from_secs(5), || sh().is_some_and(|p| cpuset_cgroup_of(p as u32).contains("gleaner-agent-"))));
-    let w = sh().unwrap() as u32;
+    assert!(wait_until(Duration::from_secs(5), || sh().is_some_and(|p| cpuset_cgroup_of(p.cast_unsigned()).contains("gleaner-agent-"))));
+    let w = sh().unwrap().cast_unsigned();
     let ours = root.join(cpuset_cgroup_of(w).trim_start_matches('/'));
     // Move every process of the group (the shell and its sleep) back, then remove it.
     evacuate_and_remove(&ours, &root.join(mine.trim_start_matches('/')));
@@ -272,7 +272,7 @@ fn a_refused_cpuset_write_stops_consolidation_and_says_so() {
     let (_, st) = wait_status(&run_dir, Duration::from_secs(2), |r| r[0]["consolidation"] == false);
     assert_eq!(st[0]["consolidation"], false, "{st}");
     assert!(st[0]["note"].as_str().is_some_and(|n| n.contains("was refused")), "{st}");
-    signal(agent.pid() as i32, libc::SIGINT);
+    signal(agent.pid().cast_signed(), libc::SIGINT);
     let status = agent.wait(Duration::from_secs(10));
     assert_eq!(status.code(), Some(128 + libc::SIGINT), "stderr: {}", agent.stderr());
     assert_eq!(std::fs::read_to_string(&file).unwrap(), original);
@@ -397,9 +397,9 @@ fn a_second_agent_on_the_same_target_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("another agent holds its lock"), "{err}");
     assert_eq!(cpuset_cgroup_of(w), managed_in, "the refused agents changed nothing");
-    assert!(alive(first.pid() as i32));
+    assert!(alive(first.pid().cast_signed()));
     assert_no_leftovers(&run_b);
-    signal(first.pid() as i32, libc::SIGTERM);
+    signal(first.pid().cast_signed(), libc::SIGTERM);
     first.wait(Duration::from_secs(10));
     assert_recovered(w, &cgroup, &cpus, &run_a, Instant::now(), "first agent stopped");
 
@@ -415,7 +415,7 @@ fn a_second_agent_on_the_same_target_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains(&cg.display().to_string()) && err.contains("another agent holds its lock"), "{err}");
-    signal(first.pid() as i32, libc::SIGTERM);
+    signal(first.pid().cast_signed(), libc::SIGTERM);
     first.wait(Duration::from_secs(10));
     assert_no_leftovers(&run_a);
     assert_no_leftovers(&run_b);

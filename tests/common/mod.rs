@@ -66,7 +66,7 @@ pub fn children_of(pid: u32) -> Vec<i32> {
 }
 
 pub fn no_agent_threads_of(pid: u32) -> bool {
-    !Path::new(&format!("/proc/{pid}/task")).exists() || !alive(pid as i32)
+    !Path::new(&format!("/proc/{pid}/task")).exists() || !alive(pid.cast_signed())
 }
 
 /// The cpuset hierarchy root and whether it is cgroup v1.

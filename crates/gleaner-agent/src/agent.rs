@@ -383,7 +383,7 @@ fn own_cpuset_cgroup(cgroups: &Cgroups, procfs: &Procfs, pid: i32) -> anyhow::Re
 /// The status socket in the (private) run directory.
 fn serve_status(cfg: &AgentConfig, status: &SharedStatus) -> anyhow::Result<report::Server> {
     crate::state::create_private_dir(&cfg.run_dir)?;
-    report::serve_status(&report::socket_path(&cfg.run_dir, std::process::id() as i32), Arc::clone(status))
+    report::serve_status(&report::socket_path(&cfg.run_dir, std::process::id().cast_signed()), Arc::clone(status))
 }
 
 /// Refuses `attach --pid` of a process another live agent already manages (it is in that
@@ -393,7 +393,7 @@ fn refuse_if_managed(cgroups: &Cgroups, procfs: &Procfs, pid: i32) -> anyhow::Re
         return Ok(());
     };
     let name = current.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let me = std::process::id() as i32;
+    let me = std::process::id().cast_signed();
     if let Some(agent) = name.strip_prefix("gleaner-agent-").and_then(|p| p.parse::<i32>().ok()).filter(|a| *a != me) {
         if crate::state::alive(agent) {
             return Err(BadInput::new(
@@ -441,7 +441,7 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     }
     install_signal_handlers()?;
     let start = Instant::now();
-    let agent_pid = std::process::id() as i32;
+    let agent_pid = std::process::id().cast_signed();
 
     let cgroups = Cgroups::detect();
     if let (Target::Pid(pid), Ok(cg)) = (&target, &cgroups) {
@@ -766,7 +766,7 @@ impl Session {
     /// over and locked).
     fn take_target(&mut self, ctx: &RunContext<'_>) -> anyhow::Result<Managed> {
         let RunContext { target, cfg, opts, cpus, status, procfs, .. } = *ctx;
-        let agent_pid = std::process::id() as i32;
+        let agent_pid = std::process::id().cast_signed();
         let mut managed = Managed { cgroup: None, root_pid: None };
         let cgroups = self.cgroups.as_ref().context("cgroups vanished")?;
         // An existing group to take over is opened and locked before any change: a second
@@ -898,7 +898,7 @@ fn spawn_command(argv: &[String], cgroup: Option<&CpusetCgroup>, opts: &RunOptio
         }
     }
     let child = cmd.spawn().map_err(|e| BadInput::new("command", prog, format!("a program that can be started ({e})")))?;
-    Ok(child.id() as i32)
+    Ok(child.id().cast_signed())
 }
 
 /// Fails early (before any change) if `argv[0]` cannot be found or executed.

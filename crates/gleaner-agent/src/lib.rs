@@ -488,7 +488,7 @@ fn daemon_agents(config: &std::path::Path, cfg: &AgentConfig) -> anyhow::Result<
         if let Some(sig) = agent::pending_signal() {
             for c in &children {
                 let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(c.id() as i32),
+                    nix::unistd::Pid::from_raw(c.id().cast_signed()),
                     nix::sys::signal::Signal::try_from(sig).ok(),
                 );
             }

@@ -184,7 +184,7 @@ impl Sampler {
         let mut ydelta: HashMap<u32, YielderPrev> = HashMap::new();
         let mut yielder_files = HashMap::new();
         if let Some(y) = yielders {
-            let pid = std::process::id() as i32;
+            let pid = std::process::id().cast_signed();
             for slot in y.slots() {
                 let tid = slot.tid.load(std::sync::atomic::Ordering::Relaxed);
                 let run_ns = if tid > 0 {
@@ -299,7 +299,7 @@ pub fn split_total(total: u64, weights: &[(u32, u64)]) -> Vec<(u32, u64)> {
     let mut parts: Vec<(u32, u64)> = weights
         .iter()
         .map(|&(cpu, w)| {
-            let share = if sum == 0 { u128::from(total) / n } else { u128::from(total) * u128::from(w) / sum };
+            let share = (u128::from(total) * u128::from(w)).checked_div(sum).unwrap_or(u128::from(total) / n);
             (cpu, u64::try_from(share).unwrap_or(u64::MAX))
         })
         .collect();
@@ -384,7 +384,7 @@ mod tests {
         // More threads than the sampler keeps open: all of them still count, each period.
         let f = Fixture::new(false);
         let n = MAX_KEPT_THREADS + 44;
-        let tids: Vec<i32> = (1000..1000 + n as i32).collect();
+        let tids: Vec<i32> = (1000..).take(n).collect();
         let write = |vcsw: u64| {
             for &t in &tids {
                 let d = f.proc().join(format!("{t}/task/{t}"));

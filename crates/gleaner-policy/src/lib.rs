@@ -7,10 +7,12 @@
 //! - [`stats`]: order statistics (median, percentiles, spread) used by every benchmark.
 //! - [`overhead`]: the survey's reduced resource/temporal efficiency and omega.
 //! - [`aql`]: AQL_Sched's vCPU type recognition and pCPU pool clustering.
+//! - [`num`]: float-to-integer conversions that say they saturate.
 
 pub mod aql;
 pub mod gleaner;
 pub mod input;
+pub mod num;
 pub mod overhead;
 pub mod retention;
 pub mod stats;

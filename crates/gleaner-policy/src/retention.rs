@@ -681,7 +681,6 @@ mod tests {
             }
         };
         assert_eq!((next(), next(), next()), (50_000, 100_000, 200_000));
-        drop(next);
         d.on_yield(5_000_000);
         assert_eq!(d.counters().busy_returns, 1);
     }

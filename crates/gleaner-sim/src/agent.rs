@@ -16,6 +16,7 @@
 //! ```
 
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
+use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{EpochReading, KnownProbe, RetentionAction};
 
 use crate::engine::{ms_to_ns, Engine, Host, Idle, Ts, YState, NONE};
@@ -25,7 +26,7 @@ use crate::queue::{Ev, Ns};
 impl Engine {
     fn yield_ns(&self, v: u32) -> Ns {
         let vm = self.vcpus[v as usize].vm as usize;
-        ((self.vms[vm].gleaner.yield_us * 1000.0).round() as Ns).max(1)
+        saturating_u64((self.vms[vm].gleaner.yield_us * 1000.0).round()).max(1)
     }
 
     /// Feeds one `sched_yield()` call of length `d` that ended at `end` to the detector;

@@ -19,6 +19,7 @@
 use std::collections::VecDeque;
 
 use gleaner_policy::gleaner::Controller;
+use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{IdleDetector, RetentionGovernor, RetentionMode};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -868,7 +869,7 @@ impl Engine {
         if last != v && last != NONE {
             oh += costs.pv;
             let cache = &self.vms[vc.vm as usize].cache;
-            oh += (cache.wss_kb * cache.refill_ns_per_kb) as u64;
+            oh += saturating_u64(cache.wss_kb * cache.refill_ns_per_kb);
             vc.c.llc_misses += cache.wss_kb * 16.0;
             vc.c.llc_refs += cache.wss_kb * 16.0; // a refill miss is also a reference
         }
@@ -1213,16 +1214,16 @@ fn round_at_least_1(x: f64) -> Ns {
     }
     // From 2^52 on every double is an integer (and the conversion saturates like `as`).
     if x >= 4_503_599_627_370_496.0 {
-        return x as Ns;
+        return saturating_u64(x);
     }
-    let i = x as i64;
+    let i = saturating_u64(x);
     // Exact: the fraction of a double below 2^52 is representable.
     let frac = x - i as f64;
-    (i + i64::from(frac >= 0.5)) as Ns
+    i + Ns::from(frac >= 0.5)
 }
 
 pub(crate) fn ms_to_ns(ms: f64) -> Ns {
-    (ms * 1e6).round().max(1.0) as Ns
+    saturating_u64((ms * 1e6).round()).max(1)
 }
 
 #[cfg(test)]
@@ -1293,7 +1294,7 @@ mod tests {
             xs.push((s >> 44) as f64 + 0.5);
         }
         for x in xs {
-            assert_eq!(round_at_least_1(x), x.round().max(1.0) as u64, "x = {x:?}");
+            assert_eq!(round_at_least_1(x), gleaner_policy::num::saturating_u64(x.round()).max(1), "x = {x:?}");
         }
     }
 }

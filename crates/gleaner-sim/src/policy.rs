@@ -7,6 +7,7 @@
 //!   `gleaner host run` runs.
 
 use gleaner_policy::aql;
+use gleaner_policy::num::saturating_u64;
 
 use crate::queue::Ns;
 pub use crate::scenario::AqlCfg;
@@ -159,8 +160,8 @@ impl AqlHost {
                     period_ns: view.period_ns,
                     io_events: Some(c.io_events),
                     spin_events: Some(c.ple_exits),
-                    llc_refs: Some(c.llc_refs.round() as u64),
-                    llc_misses: Some(c.llc_misses.round() as u64),
+                    llc_refs: Some(saturating_u64(c.llc_refs.round())),
+                    llc_misses: Some(saturating_u64(c.llc_misses.round())),
                     instructions: Some(c.run_ns.saturating_mul(INSTR_PER_NS)),
                     run_ns: Some(c.run_ns),
                 },

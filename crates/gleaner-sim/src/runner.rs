@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use gleaner_policy::num::saturating_u64;
 use gleaner_policy::overhead::{overhead, Side};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -146,7 +147,7 @@ fn host_policy(kind: HostPolicyKind, aql: &crate::scenario::AqlCfg, sc: &Scenari
 }
 
 fn us_to_ns(us: f64) -> u64 {
-    (us * 1000.0).round().max(0.0) as u64
+    saturating_u64((us * 1000.0).round())
 }
 
 /// The engine setup of a scenario under a variant.

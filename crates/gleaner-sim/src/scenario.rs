@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use gleaner_policy::input::BadInput;
 use gleaner_policy::gleaner::Params;
+use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{GovernorConfig, RetentionConfig};
 use serde::{Deserialize, Serialize};
 
@@ -388,7 +389,7 @@ pub struct Costs {
 }
 
 fn us(v: f64) -> u64 {
-    (v * 1000.0).round().max(0.0) as u64
+    saturating_u64((v * 1000.0).round())
 }
 
 impl Costs {

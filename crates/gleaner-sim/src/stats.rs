@@ -1,5 +1,6 @@
 //! Raw per-VM results of a run, the wake-up latency histogram, and rank correlation.
 
+use gleaner_policy::num::saturating_u64;
 use serde::Serialize;
 
 use crate::queue::Ns;
@@ -50,7 +51,7 @@ impl Hist {
         if self.count == 0 {
             return 0.0;
         }
-        let rank = ((q * self.count as f64).ceil() as u64).max(1);
+        let rank = saturating_u64((q * self.count as f64).ceil()).max(1);
         let mut acc = 0u64;
         for (i, &c) in self.buckets.iter().enumerate() {
             acc += c as u64;

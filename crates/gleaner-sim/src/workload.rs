@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 
+use gleaner_policy::num::saturating_u64;
 use serde::{Deserialize, Serialize};
 
 use crate::queue::Ns;
@@ -146,7 +147,7 @@ pub fn parse_duration(s: &str) -> Option<Ns> {
         return None;
     }
     let ns = (v * mult).round();
-    (ns < 1e18).then_some(ns as Ns)
+    (ns < 1e18).then_some(saturating_u64(ns))
 }
 
 const OPS_ALLOWED: &str = "compute DURATION [+-N%], lock M, unlock M, push Q, pop Q, signal C, wait C, \
@@ -189,7 +190,7 @@ fn parse_op(names: &mut Names, s: &str, key: &str) -> anyhow::Result<Op> {
                         .and_then(|j| j.parse().ok())
                         .filter(|p: &f64| (0.0..=100.0).contains(p))
                         .ok_or_else(bad)?;
-                    (p * 10.0).round() as u32
+                    gleaner_policy::num::saturating_u32((p * 10.0).round())
                 }
                 Some(_) => return Err(bad().into()),
             };
@@ -345,12 +346,12 @@ fn group(name: &str, threads: u32, iterations: Option<u64>, body: &[&str]) -> Gr
 }
 
 fn scaled(base: f64, scale: f64) -> u64 {
-    ((base * scale).round() as u64).max(1)
+    saturating_u64((base * scale).round()).max(1)
 }
 
 fn dedup(t: u32, scale: f64, forever: bool, stretch: f64) -> WorkloadCfg {
     let items = (!forever).then(|| scaled(2000.0, scale));
-    let d = |us: f64| format!("{}ns", (us * 1000.0 * stretch).round() as u64);
+    let d = |us: f64| format!("{}ns", saturating_u64((us * 1000.0 * stretch).round()));
     WorkloadCfg {
         description: "dedup-like pipeline".into(),
         cache: CacheProfile { refs_per_us: 20.0, miss_ratio: 0.05, wss_kb: 256.0, refill_ns_per_kb: 0.0 },

@@ -535,7 +535,7 @@ fn schedstat_and_loadavg_longer_than_the_buffer_are_refused_not_cut() {
 
 #[test]
 fn open_schedstat_of_this_thread_counts_its_run_time() {
-    let me = std::process::id() as i32;
+    let me = std::process::id().cast_signed();
     let mut f = Procfs::new().open_task_schedstat(me, crate::sched::gettid()).unwrap();
     let a = f.read().unwrap().run_ns;
     let t0 = std::time::Instant::now();
@@ -574,7 +574,7 @@ fn open_status_and_stat_are_reread_whole_at_each_call() {
 
 #[test]
 fn open_status_of_an_exited_thread_fails_and_of_this_one_counts_switches() {
-    let me = std::process::id() as i32;
+    let me = std::process::id().cast_signed();
     let child = std::thread::spawn(crate::sched::gettid).join().unwrap();
     // The thread is gone: opening its files fails (Linux hands out pids in increasing order,
     // so its tid is not reused until the pid space wraps).

@@ -281,7 +281,7 @@ fn noise_of_an_idle_workload_neither_rolls_back_nor_resets() {
     let mut c = Controller::new(vec![0, 1], unit_params());
     assert_eq!(c.step(&idle(&[0, 1], 2 * MS)), vec![Decision::Deactivate { cpu: 1 }]);
     assert!(c.step(&idle(&[0], 3 * MS)).is_empty(), "a 25% drop of 1% utilization is noise");
-    assert!(c.step(&idle(&[0], 1 * MS)).is_empty(), "and so is a 3x change");
+    assert!(c.step(&idle(&[0], MS)).is_empty(), "and so is a 3x change");
     assert_eq!(c.active(), &[0]);
     assert_eq!(c.params().rho, 1.0);
 }

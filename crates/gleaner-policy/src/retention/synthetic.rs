@@ -26,9 +26,8 @@ impl SplitMix64 {
 }
 
 /// Rounds a non-negative, finite quantity of a synthetic trace (far below 2^64) to an integer.
-#[allow(clippy::cast_possible_truncation)]
 fn whole(x: f64) -> u64 {
-    x.round().max(0.0) as u64
+    crate::num::saturating_u64(x.round())
 }
 
 /// `n` idle periods: with probability `p_long` a long one, uniform in `long_ns` +- 50% (so
