@@ -33,9 +33,10 @@ use tracing::{info, warn};
 
 use crate::cache::{CalibrationResults, CalibrationSource};
 use crate::config::{AgentConfig, RetentionStart};
-use crate::report::{self, EventLog, EventRecord, SharedStatus, StatusReport};
 use crate::sampler::Sampler;
+use crate::server::{self, Server};
 use crate::state::{Change, Guardian, StateFile};
+use crate::status::{EventLog, EventRecord, SharedStatus, StatusReport};
 use crate::yielders::Yielders;
 
 /// What the agent manages.
@@ -381,9 +382,9 @@ fn own_cpuset_cgroup(cgroups: &Cgroups, procfs: &Procfs, pid: i32) -> anyhow::Re
 }
 
 /// The status socket in the (private) run directory.
-fn serve_status(cfg: &AgentConfig, status: &SharedStatus) -> anyhow::Result<report::Server> {
+fn serve_status(cfg: &AgentConfig, status: &SharedStatus) -> anyhow::Result<Server> {
     crate::state::create_private_dir(&cfg.run_dir)?;
-    report::serve_status(&report::socket_path(&cfg.run_dir, std::process::id().cast_signed()), Arc::clone(status))
+    server::serve_status(&server::socket_path(&cfg.run_dir, std::process::id().cast_signed()), Arc::clone(status))
 }
 
 /// Refuses `attach --pid` of a process another live agent already manages (it is in that
@@ -530,7 +531,7 @@ struct Session {
     guardian: Option<Guardian>,
     cgroups: Option<Cgroups>,
     yielders: Option<Yielders>,
-    servers: Vec<report::Server>,
+    servers: Vec<Server>,
 }
 
 impl Session {
@@ -551,7 +552,7 @@ impl Session {
             self.servers.push(serve_status(cfg, status)?);
         }
         if let Some(addr) = &cfg.metrics_addr {
-            self.servers.push(report::serve_metrics(addr, Arc::clone(status))?);
+            self.servers.push(server::serve_metrics(addr, Arc::clone(status))?);
         }
         let mut managed = if consolidation { self.take_target(ctx)? } else { Managed { cgroup: None, root_pid: None } };
 

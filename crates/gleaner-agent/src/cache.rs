@@ -577,7 +577,7 @@ impl Refresher {
                     }
                     std::thread::sleep(Duration::from_millis(100));
                 }
-                let retention = || crate::report::retention_agents(&policy.run_dir);
+                let retention = || crate::server::retention_agents(&policy.run_dir);
                 let busy = || sample_busy(&world.procfs, Duration::from_secs(1));
                 let d = refresh_step(&policy, &world, &cpus, busy, retention, || crate::calibrate::measure(&cpus));
                 // Say once when the refresh starts waiting, not at every check.

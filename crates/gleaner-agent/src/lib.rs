@@ -6,240 +6,29 @@
 //! - [`yielders`]: the `SCHED_IDLE` yielding threads (retention mechanism).
 //! - [`sampler`]: metric snapshots from procfs/sysfs.
 //! - [`state`]: the state file, the guardian process and `restore`.
-//! - [`report`]: status socket, Prometheus text, JSON-lines events.
+//! - [`status`]: the typed status and JSON-lines events; [`server`]: the status socket and
+//!   Prometheus text.
+//! - [`cli`]: the clap types of the agent's commands and their resolution into an
+//!   [`config::AgentConfig`].
 //! - [`compare`]: the main job, stock vs Gleaner side by side.
 
 pub mod agent;
 pub mod cache;
 pub mod calibrate;
+pub mod cli;
 pub mod compare;
 pub mod config;
-pub mod report;
 pub mod sampler;
 pub mod seam;
+pub mod server;
 pub mod state;
+pub mod status;
 pub mod yielders;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
+pub use cli::{default_run_dir, AgentCommand, AgentFlags, CalibrateArgs};
 use config::AgentConfig;
-
-/// Flags shared by `run` and `attach` (they override the `--config` file).
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct AgentFlags {
-    /// TOML configuration file (see `gleaner daemon --print-config`).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Do not run yielding threads (measure consolidation alone).
-    #[arg(long)]
-    pub no_retention: bool,
-    /// Do not change the workload's cpuset (measure retention alone).
-    #[arg(long)]
-    pub no_consolidation: bool,
-    /// Sleep (microseconds, 0..=1000) of a yielding thread that steps aside so the kernel can
-    /// pull a thread waiting on another vCPU; 0 never steps aside (see docs/agent.md).
-    #[arg(long, value_name = "US")]
-    pub step_aside_us: Option<u64>,
-    /// Control period in milliseconds (10..=10000).
-    #[arg(long, value_name = "MS")]
-    pub period_ms: Option<u64>,
-    /// Retention timeout in microseconds. Default: calibrated from a measured vCPU wakeup (once
-    /// per boot, see `calibrate`; the cap of each vCPU's adaptive timeout), and retention
-    /// starts off where the host already polls halted vCPUs that long; giving a timeout skips
-    /// the wakeup measurements, fixes the timeout and always retains (no governor).
-    #[arg(long, value_name = "US")]
-    pub timeout_us: Option<u64>,
-    /// Keep the calibrated timeout fixed and the start-up retention verdict for the whole run
-    /// (no per-vCPU adaptation, no governor): retention as before issue 13, for experiments.
-    #[arg(long)]
-    pub no_adapt: bool,
-    /// The governor's first retention mode: the start-up verdict (calibrated), on or off; the
-    /// governor then keeps or changes it from what it measures.
-    #[arg(long, value_name = "MODE")]
-    pub retention_start: Option<config::RetentionStart>,
-    /// CPUs to manage (kernel list format, e.g. 0-3); default: every online CPU.
-    #[arg(long, value_name = "LIST")]
-    pub cpus: Option<String>,
-    /// Measure the calibration (wakeup costs, timeout, idle threshold) now even if a valid
-    /// record exists in the run dir, and store the new one.
-    #[arg(long)]
-    pub recalibrate: bool,
-    /// Seconds a stored calibration stays valid (0..=31536000; 0 measures at every start).
-    /// Default: 86400, or `calibration_max_age_s` of the config file.
-    #[arg(long, value_name = "S")]
-    pub calibration_max_age_s: Option<u64>,
-    /// Serve Prometheus text-format metrics: a port alone (e.g. 9464) listens on 127.0.0.1
-    /// only; IP:PORT listens where told (another machine can then read them).
-    #[arg(long, value_name = "[IP:]PORT")]
-    pub metrics_addr: Option<String>,
-    /// Append JSON lines to FILE: every consolidation decision, one `period` line per period
-    /// (active vCPUs, timeouts, per-vCPU retention timeouts, retention mode, the agent's own
-    /// CPU time), one `retention` line per change of retention mode (with the governor's
-    /// state) and one `exit` line when the run ends.
-    #[arg(long, value_name = "FILE")]
-    pub events: Option<PathBuf>,
-    /// Directory of state files, status sockets and the calibration record.
-    #[arg(long, value_name = "DIR")]
-    pub run_dir: Option<PathBuf>,
-}
-
-impl AgentFlags {
-    /// The configuration file (if any) with these flags applied on top.
-    pub fn resolve(&self) -> anyhow::Result<AgentConfig> {
-        let mut cfg = match &self.config {
-            Some(p) => AgentConfig::load(p)?,
-            None => AgentConfig::default(),
-        };
-        if self.no_retention {
-            cfg.retention = false;
-        }
-        if self.no_consolidation {
-            cfg.consolidation = false;
-        }
-        if let Some(v) = self.step_aside_us {
-            cfg.step_aside_us = v;
-        }
-        if let Some(v) = self.period_ms {
-            cfg.period_ms = v;
-        }
-        if let Some(v) = self.timeout_us {
-            cfg.timeout_us = Some(v);
-        }
-        if self.no_adapt {
-            cfg.adapt = false;
-        }
-        if let Some(v) = self.retention_start {
-            cfg.retention_start = v;
-        }
-        if let Some(v) = &self.cpus {
-            cfg.cpus = Some(v.clone());
-        }
-        cfg.recalibrate = self.recalibrate;
-        if let Some(v) = self.calibration_max_age_s {
-            cfg.calibration_max_age_s = v;
-        }
-        if let Some(v) = &self.metrics_addr {
-            cfg.metrics_addr = Some(v.clone());
-        }
-        if let Some(v) = &self.events {
-            cfg.events = Some(v.clone());
-        }
-        if let Some(v) = &self.run_dir {
-            cfg.run_dir = v.clone();
-        } else if cfg.run_dir == AgentConfig::default().run_dir {
-            cfg.run_dir = default_run_dir();
-        }
-        cfg.validate()?;
-        Ok(cfg)
-    }
-}
-
-/// `/run/gleaner` for root; /run is root's, so an unprivileged agent keeps its socket and its
-/// calibration in its own temp dir.
-pub fn default_run_dir() -> PathBuf {
-    if nix::unistd::geteuid().is_root() {
-        AgentConfig::default().run_dir
-    } else {
-        std::env::temp_dir().join(format!("gleaner-{}", nix::unistd::geteuid()))
-    }
-}
-
-/// Agent commands.
-#[derive(Debug, clap::Subcommand)]
-pub enum AgentCommand {
-    /// Run CMD under Gleaner: in a cpuset cgroup the agent manages, with yielding threads on
-    /// the active vCPUs. Passes CMD's output through and exits with its exit status.
-    Run {
-        #[command(flatten)]
-        flags: AgentFlags,
-        /// The command and its arguments.
-        #[arg(last = true, required = true, value_name = "CMD")]
-        cmd: Vec<String>,
-    },
-    /// Manage an already running workload: a cgroup (its cpuset.cpus is managed and restored)
-    /// or a process and its descendants (moved into a new cgroup and back).
-    Attach {
-        #[command(flatten)]
-        flags: AgentFlags,
-        /// Existing cpuset cgroup (absolute path, or relative to the cpuset hierarchy root).
-        #[arg(long, value_name = "PATH", conflicts_with = "pid", required_unless_present = "pid")]
-        cgroup: Option<PathBuf>,
-        /// Process to manage, with its descendants.
-        #[arg(long, value_name = "PID")]
-        pid: Option<i32>,
-    },
-    /// Measure this machine's wakeup costs once per boot and store them for the agents.
-    ///
-    /// Measures a wakeup of a busy and of a halted vCPU, the retention timeout and whether
-    /// retention pays, and the idle threshold, and stores them in the run dir, where `run`,
-    /// `attach`, `compare` and `daemon` reuse them instead of measuring (about 0.5 s) at every
-    /// start. A valid record (same boot, kernel, online CPUs, cpuidle driver and governor,
-    /// haltpoll parameters; younger than --max-age-s) is shown, not measured again, unless
-    /// --recalibrate.
-    Calibrate(CalibrateArgs),
-    /// Run as a service (what the systemd unit gleaner.service runs): manage the `[[target]]`s
-    /// of the configuration file, or, with none, keep retention on every vCPU of the VM.
-    ///
-    /// Also keeps the calibration record fresh: renews it before it expires, while the
-    /// machine idles. The Debian package installs the unit (neither enabled nor started) and
-    /// the sample configuration as /etc/gleaner/gleaner.toml; without it, see the header of
-    /// dist/gleaner.service in the source tree.
-    Daemon {
-        /// Configuration file.
-        #[arg(long, value_name = "FILE", default_value = "/etc/gleaner/gleaner.toml")]
-        config: PathBuf,
-        /// Print a commented sample configuration and exit.
-        #[arg(long)]
-        print_config: bool,
-    },
-    /// Live state of the running agents (over their root-only Unix sockets).
-    Status {
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-        /// Directory of the agents' sockets.
-        #[arg(long, value_name = "DIR", default_value = "/run/gleaner")]
-        run_dir: PathBuf,
-    },
-    /// Undo whatever crashed agents left behind (cpusets, cgroups), from their state files.
-    Restore {
-        /// Directory of the agents' state files.
-        #[arg(long, value_name = "DIR", default_value = "/run/gleaner")]
-        run_dir: PathBuf,
-    },
-    /// The main job: run a workload alternately stock and under Gleaner, N times each, and print
-    /// medians, spread and ratios. Default workload: the built-in `pipeline` (dedup-like).
-    Compare(compare::CompareArgs),
-    /// Internal: the guardian process that restores the agent's changes if it dies.
-    #[command(name = "__guardian", hide = true)]
-    Guardian {
-        #[arg(long)]
-        state: PathBuf,
-    },
-}
-
-/// `gleaner calibrate`
-#[derive(Debug, Clone, clap::Args)]
-pub struct CalibrateArgs {
-    /// Print JSON (the provenance and the stored record).
-    #[arg(long)]
-    pub json: bool,
-    /// Measure even if a valid record exists.
-    #[arg(long)]
-    pub recalibrate: bool,
-    /// Seconds a record stays valid (0..=31536000). Default: 86400.
-    #[arg(long, value_name = "S")]
-    pub max_age_s: Option<u64>,
-    /// Directory of the record (and of the agents' state files and sockets). Default:
-    /// /run/gleaner as root, $TMPDIR/gleaner-<uid> otherwise.
-    #[arg(long, value_name = "DIR")]
-    pub run_dir: Option<PathBuf>,
-    /// CPUs the agents will manage (kernel list format); the wakeup is measured between the
-    /// first two. Default: every online CPU.
-    #[arg(long, value_name = "LIST")]
-    pub cpus: Option<String>,
-}
 
 /// What `gleaner calibrate --json` prints (the lab reads it back as this type).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -309,7 +98,7 @@ fn exit_code(code: i32) -> ExitCode {
 }
 
 fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let reports = report::query_all(run_dir)?;
+    let reports = server::query_all(run_dir)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
         return Ok(ExitCode::SUCCESS);
@@ -387,7 +176,7 @@ fn calibrate(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     }
     let got = cache::obtain(&cfg.cache_policy(), &cache::World::real(), &cpus, || calibrate::measure(&cpus));
     let results = got.results.map_err(|inc| anyhow::anyhow!("calibration incomplete: {}", inc.error))?;
-    let retaining = report::retention_agents(&cfg.run_dir);
+    let retaining = server::retention_agents(&cfg.run_dir);
     if retaining > 0 && matches!(got.source, cache::CalibrationSource::MeasuredNow { .. }) {
         eprintln!(
             "gleaner: note: {retaining} agent(s) with retention were running; their yielding threads keep vCPUs \

@@ -18,7 +18,7 @@ use gleaner_os::procfs::{Procfs, SchedstatFile, StatFile, StatusFile};
 use gleaner_os::sysfs::Sysfs;
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 
-use crate::report::VcpuTimeout;
+use crate::status::VcpuTimeout;
 use crate::yielders::Yielders;
 
 /// Per-thread cumulative values at the previous sample.

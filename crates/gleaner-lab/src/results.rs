@@ -7,11 +7,11 @@
 //!
 //! The bench output of a step is the same Rust type the bench prints
 //! ([`gleaner_bench::report::BenchDoc`]); the agent's decisions are its `--events` JSON lines,
-//! read as [`gleaner_agent::report::EventRecord`]s.
+//! read as [`gleaner_agent::status::EventRecord`]s.
 
 use std::collections::BTreeMap;
 
-use gleaner_agent::report::{EventRecord, VcpuTimeout};
+use gleaner_agent::status::{EventRecord, VcpuTimeout};
 use gleaner_bench::report::BenchDoc;
 use gleaner_policy::overhead::{overhead, Side};
 use gleaner_policy::retention::{ChangeCause, RetentionMode};

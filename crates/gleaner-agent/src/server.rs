@@ -1,205 +1,19 @@
-//! What the agent tells the world: live status (Unix socket), Prometheus text, JSON-lines events.
-//!
-//! The agent loop owns a [`StatusReport`] behind a mutex and updates it once per period; the
-//! status socket and the metrics endpoint only read it.
+//! The agent's servers: the live status as one JSON document per connection on a root-only
+//! Unix socket, and Prometheus text over HTTP. Both only read the [`SharedStatus`] the agent
+//! loop updates.
 
-use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::Context;
-use gleaner_policy::gleaner::{Decision, Metrics};
-use gleaner_policy::retention::{Comparison, EpochReading, GovernorState, ModeChange, RetentionMode};
-use serde::{Deserialize, Serialize};
+use gleaner_policy::retention::RetentionMode;
 
-/// How many recent decisions the status keeps.
-pub const RECENT: usize = 32;
-
-/// One vCPU's retention timeout, as reported per period.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VcpuTimeout {
-    pub cpu: u32,
-    /// Its yielding thread's timeout now (adaptive, or the fixed one).
-    pub timeout_ns: u64,
-    /// Times it grew / shrank (in the period for `period` events, since start in the status).
-    pub grows: u64,
-    pub shrinks: u64,
-}
-
-/// One decision or notable event, as written to `--events` (one JSON object per line) and kept
-/// in the status. `event` says which optional fields are set:
-///
-/// | event | fields |
-/// |---|---|
-/// | `consolidate`, `restore`, `reset`, `factor_change` | `decision` |
-/// | `period` (every period) | `count` (timeouts), `vcpus` (per-vCPU timeouts), `retention` (the mode it ran in), `reading` (what the governor read; its `comparison` if it made one) |
-/// | `retention` (start, and each change of mode) | `retention` (the new mode), `change` (none at start), `comparison`, `governor` |
-///
-/// Every event has the time, the active CPUs after it and the controller's measurements.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EventRecord {
-    /// Milliseconds since the agent started.
-    pub t_ms: u64,
-    /// `consolidate`, `restore`, `reset`, `factor_change`, `period`, `retention`, `exit` (the
-    /// last, partial period, written once when the run ends).
-    pub event: String,
-    /// The controller's decision, when the event is one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decision: Option<Decision>,
-    /// Timeouts in the period (for `period` events).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub count: Option<u64>,
-    /// Active CPUs after the event.
-    pub active_cpus: String,
-    /// The measurements the decision was based on.
-    pub metrics: Metrics,
-    /// Per-vCPU retention timeouts at the end of the period (`period` events with yielding
-    /// threads).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vcpus: Option<Vec<VcpuTimeout>>,
-    /// Retention mode: the one the period ran in (`period`), the new one (`retention`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retention: Option<RetentionMode>,
-    /// The mode change and its cause (`retention` events after the start).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub change: Option<ModeChange>,
-    /// The period's reading as the governor took it (`period` events with a governor; unlike
-    /// `metrics`, also for probe periods, which the controller does not see).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reading: Option<EpochReading>,
-    /// The on/off comparison behind a `retention` event, if one was made.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub comparison: Option<Comparison>,
-    /// The governor's state after a `retention` event (none when retention is pinned).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub governor: Option<GovernorState>,
-    /// The agent's own CPU time (user + sys, every thread, the yielding threads included)
-    /// since it started (`period` and `exit` events): what managing the workload costs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_cpu_ns: Option<u64>,
-}
-
-impl EventRecord {
-    /// An event with only the common fields set.
-    pub fn new(t_ms: u64, event: &str, active_cpus: String, metrics: Metrics) -> Self {
-        Self {
-            t_ms,
-            event: event.into(),
-            decision: None,
-            count: None,
-            active_cpus,
-            metrics,
-            vcpus: None,
-            retention: None,
-            change: None,
-            reading: None,
-            comparison: None,
-            governor: None,
-            agent_cpu_ns: None,
-        }
-    }
-
-    /// The event name of a decision.
-    pub fn name_of(d: &Decision) -> &'static str {
-        match d {
-            Decision::Deactivate { .. } => "consolidate",
-            Decision::Restore { .. } => "restore",
-            Decision::ResetAll { .. } => "reset",
-            Decision::SetRho { .. } | Decision::SetEta { .. } => "factor_change",
-        }
-    }
-}
-
-/// The live state of one agent.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct StatusReport {
-    pub agent_pid: i32,
-    /// What is managed: `command ...`, `pid N`, `cgroup PATH`.
-    pub target: String,
-    /// Yielding threads exist (they may be parked while the governor keeps retention off).
-    pub retention: bool,
-    /// Why retention started off although it was asked for (measured not to pay here).
-    #[serde(default)]
-    pub retention_note: Option<String>,
-    /// Where the calibration (timeout, idle threshold, verdict) came from: a cached record
-    /// (path, age) or measured at start (and why). `None`: retention off or all configured.
-    #[serde(default)]
-    pub calibration: Option<crate::cache::CalibrationSource>,
-    /// Retention on or off now (`None`: no yielding threads).
-    #[serde(default)]
-    pub retention_mode: Option<RetentionMode>,
-    /// The governor re-deciding retention online (`None`: pinned by `--timeout-us`, or
-    /// `--no-adapt`).
-    #[serde(default)]
-    pub governor: Option<GovernorState>,
-    /// Each yielding thread's timeout now, with its grows and shrinks since start.
-    #[serde(default)]
-    pub vcpu_timeouts: Vec<VcpuTimeout>,
-    pub consolidation: bool,
-    /// Why consolidation is off although it was asked for.
-    pub note: Option<String>,
-    pub all_cpus: String,
-    pub active_cpus: String,
-    /// The configured or calibrated timeout: fixed, or the cap of the adaptive ones.
-    pub timeout_us: u64,
-    /// Per-vCPU timeouts adapt.
-    #[serde(default)]
-    pub adaptive_timeout: bool,
-    pub idle_threshold_us: u64,
-    pub period_ms: u64,
-    pub periods: u64,
-    pub uptime_s: f64,
-    /// The last period's measurements (l_comp, g_comp, l_idle, utilization, rho, eta).
-    pub metrics: Metrics,
-    /// Totals since start.
-    pub yields: u64,
-    pub timeouts: u64,
-    /// Times a yielding thread stepped aside for a thread waiting on another vCPU.
-    #[serde(default)]
-    pub step_asides: u64,
-    /// Slow yields during which no other task ran (interrupts, host preemption): noise, not
-    /// idle periods.
-    #[serde(default)]
-    pub noise_returns: u64,
-    pub decisions: u64,
-    /// CPU time of the yielding threads since start.
-    pub yielder_cpu_ns: u64,
-    /// Workload threads seen in the last period.
-    pub threads: usize,
-    pub recent: VecDeque<EventRecord>,
-}
-
-/// The shared, live status.
-pub type SharedStatus = Arc<Mutex<StatusReport>>;
-
-/// Appends events as JSON lines.
-#[derive(Debug)]
-pub struct EventLog {
-    file: std::fs::File,
-}
-
-impl EventLog {
-    pub fn open(path: &Path) -> anyhow::Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| gleaner_os::BadInput::new("--events file", path.display(), format!("a writable path ({e})")))?;
-        Ok(Self { file })
-    }
-
-    pub fn write(&mut self, e: &EventRecord) -> anyhow::Result<()> {
-        let mut line = serde_json::to_vec(e)?;
-        line.push(b'\n');
-        self.file.write_all(&line).context("writing an event")
-    }
-}
+use crate::status::{SharedStatus, StatusReport};
 
 /// A background server thread; stopping it wakes the accept loop at once (through a pipe the
 /// loop polls beside the listener) and joins it. An earlier loop slept 50 ms between
@@ -259,40 +73,6 @@ fn spawn_server<L: AsFd + Send + 'static, C>(
         }
     })?;
     Ok(Server { wake: Some(wake_tx), thread: Some(thread), socket: None })
-}
-
-impl StatusReport {
-    /// Adds one period's counts: yields, timeouts, decisions, yielder CPU, each vCPU's timeout
-    /// (grows and shrinks summed), and the decisions and retention switches among `records`
-    /// to the recent ones (at most [`RECENT`]).
-    pub fn add_period(&mut self, extras: &crate::sampler::PeriodExtras, decisions: u64, records: Vec<EventRecord>) {
-        for v in &extras.vcpus {
-            match self.vcpu_timeouts.iter_mut().find(|t| t.cpu == v.cpu) {
-                Some(t) => {
-                    t.timeout_ns = v.timeout_ns;
-                    t.grows += v.grows;
-                    t.shrinks += v.shrinks;
-                }
-                None => self.vcpu_timeouts.push(*v),
-            }
-        }
-        self.periods += 1;
-        self.yields += extras.yields;
-        self.timeouts += extras.timeouts;
-        self.step_asides += extras.step_asides;
-        self.noise_returns += extras.noise_returns;
-        self.decisions += decisions;
-        self.yielder_cpu_ns += extras.yielder_run_ns;
-        self.threads = extras.threads;
-        let kept =
-            |r: &EventRecord| r.decision.is_some() || r.change.is_some_and(|c| c.cause == gleaner_policy::retention::ChangeCause::Switch);
-        for r in records.into_iter().filter(kept) {
-            if self.recent.len() == RECENT {
-                self.recent.pop_front();
-            }
-            self.recent.push_back(r);
-        }
-    }
 }
 
 /// The status socket of agent `pid` in `run_dir`.
@@ -452,7 +232,10 @@ pub fn prometheus_text(s: &StatusReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
+    use crate::status::VcpuTimeout;
 
     #[test]
     fn prometheus_text_has_metrics() {
@@ -485,42 +268,5 @@ mod tests {
         assert_eq!(got[0].agent_pid, 42);
         server.stop();
         assert!(query_all(dir.path()).unwrap().is_empty(), "socket removed on stop");
-    }
-
-    #[test]
-    fn events_are_json_lines() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("e.jsonl");
-        let mut log = EventLog::open(&p).unwrap();
-        let e = EventRecord {
-            decision: Some(Decision::Deactivate { cpu: 1 }),
-            ..EventRecord::new(5, "consolidate", "0".into(), Metrics::default())
-        };
-        let period = EventRecord {
-            count: Some(3),
-            vcpus: Some(vec![VcpuTimeout { cpu: 0, timeout_ns: 20_000, grows: 1, shrinks: 0 }]),
-            retention: Some(RetentionMode::Off),
-            ..EventRecord::new(6, "period", "0".into(), Metrics::default())
-        };
-        let change = EventRecord {
-            retention: Some(RetentionMode::On),
-            change: Some(ModeChange {
-                from: RetentionMode::Off,
-                to: RetentionMode::On,
-                cause: gleaner_policy::retention::ChangeCause::Probe,
-            }),
-            ..EventRecord::new(7, "retention", "0".into(), Metrics::default())
-        };
-        for r in [&e, &e, &period, &change] {
-            log.write(r).unwrap();
-        }
-        let text = std::fs::read_to_string(&p).unwrap();
-        let lines: Vec<EventRecord> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        assert_eq!(lines, vec![e.clone(), e, period, change]);
-        // Typed fields, unset ones left out.
-        let v: serde_json::Value = serde_json::from_str(text.lines().nth(3).unwrap()).unwrap();
-        assert_eq!(v["change"]["cause"], "probe");
-        assert_eq!(v["retention"], "on");
-        assert!(v.get("decision").is_none() && v.get("vcpus").is_none());
     }
 }
