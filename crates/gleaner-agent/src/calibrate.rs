@@ -6,7 +6,7 @@
 //! boot so that agents measure once, not at every start.
 
 use anyhow::Context;
-use gleaner_bench::wakeup::{self, Setting, WakeupConfig};
+use gleaner_measure::wakeup::{self, Setting, WakeupConfig};
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::Procfs;
 use gleaner_policy::retention::{idle_threshold_from_samples, retention_verdict, timeout_from_wakeup, WakeupCosts};

@@ -10,6 +10,7 @@ use gleaner_policy::stats::Summary;
 use serde::{Deserialize, Serialize};
 
 use crate::measure::RunMetrics;
+use crate::wakeup::SettingResult;
 
 /// Where and when a result was measured.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -151,6 +152,20 @@ impl BenchDoc {
         }
         Ok(doc)
     }
+}
+
+/// The document of `bench wakeup --json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WakeupDoc {
+    /// Always `wakeup`.
+    pub kind: String,
+    /// The primitive measured.
+    pub primitive: String,
+    pub rounds: u32,
+    pub warmup: u32,
+    pub period_us: u64,
+    pub settings: Vec<SettingResult>,
+    pub host: HostInfo,
 }
 
 #[cfg(test)]
