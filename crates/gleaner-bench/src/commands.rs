@@ -1,6 +1,5 @@
 //! The `gleaner bench` subcommands: argument resolution, runs, human and JSON output.
 
-use std::io::Write;
 use std::os::fd::AsFd;
 use std::process::{Command, ExitCode, Stdio};
 
@@ -19,10 +18,7 @@ use crate::workload::{self, Workload, WorkloadParams};
 use crate::{OverheadArgs, RunArgs, WakeupArgs, WorkloadArgs, YieldersArgs};
 
 fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, v)?;
-    writeln!(out)?;
-    Ok(())
+    Ok(gleaner_measure::report::write_document(std::io::stdout().lock(), v)?)
 }
 
 fn ms(ns: f64) -> String {
