@@ -213,7 +213,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     for i in 0..args.runs {
         for mode in Mode::ALL {
-            let n = samples.len() as u32 + 1;
+            let n = u32::try_from(samples.len()).map_or(u32::MAX, |done| done + 1);
             if !args.json {
                 let eta = if n > 1 { format!(", ~{:.0} s left", t0.elapsed().as_secs_f64() / f64::from(n - 1) * f64::from(total - n + 1)) } else { String::new() };
                 eprint!("\rgleaner compare: run {n}/{total} ({mode}, round {}){eta}    ", i + 1);

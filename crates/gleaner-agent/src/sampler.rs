@@ -299,7 +299,7 @@ pub fn split_total(total: u64, weights: &[(u32, u64)]) -> Vec<(u32, u64)> {
     let mut parts: Vec<(u32, u64)> = weights
         .iter()
         .map(|&(cpu, w)| {
-            let share = if sum == 0 { u128::from(total) / n } else { u128::from(total) * u128::from(w) / sum };
+            let share = (u128::from(total) * u128::from(w)).checked_div(sum).unwrap_or(u128::from(total) / n);
             (cpu, u64::try_from(share).unwrap_or(u64::MAX))
         })
         .collect();

@@ -128,7 +128,7 @@ impl Yielders {
     /// started) if a thread cannot be pinned or made `SCHED_IDLE`.
     pub fn start(cpus: &CpuSet, cfg: RetentionConfig, retain: bool) -> anyhow::Result<Self> {
         let online = gleaner_os::sysfs::Sysfs::new().online_cpus().map(|c| c.len()).unwrap_or(0);
-        let online_cpus = u32::try_from(online).unwrap_or(u32::MAX).max(cpus.len() as u32);
+        let online_cpus = u32::try_from(online).unwrap_or(u32::MAX).max(u32::try_from(cpus.len()).unwrap_or(u32::MAX));
         let shared = Arc::new(Shared::new(online_cpus, retain));
         let mut me = Self { slots: Vec::new(), shared, threads: Vec::new() };
         for cpu in cpus.iter() {
@@ -346,7 +346,7 @@ fn yield_loop(slot: &Slot, shared: &Shared, cfg: RetentionConfig) {
             RetentionAction::StepAside { ns } => sleep_uncounted(shared, ns),
         }
         n = n.wrapping_add(1);
-        if n % 64 == 0 {
+        if n.is_multiple_of(64) {
             slot.counters.publish(&det.counters());
         }
     }
