@@ -6,7 +6,7 @@
 //! boot so that agents measure once, not at every start.
 
 use anyhow::Context;
-use gleaner_bench::wakeup::{self, Setting, WakeupConfig};
+use gleaner_measure::wakeup::{self, Setting, WakeupConfig};
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::Procfs;
 use gleaner_policy::retention::{idle_threshold_from_samples, retention_verdict, timeout_from_wakeup, WakeupCosts};
@@ -40,7 +40,10 @@ pub fn mean_wakeups(cpus: &CpuSet, settings: &[Setting], gap_us: u64) -> anyhow:
         .map(|&s| {
             let r = results.iter().find(|r| r.setting == s).context("setting missing from the result")?;
             let us = r.mean_us.with_context(|| format!("no sample for setting {s:?}"))?;
-            Ok((us * 1000.0).round() as u64)
+            // A mean latency: finite, >= 0 and far below u64::MAX ns (`as` saturates anyway).
+            #[allow(clippy::cast_possible_truncation)]
+            let ns = (us * 1000.0).round() as u64;
+            Ok(ns)
         })
         .collect()
 }

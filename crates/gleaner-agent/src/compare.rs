@@ -5,12 +5,15 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
+use gleaner_measure::measure::{self, SystemMeter};
+use gleaner_measure::RunMetrics;
 use gleaner_os::cpuset::CpuSet;
+use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
 use gleaner_policy::retention::WakeupCosts;
 use gleaner_policy::stats::Summary;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::agent::{self, RunOptions, Target};
 use crate::cache::CalibrationSource;
@@ -33,22 +36,67 @@ pub struct CompareArgs {
     pub cmd: Vec<String>,
 }
 
-/// One measured run.
+/// How a run was made: alone, or under the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Stock,
+    Gleaner,
+}
+
+impl Mode {
+    /// The order runs alternate in.
+    pub const ALL: [Mode; 2] = [Mode::Stock, Mode::Gleaner];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Stock => "stock",
+            Mode::Gleaner => "gleaner",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One measured run: the workload's [`RunMetrics`] (the record `gleaner bench` writes) and
+/// what the agent cost in Gleaner runs.
 #[derive(Debug, Clone, Serialize)]
 pub struct Sample {
-    pub mode: &'static str,
-    pub wall_ns: u64,
+    pub mode: Mode,
+    #[serde(flatten)]
+    pub metrics: RunMetrics,
+    /// User + system CPU time of the workload, ns ([`RunMetrics::cpu_ns`]).
     pub cpu_ns: u64,
-    pub vcsw: u64,
-    pub nivcsw: u64,
-    pub idle_entries: Option<u64>,
     pub agent_cpu_ns: Option<u64>,
     /// Peak resident memory of the agent process (KiB) after the run.
     pub agent_maxrss_kib: Option<u64>,
     pub decisions: Option<u64>,
     /// Share of the agent's control periods that ran with retention on.
     pub retention_on_share: Option<f64>,
-    pub exit_code: i32,
+}
+
+impl Sample {
+    /// A run without the agent.
+    fn stock(metrics: RunMetrics) -> Sample {
+        Sample {
+            mode: Mode::Stock,
+            cpu_ns: metrics.cpu_ns(),
+            metrics,
+            agent_cpu_ns: None,
+            agent_maxrss_kib: None,
+            decisions: None,
+            retention_on_share: None,
+        }
+    }
+
+    /// The workload's exit status (a run always has one here: both modes start a command).
+    fn exit_code(&self) -> i32 {
+        self.metrics.exit_code.unwrap_or(1)
+    }
 }
 
 impl Calibration {
@@ -164,18 +212,21 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     let mut samples = Vec::new();
     let t0 = Instant::now();
     for i in 0..args.runs {
-        for mode in ["stock", "gleaner"] {
-            let n = samples.len() as u32 + 1;
+        for mode in Mode::ALL {
+            let n = u32::try_from(samples.len()).map_or(u32::MAX, |done| done + 1);
             if !args.json {
                 let eta = if n > 1 { format!(", ~{:.0} s left", t0.elapsed().as_secs_f64() / f64::from(n - 1) * f64::from(total - n + 1)) } else { String::new() };
                 eprint!("\rgleaner compare: run {n}/{total} ({mode}, round {}){eta}    ", i + 1);
             }
-            let s = if mode == "stock" { run_stock(&command, &cpus, &sysfs, &opts)? } else { run_gleaner(&command, &cfg, &cpus, &sysfs, &opts)? };
-            if s.exit_code != 0 {
+            let s = match mode {
+                Mode::Stock => run_stock(&command, &cpus, &sysfs, &opts)?,
+                Mode::Gleaner => run_gleaner(&command, &cfg, &cpus, &sysfs, &opts)?,
+            };
+            if s.exit_code() != 0 {
                 let err = std::fs::read_to_string(out_dir.path().join("err.txt")).unwrap_or_default();
                 anyhow::bail!(
                     "the workload failed in a {mode} run (exit status {}): {}{}",
-                    s.exit_code,
+                    s.exit_code(),
                     command.join(" "),
                     if err.is_empty() { String::new() } else { format!(": {}", err.trim()) }
                 );
@@ -195,9 +246,12 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The number of CPUs in `cpus` as [`RunMetrics::cpus_available`] counts them.
+fn cpu_count(cpus: &CpuSet) -> u32 {
+    u32::try_from(cpus.len()).unwrap_or(u32::MAX)
+}
+
 fn run_stock(command: &[String], cpus: &CpuSet, sysfs: &Sysfs, opts: &RunOptions) -> anyhow::Result<Sample> {
-    let idle0 = sysfs.total_idle_entries(cpus).ok().flatten();
-    let start = Instant::now();
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]);
     if let Some(p) = &opts.stdout_to {
@@ -206,58 +260,42 @@ fn run_stock(command: &[String], cpus: &CpuSet, sysfs: &Sysfs, opts: &RunOptions
     if let Some(p) = &opts.stderr_to {
         cmd.stderr(std::fs::File::create(p)?);
     }
+    let meter = SystemMeter::start(&Procfs::new(), sysfs, cpus)?;
     let child = cmd.spawn().map_err(|e| BadInput::new("command", &command[0], format!("a program that can be started ({e})")))?;
-    let (status, ru) = gleaner_os::rusage::wait4(child.id() as i32)?;
-    let code = status.code();
-    let wall_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    let idle1 = sysfs.total_idle_entries(cpus).ok().flatten();
-    Ok(Sample {
-        mode: "stock",
-        wall_ns,
-        cpu_ns: ru.user_ns + ru.sys_ns,
-        vcsw: ru.nvcsw,
-        nivcsw: ru.nivcsw,
-        idle_entries: idle0.zip(idle1).map(|(a, b)| b.saturating_sub(a)),
-        agent_cpu_ns: None,
-        agent_maxrss_kib: None,
-        decisions: None,
-        retention_on_share: None,
-        exit_code: code,
-    })
+    Ok(Sample::stock(measure::measure_child(child, meter)?))
 }
 
 fn run_gleaner(command: &[String], cfg: &crate::config::AgentConfig, cpus: &CpuSet, sysfs: &Sysfs, opts: &RunOptions) -> anyhow::Result<Sample> {
-    let idle0 = sysfs.total_idle_entries(cpus).ok().flatten();
+    let meter = SystemMeter::start(&Procfs::new(), sysfs, cpus)?;
     let before = gleaner_os::rusage::self_rusage()?;
     let out = agent::run(Target::Command(command.to_vec()), cfg, opts)?;
     let after = gleaner_os::rusage::self_rusage()?;
-    let idle1 = sysfs.total_idle_entries(cpus).ok().flatten();
-    let ru = out.rusage.unwrap_or_default();
+    // The system counters cover the agent's set-up and clean-up too; the wall time is the
+    // workload's own, from its start to its exit.
+    let system = measure::SystemDelta { wall_ns: out.workload_wall_ns, ..meter.stop()? };
+    let mut metrics = measure::metrics(&out.rusage.unwrap_or_default(), &system, cpu_count(cpus));
+    metrics.exit_code = Some(out.exit_code.unwrap_or(1));
     Ok(Sample {
-        mode: "gleaner",
-        wall_ns: out.workload_wall_ns,
-        cpu_ns: ru.user_ns + ru.sys_ns,
-        vcsw: ru.nvcsw,
-        nivcsw: ru.nivcsw,
-        idle_entries: idle0.zip(idle1).map(|(a, b)| b.saturating_sub(a)),
+        mode: Mode::Gleaner,
+        cpu_ns: metrics.cpu_ns(),
+        metrics,
         agent_cpu_ns: Some((after.user_ns + after.sys_ns).saturating_sub(before.user_ns + before.sys_ns)),
         agent_maxrss_kib: Some(after.maxrss_kib),
         decisions: Some(out.decisions),
         retention_on_share: (out.periods > 0).then(|| out.retention_on_periods as f64 / out.periods as f64),
-        exit_code: out.exit_code.unwrap_or(1),
     })
 }
 
 fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config::AgentConfig, calibration: Calibration, samples: Vec<Sample>) -> CompareReport {
-    let pick = |mode: &str, f: &dyn Fn(&Sample) -> Option<f64>| -> Vec<f64> {
+    let pick = |mode: Mode, f: &dyn Fn(&Sample) -> Option<f64>| -> Vec<f64> {
         samples.iter().filter(|s| s.mode == mode).filter_map(f).collect()
     };
     let secs = |ns: u64| ns as f64 / 1e9;
-    let wall = |m| Summary::of(&pick(m, &|s| Some(secs(s.wall_ns)))).expect("runs >= 1");
+    let wall = |m| Summary::of(&pick(m, &|s| Some(secs(s.metrics.wall_ns)))).expect("runs >= 1");
     let cpu = |m| Summary::of(&pick(m, &|s| Some(secs(s.cpu_ns)))).expect("runs >= 1");
-    let idle = |m| Summary::of(&pick(m, &|s| s.idle_entries.map(|v| v as f64))).ok();
-    let stock_wall_s = wall("stock");
-    let gleaner_wall_s = wall("gleaner");
+    let idle = |m| Summary::of(&pick(m, &|s| s.metrics.idle_entries.map(|v| v as f64))).ok();
+    let stock_wall_s = wall(Mode::Stock);
+    let gleaner_wall_s = wall(Mode::Gleaner);
     CompareReport {
         command,
         runs,
@@ -273,12 +311,12 @@ fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config
         speedup: stock_wall_s.p50 / gleaner_wall_s.p50,
         stock_wall_s,
         gleaner_wall_s,
-        stock_cpu_s: cpu("stock"),
-        gleaner_cpu_s: cpu("gleaner"),
-        stock_idle_entries: idle("stock"),
-        gleaner_idle_entries: idle("gleaner"),
-        gleaner_agent_cpu_s: Summary::of(&pick("gleaner", &|s| s.agent_cpu_ns.map(secs))).ok(),
-        gleaner_retention_on_share: Summary::of(&pick("gleaner", &|s| s.retention_on_share)).ok(),
+        stock_cpu_s: cpu(Mode::Stock),
+        gleaner_cpu_s: cpu(Mode::Gleaner),
+        stock_idle_entries: idle(Mode::Stock),
+        gleaner_idle_entries: idle(Mode::Gleaner),
+        gleaner_agent_cpu_s: Summary::of(&pick(Mode::Gleaner, &|s| s.agent_cpu_ns.map(secs))).ok(),
+        gleaner_retention_on_share: Summary::of(&pick(Mode::Gleaner, &|s| s.retention_on_share)).ok(),
         agent_maxrss_mib: samples.iter().filter_map(|s| s.agent_maxrss_kib).max().map(|k| k as f64 / 1024.0),
         samples,
     }
@@ -353,6 +391,33 @@ mod tests {
 
     fn runs(v: &[f64]) -> Summary {
         Summary::of(v).unwrap()
+    }
+
+    /// `gleaner compare --json` keeps every key a sample had before it was built on
+    /// `RunMetrics`, with the mode as the same lowercase word.
+    #[test]
+    fn a_sample_keeps_its_json_keys_and_lowercase_mode() {
+        let metrics = RunMetrics { wall_ns: 10, user_ns: 3, sys_ns: 4, exit_code: Some(0), idle_entries: Some(2), ..Default::default() };
+        let stock = serde_json::to_value(Sample::stock(metrics.clone())).unwrap();
+        let gleaner = serde_json::to_value(Sample { mode: Mode::Gleaner, decisions: Some(1), ..Sample::stock(metrics) }).unwrap();
+        for key in [
+            "mode",
+            "wall_ns",
+            "cpu_ns",
+            "vcsw",
+            "nivcsw",
+            "idle_entries",
+            "agent_cpu_ns",
+            "agent_maxrss_kib",
+            "decisions",
+            "retention_on_share",
+            "exit_code",
+        ] {
+            assert!(stock.get(key).is_some(), "no {key} in {stock}");
+        }
+        assert_eq!((&stock["mode"], &gleaner["mode"]), (&"stock".into(), &"gleaner".into()));
+        assert_eq!((&stock["cpu_ns"], &stock["exit_code"], &stock["idle_entries"]), (&7.into(), &0.into(), &2.into()));
+        assert_eq!(Mode::ALL.map(|m| m.to_string()), ["stock", "gleaner"]);
     }
 
     #[test]

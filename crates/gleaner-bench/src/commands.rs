@@ -1,10 +1,12 @@
 //! The `gleaner bench` subcommands: argument resolution, runs, human and JSON output.
 
-use std::io::Write;
 use std::os::fd::AsFd;
 use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::Context;
+use gleaner_measure::measure::{self, SystemMeter};
+use gleaner_measure::report::{BenchDoc, HostInfo, RunSummary, WakeupDoc};
+use gleaner_measure::wakeup::{self, SettingResult, WakeupConfig};
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
@@ -12,17 +14,11 @@ use gleaner_policy::overhead::{self, Overhead, Side};
 use gleaner_policy::stats::median;
 use serde::{Deserialize, Serialize};
 
-use crate::measure::{self, SystemMeter};
-use crate::report::{BenchDoc, HostInfo, RunSummary};
-use crate::wakeup::{self, SettingResult, WakeupConfig};
 use crate::workload::{self, Workload, WorkloadParams};
 use crate::{OverheadArgs, RunArgs, WakeupArgs, WorkloadArgs, YieldersArgs};
 
 fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, v)?;
-    writeln!(out)?;
-    Ok(())
+    Ok(gleaner_measure::report::write_document(std::io::stdout().lock(), v)?)
 }
 
 fn ms(ns: f64) -> String {
@@ -31,20 +27,6 @@ fn ms(ns: f64) -> String {
 
 fn opt_us(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
-}
-
-/// The document of `bench wakeup --json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WakeupDoc {
-    /// Always `wakeup`.
-    pub kind: String,
-    /// The primitive measured.
-    pub primitive: String,
-    pub rounds: u32,
-    pub warmup: u32,
-    pub period_us: u64,
-    pub settings: Vec<SettingResult>,
-    pub host: HostInfo,
 }
 
 /// Resolve the flags of `bench wakeup` into a configuration.

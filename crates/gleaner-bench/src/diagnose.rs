@@ -20,10 +20,10 @@ use anyhow::Context;
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
+use gleaner_measure::measure;
+use gleaner_measure::wakeup::{self, Setting, SettingResult, WakeupConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::measure;
-use crate::wakeup::{self, Setting, SettingResult, WakeupConfig};
 use crate::workload::{self, Workload, WorkloadParams};
 use crate::DiagnoseArgs;
 

@@ -7,10 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use anyhow::Context;
+use gleaner_measure::wakeup::SettingResult;
 use gleaner_os::BadInput;
 use plotters::prelude::*;
-
-use crate::wakeup::SettingResult;
 
 const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
@@ -116,7 +115,6 @@ fn draw<DB: DrawingBackend>(
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     Ok(())
-
 }
 
 /// The CDF of each wakeup setting.

@@ -1,8 +1,8 @@
 //! `bench overhead` on result documents, against hand-computed values.
 
-use gleaner_bench::measure::RunMetrics;
 use gleaner_bench::overhead_of;
-use gleaner_bench::report::{BenchDoc, HostInfo, RunSummary};
+use gleaner_measure::report::{BenchDoc, HostInfo, RunSummary};
+use gleaner_measure::RunMetrics;
 
 fn doc(name: &str, runs: &[(u64, u64, u32)]) -> BenchDoc {
     let runs: Vec<RunMetrics> = runs

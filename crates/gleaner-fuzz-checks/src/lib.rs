@@ -387,8 +387,9 @@ pub fn qmp(data: &[u8]) {
     }
 }
 
-/// Bench JSON as the lab reads it from a guest's output (the first `{` onwards when the
-/// whole output is not one document), a result row filled from it, the calibrated rate; the
+/// Bench JSON as the lab reads it from a guest's output (`gleaner_measure::report::from_output`:
+/// the first `{` onwards, or a later line starting with `{`, when the whole output is not one
+/// document), a result row filled from it, the calibrated rate; the
 /// simulator's Table 2 reader of `bench wakeup --json` files.
 pub fn bench_json(data: &[u8]) {
     use gleaner_lab::results::{parse_bench_output, Row};
@@ -396,7 +397,7 @@ pub fn bench_json(data: &[u8]) {
     let doc = parse_bench_output(&s);
     if let Ok(d) = &doc {
         assert!(!d.runs.is_empty());
-        let _ = gleaner_bench::report::RunSummary::of(&d.runs);
+        let _ = gleaner_measure::report::RunSummary::of(&d.runs);
     }
     let mut row = Row::default();
     row.fill_from_bench(&s);

@@ -6,33 +6,23 @@
 //! vCPU halts per unit of work and host CPU per avoided halt.
 //!
 //! The bench output of a step is the same Rust type the bench prints
-//! ([`gleaner_bench::report::BenchDoc`]); the agent's decisions are its `--events` JSON lines,
+//! ([`gleaner_measure::report::BenchDoc`], its runs [`gleaner_measure::RunMetrics`]), read with
+//! the measurement crate's own reader; the agent's decisions are its `--events` JSON lines,
 //! read as [`gleaner_agent::status::EventRecord`]s.
 
 use std::collections::BTreeMap;
 
 use gleaner_agent::status::{EventRecord, VcpuTimeout};
-use gleaner_bench::report::BenchDoc;
+use gleaner_measure::report::{self, BenchDoc};
 use gleaner_policy::overhead::{overhead, Side};
 use gleaner_policy::retention::{ChangeCause, RetentionMode};
 use gleaner_policy::stats::{bootstrap_ci, median as median_of, Interval, BOOTSTRAP_RESAMPLES};
 use serde::{Deserialize, Serialize};
 
 /// The bench document in a step's stdout (the whole output, or the first JSON object in it
-/// when something else printed too). Errors say what was wrong.
+/// when something else printed too: [`report::from_output`]). Errors say what was wrong.
 pub fn parse_bench_output(stdout: &str) -> Result<BenchDoc, String> {
-    let t = stdout.trim();
-    let doc = match serde_json::from_str::<BenchDoc>(t) {
-        Ok(d) => d,
-        Err(whole) => {
-            let start = t.find('{').ok_or_else(|| "no JSON document in the output".to_string())?;
-            match serde_json::Deserializer::from_str(&t[start..]).into_iter::<BenchDoc>().next() {
-                Some(Ok(d)) => d,
-                Some(Err(e)) => return Err(format!("bad bench JSON: {e} (whole output: {whole})")),
-                None => return Err("no JSON document in the output".into()),
-            }
-        }
-    };
+    let doc: BenchDoc = report::from_output(stdout).map_err(|e| e.to_string())?;
     if doc.runs.is_empty() {
         return Err("bench JSON has no runs".into());
     }
@@ -576,7 +566,7 @@ mod tests {
     use super::*;
 
     fn bench_json(wall: u64, items: u64, driver: Option<&str>) -> String {
-        let host = gleaner_bench::report::HostInfo {
+        let host = gleaner_measure::report::HostInfo {
             kernel: "6.1".into(),
             cpus: 2,
             allowed_cpus: "0-1".into(),
@@ -587,13 +577,12 @@ mod tests {
             git_revision: None,
             date: String::new(),
         };
-        let run =
-            gleaner_bench::measure::RunMetrics { wall_ns: wall, user_ns: 50, sys_ns: 5, vcsw: 9, items: Some(items), ..Default::default() };
+        let run = gleaner_measure::RunMetrics { wall_ns: wall, user_ns: 50, sys_ns: 5, vcsw: 9, items: Some(items), ..Default::default() };
         let doc = BenchDoc {
             kind: "workload".into(),
             name: "pipeline".into(),
             params: serde_json::json!({}),
-            summary: gleaner_bench::report::RunSummary::of(std::slice::from_ref(&run)).unwrap(),
+            summary: gleaner_measure::report::RunSummary::of(std::slice::from_ref(&run)).unwrap(),
             runs: vec![run],
             host,
         };
@@ -610,6 +599,23 @@ mod tests {
         let mut row = Row::default();
         row.fill_from_bench(&out);
         assert_eq!((row.wall_ns, row.cpu_ns, row.cpuidle_driver.as_deref()), (100, 55, Some("haltpoll")));
+    }
+
+    /// The lab reads exactly what `gleaner bench workload --json` writes: a real run's
+    /// document, written by the bench's writer, comes back with every key and value.
+    #[test]
+    fn reads_exactly_what_bench_workload_json_writes() {
+        use gleaner_bench::workload::{Workload, WorkloadParams};
+        let params = WorkloadParams { threads: 2, ..WorkloadParams::quick(Workload::Pipeline) };
+        let doc = gleaner_bench::commands_for_tests::workload_doc(Workload::Pipeline, &params, 2).unwrap();
+        let mut out = Vec::new();
+        report::write_document(&mut out, &doc).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let read = parse_bench_output(&text).unwrap();
+        // Compared as JSON values parsed from the same text (float parsing is then the same).
+        assert_eq!(serde_json::to_value(&read).unwrap(), serde_json::from_str::<serde_json::Value>(&text).unwrap());
+        assert_eq!((read.runs.len(), read.runs[0].wall_ns, read.runs[0].items), (2, doc.runs[0].wall_ns, doc.runs[0].items));
+        assert_eq!(read.summary.runs, doc.summary.runs);
     }
 
     #[test]

@@ -174,8 +174,7 @@ pub struct WakeCosts {
 }
 
 fn wake_costs(context: &str, guest: &str, stdout: &str) -> Option<WakeCosts> {
-    let t = stdout.trim();
-    let doc: gleaner_bench::WakeupDoc = serde_json::from_str(&t[t.find('{')?..]).ok()?;
+    let doc: gleaner_measure::report::WakeupDoc = gleaner_measure::report::from_output(stdout).ok()?;
     let mut settings = doc.settings;
     for s in &mut settings {
         s.samples_ns.clear();
@@ -192,10 +191,6 @@ pub fn calibrated_rate(stdout: &str) -> Option<f64> {
 /// The co-runner guest's job: the co-runner in a loop until the guest is killed.
 pub fn co_runner_job(args: &[String], gleaner: &Path) -> String {
     format!("i=0\nwhile :; do i=$((i+1)); step co.$i {}; done\n", cmd_line(gleaner, args))
-}
-
-fn allowed_cpus() -> Vec<usize> {
-    gleaner_os::sched::affinity(0).map(|c| c.iter().map(|x| x as usize).collect()).unwrap_or_else(|_| vec![0])
 }
 
 fn qemu_version() -> String {
@@ -261,7 +256,7 @@ fn prepare(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Prepared> {
     if runs == 0 {
         return Err(BadInput::new("--runs", runs, ">= 1").into());
     }
-    let allowed = allowed_cpus();
+    let allowed: Vec<usize> = gleaner_measure::measure::allowed_cpus().into_iter().map(|c| c as usize).collect();
     let pcpus = match opts.pcpus.as_deref().or(exp.pcpus.as_deref()) {
         Some(list) => {
             let p = parse_cpu_list(list).ok_or_else(|| BadInput::new("pcpus", list, "a CPU list like 0-1"))?;

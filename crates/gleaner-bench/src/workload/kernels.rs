@@ -396,7 +396,7 @@ fn matmul(p: &WorkloadParams) -> KResult {
 fn freqsleep(p: &WorkloadParams) -> KResult {
     let w = Workload::Freqsleep;
     let done = AtomicU64::new(0);
-    let cpus = crate::measure::allowed_cpus();
+    let cpus = gleaner_measure::measure::allowed_cpus();
     std::thread::scope(|s| {
         for tid in 0..p.threads {
             let n = share(p.items, p.threads, tid);
@@ -405,7 +405,7 @@ fn freqsleep(p: &WorkloadParams) -> KResult {
             s.spawn(move || {
                 if let Some(cpu) = cpu {
                     // Best effort: without pinning the kernel still spreads the sleepers.
-                    let _ = crate::measure::pin_current_thread(cpu);
+                    let _ = gleaner_measure::measure::pin_current_thread(cpu);
                 }
                 let skip = u64::from(p.fault == Some(Fault::DropOneItem) && tid == 0);
                 for _ in skip..n {

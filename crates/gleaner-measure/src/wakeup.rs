@@ -40,11 +40,10 @@ use gleaner_policy::stats::Summary;
 use serde::{Deserialize, Serialize};
 
 use crate::measure::pin_current_thread;
-use crate::workload::compute;
 
 /// One of the four settings of Table 2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum)]
-#[value(rename_all = "UPPER")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum), value(rename_all = "UPPER"))]
 pub enum Setting {
     /// Waker and waiter on the same CPU.
     A,
@@ -86,7 +85,8 @@ impl std::fmt::Display for Setting {
 }
 
 /// The blocking primitive the waiter sleeps in.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Primitive {
     /// `std::sync::Condvar` (futex): timed from `notify_one` (pthread_cond_signal).
@@ -161,8 +161,16 @@ impl WakeupConfig {
         }
         let cross = self.settings.iter().any(|s| *s != Setting::A);
         if cross && self.waker_cpu == self.waiter_cpu {
-            let allowed_settings = if allowed.len() < 2 { "A only (this process may use one CPU)" } else { "different --waker-cpu and --waiter-cpu for B, C, D" };
-            return Err(BadInput::new("--setting", format!("{:?} with both threads on CPU {}", self.settings, self.waker_cpu), allowed_settings));
+            let allowed_settings = if allowed.len() < 2 {
+                "A only (this process may use one CPU)"
+            } else {
+                "different --waker-cpu and --waiter-cpu for B, C, D"
+            };
+            return Err(BadInput::new(
+                "--setting",
+                format!("{:?} with both threads on CPU {}", self.settings, self.waker_cpu),
+                allowed_settings,
+            ));
         }
         Ok(())
     }
@@ -554,7 +562,7 @@ impl Load {
                 let _ = tx.send(ok);
                 let mut x = u64::from(cpu);
                 while ok && !stop.load(Ordering::Relaxed) {
-                    x = compute::spin(x, 10_000);
+                    x = burn(x, 10_000);
                 }
             }));
             if !rx.recv().unwrap_or(false) {
@@ -563,6 +571,17 @@ impl Load {
         }
         Ok(l)
     }
+}
+
+/// `n` dependent multiply-adds (a 64-bit LCG, as the bench's compute unit): plain CPU work
+/// for the co-runners of setting D, with no `pause` instruction that a hypervisor could turn
+/// into a pause-loop exit.
+#[inline(never)]
+fn burn(mut x: u64, n: u64) -> u64 {
+    for _ in 0..std::hint::black_box(n) {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    }
+    std::hint::black_box(x)
 }
 
 impl Drop for Load {
@@ -594,10 +613,9 @@ pub fn run_setting(setting: Setting, cfg: &WakeupConfig, allowed: &CpuSet, procf
     let tally = std::thread::scope(|s| {
         let (w, k) = match cfg.primitive {
             Primitive::Condvar => (s.spawn(|| waiter(&chan, waiter_cpu, deadline)), s.spawn(|| waker(&chan, waker_cpu, cfg, procfs))),
-            Primitive::Mutex => (
-                s.spawn(|| waiter_mutex(&chan, waiter_cpu, deadline)),
-                s.spawn(|| waker_mutex(&chan, waker_cpu, cfg, procfs)),
-            ),
+            Primitive::Mutex => {
+                (s.spawn(|| waiter_mutex(&chan, waiter_cpu, deadline)), s.spawn(|| waker_mutex(&chan, waker_cpu, cfg, procfs)))
+            }
         };
         let tally = k.join();
         chan.lock().stop = true;

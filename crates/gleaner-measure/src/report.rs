@@ -1,5 +1,8 @@
-//! Result documents (`--json`) and their provenance.
+//! Result documents (`--json`) and their provenance: written by `gleaner bench` with
+//! [`write_document`], read back as the same types by `bench overhead` ([`BenchDoc::load`]) and
+//! from a guest's output by the lab ([`from_output`]).
 
+use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
@@ -7,9 +10,11 @@ use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
 use gleaner_policy::stats::Summary;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::measure::RunMetrics;
+use crate::wakeup::SettingResult;
 
 /// Where and when a result was measured.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -153,9 +158,97 @@ impl BenchDoc {
     }
 }
 
+/// The document of `bench wakeup --json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WakeupDoc {
+    /// Always `wakeup`.
+    pub kind: String,
+    /// The primitive measured.
+    pub primitive: String,
+    pub rounds: u32,
+    pub warmup: u32,
+    pub period_us: u64,
+    pub settings: Vec<SettingResult>,
+    pub host: HostInfo,
+}
+
+/// Write `doc` as `gleaner bench ... --json` prints it: pretty JSON and a newline.
+pub fn write_document<T: Serialize>(mut out: impl Write, doc: &T) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut out, doc)?;
+    writeln!(out)
+}
+
+/// Why a command's output held no document.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutputError {
+    #[error("no JSON document in the output")]
+    Missing,
+    /// `error` is why the document did not parse; `whole` why the whole output did not.
+    #[error("bad bench JSON: {error} (whole output: {whole})")]
+    Malformed { error: String, whole: String },
+}
+
+/// The document in a command's output: the whole output, or else the first JSON object in it
+/// (from the first `{`, then from each later line that starts with `{`) when other lines were
+/// printed too, as a guest's console shows them. What follows the document is ignored.
+pub fn from_output<T: DeserializeOwned>(stdout: &str) -> Result<T, OutputError> {
+    let t = stdout.trim();
+    let whole = match serde_json::from_str::<T>(t) {
+        Ok(d) => return Ok(d),
+        Err(e) => e.to_string(),
+    };
+    let first = t.find('{').ok_or(OutputError::Missing)?;
+    let line_starts = t[first..].match_indices("\n{").map(|(i, _)| first + i + 1);
+    let mut error = None;
+    for start in std::iter::once(first).chain(line_starts) {
+        match serde_json::Deserializer::from_str(&t[start..]).into_iter::<T>().next() {
+            Some(Ok(d)) => return Ok(d),
+            Some(Err(e)) => {
+                error.get_or_insert_with(|| e.to_string());
+            }
+            None => {}
+        }
+    }
+    Err(error.map_or(OutputError::Missing, |error| OutputError::Malformed { error, whole }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn doc(items: u64) -> BenchDoc {
+        let run = RunMetrics { wall_ns: 100, user_ns: 50, sys_ns: 5, items: Some(items), ..Default::default() };
+        BenchDoc {
+            kind: "workload".into(),
+            name: "pipeline".into(),
+            params: serde_json::json!({}),
+            summary: RunSummary::of(std::slice::from_ref(&run)).unwrap(),
+            runs: vec![run],
+            host: HostInfo::default(),
+        }
+    }
+
+    fn written(d: &BenchDoc) -> String {
+        let mut out = Vec::new();
+        write_document(&mut out, d).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn reads_the_document_alone_or_among_other_lines() {
+        let d = doc(7);
+        assert_eq!(from_output::<BenchDoc>(&written(&d)).unwrap(), d);
+        // An agent's JSON event line before the document: the next line starting with `{`.
+        let noisy = format!("gleaner: started\n{{\"event\":\"start\"}}\n{}trailing", written(&d));
+        assert_eq!(from_output::<BenchDoc>(&noisy).unwrap(), d);
+    }
+
+    #[test]
+    fn malformed_and_empty_output() {
+        assert!(matches!(from_output::<BenchDoc>("{\"runs\": ["), Err(OutputError::Malformed { .. })));
+        assert_eq!(from_output::<BenchDoc>(""), Err(OutputError::Missing));
+        assert_eq!(from_output::<BenchDoc>("nothing here"), Err(OutputError::Missing));
+    }
 
     #[test]
     fn utc_formatting() {

@@ -1,7 +1,7 @@
 //! The wakeup benchmark returns samples for each setting and never hangs.
 
-use gleaner_bench::measure::allowed_cpu_set;
-use gleaner_bench::wakeup::{self, Primitive, Setting, WakeupConfig};
+use gleaner_measure::measure::allowed_cpu_set;
+use gleaner_measure::wakeup::{self, Primitive, Setting, WakeupConfig};
 use gleaner_os::procfs::Procfs;
 
 #[test]

@@ -1,0 +1,18 @@
+//! Measurement below the front ends: what `gleaner bench`, `gleaner compare`, the agent's
+//! calibration and the lab all measure or read, written once.
+//!
+//! - [`wakeup`]: the blocked-waiter wakeup probe (Table 2 of the Gleaner paper, settings A-D),
+//!   used by `gleaner bench wakeup`, `gleaner diagnose` and the agent's retention calibration.
+//! - [`measure`]: the system meter (wall/CPU time, context switches, vCPU idle entries and
+//!   steal of a run) and [`RunMetrics`], the one record of a measured run.
+//! - [`report`]: the JSON documents of `gleaner bench ... --json` and their provenance, read
+//!   back as the same types by `bench overhead` and the lab.
+//!
+//! It depends on gleaner-os (the readers) and gleaner-policy (statistics) only, so the agent
+//! daemon links it without the bench's workloads and plotting.
+
+pub mod measure;
+pub mod report;
+pub mod wakeup;
+
+pub use measure::RunMetrics;
