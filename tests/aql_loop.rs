@@ -6,14 +6,14 @@
 
 use gleaner_host::monitor::VcpuReading;
 use gleaner_policy::aql::{self, AqlController};
-use gleaner_sim::policy::{AqlCfg, AqlHost, HostPlan, HostPolicy, HostPool, HostView, VcpuCounters};
+use gleaner_sim::policy::{AqlCfg, AqlHost, HostPlan, HostPolicy, HostPool, HostView, SimVcpuCounters};
 
 const PERIOD: u64 = 30_000_000;
 const PCPUS: u32 = 8;
 
 /// Period `p`'s counters of every vCPU, as the simulator's engine reports them.
-fn period(p: u32) -> Vec<VcpuCounters> {
-    let spinner = |vcpu| VcpuCounters {
+fn period(p: u32) -> Vec<SimVcpuCounters> {
+    let spinner = |vcpu| SimVcpuCounters {
         vm: 0,
         vcpu,
         ple_exits: 1,
@@ -23,8 +23,8 @@ fn period(p: u32) -> Vec<VcpuCounters> {
         llc_misses: 60.0,
         ..Default::default()
     };
-    let hog = |vcpu| VcpuCounters { vm: 1, vcpu, run_ns: PERIOD, llc_refs: 1.2e6, llc_misses: 2.4e4, ..Default::default() };
-    let io = |vcpu| VcpuCounters {
+    let hog = |vcpu| SimVcpuCounters { vm: 1, vcpu, run_ns: PERIOD, llc_refs: 1.2e6, llc_misses: 2.4e4, ..Default::default() };
+    let io = |vcpu| SimVcpuCounters {
         vm: 2,
         vcpu,
         io_events: if p < 12 { 900 } else { 0 },

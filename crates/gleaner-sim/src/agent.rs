@@ -20,7 +20,7 @@ use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{EpochReading, KnownProbe, RetentionAction};
 
 use crate::engine::{ms_to_ns, Engine, Host, Idle, Ts, YState, NONE};
-use crate::policy::{HostView, VcpuCounters};
+use crate::policy::{HostView, SimVcpuCounters};
 use crate::queue::{Ev, Ns};
 
 impl Engine {
@@ -371,7 +371,7 @@ impl Engine {
         }
         let mut deltas = Vec::with_capacity(self.vcpus.len());
         for (i, vc) in self.vcpus.iter().enumerate() {
-            let cur = VcpuCounters {
+            let cur = SimVcpuCounters {
                 vm: vc.vm,
                 vcpu: vc.idx,
                 io_events: vc.c.io_events,

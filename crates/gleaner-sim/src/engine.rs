@@ -24,7 +24,7 @@ use gleaner_policy::retention::{IdleDetector, RetentionGovernor, RetentionMode};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::policy::{HostPolicy, VcpuCounters};
+use crate::policy::{HostPolicy, SimVcpuCounters};
 use crate::queue::{Ev, EventQueue, Ns};
 use crate::scenario::{Costs, GleanerCfg, GuestHaltpollCfg, GuestPolicy};
 use crate::stats::RetentionOutcome;
@@ -345,7 +345,7 @@ pub struct Engine {
     pub(crate) events: u64,
     pub(crate) stale: u64,
     pub(crate) host_policy: Box<dyn HostPolicy>,
-    pub(crate) host_prev: Vec<VcpuCounters>,
+    pub(crate) host_prev: Vec<SimVcpuCounters>,
     pub(crate) host_plans: u64,
     pub(crate) affs: Vec<Aff>,
     aff_index: std::collections::BTreeMap<Vec<u32>, u32>,
@@ -412,7 +412,7 @@ impl Engine {
         for (vi, vm) in s.vms.into_iter().enumerate() {
             e.add_vm(vi as u32, vm, s.pcpus);
         }
-        e.host_prev = vec![VcpuCounters::default(); e.vcpus.len()];
+        e.host_prev = vec![SimVcpuCounters::default(); e.vcpus.len()];
         e
     }
 

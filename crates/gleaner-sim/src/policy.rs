@@ -15,9 +15,10 @@ pub use crate::scenario::AqlCfg;
 /// Whether the AQL adapter is built (the scenario validator refuses `host = "aql"` otherwise).
 pub const AQL_AVAILABLE: bool = true;
 
-/// One vCPU's counters over a period (or cumulative, inside the engine).
+/// One vCPU's counters over a period (or cumulative, inside the engine), as the simulated host
+/// measures them ([`AqlHost::readings`] turns them into the policy's `aql::Reading`s).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct VcpuCounters {
+pub struct SimVcpuCounters {
     /// VM index in the scenario.
     pub vm: u32,
     /// vCPU index in its VM.
@@ -34,7 +35,7 @@ pub struct VcpuCounters {
     pub run_ns: u64,
 }
 
-impl VcpuCounters {
+impl SimVcpuCounters {
     pub fn delta(&self, prev: &Self) -> Self {
         Self {
             vm: self.vm,
@@ -56,7 +57,7 @@ pub struct HostView<'a> {
     pub period_ns: Ns,
     pub pcpus: u32,
     /// Per vCPU (global order: VM by VM), counters over the last period.
-    pub vcpus: &'a [VcpuCounters],
+    pub vcpus: &'a [SimVcpuCounters],
 }
 
 /// A pCPU pool.
@@ -170,7 +171,7 @@ impl AqlHost {
     }
 }
 
-fn vcpu_id(c: &VcpuCounters) -> aql::VcpuId {
+fn vcpu_id(c: &SimVcpuCounters) -> aql::VcpuId {
     aql::VcpuId { vm: u64::from(c.vm), vcpu: c.vcpu }
 }
 
@@ -216,9 +217,9 @@ mod tests {
     fn aql_types_spinning_and_cache_friendly_vcpus_apart() {
         let mut h = AqlHost::new(4, 1, &AqlCfg::default());
         let period = 30_000_000;
-        let spin = VcpuCounters { vm: 0, vcpu: 0, ple_exits: 1000, run_ns: period, llc_refs: 1e5, llc_misses: 1e4, ..Default::default() };
+        let spin = SimVcpuCounters { vm: 0, vcpu: 0, ple_exits: 1000, run_ns: period, llc_refs: 1e5, llc_misses: 1e4, ..Default::default() };
         // matmul-like: 20 refs per 1000 instructions, 0.4 misses per 1000.
-        let llcf = VcpuCounters { vm: 1, vcpu: 0, run_ns: period, llc_refs: 1.2e6, llc_misses: 2.4e4, ..Default::default() };
+        let llcf = SimVcpuCounters { vm: 1, vcpu: 0, run_ns: period, llc_refs: 1.2e6, llc_misses: 2.4e4, ..Default::default() };
         let mut last = None;
         for _ in 0..4 {
             let view = HostView { now_ns: 0, period_ns: period, pcpus: 4, vcpus: &[spin, llcf] };
@@ -234,8 +235,8 @@ mod tests {
 
     /// The counters the sim measured for the spin-barrier VM in a 90 ms pool next to matmul:
     /// 1 pause-loop exit in 30 ms, 0.14 ms of run time (all of it spinning or at the barrier).
-    fn starved_spinner(vcpu: u32) -> VcpuCounters {
-        VcpuCounters { vm: 0, vcpu, ple_exits: 1, spin_ns: 20_000, run_ns: 140_000, llc_refs: 300.0, llc_misses: 60.0, ..Default::default() }
+    fn starved_spinner(vcpu: u32) -> SimVcpuCounters {
+        SimVcpuCounters { vm: 0, vcpu, ple_exits: 1, spin_ns: 20_000, run_ns: 140_000, llc_refs: 300.0, llc_misses: 60.0, ..Default::default() }
     }
 
     /// gleaner_policy::aql counts ConSpin_level per vCPU per wall-clock period: a vCPU that
@@ -269,8 +270,8 @@ mod tests {
     #[test]
     fn spin_level_per_vm_run_time() {
         let mut h = AqlHost::new(4, 1, &AqlCfg::default());
-        let hog = |vcpu| VcpuCounters { vm: 1, vcpu, run_ns: 30_000_000, llc_refs: 1.2e6, llc_misses: 2.4e4, ..Default::default() };
-        let vcpus: Vec<VcpuCounters> = (0..8).map(starved_spinner).chain((0..8).map(hog)).collect();
+        let hog = |vcpu| SimVcpuCounters { vm: 1, vcpu, run_ns: 30_000_000, llc_refs: 1.2e6, llc_misses: 2.4e4, ..Default::default() };
+        let vcpus: Vec<SimVcpuCounters> = (0..8).map(starved_spinner).chain((0..8).map(hog)).collect();
         let mut last = None;
         for _ in 0..4 {
             last = h.on_period(&HostView { now_ns: 0, period_ns: 30_000_000, pcpus: 4, vcpus: &vcpus }).or(last);

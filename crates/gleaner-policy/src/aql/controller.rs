@@ -75,10 +75,6 @@ impl AqlController {
         Self { cfg, rec, periods: 0, current: Plan::default(), pending: None }
     }
 
-    pub fn config(&self) -> &ControllerConfig {
-        &self.cfg
-    }
-
     /// One monitoring period. `live` is every vCPU that exists now (one without a reading yet
     /// is planned as [`VcpuClass::Unknown`]); `readings` are the counters of the period that
     /// just ended, with raw per-vCPU spin events. Returns a decision every `decide_every`
