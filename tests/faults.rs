@@ -253,14 +253,16 @@ fn a_refused_cpuset_write_stops_consolidation_and_says_so() {
     let original = std::fs::read_to_string(&file).unwrap();
 
     // Refused mid-run: the shrink of an idle workload fails, the agent says so once and runs on.
+    // 1 s periods: the first decision comes a period after the status socket is up, long after
+    // the chmod below (with 50 ms periods a loaded machine let the agent shrink first).
     let mut cmd = gleaner_without_dac_override();
-    cmd.args(["attach", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(&run_dir).arg("--cgroup").arg(&cg);
+    cmd.args(["attach", "--timeout-us", "50", "--period-ms", "1000", "--run-dir"]).arg(&run_dir).arg("--cgroup").arg(&cg);
     let mut agent = Agent::spawn(cmd, dir.path());
     let (up, _) = wait_status(&run_dir, Duration::from_secs(5), |r| r.as_array().is_some_and(|a| !a.is_empty()));
     assert!(up, "agent never reported; stderr: {}", agent.stderr());
     set_mode(&file, 0o444);
     let t0 = Instant::now();
-    let refused = wait_until(Duration::from_secs(5), || agent.stderr().contains("was refused"));
+    let refused = wait_until(Duration::from_secs(10), || agent.stderr().contains("was refused"));
     set_mode(&file, 0o644);
     assert!(refused, "no refusal reported; stderr: {}", agent.stderr());
     let err = agent.stderr();

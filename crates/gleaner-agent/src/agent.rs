@@ -361,8 +361,12 @@ impl Managed {
     }
 }
 
-/// Consolidation is off for the rest of the run, and the status says why.
-fn consolidation_stopped(status: &SharedStatus, why: String) {
+/// Consolidation is off for the rest of the run: said once on stderr (`why`, then what happens
+/// to the workload), the controller back to every vCPU, and the status says why.
+fn stop_consolidation(controller: &mut Controller, consolidation: &mut bool, status: &SharedStatus, why: String, then: &str) {
+    eprintln!("gleaner: {why}; consolidation stopped{then}");
+    controller.reset();
+    *consolidation = false;
     if let Ok(mut st) = status.lock() {
         st.consolidation = false;
         st.note = Some(why);
@@ -640,11 +644,8 @@ impl Session {
                 }
                 // A `run` workload is ours to wait for: it runs on, unmanaged, and its exit
                 // status stays the run's.
-                eprintln!("gleaner: {what}; consolidation stopped, the workload runs on where it was moved");
                 managed.cgroup = None;
-                controller.reset();
-                consolidation = false;
-                consolidation_stopped(status, what);
+                stop_consolidation(&mut controller, &mut consolidation, status, what, ", the workload runs on where it was moved");
                 if let Some(y) = &self.yielders {
                     y.set_active(cpus);
                 }
@@ -670,10 +671,8 @@ impl Session {
                 if let Err(what) = managed.apply(&active, &active_before, cpus) {
                     // Refused (a read-only file, a security module, a cpuset rule of the
                     // parent): stop consolidating rather than retrying every period.
-                    eprintln!("gleaner: {what}; consolidation stopped for the rest of this run, the workload keeps CPUs {cpus}");
-                    controller.reset();
-                    consolidation = false;
-                    consolidation_stopped(status, what);
+                    let then = format!(" for the rest of this run, the workload keeps CPUs {cpus}");
+                    stop_consolidation(&mut controller, &mut consolidation, status, what, &then);
                 }
                 if let Some(y) = &self.yielders {
                     y.set_active(&CpuSet::from_iter(controller.active().iter().copied()));
