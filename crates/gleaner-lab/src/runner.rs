@@ -20,13 +20,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use gleaner_os::cpuset::CpuSet;
 use gleaner_os::BadInput;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-use crate::accel::{self, shell_quote};
+use crate::accel::{self, shell_quote, AccelChoice};
 use crate::cache::{self, Kernel, KernelMeta};
-use crate::experiment::{parse_cpu_list, Compute, Experiment, Mode, Policy, Scenario};
+use crate::experiment::{Compute, Experiment, Mode, Policy, Scenario};
 use crate::guest::{self, Accel, GuestSpec, LabError};
 use crate::knobs::HaltPollGuard;
 use crate::native::NativeProc;
@@ -40,12 +41,11 @@ pub struct RunOptions {
     pub quick: bool,
     /// The gleaner binary run natively and inside the guests.
     pub gleaner: PathBuf,
-    /// auto, kvm or tcg.
-    pub accel: String,
+    pub accel: AccelChoice,
     pub kernel: Option<String>,
     pub cache_dir: PathBuf,
     /// Overrides the experiment's pCPU list.
-    pub pcpus: Option<String>,
+    pub pcpus: Option<CpuSet>,
     /// Overrides the number of runs per mode.
     pub runs: Option<u32>,
     /// Show a progress bar on stderr.
@@ -262,9 +262,9 @@ fn prepare(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Prepared> {
         return Err(BadInput::new("--runs", runs, ">= 1").into());
     }
     let allowed = allowed_cpus();
-    let pcpus = match opts.pcpus.as_deref().or(exp.pcpus.as_deref()) {
+    let pcpus = match opts.pcpus.as_ref().or(exp.pcpus.as_ref()) {
         Some(list) => {
-            let p = parse_cpu_list(list).ok_or_else(|| BadInput::new("pcpus", list, "a CPU list like 0-1"))?;
+            let p: Vec<usize> = list.iter().map(|c| c as usize).collect();
             if let Some(c) = p.iter().find(|c| !allowed.contains(c)) {
                 return Err(BadInput::new("pcpus", list, format!("CPUs this process may use (not {c})")).into());
             }
@@ -273,7 +273,7 @@ fn prepare(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Prepared> {
         None => allowed.iter().copied().take(exp.vcpus as usize).collect(),
     };
     let np = pcpus.len() as f64;
-    let acc = accel::resolve(&opts.accel, &kernel, &busybox)?;
+    let acc = accel::resolve(opts.accel, &kernel, &busybox)?;
     let mut notes = Vec::new();
     if acc == Accel::Tcg {
         notes.push("TCG (binary translation) was used: guest CPU time includes emulation, so d_eta_r and d_eta_t measure TCG+virtualization overhead, not KVM's. Compare modes with each other; host halt polling does not apply, and guests see no steal time.".into());
