@@ -23,7 +23,6 @@ pub mod experiment;
 pub mod guest;
 pub mod hostproc;
 pub mod interrupt;
-pub mod knobs;
 pub mod matrix;
 pub mod modinfo;
 pub mod native;

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use gleaner_os::cpuset::CpuSet;
+use gleaner_os::kvm::HaltPollGuard;
+use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -29,7 +31,6 @@ use crate::accel::{self, shell_quote, AccelChoice};
 use crate::cache::{self, Kernel, KernelMeta};
 use crate::experiment::{Compute, Experiment, Mode, Policy, Scenario};
 use crate::guest::{self, Accel, GuestSpec, LabError};
-use crate::knobs::HaltPollGuard;
 use crate::native::NativeProc;
 use crate::qmp;
 use crate::results::{self, parse_bench_output, AgentSummary, Row, SummaryRow};
@@ -562,7 +563,7 @@ fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick:
 /// under TCG); restored when the guard drops.
 fn set_halt_poll(p: &Prepared, hp: &str) -> anyhow::Result<Option<HaltPollGuard>> {
     Ok(match hp.parse::<u64>() {
-        Ok(v) if p.acc == Accel::Kvm => Some(HaltPollGuard::set(Path::new("/sys"), v)?),
+        Ok(v) if p.acc == Accel::Kvm => Some(HaltPollGuard::set(&Sysfs::new(), v)?),
         _ => None,
     })
 }
