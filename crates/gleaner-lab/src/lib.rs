@@ -2,6 +2,8 @@
 //!
 //! - [`cache`]: Debian kernel package -> cached `vmlinux` + 9p modules.
 //! - [`guest`]: one QEMU guest (initramfs, 9p host root, result port, process-group guard).
+//! - [`qemu`]: the one QEMU launcher (builder, process-group kill on drop, `wait_until`),
+//!   shared with the host agent's QEMU tests.
 //! - [`session`]: drives several guests, collects steps with host-side CPU times.
 //! - [`accel`]: KVM-or-TCG detection by trying.
 //! - [`experiment`]: experiment files (TOML) and the built-ins `uc`, `oc`, `oc2`.
@@ -27,6 +29,7 @@ pub mod matrix;
 pub mod modinfo;
 pub mod native;
 pub mod predict;
+pub mod qemu;
 pub mod qmp;
 pub mod report;
 pub mod results;
