@@ -535,28 +535,37 @@ fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick:
     let _guard = set_halt_poll(p, hp)?;
     let mut pass = Pass::default();
     let mut s = Session::new(p.kernel.clone(), p.busybox.clone());
-    let epoch = Instant::now();
-    let mut tick = progress_tick(exp, p, hp, pb);
-    let co = start_co_runner(exp, p, quick, &mut s, &mut tick)?;
+    let cx = PassCtx { exp, p, hp, epoch: Instant::now() };
+    let mut tick = progress_tick(&cx, pb);
+    let co = start_co_runner(&cx, quick, &mut s, &mut tick)?;
     let groups = exp.boot_groups();
     let plan = boot_plan(groups.len(), p.runs);
     for (k, (reps, gi)) in plan.iter().enumerate() {
         let (kargs, modes) = &groups[*gi];
         let boot = Boot { reps, modes, kargs, job: guest_job(modes, reps, &p.gleaner, wargs, k == 0) };
         let suffix = if plan.len() == 1 { String::new() } else { format!("-{}", k + 1) };
-        let ids = boot_measured(exp, p, &mut s, &boot, &suffix, co, &mut tick)?;
+        let ids = boot_measured(&cx, &mut s, &boot, &suffix, co, &mut tick)?;
         for (inst, id) in ids {
-            collect_measured(exp, p, hp, &mut s, (inst, id), &boot, epoch, &mut pass);
+            collect_measured(&cx, &mut s, (inst, id), &boot, &mut pass);
         }
     }
     if let Some(b) = co {
-        finish_co_runner(p, hp, &mut s, b, epoch, &mut pass, &mut tick)?;
+        finish_co_runner(&cx, &mut s, b, &mut pass, &mut tick)?;
     }
     if p.acc == Accel::Kvm {
         collect_kvm_stats(&s, hp, &mut pass);
     }
     s.kill_all();
     Ok(pass)
+}
+
+/// What every step of a pass reads: the experiment, what was prepared, the pass's halt-poll
+/// setting, and the instant its session clock starts from (steps' `begin_s`/`end_s`).
+struct PassCtx<'a> {
+    exp: &'a Experiment,
+    p: &'a Prepared,
+    hp: &'a str,
+    epoch: Instant,
 }
 
 /// Sets the host's `kvm.halt_poll_ns` to `hp` for the pass (KVM and a number only; `n/a`
@@ -570,7 +579,8 @@ fn set_halt_poll(p: &Prepared, hp: &str) -> anyhow::Result<Option<HaltPollGuard>
 
 /// The progress bar's update while a session runs: each running guest's step and the
 /// measured steps done so far.
-fn progress_tick<'a>(exp: &'a Experiment, p: &'a Prepared, hp: &'a str, pb: &'a ProgressBar) -> impl FnMut(&Session) + 'a {
+fn progress_tick<'a>(cx: &'a PassCtx, pb: &'a ProgressBar) -> impl FnMut(&Session) + 'a {
+    let (exp, p, hp) = (cx.exp, cx.p, cx.hp);
     let before = pb.position();
     move |s: &Session| {
         let parts: Vec<String> = s
@@ -598,13 +608,8 @@ fn progress_tick<'a>(exp: &'a Experiment, p: &'a Prepared, hp: &'a str, pb: &'a 
 }
 
 /// oc: boots VM B with the co-runner in a loop and waits until its first iteration runs.
-fn start_co_runner(
-    exp: &Experiment,
-    p: &Prepared,
-    quick: bool,
-    s: &mut Session,
-    tick: &mut dyn FnMut(&Session),
-) -> anyhow::Result<Option<usize>> {
+fn start_co_runner(cx: &PassCtx, quick: bool, s: &mut Session, tick: &mut dyn FnMut(&Session)) -> anyhow::Result<Option<usize>> {
+    let (exp, p) = (cx.exp, cx.p);
     if exp.scenario != Scenario::Oc {
         return Ok(None);
     }
@@ -632,14 +637,14 @@ struct Boot<'a> {
 /// Boots VM A (and for oc2 VM B) for `boot` and drives the session until their jobs are done
 /// (the co-runner, if any, must keep running). Returns (instance, guest id) of each.
 fn boot_measured(
-    exp: &Experiment,
-    p: &Prepared,
+    cx: &PassCtx,
     s: &mut Session,
     boot: &Boot,
     suffix: &str,
     co: Option<usize>,
     tick: &mut dyn FnMut(&Session),
 ) -> anyhow::Result<Vec<(&'static str, usize)>> {
+    let (exp, p) = (cx.exp, cx.p);
     let mut ids = vec![("A", s.start(&p.spec(exp, &format!("lab-{}-A{suffix}", exp.name), boot.job.clone(), boot.kargs))?)];
     if exp.scenario == Scenario::Oc2 {
         ids.push(("B", s.start(&p.spec(exp, &format!("lab-{}-B{suffix}", exp.name), boot.job.clone(), boot.kargs))?));
@@ -653,17 +658,8 @@ fn boot_measured(
 
 /// Collects one measured guest after its boot: the runs it did not do (and why), its boot
 /// time, its wakeup costs, setup steps and measured steps; then waits for QEMU to exit.
-#[allow(clippy::too_many_arguments)]
-fn collect_measured(
-    exp: &Experiment,
-    p: &Prepared,
-    hp: &str,
-    s: &mut Session,
-    (inst, id): (&'static str, usize),
-    boot: &Boot,
-    epoch: Instant,
-    pass: &mut Pass,
-) {
+fn collect_measured(cx: &PassCtx, s: &mut Session, (inst, id): (&'static str, usize), boot: &Boot, pass: &mut Pass) {
+    let (exp, p, hp, epoch) = (cx.exp, cx.p, cx.hp, cx.epoch);
     let name = s.guests[id].name.clone();
     let st = &s.states[id];
     let cpuidle = st.steps.iter().find(|x| x.0.step == "setup.cpuidle").map(|x| x.0.stdout.trim().to_string());
@@ -714,15 +710,8 @@ fn collect_measured(
 /// Lets the co-runner finish the iteration under way, then collects its iterations and boot
 /// time. An iteration that spans A's whole last step would otherwise never be counted, and
 /// that step would have no co-runner rate (seen with short steps under load). Best effort.
-fn finish_co_runner(
-    p: &Prepared,
-    hp: &str,
-    s: &mut Session,
-    b: usize,
-    epoch: Instant,
-    pass: &mut Pass,
-    tick: &mut dyn FnMut(&Session),
-) -> anyhow::Result<()> {
+fn finish_co_runner(cx: &PassCtx, s: &mut Session, b: usize, pass: &mut Pass, tick: &mut dyn FnMut(&Session)) -> anyhow::Result<()> {
+    let (p, hp, epoch) = (cx.p, cx.hp, cx.epoch);
     let a_end = pass.measured.iter().map(|m| m.end_s).fold(0.0, f64::max);
     let wait = p.deadline.min(Instant::now() + Duration::from_secs(30));
     let ended_after = |s: &Session| s.states[b].steps.last().is_some_and(|x| (x.2 - epoch).as_secs_f64() >= a_end);
