@@ -4,17 +4,20 @@
 //! put them in a 1 ms and a 30 ms pool, and restore everything afterwards.
 //!
 //! Needs root, qemu-system-x86_64, busybox (static) and a kernel in the lab cache
-//! (`gleaner lab fetch-kernel`, /var/cache/gleaner-lab/kernels/<ver>/vmlinux).
+//! (`gleaner lab fetch-kernel`, /var/cache/gleaner-lab/kernels/<ver>/vmlinux). The guests are
+//! started with the lab's QEMU fixture (`gleaner_lab::qemu`).
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gleaner_host::actuate::{State, PREFIX};
 use gleaner_host::discover::{self, Evidence, Vm};
 use gleaner_host::extra::ProcExtra;
 use gleaner_host::{HostArgs, HostCommand, MonitorArgs, RunArgs, VmFilter};
+use gleaner_lab::cache;
+use gleaner_lab::cpio::Cpio;
+use gleaner_lab::guest::{self, Accel};
+use gleaner_lab::qemu::{wait_until, QemuCommand, RunningQemu};
 use gleaner_os::cgroup::{Cgroups, Layout};
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sched;
@@ -29,87 +32,46 @@ case "$(/bin/busybox cat /proc/cmdline)" in
 esac
 "#;
 
+/// The newest kernel in the lab cache (`gleaner lab fetch-kernel`).
 fn lab_kernel() -> PathBuf {
-    let dir = Path::new("/var/cache/gleaner-lab/kernels");
-    let mut ks: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("no lab kernel cache {} ({e}): run `gleaner lab fetch-kernel`", dir.display()))
-        .flatten()
-        .map(|e| e.path().join("vmlinux"))
-        .filter(|p| p.exists())
-        .collect();
-    ks.sort();
-    ks.pop().unwrap_or_else(|| panic!("no vmlinux under {}: run `gleaner lab fetch-kernel`", dir.display()))
+    let dir = cache::resolve_cache_dir(None);
+    cache::find_kernel(&dir, None).unwrap_or_else(|e| panic!("{e}: run `gleaner lab fetch-kernel`")).image()
 }
 
 /// An initramfs with static busybox and the init above.
 fn initramfs(dir: &Path) -> PathBuf {
-    let busybox = Path::new("/usr/bin/busybox");
-    assert!(busybox.exists(), "busybox is missing: apt-get install busybox-static");
-    let root = dir.join("root");
+    let busybox = guest::find_busybox().unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Cpio::new();
     for d in ["bin", "proc", "dev"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
+        c.dir(d);
     }
-    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
-    std::fs::write(root.join("init"), INIT).unwrap();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut std::fs::metadata(root.join("init")).unwrap().permissions(), 0o755);
-    std::fs::set_permissions(root.join("init"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    c.file("bin/busybox", 0o755, &std::fs::read(&busybox).unwrap());
+    c.file("init", 0o755, INIT.as_bytes());
     let out = dir.join("initramfs.cpio");
-    let st = Command::new("sh")
-        .arg("-c")
-        .arg(format!("cd {} && find . | busybox cpio -o -H newc > {}", root.display(), out.display()))
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(st.success(), "building the initramfs with busybox cpio failed");
+    std::fs::write(&out, c.finish()).unwrap();
     out
 }
 
-struct Guest {
-    child: Child,
+/// A 1-vCPU TCG guest running the init above in `mode` (`io` or `cpu`); its ttyS0 is the
+/// guest's console file.
+fn start(name: &str, mode: &str, kernel: &Path, initrd: &Path) -> RunningQemu {
+    QemuCommand::new(name)
+        .cpus(1)
+        .memory_mib(128)
+        .accel(Accel::Tcg)
+        .kernel(kernel)
+        .initrd(initrd)
+        .append(format!("console=ttyS0 quiet loglevel=0 gl={mode}"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}: qemu-system-x86_64 must be installed (qemu-system-x86)"))
 }
 
-impl Guest {
-    fn start(name: &str, mode: &str, kernel: &Path, initrd: &Path, serial: &Path) -> Guest {
-        let child = Command::new("qemu-system-x86_64")
-            .args(["-name", &format!("{name},debug-threads=on"), "-machine", "pc", "-accel", "tcg", "-cpu", "max"])
-            .args(["-smp", "1", "-m", "128", "-display", "none", "-nodefaults", "-no-user-config"])
-            .arg("-kernel")
-            .arg(kernel)
-            .arg("-initrd")
-            .arg(initrd)
-            .args(["-append", &format!("console=ttyS0 quiet loglevel=0 gl={mode}")])
-            .arg("-serial")
-            .arg(format!("file:{}", serial.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("qemu-system-x86_64 must be installed (qemu-system-x86)");
-        Guest { child }
-    }
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    wait_until(what, timeout, f).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn find(name: &str) -> Vm {
-    wait_until(&format!("VM {name}"), Duration::from_secs(15), || {
+    wait(&format!("VM {name}"), Duration::from_secs(15), || {
         discover::discover(&Procfs::new())
             .unwrap()
             .into_iter()
@@ -127,13 +89,13 @@ fn io_guest_and_cpu_guest_get_their_pools() {
     let d = tempfile::tempdir().unwrap();
     let kernel = lab_kernel();
     let initrd = initramfs(d.path());
-    let io_serial = d.path().join("io.serial");
-    let _io = Guest::start("gltypes-io", "io", &kernel, &initrd, &io_serial);
-    let _cpu = Guest::start("gltypes-cpu", "cpu", &kernel, &initrd, &d.path().join("cpu.serial"));
+    let io = start("gltypes-io", "io", &kernel, &initrd);
+    let _cpu = start("gltypes-cpu", "cpu", &kernel, &initrd);
+    let io_serial = io.console_path();
     let io_vm = find("gltypes-io");
     let cpu_vm = find("gltypes-cpu");
     // Booted and writing (the kernel's boot takes 2-5 s under TCG).
-    wait_until("the I/O guest writing to its serial port", Duration::from_secs(60), || {
+    wait("the I/O guest writing to its serial port", Duration::from_secs(60), || {
         (std::fs::metadata(&io_serial).map(|m| m.len()).unwrap_or(0) > 50_000).then_some(())
     });
     let state = d.path().join("state.json");
@@ -160,7 +122,7 @@ fn io_guest_and_cpu_guest_get_their_pools() {
     let v1 = matches!(cg.layout(), Layout::V1 { .. });
     let cgroup_of = |vm: &Vm| ProcExtra::new().task_cgroup(vm.pid, vm.vcpus[0].tid, if v1 { Some("cpuset") } else { None }).unwrap().unwrap();
     // Wait for the plan with both pools, then read the kernel's view.
-    let seen = wait_until("IOInt in a 1 ms pool and CpuBurn in a 30 ms pool", Duration::from_secs(15), || {
+    let seen = wait("IOInt in a 1 ms pool and CpuBurn in a 30 ms pool", Duration::from_secs(15), || {
         let st = State::load(&state).ok().flatten()?;
         let (io_cg, cpu_cg) = (cgroup_of(&io_vm), cgroup_of(&cpu_vm));
         let io_slice = sched::slice(io_vm.vcpus[0].tid).ok()?;

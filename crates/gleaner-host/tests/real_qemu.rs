@@ -1,11 +1,11 @@
 //! Real QEMU (TCG) guests on this host: discovery, classification, a plan applied (cpusets
 //! and slices read back from the kernel) and fully restored, by the agent's own exit, by a
 //! signal, on VM exit, and by `restore` after a simulated crash. Needs root, a cpuset cgroup
-//! controller and qemu-system-x86_64: fails (never skips) naming what is missing.
+//! controller and qemu-system-x86_64: fails (never skips) naming what is missing. The guests
+//! are started with the lab's QEMU fixture (`gleaner_lab::qemu`).
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gleaner_host::actuate::{self, Actuator, Placement, State, PREFIX};
@@ -13,61 +13,32 @@ use gleaner_host::discover::{self, Evidence, Vm};
 use gleaner_host::extra::ProcExtra;
 use gleaner_host::monitor::Monitor;
 use gleaner_host::{HostArgs, HostCommand, MonitorArgs, RunArgs, StateArgs, VmFilter};
+use gleaner_lab::guest::Accel;
+use gleaner_lab::qemu::{wait_until, QemuCommand, RunningQemu};
 use gleaner_os::cgroup::Cgroups;
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sched;
 use gleaner_policy::aql::{self, Quanta, Source, Topology, TypeRecognizer, VcpuClass, VcpuId, VcpuInfo};
 use serial_test::serial;
 
-/// A QEMU guest in its own process group, killed (by pid) and reaped on drop.
-struct Guest {
-    child: Child,
-    name: String,
-    _dir: tempfile::TempDir,
-    qmp: PathBuf,
+/// A TCG guest with no kernel (the firmware finds nothing to boot, the vCPUs idle): 2 vCPUs,
+/// 64 MiB, QMP on, vCPU threads named when `debug_threads`.
+fn start(name: &str, debug_threads: bool) -> RunningQemu {
+    QemuCommand::new(name)
+        .cpus(2)
+        .memory_mib(64)
+        .accel(Accel::Tcg)
+        .debug_threads(debug_threads)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}: qemu-system-x86_64 must be installed (Debian package qemu-system-x86)"))
 }
 
-impl Guest {
-    fn start(name: &str, debug_threads: bool) -> Guest {
-        let dir = tempfile::tempdir().unwrap();
-        let qmp = dir.path().join("qmp.sock");
-        let n = if debug_threads { format!("{name},debug-threads=on") } else { name.to_string() };
-        let child = Command::new("qemu-system-x86_64")
-            .args(["-name", &n, "-accel", "tcg", "-smp", "2", "-m", "64", "-display", "none", "-nodefaults", "-no-user-config"])
-            .arg("-qmp")
-            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("qemu-system-x86_64 must be installed (Debian package qemu-system-x86)");
-        Guest { child, name: name.to_string(), _dir: dir, qmp }
-    }
-    fn pid(&self) -> i32 {
-        i32::try_from(self.child.id()).unwrap()
-    }
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn pid(g: &RunningQemu) -> i32 {
+    i32::try_from(g.pid).unwrap()
 }
 
-impl Drop for Guest {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    wait_until(what, timeout, f).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn preflight() -> Cgroups {
@@ -92,7 +63,7 @@ fn leftover_groups(cg: &Cgroups) -> Vec<PathBuf> {
 /// Waits for a debug-threads guest whose vCPU threads are named (QEMU names them just after
 /// creating them).
 fn find(name: &str, vcpus: usize) -> Vm {
-    wait_until(&format!("VM {name} with {vcpus} named vCPU threads"), Duration::from_secs(15), || {
+    wait(&format!("VM {name} with {vcpus} named vCPU threads"), Duration::from_secs(15), || {
         discover::discover(&Procfs::new())
             .unwrap()
             .into_iter()
@@ -143,22 +114,22 @@ fn two_cpu_topology() -> Topology {
 #[serial(host)]
 fn discover_classify_apply_restore() {
     let cg = preflight();
-    let a = Guest::start("gleanertest-a", true);
-    let b = Guest::start("gleanertest-b", false);
+    let a = start("gleanertest-a", true);
+    let b = start("gleanertest-b", false);
     let vm_a = find(&a.name, 2);
-    assert_eq!(vm_a.pid, a.pid());
+    assert_eq!(vm_a.pid, pid(&a));
     assert_eq!(vm_a.accel.as_deref(), Some("TCG"));
     assert!(vm_a.vcpus.iter().all(|v| v.evidence == Evidence::ThreadName && v.name.ends_with("/TCG")), "{vm_a:?}");
-    assert_eq!(vm_a.qmp_socket.as_deref(), Some(a.qmp.as_path()));
+    assert_eq!(vm_a.qmp_socket.as_deref(), Some(a.qmp_socket().as_path()));
     // Without debug-threads: CPU-time evidence and a note telling how to fix it.
-    let vm_b = wait_until("VM b", Duration::from_secs(15), || {
-        discover::discover(&Procfs::new()).unwrap().into_iter().find(|v| v.pid == b.pid())
+    let vm_b = wait("VM b", Duration::from_secs(15), || {
+        discover::discover(&Procfs::new()).unwrap().into_iter().find(|v| v.pid == pid(&b))
     });
     assert!(vm_b.vcpus.iter().all(|v| v.evidence == Evidence::CpuTime), "{vm_b:?}");
     assert!(vm_b.notes.iter().any(|n| n.contains("debug-threads=on")), "{vm_b:?}");
 
     // Classification: 1 baseline + 4 periods of 30 ms.
-    wait_until("QMP socket", Duration::from_secs(10), || a.qmp.exists().then_some(()));
+    wait("QMP socket", Duration::from_secs(10), || a.qmp_socket().exists().then_some(()));
     let mut mon = Monitor::new(Procfs::new(), ProcExtra::new());
     let mut rec = TypeRecognizer::new(4, aql::Limits::default());
     let vms = vec![vm_a.clone()];
@@ -266,7 +237,7 @@ fn run_args(vm: &str, state: &Path, duration_s: Option<f64>, dry_run: bool, exit
 #[serial(host)]
 fn run_command_dry_run_signal_and_vm_exit() {
     let cg = preflight();
-    let mut g = Guest::start("gleanertest-run", true);
+    let mut g = start("gleanertest-run", true);
     let vm = find(&g.name, 2);
     let before = snapshot(&vm);
     let d = tempfile::tempdir().unwrap();
@@ -287,7 +258,7 @@ fn run_command_dry_run_signal_and_vm_exit() {
     let st2 = state.clone();
     let name = g.name.clone();
     let h = std::thread::spawn(move || gleaner_host::run(run_args(&name, &st2, Some(30.0), false, false)));
-    wait_until("a plan in force", Duration::from_secs(10), || {
+    wait("a plan in force", Duration::from_secs(10), || {
         State::load(&state).ok().flatten().filter(|s| s.threads.len() == 2).map(|_| ())
     });
     for v in &vm.vcpus {
@@ -305,7 +276,7 @@ fn run_command_dry_run_signal_and_vm_exit() {
     let st2 = state.clone();
     let name = g.name.clone();
     let h = std::thread::spawn(move || gleaner_host::run(run_args(&name, &st2, Some(60.0), false, true)));
-    wait_until("a plan in force", Duration::from_secs(10), || {
+    wait("a plan in force", Duration::from_secs(10), || {
         State::load(&state).ok().flatten().filter(|s| s.threads.len() == 2).map(|_| ())
     });
     g.kill();

@@ -41,12 +41,33 @@ pub fn probe(accel: Accel, kernel: &Kernel, busybox: &Path, deadline: Duration) 
     }
 }
 
+/// The acceleration asked for on the command line (`--accel`): one of [`Accel`], or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccelChoice {
+    /// Try KVM, fall back to TCG.
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+impl AccelChoice {
+    /// `auto`, `kvm` or `tcg`, named `what` in the error.
+    pub fn parse(what: &str, text: &str) -> Result<Self, gleaner_os::BadInput> {
+        match text {
+            "auto" => Ok(Self::Auto),
+            "kvm" => Ok(Self::Kvm),
+            "tcg" => Ok(Self::Tcg),
+            other => Err(gleaner_os::BadInput::new(what, other, "auto, kvm, tcg")),
+        }
+    }
+}
+
 /// `auto` tries KVM then falls back to TCG; `kvm` and `tcg` are taken as given.
-pub fn resolve(choice: &str, kernel: &Kernel, busybox: &Path) -> anyhow::Result<Accel> {
+pub fn resolve(choice: AccelChoice, kernel: &Kernel, busybox: &Path) -> anyhow::Result<Accel> {
     match choice {
-        "tcg" => Ok(Accel::Tcg),
-        "kvm" => Ok(Accel::Kvm),
-        "auto" => {
+        AccelChoice::Tcg => Ok(Accel::Tcg),
+        AccelChoice::Kvm => Ok(Accel::Kvm),
+        AccelChoice::Auto => {
             let p = probe(Accel::Kvm, kernel, busybox, Duration::from_secs(KVM_PROBE_S))?;
             if p.boot_s.is_some() {
                 eprintln!("lab: KVM boots a guest ({:.1} s): using KVM", p.boot_s.unwrap_or(0.0));
@@ -56,7 +77,6 @@ pub fn resolve(choice: &str, kernel: &Kernel, busybox: &Path) -> anyhow::Result<
                 Ok(Accel::Tcg)
             }
         }
-        other => Err(gleaner_os::BadInput::new("--accel", other, "auto, kvm, tcg").into()),
     }
 }
 
@@ -79,5 +99,12 @@ mod tests {
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn accel_choices() {
+        assert_eq!(AccelChoice::parse("--accel", "auto").unwrap(), AccelChoice::Auto);
+        assert_eq!(AccelChoice::parse("--accel", "tcg").unwrap(), AccelChoice::Tcg);
+        assert_eq!(AccelChoice::parse("--accel", "KVM").unwrap_err().to_string(), "invalid --accel 'KVM': allowed: auto, kvm, tcg");
     }
 }

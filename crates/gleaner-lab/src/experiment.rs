@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use gleaner_os::cpuset::CpuSet;
 use gleaner_os::BadInput;
 use serde::{Deserialize, Serialize};
 
@@ -170,7 +171,7 @@ pub struct Experiment {
     /// Host CPUs for guests and native baselines (kernel list, e.g. `0-1`); default: the
     /// first `vcpus` CPUs this process may use.
     #[serde(default)]
-    pub pcpus: Option<String>,
+    pub pcpus: Option<CpuSet>,
     /// `gleaner` arguments of the measured workload (must print a bench JSON document).
     pub workload: Vec<String>,
     /// Arguments added for full runs (e.g. the number of items).
@@ -295,10 +296,8 @@ impl Experiment {
                 return bad("halt_poll", h.clone(), "\"default\" or a number of ns");
             }
         }
-        if let Some(p) = &self.pcpus {
-            if parse_cpu_list(p).is_none() {
-                return bad("pcpus", p.clone(), "a CPU list like 0-1 or 0,2");
-            }
+        if self.pcpus.as_ref().is_some_and(CpuSet::is_empty) {
+            return bad("pcpus", String::new(), "a CPU list like 0-1 or 0,2");
         }
         Ok(())
     }
@@ -344,14 +343,6 @@ impl Experiment {
             a
         })
     }
-}
-
-/// Parses a kernel CPU list (`0-3,5`) with `gleaner_os::cpuset::CpuSet`; `None` when malformed
-/// or empty.
-pub fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
-    let set = gleaner_os::cpuset::CpuSet::parse(s).ok()?;
-    let v: Vec<usize> = set.iter().map(|c| c as usize).collect();
-    (!v.is_empty()).then_some(v)
 }
 
 #[cfg(test)]
@@ -409,11 +400,17 @@ mod tests {
     }
 
     #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0-1"), Some(vec![0, 1]));
-        assert_eq!(parse_cpu_list("3,0-1"), Some(vec![0, 1, 3]));
-        assert_eq!(parse_cpu_list("2-1"), None);
-        assert_eq!(parse_cpu_list(""), None);
-        assert_eq!(parse_cpu_list("x"), None);
+    fn cpu_lists_are_kernel_lists_and_a_bad_one_is_named_on_one_line() {
+        let base = "name='x'\nscenario='uc'\nworkload=['a']\n[[modes]]\nname='off'\n";
+        let e = Experiment::parse(&format!("pcpus='3,0-1'\n{base}"), "x.toml").unwrap();
+        assert_eq!(e.pcpus.unwrap().to_vec(), [0, 1, 3]);
+        for bad in ["2-1", "x", ""] {
+            let err = Experiment::parse(&format!("pcpus='{bad}'\n{base}"), "x.toml").unwrap_err().to_string();
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(err.contains("x.toml") && err.contains("CPU list"), "{err}");
+            if !bad.is_empty() {
+                assert!(err.contains(&format!("'{bad}'")), "{err}");
+            }
+        }
     }
 }

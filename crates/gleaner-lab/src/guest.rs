@@ -15,16 +15,14 @@
 //!           snapshots QEMU's thread CPU times at markers
 //! ```
 //!
-//! Every QEMU runs in its own process group, pinned to the experiment's pCPUs, with
-//! `PR_SET_PDEATHSIG`; [`Guest`]'s `Drop` kills the group by PID and reaps it, and its temp dir
-//! goes with it. Waits are bounded by deadlines and poll the interrupt flag.
+//! QEMU is started by [`crate::qemu::QemuCommand`] (the launcher the host agent's tests use
+//! too): its own process group, pinned to the experiment's pCPUs, `PR_SET_PDEATHSIG`;
+//! [`Guest`]'s `Drop` kills the group by PID and reaps it, and its temp dir goes with it. Waits are bounded by deadlines and poll the interrupt flag.
 
 use std::fmt;
 use std::fs;
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
@@ -34,6 +32,7 @@ use crate::cache::Kernel;
 use crate::cpio::Cpio;
 use crate::hostproc::{ProcThreads, ThreadCpu};
 use crate::interrupt;
+use crate::qemu::{QemuCommand, RunningQemu};
 
 /// How QEMU runs the guest's CPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -231,8 +230,7 @@ pub struct Guest {
     pub pid: u32,
     pub accel: Accel,
     pub started: Instant,
-    child: Child,
-    tmp: tempfile::TempDir,
+    qemu: RunningQemu,
     reader: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -406,74 +404,48 @@ impl Guest {
         let initrd = tmp.path().join("initramfs.cpio");
         let image = build_initramfs(kernel, spec, busybox)?;
         fs::write(&initrd, image).map_err(|source| LabError::Io { path: initrd.clone(), source })?;
-        let console = tmp.path().join("console.log");
-        let stderr_path = tmp.path().join("qemu.stderr");
-        let stderr = fs::File::create(&stderr_path).map_err(|source| LabError::Io { path: stderr_path.clone(), source })?;
-        let qmp = tmp.path().join("qmp.sock");
-
-        let mut cmd = Command::new(&spec.qemu);
-        cmd.arg("-name").arg(format!("{},debug-threads=on", spec.name));
-        cmd.args(["-machine", "pc", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
-        match spec.accel {
-            Accel::Tcg => cmd.args(["-accel", "tcg,thread=multi", "-cpu", "max"]),
-            Accel::Kvm => cmd.args(["-accel", "kvm", "-cpu", "host,-arch-capabilities"]),
-        };
-        cmd.arg("-smp").arg(spec.vcpus.to_string()).arg("-m").arg(spec.memory_mib.to_string());
-        cmd.arg("-kernel").arg(kernel.image()).arg("-initrd").arg(&initrd);
-        cmd.arg("-append").arg(spec.cmdline());
-        cmd.args(["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"]);
+        let mut cmd = QemuCommand::new(&spec.name)
+            .qemu(&spec.qemu)
+            .accel(spec.accel)
+            .cpus(spec.vcpus)
+            .memory_mib(spec.memory_mib)
+            .kernel(kernel.image())
+            .initrd(&initrd)
+            .append(spec.cmdline())
+            .args(["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"])
+            .stdout_serial()
+            .pin(spec.pcpus.clone())
+            .in_dir(tmp);
         for (i, d) in spec.shares.iter().enumerate() {
-            cmd.arg("-virtfs").arg(format!("local,path={},mount_tag={SHARE_TAG}{i},security_model=none,readonly=on,multidevs=remap", qemu_opt_escape(&d.display().to_string())));
+            cmd = cmd.arg("-virtfs").arg(format!(
+                "local,path={},mount_tag={SHARE_TAG}{i},security_model=none,readonly=on,multidevs=remap",
+                qemu_opt_escape(&d.display().to_string())
+            ));
         }
-        cmd.arg("-serial").arg(format!("file:{}", console.display()));
-        cmd.args(["-serial", "stdio"]);
-        cmd.arg("-qmp").arg(format!("unix:{},server=on,wait=off", qmp.display()));
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr);
-        cmd.process_group(0);
-        let pcpus = spec.pcpus.clone();
-        // SAFETY: the closure runs in the forked child before exec and only makes
-        // async-signal-safe syscalls (prctl, sched_setaffinity) on stack data.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-                if let Some(cpus) = &pcpus {
-                    let mut set = nix::sched::CpuSet::new();
-                    for &c in cpus {
-                        set.set(c)?;
-                    }
-                    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
-                }
-                Ok(())
-            });
-        }
-        let mut child = cmd
-            .spawn()
-            .map_err(|source| LabError::Spawn { what: format!("{} for guest {}", spec.qemu.display(), spec.name), source })?;
-        let pid = child.id();
-        let stdout = child.stdout.take();
-        let reader = stdout.map(|out| {
+        let mut qemu = cmd.spawn()?;
+        let pid = qemu.pid;
+        let reader = qemu.take_stdout().map(|out| {
             std::thread::Builder::new()
                 .name(format!("lab-serial-{id}"))
                 .spawn(move || read_results(id, pid, out, &tx))
                 .expect("spawning a thread")
         });
-        tracing::info!(guest = %spec.name, pid, accel = %spec.accel, "guest started");
-        Ok(Self { id, name: spec.name.clone(), pid, accel: spec.accel, started: Instant::now(), child, tmp, reader })
+        Ok(Self { id, name: spec.name.clone(), pid, accel: spec.accel, started: qemu.started, qemu, reader })
     }
 
     pub fn temp_dir(&self) -> &Path {
-        self.tmp.path()
+        self.qemu.dir()
     }
 
     pub fn qmp_path(&self) -> PathBuf {
-        self.tmp.path().join("qmp.sock")
+        self.qemu.qmp_socket()
     }
 
     /// The last `n` lines of the guest's console (kernel messages and job stderr) and of
     /// QEMU's own stderr.
     pub fn console_tail(&self, n: usize) -> String {
-        let mut s = tail(&self.tmp.path().join("console.log"), n);
-        let e = tail(&self.tmp.path().join("qemu.stderr"), n);
+        let mut s = tail(&self.qemu.console_path(), n);
+        let e = tail(&self.qemu.dir().join("qemu.stderr"), n);
         if !e.trim().is_empty() {
             s.push_str("\n[qemu stderr]\n");
             s.push_str(&e);
@@ -483,15 +455,12 @@ impl Guest {
 
     /// The whole serial console so far (the guest's stderr goes there).
     pub fn console(&self) -> String {
-        fs::read(self.tmp.path().join("console.log")).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+        self.qemu.console()
     }
 
     /// Kills the process group now (idempotent) and reaps QEMU.
     pub fn kill(&mut self) {
-        if let Ok(pgid) = i32::try_from(self.pid) {
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
-        }
-        let _ = self.child.wait();
+        self.qemu.kill();
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }
@@ -499,14 +468,7 @@ impl Guest {
 
     /// Waits up to `timeout` for QEMU to exit on its own (after the guest powered off).
     pub fn wait_exit(&mut self, timeout: Duration) -> bool {
-        let end = Instant::now() + timeout;
-        while Instant::now() < end {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        self.qemu.wait_exit(timeout)
     }
 
     /// Per-vCPU and other thread CPU times of this QEMU right now.

@@ -21,6 +21,7 @@ use gleaner_os::BadInput;
 use serde::{Deserialize, Serialize};
 
 use crate::experiment::{Compute, Experiment, Mode, Policy, Scenario};
+use crate::guest::Accel;
 use crate::results::SummaryRow;
 use crate::runner::{self, LabResults, RunOptions, Sizing, WakeCosts};
 
@@ -99,7 +100,7 @@ pub struct MatrixCell {
     pub co_runner: String,
     pub dir: PathBuf,
     pub duration_s: f64,
-    pub accel: String,
+    pub accel: Accel,
     pub runs_per_mode: u32,
     pub sizing: Option<Sizing>,
     pub wake_costs: Vec<WakeCosts>,
@@ -145,7 +146,7 @@ fn add_cell(m: &mut MatrixResults, w: Workload, c: Workload, dir: &Path, r: &Lab
         co_runner: c.name().into(),
         dir: dir.to_path_buf(),
         duration_s: r.duration_s,
-        accel: r.accel.to_string(),
+        accel: r.accel,
         runs_per_mode: r.runs_per_mode,
         sizing: r.sizing.clone(),
         wake_costs: r.wake_costs.clone(),

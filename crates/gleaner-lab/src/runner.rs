@@ -20,15 +20,17 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::kvm::HaltPollGuard;
+use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-use crate::accel::{self, shell_quote};
+use crate::accel::{self, shell_quote, AccelChoice};
 use crate::cache::{self, Kernel, KernelMeta};
-use crate::experiment::{parse_cpu_list, Compute, Experiment, Mode, Policy, Scenario};
+use crate::experiment::{Compute, Experiment, Mode, Policy, Scenario};
 use crate::guest::{self, Accel, GuestSpec, LabError};
-use crate::knobs::HaltPollGuard;
 use crate::native::NativeProc;
 use crate::qmp;
 use crate::results::{self, parse_bench_output, AgentSummary, Row, SummaryRow};
@@ -40,12 +42,11 @@ pub struct RunOptions {
     pub quick: bool,
     /// The gleaner binary run natively and inside the guests.
     pub gleaner: PathBuf,
-    /// auto, kvm or tcg.
-    pub accel: String,
+    pub accel: AccelChoice,
     pub kernel: Option<String>,
     pub cache_dir: PathBuf,
     /// Overrides the experiment's pCPU list.
-    pub pcpus: Option<String>,
+    pub pcpus: Option<CpuSet>,
     /// Overrides the number of runs per mode.
     pub runs: Option<u32>,
     /// Show a progress bar on stderr.
@@ -257,9 +258,9 @@ fn prepare(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Prepared> {
         return Err(BadInput::new("--runs", runs, ">= 1").into());
     }
     let allowed: Vec<usize> = gleaner_measure::measure::allowed_cpus().into_iter().map(|c| c as usize).collect();
-    let pcpus = match opts.pcpus.as_deref().or(exp.pcpus.as_deref()) {
+    let pcpus = match opts.pcpus.as_ref().or(exp.pcpus.as_ref()) {
         Some(list) => {
-            let p = parse_cpu_list(list).ok_or_else(|| BadInput::new("pcpus", list, "a CPU list like 0-1"))?;
+            let p: Vec<usize> = list.iter().map(|c| c as usize).collect();
             if let Some(c) = p.iter().find(|c| !allowed.contains(c)) {
                 return Err(BadInput::new("pcpus", list, format!("CPUs this process may use (not {c})")).into());
             }
@@ -268,7 +269,7 @@ fn prepare(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Prepared> {
         None => allowed.iter().copied().take(exp.vcpus as usize).collect(),
     };
     let np = pcpus.len() as f64;
-    let acc = accel::resolve(&opts.accel, &kernel, &busybox)?;
+    let acc = accel::resolve(opts.accel, &kernel, &busybox)?;
     let mut notes = Vec::new();
     if acc == Accel::Tcg {
         notes.push("TCG (binary translation) was used: guest CPU time includes emulation, so d_eta_r and d_eta_t measure TCG+virtualization overhead, not KVM's. Compare modes with each other; host halt polling does not apply, and guests see no steal time.".into());
@@ -522,16 +523,61 @@ fn boot_plan(groups: usize, runs: u32) -> Vec<(Vec<u32>, usize)> {
     (1..=runs).flat_map(|r| (0..groups).map(move |i| (vec![r], (i + r as usize - 1) % groups))).collect()
 }
 
+/// One halt-poll pass of the guests, in named steps: set the host knob, start the co-runner
+/// (oc), boot the measured guest(s) once per entry of the boot plan and collect each boot,
+/// let the co-runner finish its iteration and collect it, read KVM statistics, kill all.
 fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick: bool, pb: &ProgressBar) -> anyhow::Result<Pass> {
-    let _guard = match hp.parse::<u64>() {
-        Ok(v) if p.acc == Accel::Kvm => Some(HaltPollGuard::set(Path::new("/sys"), v)?),
-        _ => None,
-    };
+    let _guard = set_halt_poll(p, hp)?;
     let mut pass = Pass::default();
     let mut s = Session::new(p.kernel.clone(), p.busybox.clone());
-    let epoch = Instant::now();
+    let cx = PassCtx { exp, p, hp, epoch: Instant::now() };
+    let mut tick = progress_tick(&cx, pb);
+    let co = start_co_runner(&cx, quick, &mut s, &mut tick)?;
+    let groups = exp.boot_groups();
+    let plan = boot_plan(groups.len(), p.runs);
+    for (k, (reps, gi)) in plan.iter().enumerate() {
+        let (kargs, modes) = &groups[*gi];
+        let boot = Boot { reps, modes, kargs, job: guest_job(modes, reps, &p.gleaner, wargs, k == 0) };
+        let suffix = if plan.len() == 1 { String::new() } else { format!("-{}", k + 1) };
+        let ids = boot_measured(&cx, &mut s, &boot, &suffix, co, &mut tick)?;
+        for (inst, id) in ids {
+            collect_measured(&cx, &mut s, (inst, id), &boot, &mut pass);
+        }
+    }
+    if let Some(b) = co {
+        finish_co_runner(&cx, &mut s, b, &mut pass, &mut tick)?;
+    }
+    if p.acc == Accel::Kvm {
+        collect_kvm_stats(&s, hp, &mut pass);
+    }
+    s.kill_all();
+    Ok(pass)
+}
+
+/// What every step of a pass reads: the experiment, what was prepared, the pass's halt-poll
+/// setting, and the instant its session clock starts from (steps' `begin_s`/`end_s`).
+struct PassCtx<'a> {
+    exp: &'a Experiment,
+    p: &'a Prepared,
+    hp: &'a str,
+    epoch: Instant,
+}
+
+/// Sets the host's `kvm.halt_poll_ns` to `hp` for the pass (KVM and a number only; `n/a`
+/// under TCG); restored when the guard drops.
+fn set_halt_poll(p: &Prepared, hp: &str) -> anyhow::Result<Option<HaltPollGuard>> {
+    Ok(match hp.parse::<u64>() {
+        Ok(v) if p.acc == Accel::Kvm => Some(HaltPollGuard::set(&Sysfs::new(), v)?),
+        _ => None,
+    })
+}
+
+/// The progress bar's update while a session runs: each running guest's step and the
+/// measured steps done so far.
+fn progress_tick<'a>(cx: &'a PassCtx, pb: &'a ProgressBar) -> impl FnMut(&Session) + 'a {
+    let (exp, p, hp) = (cx.exp, cx.p, cx.hp);
     let before = pb.position();
-    let mut tick = |s: &Session| {
+    move |s: &Session| {
         let parts: Vec<String> = s
             .guests
             .iter()
@@ -553,122 +599,148 @@ fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick:
             .sum::<usize>();
         pb.set_position(before + now as u64);
         pb.set_message(format!("{} [{}, halt_poll {hp}]: {} ({})", exp.name, p.acc, parts.join(", "), left(p.deadline)));
-    };
-    let co = match exp.scenario {
-        Scenario::Oc => {
-            let args = exp.co_runner_args(quick).unwrap_or_default();
-            let b = s.start(&p.spec(exp, &format!("lab-{}-B", exp.name), co_runner_job(&args, &p.gleaner), &[]))?;
-            s.drive(
-                p.deadline,
-                "the co-runner to start in VM B",
-                &[b],
-                &|s| s.states[b].current_step().is_some() || !s.states[b].steps.is_empty(),
-                &mut tick,
-            )?;
-            Some(b)
-        }
-        _ => None,
-    };
-    let groups = exp.boot_groups();
-    let plan = boot_plan(groups.len(), p.runs);
-    for (k, (reps, gi)) in plan.iter().enumerate() {
-        let (kargs, modes) = &groups[*gi];
-        let job = guest_job(modes, reps, &p.gleaner, wargs, k == 0);
-        let suffix = if plan.len() == 1 { String::new() } else { format!("-{}", k + 1) };
-        let mut ids = vec![("A", s.start(&p.spec(exp, &format!("lab-{}-A{suffix}", exp.name), job.clone(), kargs))?)];
-        if exp.scenario == Scenario::Oc2 {
-            ids.push(("B", s.start(&p.spec(exp, &format!("lab-{}-B{suffix}", exp.name), job, kargs))?));
-        }
-        let mut needed: Vec<usize> = ids.iter().map(|x| x.1).collect();
-        needed.extend(co);
-        let targets: Vec<usize> = ids.iter().map(|x| x.1).collect();
-        s.drive(p.deadline, "the workload's steps", &needed, &|s| targets.iter().all(|&g| s.states[g].done.is_some()), &mut tick)?;
-        for (inst, id) in ids {
-            let name = s.guests[id].name.clone();
-            let st = &s.states[id];
-            let cpuidle = st.steps.iter().find(|x| x.0.step == "setup.cpuidle").map(|x| x.0.stdout.trim().to_string());
-            for &rep in reps {
-                for m in modes {
-                    let step = format!("{}.{rep}", m.name);
-                    if !st.steps.iter().any(|x| x.0.step == step) {
-                        let why = match (&cpuidle, m.policy()) {
-                            (Some(d), Policy::Haltpoll) if d != "haltpoll" => {
-                                format!("not run: the guest's cpuidle driver is {d} (not haltpoll): {}", haltpoll_reason(p.acc))
-                            }
-                            _ => {
-                                format!("not run: {name}'s job ended before step {step} (rc {})", st.done.unwrap_or(-1))
-                            }
-                        };
-                        pass.not_run.push((inst, m.name.clone(), rep, why));
+    }
+}
+
+/// oc: boots VM B with the co-runner in a loop and waits until its first iteration runs.
+fn start_co_runner(cx: &PassCtx, quick: bool, s: &mut Session, tick: &mut dyn FnMut(&Session)) -> anyhow::Result<Option<usize>> {
+    let (exp, p) = (cx.exp, cx.p);
+    if exp.scenario != Scenario::Oc {
+        return Ok(None);
+    }
+    let args = exp.co_runner_args(quick).unwrap_or_default();
+    let b = s.start(&p.spec(exp, &format!("lab-{}-B", exp.name), co_runner_job(&args, &p.gleaner), &[]))?;
+    s.drive(
+        p.deadline,
+        "the co-runner to start in VM B",
+        &[b],
+        &|s| s.states[b].current_step().is_some() || !s.states[b].steps.is_empty(),
+        tick,
+    )?;
+    Ok(Some(b))
+}
+
+/// One boot of the measured guest(s): which reps of which modes, under which kernel
+/// command line, and the job that runs them.
+struct Boot<'a> {
+    reps: &'a [u32],
+    modes: &'a [&'a Mode],
+    kargs: &'a [String],
+    job: String,
+}
+
+/// Boots VM A (and for oc2 VM B) for `boot` and drives the session until their jobs are done
+/// (the co-runner, if any, must keep running). Returns (instance, guest id) of each.
+fn boot_measured(
+    cx: &PassCtx,
+    s: &mut Session,
+    boot: &Boot,
+    suffix: &str,
+    co: Option<usize>,
+    tick: &mut dyn FnMut(&Session),
+) -> anyhow::Result<Vec<(&'static str, usize)>> {
+    let (exp, p) = (cx.exp, cx.p);
+    let mut ids = vec![("A", s.start(&p.spec(exp, &format!("lab-{}-A{suffix}", exp.name), boot.job.clone(), boot.kargs))?)];
+    if exp.scenario == Scenario::Oc2 {
+        ids.push(("B", s.start(&p.spec(exp, &format!("lab-{}-B{suffix}", exp.name), boot.job.clone(), boot.kargs))?));
+    }
+    let mut needed: Vec<usize> = ids.iter().map(|x| x.1).collect();
+    needed.extend(co);
+    let targets: Vec<usize> = ids.iter().map(|x| x.1).collect();
+    s.drive(p.deadline, "the workload's steps", &needed, &|s| targets.iter().all(|&g| s.states[g].done.is_some()), tick)?;
+    Ok(ids)
+}
+
+/// Collects one measured guest after its boot: the runs it did not do (and why), its boot
+/// time, its wakeup costs, setup steps and measured steps; then waits for QEMU to exit.
+fn collect_measured(cx: &PassCtx, s: &mut Session, (inst, id): (&'static str, usize), boot: &Boot, pass: &mut Pass) {
+    let (exp, p, hp, epoch) = (cx.exp, cx.p, cx.hp, cx.epoch);
+    let name = s.guests[id].name.clone();
+    let st = &s.states[id];
+    let cpuidle = st.steps.iter().find(|x| x.0.step == "setup.cpuidle").map(|x| x.0.stdout.trim().to_string());
+    for &rep in boot.reps {
+        for m in boot.modes {
+            let step = format!("{}.{rep}", m.name);
+            if !st.steps.iter().any(|x| x.0.step == step) {
+                let why = match (&cpuidle, m.policy()) {
+                    (Some(d), Policy::Haltpoll) if d != "haltpoll" => {
+                        format!("not run: the guest's cpuidle driver is {d} (not haltpoll): {}", haltpoll_reason(p.acc))
                     }
-                }
-            }
-            if let Some(bs) = s.boot_s(id) {
-                pass.boot_s.insert(format!("{name}@{hp}"), bs);
-            }
-            for (r, bi, ei) in &s.states[id].steps {
-                if r.step == "setup.wakeup" {
-                    let context = match exp.scenario {
-                        Scenario::Uc => "alone",
-                        Scenario::Oc => "with co-runner",
-                        Scenario::Oc2 => "next to VM B",
-                    };
-                    if let Some(w) = wake_costs(&format!("{context}, halt_poll {hp}"), &name, &r.stdout) {
-                        pass.wake_costs.push(w);
+                    _ => {
+                        format!("not run: {name}'s job ended before step {step} (rc {})", st.done.unwrap_or(-1))
                     }
-                }
-                if r.step.starts_with("setup.") {
-                    pass.setup.push(SetupStep { guest: name.clone(), step: r.step.clone(), rc: r.rc, stdout: r.stdout.trim().to_string() });
-                    continue;
-                }
-                pass.measured.push(Measured {
-                    instance: inst,
-                    step: r.clone(),
-                    begin_s: (*bi - epoch).as_secs_f64(),
-                    end_s: (*ei - epoch).as_secs_f64(),
-                });
-            }
-            s.guests[id].wait_exit(Duration::from_secs(5));
-        }
-    }
-    if let Some(b) = co {
-        // Let the co-runner finish the iteration under way: an iteration that spans A's whole
-        // last step would otherwise never be counted, and that step would have no co-runner
-        // rate (seen with short steps under load). Best effort.
-        let a_end = pass.measured.iter().map(|m| m.end_s).fold(0.0, f64::max);
-        let wait = p.deadline.min(Instant::now() + Duration::from_secs(30));
-        let ended_after = |s: &Session| s.states[b].steps.last().is_some_and(|x| (x.2 - epoch).as_secs_f64() >= a_end);
-        match s.drive(wait, "the co-runner's iteration in VM B", &[b], &ended_after, &mut tick) {
-            Ok(()) | Err(LabError::Timeout { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
-        for (r, bi, ei) in &s.states[b].steps {
-            pass.co_runner.push(Measured {
-                instance: "B",
-                step: r.clone(),
-                begin_s: (*bi - epoch).as_secs_f64(),
-                end_s: (*ei - epoch).as_secs_f64(),
-            });
-        }
-        if let Some(bs) = s.boot_s(b) {
-            pass.boot_s.insert(format!("{}@{hp}", s.guests[b].name), bs);
-        }
-    }
-    if p.acc == Accel::Kvm {
-        for g in &s.guests {
-            let stats = qmp::Qmp::connect(&g.qmp_path(), Duration::from_secs(5))
-                .and_then(|mut q| q.execute("query-stats", Some(serde_json::json!({"target": "vcpu"}))))
-                .map(|v| qmp::flatten_stats(&v));
-            match stats {
-                Ok(v) => {
-                    pass.kvm_stats.insert(format!("{}@{hp}", g.name), v);
-                }
-                Err(e) => pass.notes.push(format!("query-stats on {}: {e}", g.name)),
+                };
+                pass.not_run.push((inst, m.name.clone(), rep, why));
             }
         }
     }
-    s.kill_all();
-    Ok(pass)
+    if let Some(bs) = s.boot_s(id) {
+        pass.boot_s.insert(format!("{name}@{hp}"), bs);
+    }
+    for (r, bi, ei) in &s.states[id].steps {
+        if r.step == "setup.wakeup" {
+            let context = match exp.scenario {
+                Scenario::Uc => "alone",
+                Scenario::Oc => "with co-runner",
+                Scenario::Oc2 => "next to VM B",
+            };
+            if let Some(w) = wake_costs(&format!("{context}, halt_poll {hp}"), &name, &r.stdout) {
+                pass.wake_costs.push(w);
+            }
+        }
+        if r.step.starts_with("setup.") {
+            pass.setup.push(SetupStep { guest: name.clone(), step: r.step.clone(), rc: r.rc, stdout: r.stdout.trim().to_string() });
+            continue;
+        }
+        pass.measured.push(Measured {
+            instance: inst,
+            step: r.clone(),
+            begin_s: (*bi - epoch).as_secs_f64(),
+            end_s: (*ei - epoch).as_secs_f64(),
+        });
+    }
+    s.guests[id].wait_exit(Duration::from_secs(5));
+}
+
+/// Lets the co-runner finish the iteration under way, then collects its iterations and boot
+/// time. An iteration that spans A's whole last step would otherwise never be counted, and
+/// that step would have no co-runner rate (seen with short steps under load). Best effort.
+fn finish_co_runner(cx: &PassCtx, s: &mut Session, b: usize, pass: &mut Pass, tick: &mut dyn FnMut(&Session)) -> anyhow::Result<()> {
+    let (p, hp, epoch) = (cx.p, cx.hp, cx.epoch);
+    let a_end = pass.measured.iter().map(|m| m.end_s).fold(0.0, f64::max);
+    let wait = p.deadline.min(Instant::now() + Duration::from_secs(30));
+    let ended_after = |s: &Session| s.states[b].steps.last().is_some_and(|x| (x.2 - epoch).as_secs_f64() >= a_end);
+    match s.drive(wait, "the co-runner's iteration in VM B", &[b], &ended_after, tick) {
+        Ok(()) | Err(LabError::Timeout { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    for (r, bi, ei) in &s.states[b].steps {
+        pass.co_runner.push(Measured {
+            instance: "B",
+            step: r.clone(),
+            begin_s: (*bi - epoch).as_secs_f64(),
+            end_s: (*ei - epoch).as_secs_f64(),
+        });
+    }
+    if let Some(bs) = s.boot_s(b) {
+        pass.boot_s.insert(format!("{}@{hp}", s.guests[b].name), bs);
+    }
+    Ok(())
+}
+
+/// QMP `query-stats` of every guest of the session (KVM only); a failure is a note.
+fn collect_kvm_stats(s: &Session, hp: &str, pass: &mut Pass) {
+    for g in &s.guests {
+        let stats = qmp::Qmp::connect(&g.qmp_path(), Duration::from_secs(5))
+            .and_then(|mut q| q.execute("query-stats", Some(serde_json::json!({"target": "vcpu"}))))
+            .map(|v| qmp::flatten_stats(&v));
+        match stats {
+            Ok(v) => {
+                pass.kvm_stats.insert(format!("{}@{hp}", g.name), v);
+            }
+            Err(e) => pass.notes.push(format!("query-stats on {}: {e}", g.name)),
+        }
+    }
 }
 
 /// The rows of a pass: measured steps (with the co-runner's rate during each) and the
@@ -820,66 +892,22 @@ fn haltpoll_reason(acc: Accel) -> &'static str {
     }
 }
 
-/// Runs `exp` and returns its results (the caller writes them with `report::write`).
+/// Runs `exp` and returns its results (the caller writes them with `report::write`), in
+/// named phases: prepare, size the workload, the native baseline, one guest pass per host
+/// halt-poll setting, then the report (calibrations, notes, summary).
 pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<LabResults> {
     let t0 = Instant::now();
     let started_unix_s = now_unix();
     let mut p = prepare(exp, opts)?;
-    let vm_steps = p.runs as usize * exp.modes.len() * if exp.scenario == Scenario::Oc2 { 2 } else { 1 } * p.halt_polls.len();
-    let pb = if opts.progress { ProgressBar::new((p.runs as usize + vm_steps) as u64) } else { ProgressBar::hidden() };
-    pb.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:25}] {pos}/{len} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-
+    let pb = progress_bar(exp, &p, opts.progress);
     let (native_args, guest_args, sizing) = size_workload(exp, &mut p, opts.quick, &pb)?;
     let mut rows = native_baseline(exp, &p, &native_args, &pb)?;
-    let (mut setup, mut boot_s, mut kvm_stats, mut notes) = (Vec::new(), BTreeMap::new(), BTreeMap::new(), std::mem::take(&mut p.notes));
-    let mut wake_costs = std::mem::take(&mut p.wake_costs);
-    for hp in p.halt_polls.clone() {
-        let pass = guest_pass(exp, &p, &hp, &guest_args, opts.quick, &pb)?;
-        rows.extend(pass_rows(exp, &p, &hp, &pass));
-        setup.extend(pass.setup);
-        boot_s.extend(pass.boot_s);
-        kvm_stats.extend(pass.kvm_stats);
-        notes.extend(pass.notes);
-        wake_costs.extend(pass.wake_costs);
-    }
+    let guests = guest_passes(exp, &mut p, &guest_args, opts.quick, &pb)?;
     pb.finish_and_clear();
-    let mut calibrations = Vec::new();
-    for st in setup.iter().filter(|s| s.step == "setup.calibrate" && s.rc == 0) {
-        match serde_json::from_str::<gleaner_agent::CalibrateReport>(&st.stdout) {
-            Ok(c) => {
-                let w = c.results.wakeup_costs;
-                notes.push(format!(
-                    "{}: the agent's calibration at boot (outside measured steps, {} ms): retention {:?} (wakeup mean {:.0} us busy vCPU, {:.0} us after {:.0} us idle, {:.0} us after a long idle gap)",
-                    st.guest,
-                    c.record.as_ref().map_or(0, |r| r.took_ms),
-                    c.results.verdict,
-                    w.busy_ns as f64 / 1e3,
-                    w.idle_at_timeout_ns as f64 / 1e3,
-                    c.results.timeout_ns as f64 / 1e3,
-                    w.idle_long_ns as f64 / 1e3
-                ));
-                calibrations.push((st.guest.clone(), c));
-            }
-            Err(e) => notes.push(format!("{}: setup.calibrate printed no calibration report ({e})", st.guest)),
-        }
-    }
-    for st in setup.iter().filter(|s| s.rc != 0) {
-        notes.push(format!("{} {} exited {}: {}", st.guest, st.step, st.rc, st.stdout.chars().take(200).collect::<String>()));
-    }
-    let failed: Vec<&Row> = rows.iter().filter(|r| !r.ok() && r.mode != "co-runner").collect();
-    if !failed.is_empty() {
-        let mut why: Vec<String> = failed.iter().filter_map(|r| r.error.clone()).collect();
-        why.dedup();
-        notes.push(format!(
-            "{} run(s) failed or printed no bench JSON: {}",
-            failed.len(),
-            why.into_iter().take(3).collect::<Vec<_>>().join("; ")
-        ));
-    }
+    rows.extend(guests.rows);
+    let Guests { setup, boot_s, kvm_stats, mut notes, wake_costs, .. } = guests;
+    let calibrations = calibration_notes(&setup, &mut notes);
+    failure_notes(&setup, &rows, &mut notes);
     let mut summary = results::summarize(&rows, &exp.stock_mode().name);
     add_bww_bounds(&mut summary, &wake_costs, &mut notes);
     add_compute_shares(&mut summary, &native_args, &guest_args);
@@ -907,6 +935,94 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
         kvm_stats,
         notes,
     })
+}
+
+/// The progress bar of a run (hidden without `progress`): one tick per native run and per
+/// measured guest step.
+fn progress_bar(exp: &Experiment, p: &Prepared, progress: bool) -> ProgressBar {
+    let vm_steps = p.runs as usize * exp.modes.len() * if exp.scenario == Scenario::Oc2 { 2 } else { 1 } * p.halt_polls.len();
+    let pb = if progress { ProgressBar::new((p.runs as usize + vm_steps) as u64) } else { ProgressBar::hidden() };
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:25}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb
+}
+
+/// What all guest passes produced, with the notes and wakeup costs gathered before them.
+struct Guests {
+    rows: Vec<Row>,
+    setup: Vec<SetupStep>,
+    boot_s: BTreeMap<String, f64>,
+    kvm_stats: BTreeMap<String, Vec<(String, f64)>>,
+    notes: Vec<String>,
+    wake_costs: Vec<WakeCosts>,
+}
+
+/// One [`guest_pass`] per host halt-poll setting, its rows and provenance merged.
+fn guest_passes(exp: &Experiment, p: &mut Prepared, guest_args: &[String], quick: bool, pb: &ProgressBar) -> anyhow::Result<Guests> {
+    let mut g = Guests {
+        rows: Vec::new(),
+        setup: Vec::new(),
+        boot_s: BTreeMap::new(),
+        kvm_stats: BTreeMap::new(),
+        notes: std::mem::take(&mut p.notes),
+        wake_costs: std::mem::take(&mut p.wake_costs),
+    };
+    for hp in p.halt_polls.clone() {
+        let pass = guest_pass(exp, p, &hp, guest_args, quick, pb)?;
+        g.rows.extend(pass_rows(exp, p, &hp, &pass));
+        g.setup.extend(pass.setup);
+        g.boot_s.extend(pass.boot_s);
+        g.kvm_stats.extend(pass.kvm_stats);
+        g.notes.extend(pass.notes);
+        g.wake_costs.extend(pass.wake_costs);
+    }
+    Ok(g)
+}
+
+/// The agent's calibrations at boot (`setup.calibrate`), each with a note; a step that printed
+/// no report is a note.
+fn calibration_notes(setup: &[SetupStep], notes: &mut Vec<String>) -> Vec<(String, gleaner_agent::CalibrateReport)> {
+    let mut calibrations = Vec::new();
+    for st in setup.iter().filter(|s| s.step == "setup.calibrate" && s.rc == 0) {
+        match serde_json::from_str::<gleaner_agent::CalibrateReport>(&st.stdout) {
+            Ok(c) => {
+                let w = c.results.wakeup_costs;
+                notes.push(format!(
+                    "{}: the agent's calibration at boot (outside measured steps, {} ms): retention {:?} (wakeup mean {:.0} us busy vCPU, {:.0} us after {:.0} us idle, {:.0} us after a long idle gap)",
+                    st.guest,
+                    c.record.as_ref().map_or(0, |r| r.took_ms),
+                    c.results.verdict,
+                    w.busy_ns as f64 / 1e3,
+                    w.idle_at_timeout_ns as f64 / 1e3,
+                    c.results.timeout_ns as f64 / 1e3,
+                    w.idle_long_ns as f64 / 1e3
+                ));
+                calibrations.push((st.guest.clone(), c));
+            }
+            Err(e) => notes.push(format!("{}: setup.calibrate printed no calibration report ({e})", st.guest)),
+        }
+    }
+    calibrations
+}
+
+/// Notes on setup steps that failed and on runs that failed or printed no bench JSON.
+fn failure_notes(setup: &[SetupStep], rows: &[Row], notes: &mut Vec<String>) {
+    for st in setup.iter().filter(|s| s.rc != 0) {
+        notes.push(format!("{} {} exited {}: {}", st.guest, st.step, st.rc, st.stdout.chars().take(200).collect::<String>()));
+    }
+    let failed: Vec<&Row> = rows.iter().filter(|r| !r.ok() && r.mode != "co-runner").collect();
+    if !failed.is_empty() {
+        let mut why: Vec<String> = failed.iter().filter_map(|r| r.error.clone()).collect();
+        why.dedup();
+        notes.push(format!(
+            "{} run(s) failed or printed no bench JSON: {}",
+            failed.len(),
+            why.into_iter().take(3).collect::<Vec<_>>().join("; ")
+        ));
+    }
 }
 
 /// True when the run ended because of SIGINT/SIGTERM/SIGHUP.

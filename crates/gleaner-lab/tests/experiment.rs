@@ -91,7 +91,7 @@ fn kernel_dir() -> PathBuf {
 }
 
 fn options(fake: PathBuf, out: PathBuf) -> RunOptions {
-    RunOptions { out, quick: true, gleaner: fake, accel: "auto".into(), kernel: None, cache_dir: kernel_dir(), pcpus: None, runs: Some(2), progress: false }
+    RunOptions { out, quick: true, gleaner: fake, accel: gleaner_lab::accel::AccelChoice::Auto, kernel: None, cache_dir: kernel_dir(), pcpus: None, runs: Some(2), progress: false }
 }
 
 #[test]

@@ -9,6 +9,7 @@ use gleaner_os::BadInput;
 use serde::de::DeserializeOwned;
 
 use crate::experiment::Policy;
+use crate::guest::Accel;
 use crate::matrix::MatrixResults;
 use crate::results::{Row, SummaryRow};
 use crate::runner::{bench_workload_params, LabResults, Sizing, WakeCosts};
@@ -34,8 +35,7 @@ pub struct LabCell {
     pub name: String,
     /// The file the cell was read from.
     pub source: PathBuf,
-    /// `tcg` or `kvm`.
-    pub accel: String,
+    pub accel: Accel,
     pub pcpus: u32,
     pub vcpus: u32,
     pub workload: Kernel,
@@ -119,7 +119,7 @@ pub fn from_results(file: &Path, r: &LabResults) -> anyhow::Result<LabCell> {
     Ok(LabCell {
         name: r.experiment.name.clone(),
         source: file.to_path_buf(),
-        accel: r.accel.to_string(),
+        accel: r.accel,
         pcpus: u32::try_from(r.pcpus.len()).unwrap_or(u32::MAX).max(1),
         vcpus,
         workload,
@@ -158,7 +158,7 @@ fn from_matrix(file: &Path, m: &MatrixResults) -> anyhow::Result<Vec<LabCell>> {
         cells.push(LabCell {
             name: c.name.clone(),
             source: file.to_path_buf(),
-            accel: c.accel.clone(),
+            accel: c.accel,
             pcpus: exp.vcpus,
             vcpus: exp.vcpus,
             workload: kernel_of(&c.guest_args, exp.vcpus).map_err(ctx)?,

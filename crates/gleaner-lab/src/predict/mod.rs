@@ -19,7 +19,7 @@ pub mod input;
 pub mod model;
 pub mod report;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -30,44 +30,12 @@ use gleaner_sim::runner::{Report, VmReport};
 use gleaner_sim::scenario::{GuestPolicy, Scenario, VariantCfg};
 
 use crate::experiment::Policy;
+use crate::guest::Accel;
 use crate::results::{co_runner_rate, Row};
 use input::LabCell;
 use model::{HostSched, ModelOptions, WakeStat};
+pub use crate::cli::PredictArgs;
 use report::{CellPrediction, Compared, Lat, Measured, Mechanics, PolicyPrediction, Prediction, WakeCheck};
-
-/// `gleaner lab predict DIR`
-#[derive(Debug, clap::Args)]
-pub struct PredictArgs {
-    /// A `gleaner lab matrix` directory (matrix.json), a `gleaner lab run` directory
-    /// (results.json), or one of those files.
-    pub dir: PathBuf,
-    /// Simulator seeds, e.g. `1-3` or `1,7`. The kernels' compute is fixed, so seeds differ
-    /// only with --jitter-pct.
-    #[arg(long, default_value = "1")]
-    pub seeds: String,
-    /// Uniform jitter of every simulated compute step, percent (a sensitivity check).
-    #[arg(long, default_value_t = 0.0)]
-    pub jitter_pct: f64,
-    /// Statistic of the lab's wakeup measurements the simulator's costs come from.
-    #[arg(long, value_enum, default_value = "p50")]
-    pub wake_stat: WakeStat,
-    /// EEVDF base slice of the lab's host, us (default: debugfs or procfs when readable, else
-    /// 0.75 ms x (1 + log2(online CPUs))).
-    #[arg(long)]
-    pub base_slice_us: Option<f64>,
-    /// Scheduler tick of the lab's host, us (default: 1 s / CONFIG_HZ; 250 Hz when unknown).
-    #[arg(long)]
-    pub tick_us: Option<f64>,
-    /// Also write each cell's simulator scenario here (TOML; `gleaner sim FILE` runs it).
-    #[arg(long, value_name = "DIR")]
-    pub scenarios: Option<PathBuf>,
-    /// Worker threads for the simulations (default: all cores).
-    #[arg(long)]
-    pub jobs: Option<usize>,
-    /// Print one JSON document instead of the Markdown report.
-    #[arg(long)]
-    pub json: bool,
-}
 
 impl PredictArgs {
     fn options(&self) -> anyhow::Result<ModelOptions> {
@@ -141,8 +109,8 @@ fn predict_cell(cell: &LabCell, hp: &str, costs: model::CostChoice, opts: &Model
     let co_model = cell.co_runner.as_ref().map(|k| model::co_runner_model(cell, k, hp, costs.table2.a_us));
     let b = co_model.as_ref().map(|m| model::co_runner_workload(m, cell.vcpus, opts.jitter_pct));
     let plan = model::agent_plan(cell, hp);
-    let halt_poll = cell.accel == "kvm" && hp != "0";
-    if cell.accel == "kvm" {
+    let halt_poll = cell.accel == Accel::Kvm && hp != "0";
+    if cell.accel == Accel::Kvm {
         notes.push("KVM: halt polling simulated with KVM's default parameters (the lab does not record the host's)".into());
     }
     // The stock mode first: it is the baseline of every ratio, as in the lab.
@@ -201,7 +169,7 @@ fn predict_cell(cell: &LabCell, hp: &str, costs: model::CostChoice, opts: &Model
         workload: cell.workload.workload.to_string(),
         co_runner: cell.co_runner.as_ref().map(|k| k.workload.to_string()),
         halt_poll: hp.to_string(),
-        accel: cell.accel.clone(),
+        accel: cell.accel,
         pcpus: cell.pcpus,
         vcpus: cell.vcpus,
         host_slice_us: host.slice_us,

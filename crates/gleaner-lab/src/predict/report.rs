@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::model::{AgentPlan, CoRunnerModel, CostChoice, ModelOptions, SyncFit};
 use crate::experiment::Policy;
+use crate::guest::Accel;
 
 /// The target: predicted within 25% of measured.
 pub const TOLERANCE: f64 = 0.25;
@@ -33,7 +34,7 @@ pub struct CellPrediction {
     pub workload: String,
     pub co_runner: Option<String>,
     pub halt_poll: String,
-    pub accel: String,
+    pub accel: Accel,
     pub pcpus: u32,
     pub vcpus: u32,
     pub host_slice_us: f64,
