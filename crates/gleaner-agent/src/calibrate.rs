@@ -40,10 +40,8 @@ pub fn mean_wakeups(cpus: &CpuSet, settings: &[Setting], gap_us: u64) -> anyhow:
         .map(|&s| {
             let r = results.iter().find(|r| r.setting == s).context("setting missing from the result")?;
             let us = r.mean_us.with_context(|| format!("no sample for setting {s:?}"))?;
-            // A mean latency: finite, >= 0 and far below u64::MAX ns (`as` saturates anyway).
-            #[allow(clippy::cast_possible_truncation)]
-            let ns = (us * 1000.0).round() as u64;
-            Ok(ns)
+            // A mean latency: finite, >= 0 and far below u64::MAX ns (saturating anyway).
+            Ok(gleaner_policy::num::saturating_u64((us * 1000.0).round()))
         })
         .collect()
 }

@@ -228,7 +228,7 @@ pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<Str
             let Some(pid) = name.strip_prefix("agent-").and_then(|s| s.strip_suffix(".json")).and_then(|s| s.parse::<i32>().ok()) else {
                 continue;
             };
-            if alive(pid) && pid != std::process::id() as i32 {
+            if alive(pid) && pid != std::process::id().cast_signed() {
                 continue;
             }
             // A state file that is not ours alone (a symlink, another user's, writable by

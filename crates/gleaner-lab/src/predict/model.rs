@@ -184,10 +184,9 @@ pub fn choose_costs(cells: &[LabCell], hp: &str, stat: WakeStat) -> anyhow::Resu
     Ok(CostChoice { table2, costs_ns, source })
 }
 
-/// Microseconds to nanoseconds (negative and NaN to 0; `as` saturates the rest).
-#[allow(clippy::cast_possible_truncation)]
+/// Microseconds to nanoseconds (negative and NaN to 0, saturating above).
 pub(crate) fn us_ns(us: f64) -> u64 {
-    (us * 1000.0).round().max(0.0) as u64
+    gleaner_policy::num::saturating_u64((us * 1000.0).round())
 }
 
 fn compute(ns: u64, jitter_pct: f64) -> String {
