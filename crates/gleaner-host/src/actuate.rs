@@ -293,7 +293,11 @@ impl Actuator {
             }
         }
         if !errors.is_empty() {
-            anyhow::bail!("could not remove {} (the state file {} is kept for `gleaner host restore`)", errors.join(", "), self.state_path.display());
+            anyhow::bail!(
+                "could not remove {} (the state file {} is kept for `gleaner host restore`)",
+                errors.join(", "),
+                self.state_path.display()
+            );
         }
         self.state = State { agent_pid: self.state.agent_pid, ..State::default() };
         std::fs::remove_file(&self.state_path).ok();
@@ -413,7 +417,11 @@ mod tests {
     fn two_pool_plan() -> Plan {
         let a = VcpuId { vm: 1, vcpu: 0 };
         let b = VcpuId { vm: 1, vcpu: 1 };
-        plan(&[VcpuInfo::new(a, VcpuClass::IoInt, false), VcpuInfo::new(b, VcpuClass::Llcf, false)], &Topology::uniform(1, 2), &Quanta::paper())
+        plan(
+            &[VcpuInfo::new(a, VcpuClass::IoInt, false), VcpuInfo::new(b, VcpuClass::Llcf, false)],
+            &Topology::uniform(1, 2),
+            &Quanta::paper(),
+        )
     }
 
     /// A fake cgroup tree: the root holds cpuset files and `tasks`/`cgroup.procs`.
@@ -499,7 +507,10 @@ mod tests {
         assert_eq!(std::fs::read_to_string(pool.join("cgroup.threads")).unwrap(), t0.tid.to_string());
         assert_eq!(std::fs::read_to_string(vm_dir.join("cgroup.procs")).unwrap(), pid.to_string());
         let st = act.state().clone();
-        assert_eq!(st.processes[&pid].cgroup, Procfs::new().cgroup_of(pid).unwrap().into_iter().find(|l| l.0 == 0).map(|l| l.2).unwrap_or_else(|| "/".into()));
+        assert_eq!(
+            st.processes[&pid].cgroup,
+            Procfs::new().cgroup_of(pid).unwrap().into_iter().find(|l| l.0 == 0).map(|l| l.2).unwrap_or_else(|| "/".into())
+        );
         act.restore_all().unwrap();
         assert!(!vm_dir.exists());
     }

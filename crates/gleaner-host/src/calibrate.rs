@@ -141,7 +141,13 @@ impl Run {
 }
 
 /// One measurement: the type's kernel plus competitors at `slice` for `duration`.
-fn measure(p: &CalibrationParams, ty: VcpuType, slice: Duration, thrash: &Arc<Vec<usize>>, chase: &Arc<Vec<usize>>) -> anyhow::Result<(f64, &'static str)> {
+fn measure(
+    p: &CalibrationParams,
+    ty: VcpuType,
+    slice: Duration,
+    thrash: &Arc<Vec<usize>>,
+    chase: &Arc<Vec<usize>>,
+) -> anyhow::Result<(f64, &'static str)> {
     let run = Arc::new(Run {
         stop: AtomicBool::new(false),
         measuring: AtomicBool::new(false),
@@ -406,7 +412,14 @@ pub fn calibrate(p: &CalibrationParams, types: &[VcpuType], mut progress: impl F
         }
         let reference = meds.iter().find(|m| m.0 == 30).map(|m| m.1).unwrap_or(meds[meds.len() / 2].1);
         for (ms, m, unit, samples) in &meds {
-            points.push(Point { ty, slice_ms: *ms, performance: *m, unit: unit.clone(), samples: samples.clone(), normalized: m / reference });
+            points.push(Point {
+                ty,
+                slice_ms: *ms,
+                performance: *m,
+                unit: unit.clone(),
+                samples: samples.clone(),
+                normalized: m / reference,
+            });
         }
         let summary: Vec<(u64, f64, f64)> = meds.iter().map(|(ms, m, _, s)| (*ms, *m, noise(s, *m))).collect();
         best.push(choose(ty, &summary, p.agnostic_spread));
@@ -455,9 +468,25 @@ mod tests {
     fn quanta_from_measurements() {
         let mk = |ty, slice_ms, agnostic| Best { ty, slice_ms, spread: 0.0, threshold: 0.05, agnostic };
         let c = Calibration {
-            params: CalibrationParams { cpu: 0, device_cpu: 1, slices_ms: vec![1, 30, 90], duration_ms: 1, repeats: 1, competitors: 1, llc_bytes: 1, l2_bytes: 1, agnostic_spread: 0.05 },
+            params: CalibrationParams {
+                cpu: 0,
+                device_cpu: 1,
+                slices_ms: vec![1, 30, 90],
+                duration_ms: 1,
+                repeats: 1,
+                competitors: 1,
+                llc_bytes: 1,
+                l2_bytes: 1,
+                agnostic_spread: 0.05,
+            },
             points: vec![],
-            best: vec![mk(VcpuType::IoInt, 10, false), mk(VcpuType::ConSpin, 1, false), mk(VcpuType::Llcf, 60, false), mk(VcpuType::Lolcf, 90, true), mk(VcpuType::Llco, 1, false)],
+            best: vec![
+                mk(VcpuType::IoInt, 10, false),
+                mk(VcpuType::ConSpin, 1, false),
+                mk(VcpuType::Llcf, 60, false),
+                mk(VcpuType::Lolcf, 90, true),
+                mk(VcpuType::Llco, 1, false),
+            ],
             date_unix_s: 0,
         };
         let q = c.quanta();

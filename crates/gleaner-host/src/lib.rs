@@ -13,6 +13,7 @@
 
 pub mod actuate;
 pub mod calibrate;
+pub mod cli;
 pub mod config;
 pub mod discover;
 pub mod extra;
@@ -22,7 +23,6 @@ pub mod perf;
 pub mod qmp;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -33,7 +33,7 @@ use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
-use gleaner_policy::aql::{self, AqlController, Classification, ControllerConfig, Plan, PlanDiff, Topology, VcpuId, VcpuType};
+use gleaner_policy::aql::{self, AqlController, Classification, ControllerConfig, Plan, PlanDiff, Topology, VcpuId};
 use serde::Serialize;
 
 use crate::actuate::{Actuator, Placement, State};
@@ -42,188 +42,18 @@ use crate::discover::Vm;
 use crate::extra::{CpuTopo, ProcExtra};
 use crate::monitor::{Monitor, SourceReport, VmIo};
 
-/// Default state file.
-pub const STATE_PATH: &str = "/run/gleaner/host-state.json";
-
-/// `gleaner host ...`
-#[derive(Debug, clap::Args)]
-pub struct HostArgs {
-    #[command(subcommand)]
-    pub command: HostCommand,
-}
-
-/// The host agent's commands.
-#[derive(Debug, clap::Subcommand)]
-pub enum HostCommand {
-    /// List VMs (QEMU, Firecracker, Cloud Hypervisor) and their vCPU threads.
-    Discover(DiscoverArgs),
-    /// Monitor vCPUs for one window and print their cursors and types (changes nothing).
-    Classify(ClassifyArgs),
-    /// Type vCPUs continuously and apply pools (cpusets) and per-pool slices until stopped.
-    Run(RunArgs),
-    /// Measure each type's best quantum (slices 1, 10, 30, 60, 90 ms) and write the config.
-    Calibrate(CalibrateArgs),
-    /// Show the running agent's state file and what it changed.
-    Status(StateArgs),
-    /// Undo the changes of an agent that crashed (state file, then any gleaner-aql* cgroup).
-    Restore(StateArgs),
-}
-
-/// Which VMs to look at.
-#[derive(Debug, Clone, clap::Args)]
-pub struct VmFilter {
-    /// Only these VMs (pid or name; repeatable). Default: all.
-    #[arg(long = "vm")]
-    pub vms: Vec<String>,
-}
-
-impl VmFilter {
-    fn keep(&self, vm: &Vm) -> bool {
-        self.vms.is_empty() || self.vms.iter().any(|v| *v == vm.name || *v == vm.pid.to_string())
-    }
-}
-
-#[derive(Debug, clap::Args)]
-pub struct DiscoverArgs {
-    #[command(flatten)]
-    pub filter: VmFilter,
-    /// Print one JSON document.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// Monitoring options shared by `classify` and `run`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct MonitorArgs {
-    #[command(flatten)]
-    pub filter: VmFilter,
-    /// Monitoring period (the paper's 30 ms).
-    #[arg(long, default_value_t = 30)]
-    pub period_ms: u64,
-    /// Periods per decision (the paper's n = 4).
-    #[arg(long, default_value_t = 4)]
-    pub window: usize,
-    /// Configuration (quanta, thresholds). Default: /etc/gleaner/host.toml if present, else the
-    /// paper's quanta.
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Hysteresis in cursor points: a vCPU keeps its type until another cursor average beats
-    /// it by more than this (0 = the paper's rule).
-    #[arg(long, default_value_t = 10.0)]
-    pub hysteresis_points: f64,
-}
-
-impl MonitorArgs {
-    fn validate(&self) -> anyhow::Result<()> {
-        if !(1..=10_000).contains(&self.period_ms) {
-            return Err(BadInput::new("--period-ms", self.period_ms, "1..=10000").into());
-        }
-        if !(1..=1000).contains(&self.window) {
-            return Err(BadInput::new("--window", self.window, "1..=1000").into());
-        }
-        if !(0.0..=100.0).contains(&self.hysteresis_points) {
-            return Err(BadInput::new("--hysteresis-points", self.hysteresis_points, "0..=100").into());
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug, clap::Args)]
-pub struct ClassifyArgs {
-    #[command(flatten)]
-    pub monitor: MonitorArgs,
-    /// Print one JSON document.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct RunArgs {
-    #[command(flatten)]
-    pub monitor: MonitorArgs,
-    /// Compute and print the first plan and the changes it would make, then exit; change nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Stop (and restore everything) after this many seconds. Default: until SIGINT/SIGTERM.
-    #[arg(long)]
-    pub duration_s: Option<f64>,
-    /// Stop (and restore) when no VM is left.
-    #[arg(long)]
-    pub exit_when_no_vms: bool,
-    /// pCPUs the pools may use (kernel list, e.g. `2-15`). Default: all online CPUs.
-    #[arg(long)]
-    pub cpus: Option<String>,
-    /// pCPUs kept out of every pool (the paper's dom0 socket), e.g. `0-3`.
-    #[arg(long)]
-    pub reserve_cpus: Option<String>,
-    /// State file recording every change (for `restore` after a crash).
-    #[arg(long, default_value = STATE_PATH)]
-    pub state: PathBuf,
-    /// Serve Prometheus metrics: a port alone (e.g. 9464) listens on 127.0.0.1 only; IP:PORT
-    /// listens where told (another machine can then read them).
-    #[arg(long, value_name = "[IP:]PORT")]
-    pub metrics_addr: Option<String>,
-    /// Print one JSON document (at exit).
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct CalibrateArgs {
-    /// pCPU the kernels and competitors run on. Default: the last online CPU.
-    #[arg(long)]
-    pub cpu: Option<u32>,
-    /// Slices to try, in ms (1..=100).
-    #[arg(long, value_delimiter = ',', default_value = "1,10,30,60,90")]
-    pub slices_ms: Vec<u64>,
-    /// Measurement time per point (after a warm-up of a fifth of it); several rounds of the
-    /// largest slice over all threads sharing the pCPU.
-    #[arg(long, default_value_t = 2000)]
-    pub duration_ms: u64,
-    /// Repeats per point (the median is kept).
-    #[arg(long, default_value_t = 3)]
-    pub repeats: u32,
-    /// Cache-thrashing CPU burners sharing the pCPU (the paper: 2-4 vCPUs per pCPU).
-    #[arg(long, default_value_t = 3)]
-    pub competitors: u32,
-    /// LLC size to size the kernels for. Default: from sysfs.
-    #[arg(long)]
-    pub llc_bytes: Option<u64>,
-    /// Types to calibrate (IOInt, ConSpin, LLCF, LoLCF, LLCO). Default: all.
-    #[arg(long, value_delimiter = ',')]
-    pub types: Vec<String>,
-    /// Least relative gain over the 30 ms default for another slice to be chosen (raised to the
-    /// repeats' noise when that is larger); types whose slices all stay within it are agnostic.
-    #[arg(long, default_value_t = 0.05)]
-    pub agnostic_spread: f64,
-    /// Config file to write.
-    #[arg(long, default_value = config::DEFAULT_PATH)]
-    pub out: PathBuf,
-    /// Measure and print, but do not write the config.
-    #[arg(long)]
-    pub no_write: bool,
-    /// Print one JSON document.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct StateArgs {
-    /// State file.
-    #[arg(long, default_value = STATE_PATH)]
-    pub state: PathBuf,
-    /// Print one JSON document.
-    #[arg(long)]
-    pub json: bool,
-}
+pub use crate::cli::{
+    CalibrateArgs, ClassifyArgs, DiscoverArgs, HostArgs, HostCommand, MonitorArgs, RunArgs, StateArgs, VmFilter, STATE_PATH,
+};
+use crate::cli::{CalibrateOptions, MonitorOptions, RunOptions};
 
 /// Entry point of `gleaner host`.
 pub fn run(args: HostArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         HostCommand::Discover(a) => cmd_discover(a),
-        HostCommand::Classify(a) => cmd_classify(a),
-        HostCommand::Run(a) => cmd_run(a),
-        HostCommand::Calibrate(a) => cmd_calibrate(a),
+        HostCommand::Classify(a) => cmd_classify(&a.monitor.resolve()?, a.json),
+        HostCommand::Run(a) => cmd_run(&a.resolve()?),
+        HostCommand::Calibrate(a) => cmd_calibrate(&a.resolve()?),
         HostCommand::Status(a) => cmd_status(a),
         HostCommand::Restore(a) => cmd_restore(a),
     }
@@ -359,7 +189,7 @@ pub fn controller_readings(readings: &[monitor::VcpuReading]) -> Vec<aql::Readin
 }
 
 /// The controller's settings from the host's flags and configuration.
-fn controller_config(m: &MonitorArgs, limits: aql::Limits, topology: Topology, quanta: aql::Quanta) -> ControllerConfig {
+fn controller_config(m: &MonitorOptions, limits: aql::Limits, topology: Topology, quanta: aql::Quanta) -> ControllerConfig {
     ControllerConfig { window: m.window, decide_every: m.window, confirm: true, limits, hysteresis: m.hysteresis_points, topology, quanta }
 }
 
@@ -408,25 +238,24 @@ fn fmt_class(c: &Option<Classification>) -> String {
     }
 }
 
-fn cmd_classify(a: ClassifyArgs) -> anyhow::Result<ExitCode> {
-    a.monitor.validate()?;
-    let cfg = HostConfig::load(a.monitor.config.as_deref())?;
+fn cmd_classify(m: &MonitorOptions, json: bool) -> anyhow::Result<ExitCode> {
+    let cfg = HostConfig::load(m.config.as_deref())?;
     let topo = topology(None, None, &CpuTopo::new(), &Sysfs::new())?;
-    let mut e = Engine::new(a.monitor.filter.clone(), controller_config(&a.monitor, cfg.config.limits, topo, cfg.config.quanta))?;
-    let period = Duration::from_millis(a.monitor.period_ms);
+    let mut e = Engine::new(m.filter.clone(), controller_config(m, cfg.config.limits, topo, cfg.config.quanta))?;
+    let period = m.period;
     // One baseline sample plus `window` periods.
     let mut next = Instant::now();
     e.sample()?;
-    for _ in 0..=a.monitor.window {
+    for _ in 0..=m.window {
         next = advance(next, period);
         sleep_until(next);
         e.step()?;
     }
     let reports = e.reports();
     let sources = e.monitor.sources();
-    if a.json {
+    if json {
         print_json(&serde_json::json!({
-            "period_ms": a.monitor.period_ms, "window": a.monitor.window,
+            "period_ms": m.period.as_millis(), "window": m.window,
             "limits": cfg.config.limits, "sources": sources, "vcpus": reports, "vm_io": e.vm_io,
         }))?;
     } else {
@@ -435,25 +264,24 @@ fn cmd_classify(a: ClassifyArgs) -> anyhow::Result<ExitCode> {
             println!("{} vCPU {} (tid {}): {}", r.vm, r.vcpu, r.tid, fmt_class(&r.classification));
         }
         for v in &e.vm_io {
-            println!("VM pid {}: other threads {} syscalls, {} voluntary switches in the last period", v.pid, v.syscalls, v.voluntary_switches);
+            println!(
+                "VM pid {}: other threads {} syscalls, {} voluntary switches in the last period",
+                v.pid, v.syscalls, v.voluntary_switches
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// The pCPUs available to pools, by socket.
-pub fn topology(cpus: Option<&str>, reserve: Option<&str>, topo: &CpuTopo, sysfs: &Sysfs) -> anyhow::Result<Topology> {
-    let parse = |flag: &str, s: &str| CpuSet::parse(s).map_err(|e| BadInput::new(flag, s, format!("a CPU list like 0-3,6 ({e})")));
+pub fn topology(cpus: Option<&CpuSet>, reserve: Option<&CpuSet>, topo: &CpuTopo, sysfs: &Sysfs) -> anyhow::Result<Topology> {
     let online = sysfs.online_cpus()?;
-    let mut set = match cpus {
-        Some(s) => parse("--cpus", s)?,
-        None => online.clone(),
-    };
+    let mut set = cpus.unwrap_or(&online).clone();
     if !set.is_subset(&online) {
         return Err(BadInput::new("--cpus", set, format!("online CPUs ({online})")).into());
     }
     if let Some(r) = reserve {
-        set = set.difference(&parse("--reserve-cpus", r)?);
+        set = set.difference(r);
     }
     if set.is_empty() {
         return Err(BadInput::new("--cpus/--reserve-cpus", "(no CPU left)", "at least one CPU for the pools").into());
@@ -497,7 +325,13 @@ struct RunReport {
 fn print_plan(plan: &Plan, diff: &PlanDiff) {
     for p in &plan.pools {
         let members: Vec<String> = p.vcpus.iter().map(|v| v.to_string()).collect();
-        println!("pool {:14} pCPUs {:8} quantum {:>6.1} ms  vCPUs {}", p.name, CpuSet::from_iter(p.pcpus.iter().copied()).to_string(), p.quantum_ns as f64 / 1e6, members.join(" "));
+        println!(
+            "pool {:14} pCPUs {:8} quantum {:>6.1} ms  vCPUs {}",
+            p.name,
+            CpuSet::from_iter(p.pcpus.iter().copied()).to_string(),
+            p.quantum_ns as f64 / 1e6,
+            members.join(" ")
+        );
     }
     println!(
         "changes: {} pools added, {} removed, {} changed, {} vCPU moves",
@@ -508,23 +342,13 @@ fn print_plan(plan: &Plan, diff: &PlanDiff) {
     );
 }
 
-fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
-    a.monitor.validate()?;
-    if let Some(d) = a.duration_s {
-        if !(d > 0.0 && d.is_finite()) {
-            return Err(BadInput::new("--duration-s", d, "a positive number").into());
-        }
-    }
-    let metrics_addr: Option<SocketAddr> = match &a.metrics_addr {
-        Some(s) => Some(gleaner_os::input::metrics_addr("--metrics-addr", s)?),
-        None => None,
-    };
+fn cmd_run(a: &RunOptions) -> anyhow::Result<ExitCode> {
     let cfg = HostConfig::load(a.monitor.config.as_deref())?;
     let quanta = cfg.config.quanta;
-    let topo = topology(a.cpus.as_deref(), a.reserve_cpus.as_deref(), &CpuTopo::new(), &Sysfs::new())?;
+    let topo = topology(a.cpus.as_ref(), a.reserve_cpus.as_ref(), &CpuTopo::new(), &Sysfs::new())?;
     let mut engine = Engine::new(a.monitor.filter.clone(), controller_config(&a.monitor, cfg.config.limits, topo.clone(), quanta))?;
     let metrics = metrics::Metrics::new();
-    if let Some(addr) = metrics_addr {
+    if let Some(addr) = a.metrics_addr {
         let local = metrics.serve(addr)?;
         if let Some(w) = gleaner_os::input::metrics_exposure(local) {
             eprintln!("gleaner host: warning: {w}");
@@ -540,7 +364,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     gleaner_os::signal::clear();
     gleaner_os::signal::catch_stop_signals(gleaner_os::signal::InterruptedCalls::Restart).context("installing signal handlers")?;
     let started = Instant::now();
-    let period = Duration::from_millis(a.monitor.period_ms);
+    let period = a.monitor.period;
     let mut next = Instant::now();
     let mut last_diff = PlanDiff::default();
     let mut dry_plan: Option<Plan> = None;
@@ -581,7 +405,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
                     last_diff = d.diff;
                 }
             }
-            if a.duration_s.is_some_and(|d| started.elapsed().as_secs_f64() >= d) {
+            if a.duration.is_some_and(|d| started.elapsed() >= d) {
                 break;
             }
             if a.exit_when_no_vms && engine.vms.is_empty() {
@@ -634,14 +458,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(if restored { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-fn parse_type(s: &str) -> anyhow::Result<VcpuType> {
-    VcpuType::ALL
-        .into_iter()
-        .find(|t| t.name().eq_ignore_ascii_case(s))
-        .ok_or_else(|| BadInput::new("--types", s, "IOInt, ConSpin, LLCF, LoLCF, LLCO").into())
-}
-
-fn cmd_calibrate(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
+fn cmd_calibrate(a: &CalibrateOptions) -> anyhow::Result<ExitCode> {
     let sysfs = Sysfs::new();
     let online = sysfs.online_cpus()?;
     let cpu = a.cpu.or(online.last()).context("no online CPU")?;
@@ -655,19 +472,12 @@ fn cmd_calibrate(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         None => topo.llc_bytes(cpu)?.context("LLC size unknown in sysfs: pass --llc-bytes")?,
     };
     let l2 = topo.l2_bytes(cpu).unwrap_or(256 * 1024);
-    if !(0.0..1.0).contains(&a.agnostic_spread) {
-        return Err(BadInput::new("--agnostic-spread", a.agnostic_spread, "0 <= x < 1").into());
-    }
-    if a.duration_ms == 0 || a.repeats == 0 {
-        return Err(BadInput::new("--duration-ms/--repeats", format!("{}/{}", a.duration_ms, a.repeats), "> 0").into());
-    }
-    let types: Vec<VcpuType> =
-        if a.types.is_empty() { VcpuType::ALL.to_vec() } else { a.types.iter().map(|t| parse_type(t)).collect::<anyhow::Result<_>>()? };
+    let types = &a.types;
     let params = calibrate::CalibrationParams {
         cpu,
         device_cpu,
         slices_ms: a.slices_ms.clone(),
-        duration_ms: a.duration_ms,
+        duration_ms: u64::try_from(a.duration.as_millis()).unwrap_or(u64::MAX),
         repeats: a.repeats,
         competitors: a.competitors,
         llc_bytes: llc,
@@ -675,20 +485,21 @@ fn cmd_calibrate(a: CalibrateArgs) -> anyhow::Result<ExitCode> {
         agnostic_spread: a.agnostic_spread,
     };
     eprintln!("gleaner host calibrate: CPU {cpu}, {} competitors, LLC {} KiB, L2 {} KiB", a.competitors, llc / 1024, l2 / 1024);
-    let cal = calibrate::calibrate(&params, &types, |l| eprintln!("  {l}"))?;
+    let cal = calibrate::calibrate(&params, types, |l| eprintln!("  {l}"))?;
     let quanta = cal.quanta();
-    let written = if a.no_write {
-        None
-    } else {
-        let cfg = HostConfig { quanta, limits: aql::Limits::default(), calibration: Some(cal.clone()) };
-        cfg.save(&a.out)?;
-        Some(a.out.clone())
+    let written = match &a.out {
+        None => None,
+        Some(out) => {
+            let cfg = HostConfig { quanta, limits: aql::Limits::default(), calibration: Some(cal.clone()) };
+            cfg.save(out)?;
+            Some(out.clone())
+        }
     };
     if a.json {
         print_json(&serde_json::json!({ "calibration": cal, "quanta": quanta, "written": written }))?;
     } else {
         println!("type     {}", a.slices_ms.iter().map(|s| format!("{s:>7} ms")).collect::<String>());
-        for t in &types {
+        for t in types {
             let row: String = cal.points.iter().filter(|p| p.ty == *t).map(|p| format!("{:>10.3}", p.normalized)).collect();
             let b = cal.best.iter().find(|b| b.ty == *t);
             println!(
@@ -745,7 +556,13 @@ fn cmd_status(a: StateArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         print_json(&serde_json::json!({ "running": running, "state": st, "threads": threads }))?;
     } else {
-        println!("agent pid {} ({}), cgroup v{} at {}", st.agent_pid, if running { "running" } else { "NOT running: run `gleaner host restore`" }, st.cgroup_version, st.cgroup_root.display());
+        println!(
+            "agent pid {} ({}), cgroup v{} at {}",
+            st.agent_pid,
+            if running { "running" } else { "NOT running: run `gleaner host restore`" },
+            st.cgroup_version,
+            st.cgroup_root.display()
+        );
         print_plan(&st.plan, &PlanDiff::default());
         for g in &st.groups {
             println!("group {}", g.display());

@@ -95,8 +95,7 @@ impl Monitor {
 
     /// What is missing and why, for the output.
     pub fn sources(&self) -> SourceReport {
-        let qmp_err: Vec<String> =
-            self.vms.iter().filter_map(|(pid, v)| v.qmp_error.as_ref().map(|e| format!("pid {pid}: {e}"))).collect();
+        let qmp_err: Vec<String> = self.vms.iter().filter_map(|(pid, v)| v.qmp_error.as_ref().map(|e| format!("pid {pid}: {e}"))).collect();
         SourceReport {
             io: if self.saw_kvm_stats {
                 "KVM io_exits+mmio_exits via QMP query-stats where available, else vCPU-thread syscalls".into()
