@@ -204,9 +204,10 @@ fn is_vanished(e: &gleaner_os::OsError) -> bool {
     e.is_vanished()
 }
 
-/// Whether process `pid` is alive.
+/// Whether process `pid` is alive (one check for the agent and the host agent:
+/// [`gleaner_os::procfs::alive`]).
 pub fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+    gleaner_os::procfs::alive(pid)
 }
 
 /// Undoes what dead agents left: state files whose agent is gone, then `gleaner-agent-<pid>`

@@ -21,8 +21,6 @@ use gleaner_os::sched;
 use gleaner_policy::aql::Plan;
 use serde::{Deserialize, Serialize};
 
-use crate::extra::ProcExtra;
-
 /// Prefix of every cgroup the host agent creates.
 pub const PREFIX: &str = "gleaner-aql";
 
@@ -91,7 +89,6 @@ impl State {
 pub struct Actuator {
     cgroups: Cgroups,
     procfs: Procfs,
-    extra: ProcExtra,
     state_path: PathBuf,
     state: State,
     /// Live handles of the groups we created (they remember v2 `+cpuset` to undo).
@@ -111,9 +108,9 @@ pub struct Placement {
 impl Actuator {
     /// Refuses to start when a state file from a live agent exists; a stale one is restored
     /// first (crash recovery).
-    pub fn new(cgroups: Cgroups, procfs: Procfs, extra: ProcExtra, state_path: PathBuf) -> anyhow::Result<Self> {
+    pub fn open(cgroups: Cgroups, procfs: Procfs, state_path: PathBuf) -> anyhow::Result<Self> {
         if let Some(old) = State::load(&state_path)? {
-            let alive = old.agent_pid != std::process::id() as i32 && Path::new(&format!("/proc/{}", old.agent_pid)).exists();
+            let alive = old.agent_pid != std::process::id() as i32 && procfs.alive(old.agent_pid);
             if alive {
                 anyhow::bail!(
                     "another gleaner host agent (pid {}) owns {}; stop it or run `gleaner host restore`",
@@ -131,7 +128,13 @@ impl Actuator {
             cgroup_version: cgroups.layout().version(),
             ..State::default()
         };
-        Ok(Self { cgroups, procfs, extra, state_path, state, live: BTreeMap::new(), warnings: Vec::new() })
+        Ok(Self { cgroups, procfs, state_path, state, live: BTreeMap::new(), warnings: Vec::new() })
+    }
+
+    /// The constructor of callers written when the per-thread readers lived in a second type
+    /// (`extra::ProcExtra`, now an alias of [`Procfs`]); the second tree is not used.
+    pub fn new(cgroups: Cgroups, procfs: Procfs, _threads: Procfs, state_path: PathBuf) -> anyhow::Result<Self> {
+        Self::open(cgroups, procfs, state_path)
     }
 
     pub fn state(&self) -> &State {
@@ -174,7 +177,7 @@ impl Actuator {
             Err(e) => return Err(e.into()),
         };
         let cgroup = match self.cgroups.layout() {
-            Layout::V1 { .. } => self.extra.task_cgroup(pid, tid, Some("cpuset")).ok().flatten(),
+            Layout::V1 { .. } => self.procfs.task_cgroup(pid, tid, Some("cpuset")).ok().flatten(),
             Layout::V2 { .. } => None,
         };
         let affinity = sched::affinity(tid)?;
@@ -189,7 +192,7 @@ impl Actuator {
             return Ok(());
         }
         let comm = self.procfs.comm(pid)?;
-        let cgroup = self.extra.task_cgroup(pid, pid, None)?.unwrap_or_else(|| "/".into());
+        let cgroup = self.procfs.task_cgroup(pid, pid, None)?.unwrap_or_else(|| "/".into());
         self.state.processes.insert(pid, ProcessRecord { pid, comm, cgroup });
         self.save()?;
         Ok(())
@@ -442,7 +445,7 @@ mod tests {
         let pid = i32::try_from(std::process::id()).unwrap();
         let (t0, t1) = (Parked::new(), Parked::new());
         let cg = Cgroups::with_layout(Layout::V1 { cpuset_root: root.clone() });
-        let mut act = Actuator::new(cg, Procfs::new(), ProcExtra::new(), state.clone()).unwrap();
+        let mut act = Actuator::open(cg, Procfs::new(), state.clone()).unwrap();
         let p = two_pool_plan();
         let pl = [Placement { pid, tid: t0.tid, pool: 0 }, Placement { pid, tid: t1.tid, pool: 1 }];
         act.apply(&p, &pl).unwrap();
@@ -482,7 +485,7 @@ mod tests {
         let pid = i32::try_from(std::process::id()).unwrap();
         let t0 = Parked::new();
         let cg = Cgroups::with_layout(Layout::V2 { root: root.clone() });
-        let mut act = Actuator::new(cg, Procfs::new(), ProcExtra::new(), d.path().join("s.json")).unwrap();
+        let mut act = Actuator::open(cg, Procfs::new(), d.path().join("s.json")).unwrap();
         let mut p = two_pool_plan();
         // Our test process stands in for the VMM (vm id = our pid).
         for pool in &mut p.pools {

@@ -11,7 +11,6 @@ use serde::Serialize;
 
 use crate::cli::{MonitorOptions, VmFilter};
 use crate::discover::Vm;
-use crate::extra::ProcExtra;
 use crate::monitor::{self, Monitor, VmIo};
 
 /// One vCPU's verdict, for output.
@@ -52,7 +51,7 @@ impl HostLoop {
         let procfs = Procfs::new();
         let vms = find_vms(&procfs, &filter)?;
         Ok(Self {
-            monitor: Monitor::new(procfs.clone(), ProcExtra::new()),
+            monitor: Monitor::with_procfs(procfs.clone()),
             procfs,
             filter,
             controller: AqlController::new(cfg),

@@ -11,7 +11,6 @@ use super::print_json;
 use crate::calibrate;
 use crate::cli::CalibrateOptions;
 use crate::config::HostConfig;
-use crate::extra::CpuTopo;
 
 pub fn cmd_calibrate(a: &CalibrateOptions) -> anyhow::Result<ExitCode> {
     let sysfs = Sysfs::new();
@@ -21,12 +20,11 @@ pub fn cmd_calibrate(a: &CalibrateOptions) -> anyhow::Result<ExitCode> {
         return Err(BadInput::new("--cpu", cpu, format!("an online CPU ({online})")).into());
     }
     let device_cpu = online.iter().find(|&c| c != cpu).unwrap_or(cpu);
-    let topo = CpuTopo::new();
     let llc = match a.llc_bytes {
         Some(b) => b,
-        None => topo.llc_bytes(cpu)?.context("LLC size unknown in sysfs: pass --llc-bytes")?,
+        None => sysfs.llc_bytes(cpu)?.context("LLC size unknown in sysfs: pass --llc-bytes")?,
     };
-    let l2 = topo.l2_bytes(cpu).unwrap_or(256 * 1024);
+    let l2 = sysfs.l2_bytes(cpu).unwrap_or(256 * 1024);
     let types = &a.types;
     let params = calibrate::CalibrationParams {
         cpu,

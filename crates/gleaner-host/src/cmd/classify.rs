@@ -7,12 +7,11 @@ use gleaner_os::sysfs::Sysfs;
 use super::{fmt_class, print_json, topology};
 use crate::cli::MonitorOptions;
 use crate::config::HostConfig;
-use crate::extra::CpuTopo;
 use crate::host_loop::{controller_config, HostLoop, Pacer};
 
 pub fn cmd_classify(m: &MonitorOptions, json: bool) -> anyhow::Result<ExitCode> {
     let cfg = HostConfig::load(m.config.as_deref())?;
-    let topo = topology(None, None, &CpuTopo::new(), &Sysfs::new())?;
+    let topo = topology(None, None, &Sysfs::new())?;
     let mut e = HostLoop::new(m.filter.clone(), controller_config(m, cfg.config.limits, topo, cfg.config.quanta))?;
     // One baseline sample plus `window` periods.
     let mut pacer = Pacer::new(m.period);

@@ -8,15 +8,11 @@ pub mod restore;
 pub mod run;
 pub mod status;
 
-use std::collections::BTreeMap;
-
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
 use gleaner_policy::aql::{Classification, Plan, PlanDiff, Topology};
 use serde::Serialize;
-
-use crate::extra::CpuTopo;
 
 pub(crate) fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
@@ -64,8 +60,9 @@ pub(crate) fn print_plan(plan: &Plan, diff: &PlanDiff) {
     );
 }
 
-/// The pCPUs available to pools, by socket.
-pub fn topology(cpus: Option<&CpuSet>, reserve: Option<&CpuSet>, topo: &CpuTopo, sysfs: &Sysfs) -> anyhow::Result<Topology> {
+/// The pCPUs available to pools, by socket: `cpus` (default: all online) minus `reserve`,
+/// grouped by the package ids sysfs reports.
+pub fn topology(cpus: Option<&CpuSet>, reserve: Option<&CpuSet>, sysfs: &Sysfs) -> anyhow::Result<Topology> {
     let online = sysfs.online_cpus()?;
     let mut set = cpus.unwrap_or(&online).clone();
     if !set.is_subset(&online) {
@@ -77,9 +74,5 @@ pub fn topology(cpus: Option<&CpuSet>, reserve: Option<&CpuSet>, topo: &CpuTopo,
     if set.is_empty() {
         return Err(BadInput::new("--cpus/--reserve-cpus", "(no CPU left)", "at least one CPU for the pools").into());
     }
-    let mut sockets: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for c in set.iter() {
-        sockets.entry(topo.package_id(c)?.unwrap_or(0)).or_default().push(c);
-    }
-    Ok(Topology { sockets: sockets.into_values().collect() })
+    Ok(Topology { sockets: sysfs.cpus_by_package(&set)?.into_values().map(|s| s.to_vec()).collect() })
 }

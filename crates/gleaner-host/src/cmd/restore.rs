@@ -1,6 +1,5 @@
 //! `gleaner host restore`: undo what an agent that crashed left behind.
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -15,7 +14,7 @@ use crate::cli::StateArgs;
 pub fn cmd_restore(a: &StateArgs) -> anyhow::Result<ExitCode> {
     let st = State::load(&a.state)?;
     if let Some(s) = &st {
-        if s.agent_pid != 0 && Path::new(&format!("/proc/{}", s.agent_pid)).exists() && s.agent_pid != std::process::id() as i32 {
+        if s.agent_pid != 0 && gleaner_os::procfs::alive(s.agent_pid) && s.agent_pid != std::process::id() as i32 {
             let comm = Procfs::new().comm(s.agent_pid).unwrap_or_default();
             if comm.starts_with("gleaner") {
                 anyhow::bail!("host agent pid {} is still running: stop it (SIGTERM) and it restores by itself", s.agent_pid);

@@ -22,7 +22,6 @@ use crate::actuate::{Actuator, Placement};
 use crate::cli::RunOptions;
 use crate::config::HostConfig;
 use crate::discover::Vm;
-use crate::extra::{CpuTopo, ProcExtra};
 use crate::host_loop::{controller_config, HostLoop, Pacer, VcpuReport};
 use crate::metrics::Metrics;
 use crate::monitor::SourceReport;
@@ -48,7 +47,7 @@ struct RunReport {
 pub fn cmd_run(a: &RunOptions) -> anyhow::Result<ExitCode> {
     let cfg = HostConfig::load(a.monitor.config.as_deref())?;
     let quanta = cfg.config.quanta;
-    let topo = topology(a.cpus.as_ref(), a.reserve_cpus.as_ref(), &CpuTopo::new(), &Sysfs::new())?;
+    let topo = topology(a.cpus.as_ref(), a.reserve_cpus.as_ref(), &Sysfs::new())?;
     let host = HostLoop::new(a.monitor.filter.clone(), controller_config(&a.monitor, cfg.config.limits, topo.clone(), quanta))?;
     let metrics = serve_metrics(a)?;
     let actuator = open_actuator(a)?;
@@ -105,7 +104,7 @@ fn open_actuator(a: &RunOptions) -> anyhow::Result<Option<Actuator>> {
         return Ok(None);
     }
     let cg = Cgroups::detect().context("a cpuset cgroup controller is needed for pools")?;
-    Ok(Some(Actuator::new(cg, Procfs::new(), ProcExtra::new(), a.state.clone())?))
+    Ok(Some(Actuator::open(cg, Procfs::new(), a.state.clone())?))
 }
 
 /// A run in progress.

@@ -1,6 +1,5 @@
 //! `gleaner host status`: the state file of a running (or crashed) agent, and what it changed.
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use gleaner_os::procfs::Procfs;
@@ -31,7 +30,7 @@ pub fn cmd_status(a: &StateArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     };
-    let running = Path::new(&format!("/proc/{}", st.agent_pid)).exists();
+    let running = gleaner_os::procfs::alive(st.agent_pid);
     let threads: Vec<ThreadStatus> = st
         .threads
         .values()
