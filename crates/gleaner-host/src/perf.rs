@@ -89,3 +89,4 @@ impl LlcCounters {
         Ok((self.refs.read()?, self.misses.read()?, self.instructions.read()?))
     }
 }
+
