@@ -49,6 +49,7 @@ pub mod cpuset;
 pub mod error;
 pub mod fd;
 pub mod input;
+pub mod journal;
 pub mod private;
 pub mod procfs;
 pub mod qmp;

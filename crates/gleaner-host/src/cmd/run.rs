@@ -189,12 +189,12 @@ impl Run<'_> {
         let Some(act) = self.actuator.as_mut() else {
             return (Vec::new(), true);
         };
-        let warnings = act.warnings.clone();
         let r = act.restore_all();
         if let Err(e) = &r {
             eprintln!("gleaner host: restore failed: {e:#}");
         }
-        (warnings, r.is_ok())
+        // After the restore: what could not be put back is among the warnings.
+        (act.warnings.clone(), r.is_ok())
     }
 }
 
