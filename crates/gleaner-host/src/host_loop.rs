@@ -36,13 +36,13 @@ pub fn find_vms(procfs: &Procfs, filter: &VmFilter) -> anyhow::Result<Vec<Vm>> {
 pub struct HostLoop {
     procfs: Procfs,
     filter: VmFilter,
-    pub monitor: Monitor,
+    monitor: Monitor,
     /// The whole AQL loop (gleaner_policy::aql::AqlController): this adapter only reads
     /// counters into it and applies its decisions.
-    pub controller: AqlController,
-    pub vms: Vec<Vm>,
+    controller: AqlController,
+    vms: Vec<Vm>,
     last: BTreeMap<VcpuId, monitor::VcpuReading>,
-    pub vm_io: Vec<VmIo>,
+    vm_io: Vec<VmIo>,
     next_discovery: Instant,
 }
 
@@ -88,6 +88,26 @@ impl HostLoop {
     pub fn step(&mut self) -> anyhow::Result<Option<aql::Decision>> {
         let readings = self.sample()?;
         Ok(self.decide(&readings))
+    }
+
+    /// The VMs found at the last discovery.
+    pub fn vms(&self) -> &[Vm] {
+        &self.vms
+    }
+
+    /// Each VM's other threads' I/O in the last period.
+    pub fn vm_io(&self) -> &[VmIo] {
+        &self.vm_io
+    }
+
+    /// Where each counter comes from, and what is missing.
+    pub fn sources(&self) -> crate::monitor::SourceReport {
+        self.monitor.sources()
+    }
+
+    /// The plan in force (the controller's).
+    pub fn current_plan(&self) -> &aql::Plan {
+        self.controller.current()
     }
 
     fn ids(&self) -> impl Iterator<Item = VcpuId> + '_ {

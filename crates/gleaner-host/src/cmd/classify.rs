@@ -21,18 +21,18 @@ pub fn cmd_classify(m: &MonitorOptions, json: bool) -> anyhow::Result<ExitCode> 
         e.step()?;
     }
     let reports = e.reports();
-    let sources = e.monitor.sources();
+    let sources = e.sources();
     if json {
         print_json(&serde_json::json!({
             "period_ms": m.period.as_millis(), "window": m.window,
-            "limits": cfg.config.limits, "sources": sources, "vcpus": reports, "vm_io": e.vm_io,
+            "limits": cfg.config.limits, "sources": sources, "vcpus": reports, "vm_io": e.vm_io(),
         }))?;
     } else {
         println!("sources: I/O: {}\n         spin: {}\n         LLC: {}", sources.io, sources.spin, sources.llc);
         for r in &reports {
             println!("{} vCPU {} (tid {}): {}", r.vm, r.vcpu, r.tid, fmt_class(&r.classification));
         }
-        for v in &e.vm_io {
+        for v in e.vm_io() {
             println!(
                 "VM pid {}: other threads {} syscalls, {} voluntary switches in the last period",
                 v.pid, v.syscalls, v.voluntary_switches

@@ -72,10 +72,10 @@ pub fn cmd_run(a: &RunOptions) -> anyhow::Result<ExitCode> {
         config: cfg.path,
         quanta,
         topology: topo,
-        sources: run.host.monitor.sources(),
+        sources: run.host.sources(),
         periods: run.periods,
         plans_applied: run.applied,
-        plan: run.dry_plan.take().unwrap_or_else(|| run.host.controller.current().clone()),
+        plan: run.dry_plan.take().unwrap_or_else(|| run.host.current_plan().clone()),
         changes: std::mem::take(&mut run.last_diff),
         vcpus: run.host.reports(),
         warnings,
@@ -168,7 +168,7 @@ impl Run<'_> {
     /// Brings the host to the decision's plan.
     fn apply(&mut self, d: aql::Decision) -> anyhow::Result<()> {
         if let Some(act) = self.actuator.as_mut() {
-            act.apply(&d.plan, &placements(&d.plan, &self.host.vms))?;
+            act.apply(&d.plan, &placements(&d.plan, self.host.vms()))?;
         }
         self.applied += 1;
         tracing::info!(pools = d.plan.pools.len(), moves = d.diff.moves.len(), "plan applied");
@@ -181,7 +181,7 @@ impl Run<'_> {
 
     /// True once the duration is over, or no VM is left when told to stop then.
     fn finished(&self) -> bool {
-        self.opts.duration.is_some_and(|d| self.started.elapsed() >= d) || (self.opts.exit_when_no_vms && self.host.vms.is_empty())
+        self.opts.duration.is_some_and(|d| self.started.elapsed() >= d) || (self.opts.exit_when_no_vms && self.host.vms().is_empty())
     }
 
     /// Undoes every change; returns the actuator's warnings and whether all was restored.
