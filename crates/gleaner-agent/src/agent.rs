@@ -400,7 +400,7 @@ fn refuse_if_managed(cgroups: &Cgroups, procfs: &Procfs, pid: i32) -> anyhow::Re
     let name = current.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let me = std::process::id().cast_signed();
     if let Some(agent) = name.strip_prefix("gleaner-agent-").and_then(|p| p.parse::<i32>().ok()).filter(|a| *a != me) {
-        if crate::state::alive(agent) {
+        if gleaner_os::procfs::alive(agent) {
             return Err(BadInput::new(
                 "--pid",
                 pid,
@@ -440,7 +440,7 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     let sysfs = Sysfs::new();
     let cpus = managed_cpus(cfg, &sysfs)?;
     if let Target::Pid(pid) = &target {
-        if *pid <= 0 || !crate::state::alive(*pid) {
+        if *pid <= 0 || !gleaner_os::procfs::alive(*pid) {
             return Err(BadInput::new("--pid", pid, "the pid of a running process").into());
         }
     }
@@ -626,7 +626,7 @@ impl Session {
                 break;
             }
             match target {
-                Target::Pid(pid) if !crate::state::alive(*pid) => break,
+                Target::Pid(pid) if !gleaner_os::procfs::alive(*pid) => break,
                 Target::Cgroup(_)
                     if managed.cgroup.as_ref().is_some_and(|c| c.exists() && c.procs().map(|p| p.is_empty()).unwrap_or(true)) =>
                 {

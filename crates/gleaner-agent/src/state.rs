@@ -1,6 +1,8 @@
 //! Leave no trace: every change the agent makes is recorded in a state file *before* it is made,
 //! and undone from that record on exit, by the guardian process after `kill -9`, or by
-//! `gleaner restore` after a crash.
+//! `gleaner restore` after a crash. The mechanism (private atomic file, checked load, undo
+//! loop that goes on past failures) is [`gleaner_os::journal`], shared with the host agent;
+//! this module holds the agent's changes and how each is undone.
 //!
 //! ```text
 //!   agent ──writes──> /run/gleaner/agent-<pid>.json   (changes, in order)
@@ -17,6 +19,9 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use anyhow::Context;
 use gleaner_os::cgroup::Cgroups;
 use gleaner_os::cpuset::CpuSet;
+use gleaner_os::journal::{self, Journal, Undo};
+use gleaner_os::procfs::alive;
+use gleaner_os::OsError;
 use serde::{Deserialize, Serialize};
 
 /// One change, recorded before it is made.
@@ -43,51 +48,44 @@ pub struct AgentState {
 /// The state file on disk, rewritten atomically on every change.
 #[derive(Debug)]
 pub struct StateFile {
-    path: PathBuf,
-    state: AgentState,
+    journal: Journal<AgentState>,
 }
 
 impl StateFile {
     /// Creates `run_dir/agent-<pid>.json` (and `run_dir`, mode 0700).
     pub fn create(run_dir: &Path, agent_pid: i32) -> anyhow::Result<Self> {
         create_private_dir(run_dir)?;
-        let me = Self { path: state_path(run_dir, agent_pid), state: AgentState { agent_pid, changes: Vec::new() } };
-        me.write()?;
-        Ok(me)
+        let path = state_path(run_dir, agent_pid);
+        let journal = Journal::create(&path, AgentState { agent_pid, changes: Vec::new() })
+            .with_context(|| format!("writing the state file {}", path.display()))?;
+        Ok(Self { journal })
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.journal.path()
     }
 
     pub fn state(&self) -> &AgentState {
-        &self.state
+        self.journal.doc()
     }
 
-    /// Records a change (call before making it).
+    /// Records a change (call before making it). The file is replaced atomically, never
+    /// through a symbolic link (a full /run fails here, naming the file, and leaves no partial
+    /// file behind).
     pub fn record(&mut self, change: Change) -> anyhow::Result<()> {
-        self.state.changes.push(change);
-        self.write()
-    }
-
-    /// Replaces the file atomically, never through a symbolic link (a full /run fails here,
-    /// naming the file, and leaves no partial file behind).
-    fn write(&self) -> anyhow::Result<()> {
-        let text = serde_json::to_vec_pretty(&self.state)?;
-        gleaner_os::private::write_private_atomic(&self.path, &text)
-            .with_context(|| format!("writing the state file {}", self.path.display()))
+        self.journal.record(|s| s.changes.push(change)).with_context(|| format!("writing the state file {}", self.journal.path().display()))
     }
 
     /// Undoes every recorded change (newest first) and removes the file. Errors are collected:
     /// one failed step does not stop the others. Killed half-way, the file (still naming every
     /// change) lets the guardian or `gleaner restore` finish: each step is idempotent.
     pub fn undo(self, cgroups: &Cgroups) -> anyhow::Result<()> {
-        let errors = undo_each(cgroups, &self.state.changes, |i| {
+        let errors = journal::undo_each(cgroups, self.state().changes.iter().rev(), |i| {
             if i == 0 {
                 crate::seam::stop_at(crate::seam::MID_RESTORE);
             }
         });
-        let _ = std::fs::remove_file(&self.path);
+        let _ = self.journal.discard();
         if errors.is_empty() {
             Ok(())
         } else {
@@ -108,39 +106,32 @@ const MAX_STATE_BYTES: u64 = 4 << 20;
 /// private: a symbolic link, another user's, or writable by others. Everything in it is read
 /// and acted on as root.
 pub fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))?;
-    gleaner_os::private::check_private_dir(dir).context("the run directory must be root's alone")?;
-    Ok(())
+    journal::create_private_dir(dir).context("the run directory must be root's alone")
 }
 
 /// Reads an agent's state file: never through a symbolic link, and only if it is a regular
 /// file of ours that nobody else can write. `None` when it is missing.
 pub fn read_state(path: &Path) -> anyhow::Result<Option<AgentState>> {
-    let Some(bytes) = gleaner_os::private::read_private(path, MAX_STATE_BYTES)? else {
-        return Ok(None);
-    };
-    let state = serde_json::from_slice(&bytes)
-        .map_err(|err| gleaner_os::BadInput::new("state file", path.display(), format!("an agent state file ({err})")))?;
-    Ok(Some(state))
+    match Journal::load(path, MAX_STATE_BYTES) {
+        Err(OsError::Parse { reason, .. }) => {
+            Err(gleaner_os::BadInput::new("state file", path.display(), format!("an agent state file ({reason})")).into())
+        }
+        r => Ok(r?),
+    }
 }
 
 /// Undoes `changes` newest first; returns the errors met (empty on success).
 pub fn undo_changes(cgroups: &Cgroups, changes: &[Change]) -> Vec<String> {
-    undo_each(cgroups, changes, |_| {})
+    journal::undo_each(cgroups, changes.iter().rev(), |_| {})
 }
 
-/// Undoes `changes` newest first, calling `after(i)` once the i-th has been undone (the
-/// agent's own restore has a test seam there; the guardian's has none).
-fn undo_each(cgroups: &Cgroups, changes: &[Change], mut after: impl FnMut(usize)) -> Vec<String> {
-    let mut errors = Vec::new();
-    for (i, change) in changes.iter().rev().enumerate() {
-        if let Err(e) = undo_one(cgroups, change) {
-            errors.push(format!("{change:?}: {e:#}"));
-        }
-        after(i);
+impl Undo for Change {
+    type Context = Cgroups;
+    type Error = anyhow::Error;
+
+    fn undo(&self, cgroups: &Cgroups) -> anyhow::Result<()> {
+        undo_one(cgroups, self)
     }
-    errors
 }
 
 /// Undoes one change. Idempotent: what is already undone (a group gone, a process moved
@@ -204,10 +195,6 @@ fn is_vanished(e: &gleaner_os::OsError) -> bool {
     e.is_vanished()
 }
 
-/// Whether process `pid` is alive.
-pub fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
-}
 
 /// Undoes what dead agents left: state files whose agent is gone, then `gleaner-agent-<pid>`
 /// cgroups of dead agents without a state file. Returns a line per thing restored.

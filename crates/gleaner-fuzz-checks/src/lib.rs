@@ -442,12 +442,12 @@ pub fn lab_guest_port(data: &[u8]) {
 /// bytes, like the kernel) is `comm`, and each element also names a thread. The discovered
 /// vCPUs are sorted, and no thread is both a vCPU and another thread.
 pub fn host_procfs(data: &[u8]) {
-    use gleaner_host::{discover, extra};
+    use gleaner_host::discover;
     let s = text(data);
     let path = Path::new(P);
-    let _ = extra::parse_task_io(path, &s);
+    let _ = gleaner_os::procfs::parse_task_io(path, &s);
     for line in s.lines() {
-        let _ = extra::parse_size(line.trim());
+        let _ = gleaner_os::sysfs::parse_size(line.trim());
     }
     let argv = procfs::parse_cmdline(&s);
     let exe = argv.first().map_or("", |a| a.rsplit('/').next().unwrap_or(a));

@@ -1,6 +1,8 @@
 //! Applies plans: one cpuset cgroup per pool, vCPU threads moved into it, their EEVDF slice
 //! set to the pool's quantum. Every change is recorded in the state file *before* it is made,
-//! and [`restore`] undoes all of it (on exit, on a signal, or after a crash).
+//! and [`restore`] undoes all of it (on exit, on a signal, or after a crash). The state file
+//! is a [`gleaner_os::journal::Journal`] (the agent's mechanism too) holding a [`State`]: a
+//! snapshot of what was changed, per thread, process and group.
 //!
 //! ```text
 //!  cgroup v1 (cpuset hierarchy)           cgroup v2 (threads of one process need a threaded subtree)
@@ -16,12 +18,11 @@ use std::time::Duration;
 use anyhow::Context;
 use gleaner_os::cgroup::{Cgroups, CpusetCgroup, Layout};
 use gleaner_os::cpuset::CpuSet;
+use gleaner_os::journal::{self, Journal, Undo};
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sched;
 use gleaner_policy::aql::Plan;
 use serde::{Deserialize, Serialize};
-
-use crate::extra::ProcExtra;
 
 /// Prefix of every cgroup the host agent creates.
 pub const PREFIX: &str = "gleaner-aql";
@@ -68,21 +69,42 @@ impl State {
     /// Reads the state file, never through a symbolic link and only if it is root's alone
     /// (`gleaner_os::private`): the host agent acts on what it says.
     pub fn load(path: &Path) -> anyhow::Result<Option<State>> {
-        let Some(bytes) = gleaner_os::private::read_private(path, MAX_STATE_BYTES).context("cannot read the state file")? else {
-            return Ok(None);
-        };
-        Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("state file {} is not valid", path.display()))?))
+        Journal::load(path, MAX_STATE_BYTES).context("cannot read the state file")
     }
 
     /// Writes atomically (a new 0600 temp file, never through a symlink, renamed over the
-    /// old), in a directory created root-only (0700).
+    /// old), in a directory created root-only (0700) or already root's alone.
     pub fn save(&self, path: &Path) -> anyhow::Result<()> {
-        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d).with_context(|| format!("cannot create {}", d.display()))?;
-        }
-        gleaner_os::private::write_private_atomic(path, &serde_json::to_vec_pretty(self)?).context("cannot write the state file")?;
+        Journal::create(path, self.clone()).context("cannot write the state file")?;
         Ok(())
+    }
+}
+
+/// What undoing a thread's or a process's record needs.
+#[derive(Debug, Clone)]
+pub struct HostOs {
+    pub cgroups: Cgroups,
+    pub procfs: Procfs,
+}
+
+/// Puts a vCPU thread back: its cgroup (v1), affinity and slice. A thread that is gone (or
+/// whose id now names another thread) has nothing to undo.
+impl Undo for ThreadRecord {
+    type Context = HostOs;
+    type Error = String;
+
+    fn undo(&self, os: &HostOs) -> Result<(), String> {
+        restore_thread(&os.cgroups, &os.procfs, self)
+    }
+}
+
+/// Puts a VMM process back into its cgroup (v2).
+impl Undo for ProcessRecord {
+    type Context = HostOs;
+    type Error = String;
+
+    fn undo(&self, os: &HostOs) -> Result<(), String> {
+        restore_process(&os.cgroups, &os.procfs, self)
     }
 }
 
@@ -91,9 +113,7 @@ impl State {
 pub struct Actuator {
     cgroups: Cgroups,
     procfs: Procfs,
-    extra: ProcExtra,
-    state_path: PathBuf,
-    state: State,
+    journal: Journal<State>,
     /// Live handles of the groups we created (they remember v2 `+cpuset` to undo).
     live: BTreeMap<PathBuf, CpusetCgroup>,
     /// Non-fatal problems (e.g. a realtime vCPU thread cannot take a slice).
@@ -111,9 +131,9 @@ pub struct Placement {
 impl Actuator {
     /// Refuses to start when a state file from a live agent exists; a stale one is restored
     /// first (crash recovery).
-    pub fn new(cgroups: Cgroups, procfs: Procfs, extra: ProcExtra, state_path: PathBuf) -> anyhow::Result<Self> {
+    pub fn open(cgroups: Cgroups, procfs: Procfs, state_path: PathBuf) -> anyhow::Result<Self> {
         if let Some(old) = State::load(&state_path)? {
-            let alive = old.agent_pid != std::process::id() as i32 && Path::new(&format!("/proc/{}", old.agent_pid)).exists();
+            let alive = old.agent_pid != std::process::id().cast_signed() && procfs.alive(old.agent_pid);
             if alive {
                 anyhow::bail!(
                     "another gleaner host agent (pid {}) owns {}; stop it or run `gleaner host restore`",
@@ -123,7 +143,7 @@ impl Actuator {
             }
             tracing::warn!("restoring the changes of a previous run that did not clean up");
             restore(&cgroups, &procfs, &old).context("restoring a previous run's changes")?;
-            std::fs::remove_file(&state_path).ok();
+            journal::remove_file(&state_path).ok();
         }
         let state = State {
             agent_pid: i32::try_from(std::process::id()).unwrap_or(0),
@@ -131,15 +151,21 @@ impl Actuator {
             cgroup_version: cgroups.layout().version(),
             ..State::default()
         };
-        Ok(Self { cgroups, procfs, extra, state_path, state, live: BTreeMap::new(), warnings: Vec::new() })
+        let journal = Journal::create(state_path, state).context("cannot write the state file")?;
+        Ok(Self { cgroups, procfs, journal, live: BTreeMap::new(), warnings: Vec::new() })
     }
 
     pub fn state(&self) -> &State {
-        &self.state
+        self.journal.doc()
     }
 
-    fn save(&self) -> anyhow::Result<()> {
-        self.state.save(&self.state_path)
+    /// Records in the state file (before the change it describes is made).
+    fn record(&mut self, change: impl FnOnce(&mut State)) -> anyhow::Result<()> {
+        self.journal.record(change).context("cannot write the state file")
+    }
+
+    fn os(&self) -> HostOs {
+        HostOs { cgroups: self.cgroups.clone(), procfs: self.procfs.clone() }
     }
 
     fn group_name(pool: &str) -> String {
@@ -152,9 +178,8 @@ impl Actuator {
         if self.live.contains_key(&path) {
             return Ok(path);
         }
-        if !self.state.groups.contains(&path) {
-            self.state.groups.push(path.clone());
-            self.save()?;
+        if !self.state().groups.contains(&path) {
+            self.record(|s| s.groups.push(path.clone()))?;
         }
         let g = if path.is_dir() { self.cgroups.open(&path)? } else { self.cgroups.create(parent_rel, name)? };
         if threaded && !g.is_threaded()? {
@@ -165,7 +190,7 @@ impl Actuator {
     }
 
     fn record_thread(&mut self, pid: i32, tid: i32) -> anyhow::Result<bool> {
-        if self.state.threads.contains_key(&tid) {
+        if self.state().threads.contains_key(&tid) {
             return Ok(true);
         }
         let comm = match self.procfs.task_comm(pid, tid) {
@@ -174,32 +199,33 @@ impl Actuator {
             Err(e) => return Err(e.into()),
         };
         let cgroup = match self.cgroups.layout() {
-            Layout::V1 { .. } => self.extra.task_cgroup(pid, tid, Some("cpuset")).ok().flatten(),
+            Layout::V1 { .. } => self.procfs.task_cgroup(pid, tid, Some("cpuset")).ok().flatten(),
             Layout::V2 { .. } => None,
         };
         let affinity = sched::affinity(tid)?;
         let slice_ns = u64::try_from(sched::slice(tid)?.as_nanos()).unwrap_or(u64::MAX);
-        self.state.threads.insert(tid, ThreadRecord { pid, tid, comm, cgroup, affinity, slice_ns });
-        self.save()?;
+        self.record(|s| {
+            s.threads.insert(tid, ThreadRecord { pid, tid, comm, cgroup, affinity, slice_ns });
+        })?;
         Ok(true)
     }
 
     fn record_process(&mut self, pid: i32) -> anyhow::Result<()> {
-        if self.state.processes.contains_key(&pid) {
+        if self.state().processes.contains_key(&pid) {
             return Ok(());
         }
         let comm = self.procfs.comm(pid)?;
-        let cgroup = self.extra.task_cgroup(pid, pid, None)?.unwrap_or_else(|| "/".into());
-        self.state.processes.insert(pid, ProcessRecord { pid, comm, cgroup });
-        self.save()?;
+        let cgroup = self.procfs.task_cgroup(pid, pid, None)?.unwrap_or_else(|| "/".into());
+        self.record(|s| {
+            s.processes.insert(pid, ProcessRecord { pid, comm, cgroup });
+        })?;
         Ok(())
     }
 
     /// Brings the host to `plan`. `placements` maps each assigned vCPU thread to its pool.
     pub fn apply(&mut self, plan: &Plan, placements: &[Placement]) -> anyhow::Result<()> {
         let v2 = matches!(self.cgroups.layout(), Layout::V2 { .. });
-        self.state.plan = plan.clone();
-        self.save()?;
+        self.record(|s| s.plan = plan.clone())?;
         // Pool groups and their CPUs.
         let mut wanted: Vec<PathBuf> = Vec::new();
         let mut pool_path: BTreeMap<(usize, i32), PathBuf> = BTreeMap::new();
@@ -252,40 +278,49 @@ impl Actuator {
         }
         // Threads no longer placed: give them back their original settings.
         let placed: Vec<i32> = placements.iter().map(|p| p.tid).collect();
-        let gone: Vec<i32> = self.state.threads.keys().copied().filter(|t| !placed.contains(t)).collect();
-        for tid in gone {
-            let rec = self.state.threads[&tid].clone();
-            restore_thread(&self.cgroups, &self.procfs, &rec);
-            self.state.threads.remove(&tid);
-        }
+        let os = self.os();
+        let st = self.journal.doc();
+        let gone_threads: Vec<&ThreadRecord> = st.threads.values().filter(|r| !placed.contains(&r.tid)).collect();
+        let mut failed = journal::undo_each(&os, gone_threads.iter().copied(), |_| {});
+        let gone_threads: Vec<i32> = gone_threads.iter().map(|r| r.tid).collect();
         let pids: Vec<i32> = placements.iter().map(|p| p.pid).collect();
-        let gone: Vec<i32> = self.state.processes.keys().copied().filter(|p| !pids.contains(p)).collect();
-        for pid in gone {
-            let rec = self.state.processes[&pid].clone();
-            restore_process(&self.cgroups, &self.procfs, &rec);
-            self.state.processes.remove(&pid);
-        }
+        let gone_processes: Vec<&ProcessRecord> = st.processes.values().filter(|r| !pids.contains(&r.pid)).collect();
+        failed.extend(journal::undo_each(&os, gone_processes.iter().copied(), |_| {}));
+        let gone_processes: Vec<i32> = gone_processes.iter().map(|r| r.pid).collect();
         // Groups no longer wanted, children first.
-        let unwanted: Vec<PathBuf> = self.state.groups.iter().rev().filter(|g| !wanted.contains(g)).cloned().collect();
+        let unwanted: Vec<PathBuf> = st.groups.iter().rev().filter(|g| !wanted.contains(g)).cloned().collect();
+        self.warnings.extend(failed);
+        let mut removed = Vec::new();
+        let mut result = Ok(());
         for path in unwanted {
             if let Some(g) = self.live.remove(&path) {
-                g.remove().with_context(|| format!("removing {}", path.display()))?;
+                if let Err(e) = g.remove() {
+                    result = Err(anyhow::Error::from(e).context(format!("removing {}", path.display())));
+                    break;
+                }
             }
-            self.state.groups.retain(|g| *g != path);
+            removed.push(path);
         }
-        self.save()
+        self.record(|s| {
+            s.threads.retain(|tid, _| !gone_threads.contains(tid));
+            s.processes.retain(|pid, _| !gone_processes.contains(pid));
+            s.groups.retain(|g| !removed.contains(g));
+        })?;
+        result
     }
 
     /// Undoes everything and deletes the state file.
+    ///
+    /// Threads and processes are put back best effort (what cannot be becomes a warning, as
+    /// before: a thread may have changed since); a group that cannot be removed fails the
+    /// restore and keeps the state file for `gleaner host restore`.
     pub fn restore_all(&mut self) -> anyhow::Result<()> {
-        for rec in self.state.threads.values() {
-            restore_thread(&self.cgroups, &self.procfs, rec);
-        }
-        for rec in self.state.processes.values() {
-            restore_process(&self.cgroups, &self.procfs, rec);
-        }
+        let os = self.os();
+        let st = self.journal.doc();
+        let mut failed = journal::undo_each(&os, st.threads.values(), |_| {});
+        failed.extend(journal::undo_each(&os, st.processes.values(), |_| {}));
         let mut errors = Vec::new();
-        for path in self.state.groups.iter().rev() {
+        for path in st.groups.iter().rev() {
             if let Some(g) = self.live.remove(path) {
                 if let Err(e) = g.remove() {
                     errors.push(format!("{}: {e}", path.display()));
@@ -293,10 +328,16 @@ impl Actuator {
             }
         }
         if !errors.is_empty() {
-            anyhow::bail!("could not remove {} (the state file {} is kept for `gleaner host restore`)", errors.join(", "), self.state_path.display());
+            anyhow::bail!(
+                "could not remove {} (the state file {} is kept for `gleaner host restore`)",
+                errors.join(", "),
+                self.journal.path().display()
+            );
         }
-        self.state = State { agent_pid: self.state.agent_pid, ..State::default() };
-        std::fs::remove_file(&self.state_path).ok();
+        let fresh =
+            State { agent_pid: st.agent_pid, cgroup_root: st.cgroup_root.clone(), cgroup_version: st.cgroup_version, ..State::default() };
+        self.warnings.extend(failed);
+        self.journal.clear(fresh).context("cannot remove the state file")?;
         Ok(())
     }
 }
@@ -306,25 +347,32 @@ fn same_thread(procfs: &Procfs, rec: &ThreadRecord) -> bool {
     procfs.task_comm(rec.pid, rec.tid).is_ok_and(|c| c == rec.comm)
 }
 
-fn restore_thread(cgroups: &Cgroups, procfs: &Procfs, rec: &ThreadRecord) {
+/// Puts a thread back; every step is tried, the failures are returned (logged too).
+fn restore_thread(cgroups: &Cgroups, procfs: &Procfs, rec: &ThreadRecord) -> Result<(), String> {
     if !same_thread(procfs, rec) {
-        return;
+        return Ok(());
     }
+    let mut failed = Vec::new();
     if let Some(cg) = &rec.cgroup {
         match cgroups.open(cg) {
             Ok(g) => {
                 if let Err(e) = g.add_thread(rec.tid) {
                     if !e.is_vanished() {
                         tracing::warn!(tid = rec.tid, error = %e, "could not move thread back to {cg}");
+                        failed.push(format!("moving tid {} back to {cg}: {e}", rec.tid));
                     }
                 }
             }
-            Err(e) => tracing::warn!(tid = rec.tid, error = %e, "original cgroup {cg} is gone"),
+            Err(e) => {
+                tracing::warn!(tid = rec.tid, error = %e, "original cgroup {cg} is gone");
+                failed.push(format!("tid {}: original cgroup {cg}: {e}", rec.tid));
+            }
         }
     }
     if let Err(e) = sched::set_affinity(rec.tid, &rec.affinity) {
         if !e.is_vanished() {
             tracing::warn!(tid = rec.tid, error = %e, "could not restore affinity");
+            failed.push(format!("tid {}: affinity: {e}", rec.tid));
         }
     }
     // Clear our custom slice; if the thread had a custom one before, put it back.
@@ -333,34 +381,38 @@ fn restore_thread(cgroups: &Cgroups, procfs: &Procfs, rec: &ThreadRecord) {
         if now != rec.slice_ns && rec.slice_ns > 0 {
             if let Err(e) = sched::set_slice(rec.tid, Duration::from_nanos(rec.slice_ns)) {
                 tracing::warn!(tid = rec.tid, error = %e, "could not restore slice");
+                failed.push(format!("tid {}: slice: {e}", rec.tid));
             }
         }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join(", "))
     }
 }
 
-fn restore_process(cgroups: &Cgroups, procfs: &Procfs, rec: &ProcessRecord) {
+/// Puts a process back into its cgroup; the failure is returned (logged too).
+fn restore_process(cgroups: &Cgroups, procfs: &Procfs, rec: &ProcessRecord) -> Result<(), String> {
     if procfs.comm(rec.pid).ok().as_deref() != Some(rec.comm.as_str()) {
-        return;
+        return Ok(());
     }
-    match cgroups.open(&rec.cgroup) {
-        Ok(g) => {
-            if let Err(e) = g.add_process(rec.pid) {
-                tracing::warn!(pid = rec.pid, error = %e, "could not move process back");
-            }
-        }
-        Err(e) => tracing::warn!(pid = rec.pid, error = %e, "original cgroup is gone"),
-    }
+    let r = cgroups.open(&rec.cgroup).and_then(|g| g.add_process(rec.pid));
+    r.map_err(|e| {
+        tracing::warn!(pid = rec.pid, error = %e, "could not move process back to {}", rec.cgroup);
+        format!("moving pid {} back to {}: {e}", rec.pid, rec.cgroup)
+    })
 }
 
 /// Crash recovery: undo a state file's changes, then remove any leftover `gleaner-aql*`
 /// group. Returns the groups removed.
+///
+/// Threads and processes are put back best effort: what cannot be is logged (as a warning)
+/// and does not stop the rest.
 pub fn restore(cgroups: &Cgroups, procfs: &Procfs, state: &State) -> anyhow::Result<Vec<PathBuf>> {
-    for rec in state.threads.values() {
-        restore_thread(cgroups, procfs, rec);
-    }
-    for rec in state.processes.values() {
-        restore_process(cgroups, procfs, rec);
-    }
+    let os = HostOs { cgroups: cgroups.clone(), procfs: procfs.clone() };
+    journal::undo_each(&os, state.threads.values(), |_| {});
+    journal::undo_each(&os, state.processes.values(), |_| {});
     sweep(cgroups)
 }
 
@@ -413,7 +465,11 @@ mod tests {
     fn two_pool_plan() -> Plan {
         let a = VcpuId { vm: 1, vcpu: 0 };
         let b = VcpuId { vm: 1, vcpu: 1 };
-        plan(&[VcpuInfo::new(a, VcpuClass::IoInt, false), VcpuInfo::new(b, VcpuClass::Llcf, false)], &Topology::uniform(1, 2), &Quanta::paper())
+        plan(
+            &[VcpuInfo::new(a, VcpuClass::IoInt, false), VcpuInfo::new(b, VcpuClass::Llcf, false)],
+            &Topology::uniform(1, 2),
+            &Quanta::paper(),
+        )
     }
 
     /// A fake cgroup tree: the root holds cpuset files and `tasks`/`cgroup.procs`.
@@ -434,7 +490,7 @@ mod tests {
         let pid = i32::try_from(std::process::id()).unwrap();
         let (t0, t1) = (Parked::new(), Parked::new());
         let cg = Cgroups::with_layout(Layout::V1 { cpuset_root: root.clone() });
-        let mut act = Actuator::new(cg, Procfs::new(), ProcExtra::new(), state.clone()).unwrap();
+        let mut act = Actuator::open(cg, Procfs::new(), state.clone()).unwrap();
         let p = two_pool_plan();
         let pl = [Placement { pid, tid: t0.tid, pool: 0 }, Placement { pid, tid: t1.tid, pool: 1 }];
         act.apply(&p, &pl).unwrap();
@@ -474,7 +530,7 @@ mod tests {
         let pid = i32::try_from(std::process::id()).unwrap();
         let t0 = Parked::new();
         let cg = Cgroups::with_layout(Layout::V2 { root: root.clone() });
-        let mut act = Actuator::new(cg, Procfs::new(), ProcExtra::new(), d.path().join("s.json")).unwrap();
+        let mut act = Actuator::open(cg, Procfs::new(), d.path().join("s.json")).unwrap();
         let mut p = two_pool_plan();
         // Our test process stands in for the VMM (vm id = our pid).
         for pool in &mut p.pools {
@@ -499,7 +555,10 @@ mod tests {
         assert_eq!(std::fs::read_to_string(pool.join("cgroup.threads")).unwrap(), t0.tid.to_string());
         assert_eq!(std::fs::read_to_string(vm_dir.join("cgroup.procs")).unwrap(), pid.to_string());
         let st = act.state().clone();
-        assert_eq!(st.processes[&pid].cgroup, Procfs::new().cgroup_of(pid).unwrap().into_iter().find(|l| l.0 == 0).map(|l| l.2).unwrap_or_else(|| "/".into()));
+        assert_eq!(
+            st.processes[&pid].cgroup,
+            Procfs::new().cgroup_of(pid).unwrap().into_iter().find(|l| l.0 == 0).map(|l| l.2).unwrap_or_else(|| "/".into())
+        );
         act.restore_all().unwrap();
         assert!(!vm_dir.exists());
     }

@@ -18,6 +18,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use gleaner_os::cpuset::CpuSet;
@@ -140,8 +141,16 @@ impl Run {
     }
 }
 
-/// One measurement: the type's kernel plus competitors at `slice` for `duration`.
-fn measure(p: &CalibrationParams, ty: VcpuType, slice: Duration, thrash: &Arc<Vec<usize>>, chase: &Arc<Vec<usize>>) -> anyhow::Result<(f64, &'static str)> {
+/// One measurement: the type's kernel plus competitors at `slice` for `duration`, as named
+/// steps: start the competitors and the kernel (each thread pinned, sliced, then waiting at a
+/// common barrier), warm up, count, stop, and turn the counts into a performance figure.
+fn measure(
+    p: &CalibrationParams,
+    ty: VcpuType,
+    slice: Duration,
+    thrash: &Arc<Vec<usize>>,
+    chase: &Arc<Vec<usize>>,
+) -> anyhow::Result<(f64, &'static str)> {
     let run = Arc::new(Run {
         stop: AtomicBool::new(false),
         measuring: AtomicBool::new(false),
@@ -149,25 +158,70 @@ fn measure(p: &CalibrationParams, ty: VcpuType, slice: Duration, thrash: &Arc<Ve
         latencies: Mutex::new(Vec::new()),
         error: Mutex::new(None),
     });
-    let kernel_threads = match ty {
-        VcpuType::ConSpin => 2,
-        _ => 1,
-    };
     // ConSpin: the second spinner and its own competitors run on the other pCPU.
     let comp_cpus: Vec<u32> = if ty == VcpuType::ConSpin { vec![p.cpu, p.device_cpu] } else { vec![p.cpu] };
-    let total = kernel_threads + p.competitors as usize * comp_cpus.len() + usize::from(ty == VcpuType::IoInt) + 1;
-    let barrier = Arc::new(Barrier::new(total));
-    let mut handles = Vec::new();
-    let cpu = p.cpu;
-    // Competitors: cache-thrashing streams over a buffer twice the LLC.
-    for (c, cpu) in comp_cpus.iter().flat_map(|&cpu| (0..p.competitors).map(move |c| (c, cpu))) {
-        let (run, barrier, buf) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(thrash));
-        handles.push(std::thread::spawn(move || {
+    let kernel_threads = match ty {
+        VcpuType::ConSpin | VcpuType::IoInt => 2, // two spinners; server and device
+        _ => 1,
+    };
+    let barrier = Arc::new(Barrier::new(kernel_threads + p.competitors as usize * comp_cpus.len() + 1));
+    let start = Start { run: Arc::clone(&run), barrier: Arc::clone(&barrier), slice };
+    let mut handles = spawn_competitors(&start, &comp_cpus, p.competitors, thrash);
+    let unit = match ty {
+        VcpuType::Llcf | VcpuType::Lolcf | VcpuType::Llco => {
+            handles.push(spawn_chase(&start, p.cpu, chase));
+            "loads/s"
+        }
+        VcpuType::ConSpin => {
+            handles.extend(spawn_spinners(&start, [p.cpu, p.device_cpu]));
+            "acquisitions/s"
+        }
+        VcpuType::IoInt => {
+            handles.extend(spawn_server_and_device(&start, p.cpu, p.device_cpu));
+            "1/s (inverse median response latency)"
+        }
+    };
+    barrier.wait();
+    let secs = warm_up_and_count(&run, Duration::from_millis(p.duration_ms));
+    run.stop.store(true, Ordering::SeqCst);
+    for h in handles {
+        let _ = h.join();
+    }
+    if let Some(e) = run.error.lock().ok().and_then(|g| g.clone()) {
+        anyhow::bail!("calibration thread setup failed: {e}");
+    }
+    Ok((performance(&run, ty, secs, p.duration_ms)?, unit))
+}
+
+/// What every measurement thread starts from: the shared run, the start barrier, the slice.
+struct Start {
+    run: Arc<Run>,
+    barrier: Arc<Barrier>,
+    slice: Duration,
+}
+
+impl Start {
+    /// A thread pinned to `cpu` with the slice, running `body` once all threads are ready
+    /// (or failing the run if it could not be pinned).
+    fn spawn(&self, cpu: u32, body: impl FnOnce(&Run) + Send + 'static) -> JoinHandle<()> {
+        let (run, barrier, slice) = (Arc::clone(&self.run), Arc::clone(&self.barrier), self.slice);
+        std::thread::spawn(move || {
             let r = pin_and_slice(cpu, slice);
             barrier.wait();
-            if let Err(e) = r {
-                return run.fail(e);
+            match r {
+                Ok(()) => body(&run),
+                Err(e) => run.fail(e),
             }
+        })
+    }
+}
+
+/// Competitors: cache-thrashing streams over a buffer twice the LLC, `n` per CPU.
+fn spawn_competitors(start: &Start, cpus: &[u32], n: u32, thrash: &Arc<Vec<usize>>) -> Vec<JoinHandle<()>> {
+    let mut handles = Vec::new();
+    for (c, cpu) in cpus.iter().flat_map(|&cpu| (0..n).map(move |c| (c, cpu))) {
+        let buf = Arc::clone(thrash);
+        handles.push(start.spawn(cpu, move |run| {
             let n = buf.len();
             let mut i = (c as usize * n / 4) % n;
             let mut sink = 0usize;
@@ -183,156 +237,144 @@ fn measure(p: &CalibrationParams, ty: VcpuType, slice: Duration, thrash: &Arc<Ve
             std::hint::black_box(sink);
         }));
     }
-    let unit;
-    match ty {
-        VcpuType::Llcf | VcpuType::Lolcf | VcpuType::Llco => {
-            unit = "loads/s";
-            let (run, barrier, buf) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(chase));
-            handles.push(std::thread::spawn(move || {
-                let r = pin_and_slice(cpu, slice);
-                barrier.wait();
-                if let Err(e) = r {
-                    return run.fail(e);
-                }
-                let mut i = 0usize;
+    handles
+}
+
+/// LLCF, LoLCF, LLCO: a pointer chase over `chase`, counting loads.
+fn spawn_chase(start: &Start, cpu: u32, chase: &Arc<Vec<usize>>) -> JoinHandle<()> {
+    let buf = Arc::clone(chase);
+    start.spawn(cpu, move |run| {
+        let mut i = 0usize;
+        while !run.stop.load(Ordering::Relaxed) {
+            for _ in 0..1024 {
+                i = buf[i];
+            }
+            if run.measuring.load(Ordering::Relaxed) {
+                run.ops.fetch_add(1024, Ordering::Relaxed);
+            }
+        }
+        std::hint::black_box(i);
+    })
+}
+
+/// ConSpin: two threads sharing a spin lock with short critical sections, counting
+/// acquisitions.
+fn spawn_spinners(start: &Start, cpus: [u32; 2]) -> Vec<JoinHandle<()>> {
+    let lock = Arc::new(AtomicBool::new(false));
+    cpus.into_iter()
+        .map(|spin_cpu| {
+            let lock = Arc::clone(&lock);
+            start.spawn(spin_cpu, move |run| {
+                let mut x = 1u64;
                 while !run.stop.load(Ordering::Relaxed) {
-                    for _ in 0..1024 {
-                        i = buf[i];
+                    while lock.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+                        if run.stop.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        std::hint::spin_loop();
                     }
+                    for _ in 0..200 {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    }
+                    lock.store(false, Ordering::Release);
                     if run.measuring.load(Ordering::Relaxed) {
-                        run.ops.fetch_add(1024, Ordering::Relaxed);
+                        run.ops.fetch_add(1, Ordering::Relaxed);
+                    }
+                    for _ in 0..200 {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
                     }
                 }
-                std::hint::black_box(i);
-            }));
-        }
-        VcpuType::ConSpin => {
-            unit = "acquisitions/s";
-            let lock = Arc::new(AtomicBool::new(false));
-            for spin_cpu in [p.cpu, p.device_cpu] {
-                let (run, barrier, lock) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(&lock));
-                handles.push(std::thread::spawn(move || {
-                    let r = pin_and_slice(spin_cpu, slice);
-                    barrier.wait();
-                    if let Err(e) = r {
-                        return run.fail(e);
-                    }
-                    let mut x = 1u64;
-                    while !run.stop.load(Ordering::Relaxed) {
-                        while lock.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-                            if run.stop.load(Ordering::Relaxed) {
-                                return;
-                            }
-                            std::hint::spin_loop();
-                        }
-                        for _ in 0..200 {
-                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                        }
-                        lock.store(false, Ordering::Release);
-                        if run.measuring.load(Ordering::Relaxed) {
-                            run.ops.fetch_add(1, Ordering::Relaxed);
-                        }
-                        for _ in 0..200 {
-                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                        }
-                    }
-                    std::hint::black_box(x);
-                }));
+                std::hint::black_box(x);
+            })
+        })
+        .collect()
+}
+
+/// IOInt: a server thread on `cpu` woken by a "device" thread on `device_cpu` every 2 ms,
+/// 500 us of work per request, recording each response latency.
+fn spawn_server_and_device(start: &Start, cpu: u32, device_cpu: u32) -> [JoinHandle<()>; 2] {
+    let chan = Arc::new((Mutex::new(None::<Instant>), std::sync::Condvar::new()));
+    let server_chan = Arc::clone(&chan);
+    let server = start.spawn(cpu, move |run| {
+        let (m, cv) = &*server_chan;
+        let mut x = 1u64;
+        loop {
+            let sent = {
+                let mut g = match m.lock() {
+                    Ok(g) => g,
+                    Err(_) => return,
+                };
+                while g.is_none() && !run.stop.load(Ordering::Relaxed) {
+                    g = match cv.wait_timeout(g, Duration::from_millis(50)) {
+                        Ok((g, _)) => g,
+                        Err(_) => return,
+                    };
+                }
+                match g.take() {
+                    Some(t) => t,
+                    None => return,
+                }
+            };
+            // The request's work (a CGI script's worth of computing).
+            let until = Instant::now() + Duration::from_micros(500);
+            while Instant::now() < until {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            }
+            if run.measuring.load(Ordering::Relaxed) {
+                let ns = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                if let Ok(mut l) = run.latencies.lock() {
+                    l.push(ns);
+                }
             }
         }
-        VcpuType::IoInt => {
-            unit = "1/s (inverse median response latency)";
-            let chan = Arc::new((Mutex::new(None::<Instant>), std::sync::Condvar::new()));
-            {
-                let (run, barrier, chan) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(&chan));
-                handles.push(std::thread::spawn(move || {
-                    let r = pin_and_slice(cpu, slice);
-                    barrier.wait();
-                    if let Err(e) = r {
-                        return run.fail(e);
-                    }
-                    let (m, cv) = &*chan;
-                    let mut x = 1u64;
-                    loop {
-                        let sent = {
-                            let mut g = match m.lock() {
-                                Ok(g) => g,
-                                Err(_) => return,
-                            };
-                            while g.is_none() && !run.stop.load(Ordering::Relaxed) {
-                                g = match cv.wait_timeout(g, Duration::from_millis(50)) {
-                                    Ok((g, _)) => g,
-                                    Err(_) => return,
-                                };
-                            }
-                            match g.take() {
-                                Some(t) => t,
-                                None => return,
-                            }
-                        };
-                        // The request's work (a CGI script's worth of computing).
-                        let until = Instant::now() + Duration::from_micros(500);
-                        while Instant::now() < until {
-                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                        }
-                        if run.measuring.load(Ordering::Relaxed) {
-                            let ns = u64::try_from(sent.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                            if let Ok(mut l) = run.latencies.lock() {
-                                l.push(ns);
-                            }
-                        }
-                    }
-                }));
-            }
-            let (run, barrier, chan, dev) = (Arc::clone(&run), Arc::clone(&barrier), Arc::clone(&chan), p.device_cpu);
-            handles.push(std::thread::spawn(move || {
-                let set: CpuSet = [dev].into_iter().collect();
-                let r = sched::set_affinity(sched::gettid(), &set);
-                barrier.wait();
-                if let Err(e) = r {
-                    return run.fail(format!("device thread affinity to CPU {dev}: {e}"));
-                }
-                let (m, cv) = &*chan;
-                while !run.stop.load(Ordering::Relaxed) {
-                    if let Ok(mut g) = m.lock() {
-                        if g.is_none() {
-                            *g = Some(Instant::now());
-                            cv.notify_one();
-                        }
-                    }
-                    // The device's request rate: one every 2 ms.
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                cv.notify_all();
-            }));
+    });
+    // The device keeps the default slice: only its CPU is set.
+    let (run, barrier, dev) = (Arc::clone(&start.run), Arc::clone(&start.barrier), device_cpu);
+    let device = std::thread::spawn(move || {
+        let set: CpuSet = [dev].into_iter().collect();
+        let r = sched::set_affinity(sched::gettid(), &set);
+        barrier.wait();
+        if let Err(e) = r {
+            return run.fail(format!("device thread affinity to CPU {dev}: {e}"));
         }
-    }
-    barrier.wait();
-    let warm = Duration::from_millis(p.duration_ms / 5);
-    std::thread::sleep(warm);
+        let (m, cv) = &*chan;
+        while !run.stop.load(Ordering::Relaxed) {
+            if let Ok(mut g) = m.lock() {
+                if g.is_none() {
+                    *g = Some(Instant::now());
+                    cv.notify_one();
+                }
+            }
+            // The device's request rate: one every 2 ms.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        cv.notify_all();
+    });
+    [server, device]
+}
+
+/// Warms up for a fifth of `duration`, then counts for `duration`; returns the seconds counted.
+fn warm_up_and_count(run: &Run, duration: Duration) -> f64 {
+    std::thread::sleep(duration / 5);
     let t0 = Instant::now();
     run.measuring.store(true, Ordering::SeqCst);
-    std::thread::sleep(Duration::from_millis(p.duration_ms));
+    std::thread::sleep(duration);
     run.measuring.store(false, Ordering::SeqCst);
-    let secs = t0.elapsed().as_secs_f64();
-    run.stop.store(true, Ordering::SeqCst);
-    for h in handles {
-        let _ = h.join();
-    }
-    if let Some(e) = run.error.lock().ok().and_then(|g| g.clone()) {
-        anyhow::bail!("calibration thread setup failed: {e}");
-    }
-    let perf = if ty == VcpuType::IoInt {
+    t0.elapsed().as_secs_f64()
+}
+
+/// The type's performance figure from what the threads counted (higher is better).
+fn performance(run: &Run, ty: VcpuType, secs: f64, duration_ms: u64) -> anyhow::Result<f64> {
+    if ty == VcpuType::IoInt {
         let mut l = run.latencies.lock().map(|l| l.clone()).unwrap_or_default();
         if l.is_empty() {
-            anyhow::bail!("IOInt kernel completed no request in {} ms", p.duration_ms);
+            anyhow::bail!("IOInt kernel completed no request in {duration_ms} ms");
         }
         l.sort_unstable();
-        1e9 / l[l.len() / 2] as f64
+        Ok(1e9 / l[l.len() / 2] as f64)
     } else {
-        run.ops.load(Ordering::SeqCst) as f64 / secs
-    };
-    Ok((perf, unit))
+        Ok(run.ops.load(Ordering::SeqCst) as f64 / secs)
+    }
 }
 
 /// Relative range of repeated samples: `(max - min) / median`.
@@ -406,7 +448,14 @@ pub fn calibrate(p: &CalibrationParams, types: &[VcpuType], mut progress: impl F
         }
         let reference = meds.iter().find(|m| m.0 == 30).map(|m| m.1).unwrap_or(meds[meds.len() / 2].1);
         for (ms, m, unit, samples) in &meds {
-            points.push(Point { ty, slice_ms: *ms, performance: *m, unit: unit.clone(), samples: samples.clone(), normalized: m / reference });
+            points.push(Point {
+                ty,
+                slice_ms: *ms,
+                performance: *m,
+                unit: unit.clone(),
+                samples: samples.clone(),
+                normalized: m / reference,
+            });
         }
         let summary: Vec<(u64, f64, f64)> = meds.iter().map(|(ms, m, _, s)| (*ms, *m, noise(s, *m))).collect();
         best.push(choose(ty, &summary, p.agnostic_spread));
@@ -455,9 +504,25 @@ mod tests {
     fn quanta_from_measurements() {
         let mk = |ty, slice_ms, agnostic| Best { ty, slice_ms, spread: 0.0, threshold: 0.05, agnostic };
         let c = Calibration {
-            params: CalibrationParams { cpu: 0, device_cpu: 1, slices_ms: vec![1, 30, 90], duration_ms: 1, repeats: 1, competitors: 1, llc_bytes: 1, l2_bytes: 1, agnostic_spread: 0.05 },
+            params: CalibrationParams {
+                cpu: 0,
+                device_cpu: 1,
+                slices_ms: vec![1, 30, 90],
+                duration_ms: 1,
+                repeats: 1,
+                competitors: 1,
+                llc_bytes: 1,
+                l2_bytes: 1,
+                agnostic_spread: 0.05,
+            },
             points: vec![],
-            best: vec![mk(VcpuType::IoInt, 10, false), mk(VcpuType::ConSpin, 1, false), mk(VcpuType::Llcf, 60, false), mk(VcpuType::Lolcf, 90, true), mk(VcpuType::Llco, 1, false)],
+            best: vec![
+                mk(VcpuType::IoInt, 10, false),
+                mk(VcpuType::ConSpin, 1, false),
+                mk(VcpuType::Llcf, 60, false),
+                mk(VcpuType::Lolcf, 90, true),
+                mk(VcpuType::Llco, 1, false),
+            ],
             date_unix_s: 0,
         };
         let q = c.quanta();

@@ -15,7 +15,6 @@ use gleaner_policy::aql::{VcpuCounters, VcpuId};
 use serde::Serialize;
 
 use crate::discover::Vm;
-use crate::extra::ProcExtra;
 use crate::perf::LlcCounters;
 use crate::qmp::{Qmp, VcpuQueries};
 
@@ -69,7 +68,6 @@ struct VmState {
 #[derive(Debug)]
 pub struct Monitor {
     procfs: Procfs,
-    extra: ProcExtra,
     prev: BTreeMap<i32, (Instant, Raw)>,
     prev_vm: BTreeMap<i32, (u64, u64)>,
     vms: BTreeMap<i32, VmState>,
@@ -79,11 +77,11 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    pub fn new(procfs: Procfs, extra: ProcExtra) -> Self {
+    /// A monitor reading `procfs` (per-thread schedstat, io, status).
+    pub fn with_procfs(procfs: Procfs) -> Self {
         let llc_reason = crate::perf::probe().err();
         Self {
             procfs,
-            extra,
             prev: BTreeMap::new(),
             prev_vm: BTreeMap::new(),
             vms: BTreeMap::new(),
@@ -95,8 +93,7 @@ impl Monitor {
 
     /// What is missing and why, for the output.
     pub fn sources(&self) -> SourceReport {
-        let qmp_err: Vec<String> =
-            self.vms.iter().filter_map(|(pid, v)| v.qmp_error.as_ref().map(|e| format!("pid {pid}: {e}"))).collect();
+        let qmp_err: Vec<String> = self.vms.iter().filter_map(|(pid, v)| v.qmp_error.as_ref().map(|e| format!("pid {pid}: {e}"))).collect();
         SourceReport {
             io: if self.saw_kvm_stats {
                 "KVM io_exits+mmio_exits via QMP query-stats where available, else vCPU-thread syscalls".into()
@@ -139,7 +136,7 @@ impl Monitor {
 
     fn raw(&mut self, vm: &Vm, tid: i32, kvm: Option<&BTreeMap<String, u64>>) -> Option<Raw> {
         let run_ns = self.procfs.task_schedstat(vm.pid, tid).ok()?.run_ns;
-        let syscalls = self.extra.task_io(vm.pid, tid).ok().map(|io| io.syscr + io.syscw);
+        let syscalls = self.procfs.task_io(vm.pid, tid).ok().map(|io| io.syscr + io.syscw);
         let kvm_io = kvm.and_then(|m| Some(m.get("io_exits")? + m.get("mmio_exits").copied().unwrap_or(0)));
         let kvm_spin = kvm.and_then(|m| SPIN_STATS.iter().find_map(|n| m.get(*n).copied()));
         if self.llc_reason.is_none() && !self.llc.contains_key(&tid) {
@@ -201,7 +198,7 @@ impl Monitor {
             }
             let (mut sc, mut vcs) = (0u64, 0u64);
             for &t in &vm.other_threads {
-                sc += self.extra.task_io(vm.pid, t).map(|io| io.syscr + io.syscw).unwrap_or(0);
+                sc += self.procfs.task_io(vm.pid, t).map(|io| io.syscr + io.syscw).unwrap_or(0);
                 vcs += self.procfs.task_status(vm.pid, t).map(|s| s.voluntary_ctxt_switches).unwrap_or(0);
             }
             if let Some((s0, v0)) = self.prev_vm.insert(vm.pid, (sc, vcs)) {

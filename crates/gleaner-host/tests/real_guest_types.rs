@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use gleaner_host::actuate::{State, PREFIX};
 use gleaner_host::discover::{self, Evidence, Vm};
-use gleaner_host::extra::ProcExtra;
 use gleaner_host::{HostArgs, HostCommand, MonitorArgs, RunArgs, VmFilter};
 use gleaner_lab::cache;
 use gleaner_lab::cpio::Cpio;
@@ -111,7 +110,7 @@ fn io_guest_and_cpu_guest_get_their_pools() {
             dry_run: false,
             duration_s: Some(20.0),
             exit_when_no_vms: false,
-            cpus: Some(format!("{},{}", online.iter().next().unwrap(), online.iter().nth(1).unwrap())),
+            cpus: Some(online.iter().take(2).collect()),
             reserve_cpus: None,
             state: state.clone(),
             metrics_addr: None,
@@ -120,7 +119,7 @@ fn io_guest_and_cpu_guest_get_their_pools() {
     };
     let h = std::thread::spawn(move || gleaner_host::run(args));
     let v1 = matches!(cg.layout(), Layout::V1 { .. });
-    let cgroup_of = |vm: &Vm| ProcExtra::new().task_cgroup(vm.pid, vm.vcpus[0].tid, if v1 { Some("cpuset") } else { None }).unwrap().unwrap();
+    let cgroup_of = |vm: &Vm| Procfs::new().task_cgroup(vm.pid, vm.vcpus[0].tid, if v1 { Some("cpuset") } else { None }).unwrap().unwrap();
     // Wait for the plan with both pools, then read the kernel's view.
     let seen = wait("IOInt in a 1 ms pool and CpuBurn in a 30 ms pool", Duration::from_secs(15), || {
         let st = State::load(&state).ok().flatten()?;

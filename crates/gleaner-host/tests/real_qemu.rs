@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use gleaner_host::actuate::{self, Actuator, Placement, State, PREFIX};
 use gleaner_host::discover::{self, Evidence, Vm};
-use gleaner_host::extra::ProcExtra;
 use gleaner_host::monitor::Monitor;
 use gleaner_host::{HostArgs, HostCommand, MonitorArgs, RunArgs, StateArgs, VmFilter};
 use gleaner_lab::guest::Accel;
@@ -74,7 +73,7 @@ fn find(name: &str, vcpus: usize) -> Vm {
 /// The thread's cpuset cgroup path as the kernel reports it.
 fn cgroup_of(pid: i32, tid: i32) -> String {
     let v1 = matches!(Cgroups::detect().unwrap().layout(), gleaner_os::cgroup::Layout::V1 { .. });
-    ProcExtra::new().task_cgroup(pid, tid, if v1 { Some("cpuset") } else { None }).unwrap().unwrap()
+    Procfs::new().task_cgroup(pid, tid, if v1 { Some("cpuset") } else { None }).unwrap().unwrap()
 }
 
 fn slice_ns(tid: i32) -> u64 {
@@ -130,7 +129,7 @@ fn discover_classify_apply_restore() {
 
     // Classification: 1 baseline + 4 periods of 30 ms.
     wait("QMP socket", Duration::from_secs(10), || a.qmp_socket().exists().then_some(()));
-    let mut mon = Monitor::new(Procfs::new(), ProcExtra::new());
+    let mut mon = Monitor::with_procfs(Procfs::new());
     let mut rec = TypeRecognizer::new(4, aql::Limits::default());
     let vms = vec![vm_a.clone()];
     for _ in 0..5 {
@@ -176,7 +175,7 @@ fn discover_classify_apply_restore() {
             .map(|x| Placement { pid: vm_a.pid, tid: vm_a.vcpus.iter().find(|t| t.index == x.vcpu.vcpu).unwrap().tid, pool: x.pool })
             .collect()
     };
-    let mut act = Actuator::new(cg.clone(), Procfs::new(), ProcExtra::new(), state.clone()).unwrap();
+    let mut act = Actuator::open(cg.clone(), Procfs::new(), state.clone()).unwrap();
     act.apply(&plan, &place(&plan)).unwrap();
     for v in &vm_a.vcpus {
         let pool = plan.pool_of(&VcpuId { vm: u64::try_from(vm_a.pid).unwrap(), vcpu: v.index }).unwrap();
@@ -203,7 +202,7 @@ fn discover_classify_apply_restore() {
     assert_restored(&cg, &vm_a, &before);
 
     // Crash: apply, then lose the agent (no restore); `gleaner host restore` cleans up.
-    let mut act = Actuator::new(cg.clone(), Procfs::new(), ProcExtra::new(), state.clone()).unwrap();
+    let mut act = Actuator::open(cg.clone(), Procfs::new(), state.clone()).unwrap();
     act.apply(&plan, &place(&plan)).unwrap();
     drop(act);
     assert!(!leftover_groups(&cg).is_empty());

@@ -50,6 +50,7 @@ pub mod cpuset;
 pub mod error;
 pub mod fd;
 pub mod input;
+pub mod journal;
 pub mod kvm;
 pub mod private;
 pub mod procfs;

@@ -521,6 +521,34 @@ impl Procfs {
         parse_cgroup(&path, &text)
     }
 
+    /// `/proc/<pid>/task/<tid>/io`: the thread's I/O counters (read/write system calls and
+    /// bytes), used by the host agent as I/O evidence of a vCPU thread.
+    pub fn task_io(&self, pid: i32, tid: i32) -> Result<TaskIo> {
+        let path = self.task_dir(pid, tid).join("io");
+        let text = util::read_proc(&path, pid, Some(tid))?;
+        parse_task_io(&path, &text)
+    }
+
+    /// The thread's cgroup path in the hierarchy with controller `controller` (v1), or the
+    /// unified (`0::`) path when `controller` is `None`; `None` when it has no such line.
+    pub fn task_cgroup(&self, pid: i32, tid: i32, controller: Option<&str>) -> Result<Option<String>> {
+        let path = self.task_dir(pid, tid).join("cgroup");
+        let text = util::read_proc(&path, pid, Some(tid))?;
+        Ok(parse_cgroup(&path, &text)?
+            .into_iter()
+            .find(|(id, ctl, _)| match controller {
+                Some(c) => ctl.iter().any(|x| x == c),
+                None => *id == 0,
+            })
+            .map(|(_, _, path)| path))
+    }
+
+    /// Whether process (or thread) `pid` exists: `<root>/<pid>` is there. A zombie counts as
+    /// alive until it is reaped; ids below 1 never are.
+    pub fn alive(&self, pid: i32) -> bool {
+        pid > 0 && self.root.join(pid.to_string()).exists()
+    }
+
     /// `/proc/self/mountinfo`.
     pub fn mountinfo(&self) -> Result<Vec<MountInfo>> {
         let path = self.root.join("self").join("mountinfo");
@@ -584,6 +612,37 @@ impl Procfs {
 /// directory.
 fn id_of(name: &str) -> Option<i32> {
     name.parse::<i32>().ok().filter(|&id| id > 0 && id.to_string() == name)
+}
+
+/// `/proc/<pid>/task/<tid>/io` fields used as I/O evidence.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskIo {
+    /// read-like system calls
+    pub syscr: u64,
+    /// write-like system calls
+    pub syscw: u64,
+    pub rchar: u64,
+    pub wchar: u64,
+}
+
+/// Parses an `io` file (`key: value` lines). Missing keys are an error.
+pub fn parse_task_io(path: &Path, text: &str) -> Result<TaskIo> {
+    let mut m = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (k, v) = line.split_once(':').ok_or_else(|| parse_err(path, i + 1, format!("'{line}' is not 'key: value'")))?;
+        let v: u64 = v.trim().parse().map_err(|_| parse_err(path, i + 1, format!("'{}' is not a number", v.trim())))?;
+        m.insert(k.trim().to_string(), v);
+    }
+    let get = |k: &str| m.get(k).copied().ok_or_else(|| parse_err(path, 0, format!("no '{k}' field")));
+    Ok(TaskIo { syscr: get("syscr")?, syscw: get("syscw")?, rchar: get("rchar")?, wchar: get("wchar")? })
+}
+
+/// Whether process (or thread) `pid` exists in the real `/proc` (see [`Procfs::alive`]).
+pub fn alive(pid: i32) -> bool {
+    Procfs::with_root("/proc").alive(pid)
 }
 
 /// Parses `/proc/stat` text.

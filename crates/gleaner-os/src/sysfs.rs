@@ -1,4 +1,4 @@
-//! Readers (and one writer) for `/sys`: online CPUs, cpuidle, module parameters
+//! Readers (and one writer) for `/sys`: online CPUs, CPU packages and cache sizes, cpuidle, module parameters
 //! (haltpoll, kvm halt polling), hypervisor type and DMI strings.
 
 use std::collections::BTreeMap;
@@ -73,6 +73,67 @@ impl Sysfs {
     /// `devices/system/cpu/online`.
     pub fn online_cpus(&self) -> Result<CpuSet> {
         self.read_cpulist(&self.cpu_dir().join("online"))
+    }
+
+    /// `physical_package_id` of `cpu` (its socket); `None` when the file is missing.
+    pub fn package_id(&self, cpu: u32) -> Result<Option<u32>> {
+        let p = self.cpu_dir().join(format!("cpu{cpu}/topology/physical_package_id"));
+        match util::read_opt(&p)? {
+            None => Ok(None),
+            Some(t) => t
+                .trim()
+                .parse::<i64>()
+                .map(|v| u32::try_from(v.max(0)).ok())
+                .map_err(|_| parse_err(&p, 1, format!("'{}' is not a package id", t.trim()))),
+        }
+    }
+
+    /// `cpus` grouped by package (socket) id, in id order; CPUs without a
+    /// `physical_package_id` count as package 0.
+    pub fn cpus_by_package(&self, cpus: &CpuSet) -> Result<BTreeMap<u32, CpuSet>> {
+        let mut out: BTreeMap<u32, CpuSet> = BTreeMap::new();
+        for c in cpus.iter() {
+            out.entry(self.package_id(c)?.unwrap_or(0)).or_default().insert(c);
+        }
+        Ok(out)
+    }
+
+    /// Size in bytes of the highest-level cache of `cpu` (`cache/index*/{level,size}`);
+    /// `None` when sysfs lists no cache.
+    pub fn llc_bytes(&self, cpu: u32) -> Result<Option<u64>> {
+        let dir = self.cpu_dir().join(format!("cpu{cpu}/cache"));
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(OsError::Dir { op: "list", path: dir, source }),
+        };
+        let mut best: Option<(u32, u64)> = None;
+        for e in rd.flatten() {
+            let d = e.path();
+            if !d.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("index")) {
+                continue;
+            }
+            let level = std::fs::read_to_string(d.join("level")).ok().and_then(|t| t.trim().parse::<u32>().ok());
+            let size = std::fs::read_to_string(d.join("size")).ok().and_then(|t| parse_size(t.trim()));
+            if let (Some(l), Some(s)) = (level, size) {
+                if best.is_none_or(|(bl, _)| l > bl) {
+                    best = Some((l, s));
+                }
+            }
+        }
+        Ok(best.map(|(_, s)| s))
+    }
+
+    /// Size in bytes of the level-2 data or unified cache of `cpu`, if sysfs lists one.
+    pub fn l2_bytes(&self, cpu: u32) -> Option<u64> {
+        let dir = self.cpu_dir().join(format!("cpu{cpu}/cache"));
+        std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+            let d = e.path();
+            let level = std::fs::read_to_string(d.join("level")).ok()?.trim().parse::<u32>().ok()?;
+            let ty = std::fs::read_to_string(d.join("type")).ok()?;
+            (level == 2 && ty.trim() != "Instruction").then_some(())?;
+            parse_size(std::fs::read_to_string(d.join("size")).ok()?.trim())
+        })
     }
 
     /// `devices/system/cpu/possible`.
@@ -207,6 +268,17 @@ fn check_name(what: &str, name: &str) -> Result<()> {
         return Err(crate::BadInput::new(what, name, "a plain file name (no '/', not '.' or '..')").into());
     }
     Ok(())
+}
+
+/// A sysfs cache size (`32K`, `8192K`, `16M`) in bytes; `None` when malformed or beyond `u64`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let (num, mul) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1024),
+        'M' | 'm' => (&s[..s.len() - 1], 1024 * 1024),
+        'G' | 'g' => (&s[..s.len() - 1], 1024 * 1024 * 1024),
+        _ => (s, 1),
+    };
+    num.trim().parse::<u64>().ok()?.checked_mul(mul)
 }
 
 #[cfg(test)]

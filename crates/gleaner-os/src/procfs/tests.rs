@@ -586,3 +586,28 @@ fn open_status_of_an_exited_thread_fails_and_of_this_one_counts_switches() {
     let mut s = Procfs::new().open_stat().unwrap();
     assert!(!s.read().unwrap().cpus.is_empty());
 }
+
+#[test]
+fn task_io_valid_malformed_empty() {
+    let p = Path::new("/proc/1/task/1/io");
+    let ok = "rchar: 10\nwchar: 20\nsyscr: 3\nsyscw: 4\nread_bytes: 0\nwrite_bytes: 0\ncancelled_write_bytes: 0\n";
+    assert_eq!(parse_task_io(p, ok).unwrap(), TaskIo { syscr: 3, syscw: 4, rchar: 10, wchar: 20 });
+    let e = parse_task_io(p, "rchar: x\n").unwrap_err().to_string();
+    assert!(e.contains("/proc/1/task/1/io") && e.contains("line 1"), "{e}");
+    let e = parse_task_io(p, "").unwrap_err().to_string();
+    assert!(e.contains("no 'syscr' field"), "{e}");
+}
+
+#[test]
+fn task_io_cgroup_and_alive_on_fixture() {
+    let (d, p) = fixture();
+    write(d.path(), "7/task/8/io", "rchar: 1\nwchar: 2\nsyscr: 3\nsyscw: 4\n");
+    write(d.path(), "7/task/8/cgroup", "5:cpuset:/machine/vm1\n0::/user.slice\n");
+    assert_eq!(p.task_io(7, 8).unwrap().syscw, 4);
+    assert_eq!(p.task_cgroup(7, 8, Some("cpuset")).unwrap().as_deref(), Some("/machine/vm1"));
+    assert_eq!(p.task_cgroup(7, 8, None).unwrap().as_deref(), Some("/user.slice"));
+    assert_eq!(p.task_cgroup(7, 8, Some("memory")).unwrap(), None);
+    assert!(p.task_io(7, 9).unwrap_err().is_vanished());
+    assert!(p.alive(7) && !p.alive(9) && !p.alive(0) && !p.alive(-1));
+    assert!(alive(i32::try_from(std::process::id()).unwrap()));
+}

@@ -147,3 +147,39 @@ fn real_sysfs() {
         assert_eq!(s.total_idle_entries(&online).unwrap(), None);
     }
 }
+
+#[test]
+fn packages_and_caches_on_fixture() {
+    let d = tempfile::tempdir().unwrap();
+    let c = d.path().join("devices/system/cpu/cpu1");
+    write(d.path(), "devices/system/cpu/cpu1/topology/physical_package_id", "3\n");
+    for (i, level, ty, size) in [(0, 1, "Data", "32K"), (2, 2, "Unified", "1024K"), (3, 3, "Unified", "32768K")] {
+        let x = format!("devices/system/cpu/cpu1/cache/index{i}");
+        write(d.path(), &format!("{x}/level"), &format!("{level}\n"));
+        write(d.path(), &format!("{x}/type"), &format!("{ty}\n"));
+        write(d.path(), &format!("{x}/size"), &format!("{size}\n"));
+    }
+    let s = Sysfs::with_root(d.path());
+    assert_eq!(s.package_id(1).unwrap(), Some(3));
+    assert_eq!(s.package_id(0).unwrap(), None);
+    let by = s.cpus_by_package(&CpuSet::parse("0-1").unwrap()).unwrap();
+    assert_eq!(by.into_iter().map(|(k, v)| (k, v.to_vec())).collect::<Vec<_>>(), vec![(0, vec![0]), (3, vec![1])]);
+    assert_eq!(s.llc_bytes(1).unwrap(), Some(32 * 1024 * 1024));
+    assert_eq!(s.llc_bytes(0).unwrap(), None);
+    assert_eq!(s.l2_bytes(1), Some(1024 * 1024));
+    fs::write(c.join("topology/physical_package_id"), "x\n").unwrap();
+    let e = s.package_id(1).unwrap_err().to_string();
+    assert!(e.contains("physical_package_id"), "{e}");
+    assert_eq!(parse_size("8M"), Some(8 << 20));
+    assert_eq!(parse_size(""), None);
+}
+
+/// Found by fuzzing (`host_procfs`): `77777777777777G` overflowed the multiplication (a
+/// panic with overflow checks, a wrapped size without).
+#[test]
+fn cache_size_beyond_u64_is_refused_not_wrapped() {
+    assert_eq!(parse_size("77777777777777G"), None);
+    assert_eq!(parse_size("18014398509481984K"), None);
+    assert_eq!(parse_size("18014398509481983K"), Some(18_014_398_509_481_983 * 1024));
+    assert_eq!(parse_size("18446744073709551615"), Some(u64::MAX));
+}
