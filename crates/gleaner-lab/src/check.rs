@@ -31,10 +31,6 @@ fn tool(cmd: &str, arg: &str) -> Option<String> {
     Some(text.lines().next().unwrap_or("").to_string())
 }
 
-/// MemAvailable in MiB from a meminfo text.
-pub fn mem_available_mib(meminfo: &str) -> Option<u64> {
-    meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:")).and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok()).map(|kib| kib / 1024)
-}
 
 /// Runs every check; `fetch` fetches the kernel when the cache has none; `boot` probes
 /// acceleration by booting guests.
@@ -78,12 +74,12 @@ pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Pa
     if !kvm {
         items.push(item("kvm", false, false, "/dev/kvm missing: TCG will be used".into(), Some("modprobe kvm_intel or kvm_amd on a host with hardware virtualization")));
     }
-    let v1 = Path::new("/sys/fs/cgroup/cpuset/cpuset.cpus").exists();
-    let v2 = ["/sys/fs/cgroup/cgroup.controllers", "/sys/fs/cgroup/unified/cgroup.controllers"]
-        .iter()
-        .any(|p| std::fs::read_to_string(p).is_ok_and(|c| c.split_whitespace().any(|x| x == "cpuset")));
-    items.push(item("host cgroups", v1 || v2, false, format!("cpuset: v1 {v1}, v2 {v2} (guests mount their own cgroup2 with cpuset)"), Some("only needed for host-side pinning experiments")));
-    let mem = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| mem_available_mib(&m));
+    let (cpuset, detail) = match gleaner_os::cgroup::Cgroups::detect() {
+        Ok(c) => (true, format!("cpuset on cgroup v{} at {}", c.layout().version(), c.root().display())),
+        Err(e) => (false, format!("{e:#}")),
+    };
+    items.push(item("host cgroups", cpuset, false, format!("{detail} (guests mount their own cgroup2 with cpuset)"), Some("only needed for host-side pinning experiments")));
+    let mem = gleaner_os::procfs::Procfs::new().mem_available_kib().ok().flatten().map(|kib| kib / 1024);
     items.push(item("memory", mem.is_some_and(|m| m >= 1536), true, mem.map_or("unknown".into(), |m| format!("{m} MiB available (two 512 MiB guests need ~1.5 GiB)")), Some("free memory or lower memory_mib in the experiment")));
     let font = std::env::var_os("GLEANER_FONT").map_or_else(|| "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf".into(), |v| v.to_string_lossy().into_owned());
     items.push(item("font", Path::new(&font).is_file(), false, font.clone(), Some("apt-get install fonts-dejavu-core (report plots)")));
@@ -92,16 +88,4 @@ pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Pa
         items.push(item("gleaner", g.is_file() && guest::shareable(g), true, format!("{}{share}", g.display()), Some("cargo build --release, or pass --gleaner PATH (not under /dev, /proc, /sys)")));
     }
     items
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn meminfo_parsing() {
-        assert_eq!(mem_available_mib("MemTotal: 100 kB\nMemAvailable:   2097152 kB\n"), Some(2048));
-        assert_eq!(mem_available_mib("MemAvailable: lots\n"), None);
-        assert_eq!(mem_available_mib(""), None);
-    }
 }

@@ -581,6 +581,22 @@ impl Procfs {
         self.read_kernel_word("sys/kernel/osrelease", "kernel release")
     }
 
+    /// Memory available for new work in KiB (`MemAvailable` of `/proc/meminfo`); `None` on
+    /// kernels without that line.
+    pub fn mem_available_kib(&self) -> Result<Option<u64>> {
+        let path = self.root.join("meminfo");
+        let text = util::read(&path)?;
+        parse_mem_available_kib(&path, &text)
+    }
+
+    /// EEVDF's base slice in ns (`/proc/sys/kernel/sched_base_slice_ns`, on kernels that put it
+    /// there; most have it only in debugfs, see `Sysfs::debug_sched_base_slice_ns`); `None`
+    /// when absent.
+    pub fn sched_base_slice_ns(&self) -> Result<Option<u64>> {
+        let path = self.root.join("sys/kernel/sched_base_slice_ns");
+        util::read_opt(&path)?.map(|t| parse_u64(&path, 1, "base slice", t.trim())).transpose()
+    }
+
     /// A one-line `/proc/sys` value: trimmed, non-empty, no whitespace inside.
     fn read_kernel_word(&self, rel: &str, what: &str) -> Result<String> {
         let path = self.root.join(rel);
@@ -626,6 +642,17 @@ pub struct TaskIo {
 }
 
 /// Parses an `io` file (`key: value` lines). Missing keys are an error.
+/// `MemAvailable:   123456 kB` of `/proc/meminfo`, in KiB; `None` without that line.
+pub fn parse_mem_available_kib(path: &Path, text: &str) -> Result<Option<u64>> {
+    for (i, line) in text.lines().enumerate() {
+        if let Some(v) = line.strip_prefix("MemAvailable:") {
+            let num = v.split_whitespace().next().unwrap_or("");
+            return parse_u64(path, i + 1, "MemAvailable", num).map(Some);
+        }
+    }
+    Ok(None)
+}
+
 pub fn parse_task_io(path: &Path, text: &str) -> Result<TaskIo> {
     let mut m = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {

@@ -141,6 +141,18 @@ impl Sysfs {
         self.read_cpulist(&self.cpu_dir().join("possible"))
     }
 
+    /// EEVDF's base slice in ns from debugfs (`kernel/debug/sched/base_slice_ns`; needs debugfs
+    /// mounted and root), `None` when not readable there.
+    pub fn debug_sched_base_slice_ns(&self) -> Result<Option<u64>> {
+        let path = self.root.join("kernel/debug/sched/base_slice_ns");
+        match util::read_opt(&path) {
+            Ok(v) => v.map(|t| parse_u64(&path, 1, "base slice", t.trim())).transpose(),
+            // debugfs is root's (0700): an unprivileged reader just does not see it.
+            Err(OsError::Read { source, .. }) if source.kind() == std::io::ErrorKind::PermissionDenied => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The cpuidle driver (`haltpoll`, `intel_idle`, `acpi_idle`), `None` when cpuidle is
     /// absent or reports `none`.
     pub fn cpuidle_driver(&self) -> Result<Option<String>> {

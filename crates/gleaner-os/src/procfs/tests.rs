@@ -611,3 +611,19 @@ fn task_io_cgroup_and_alive_on_fixture() {
     assert!(p.alive(7) && !p.alive(9) && !p.alive(0) && !p.alive(-1));
     assert!(alive(i32::try_from(std::process::id()).unwrap()));
 }
+
+#[test]
+fn meminfo_and_base_slice_on_fixture() {
+    let (d, p) = fixture();
+    assert!(p.mem_available_kib().is_err(), "no meminfo: an error naming the file");
+    write(d.path(), "meminfo", "MemTotal:       25165824 kB\nMemFree:  1 kB\nMemAvailable:   1572864 kB\n");
+    assert_eq!(p.mem_available_kib().unwrap(), Some(1_572_864));
+    write(d.path(), "meminfo", "MemTotal:       25165824 kB\n");
+    assert_eq!(p.mem_available_kib().unwrap(), None, "old kernels have no MemAvailable");
+    write(d.path(), "meminfo", "MemAvailable:   lots kB\n");
+    let e = p.mem_available_kib().unwrap_err().to_string();
+    assert!(e.contains("meminfo") && e.contains("line 1"), "{e}");
+    assert_eq!(p.sched_base_slice_ns().unwrap(), None);
+    write(d.path(), "sys/kernel/sched_base_slice_ns", "3000000\n");
+    assert_eq!(p.sched_base_slice_ns().unwrap(), Some(3_000_000));
+}

@@ -183,3 +183,14 @@ fn cache_size_beyond_u64_is_refused_not_wrapped() {
     assert_eq!(parse_size("18014398509481983K"), Some(18_014_398_509_481_983 * 1024));
     assert_eq!(parse_size("18446744073709551615"), Some(u64::MAX));
 }
+
+#[test]
+fn debugfs_base_slice_when_readable() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Sysfs::with_root(d.path());
+    assert_eq!(s.debug_sched_base_slice_ns().unwrap(), None);
+    write(d.path(), "kernel/debug/sched/base_slice_ns", "700000\n");
+    assert_eq!(s.debug_sched_base_slice_ns().unwrap(), Some(700_000));
+    write(d.path(), "kernel/debug/sched/base_slice_ns", "fast\n");
+    assert!(s.debug_sched_base_slice_ns().unwrap_err().to_string().contains("base_slice_ns"));
+}
