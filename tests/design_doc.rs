@@ -58,8 +58,11 @@ fn the_design_pages_crate_graph_is_the_cargo_graph() {
         .filter(|n| n != "gleaner-fuzz-checks")
         .collect();
     for name in crates.iter().map(String::as_str).chain(["gleaner"]) {
-        let manifest =
-            if name == "gleaner" { Path::new(ROOT).join("Cargo.toml") } else { Path::new(ROOT).join("crates").join(name).join("Cargo.toml") };
+        let manifest = if name == "gleaner" {
+            Path::new(ROOT).join("Cargo.toml")
+        } else {
+            Path::new(ROOT).join("crates").join(name).join("Cargo.toml")
+        };
         let actual = manifest_deps(&manifest);
         let (_, drawn_for) = drawn
             .iter()

@@ -36,7 +36,7 @@ use crate::config::{AgentConfig, RetentionStart};
 use crate::sampler::Sampler;
 use crate::server::{self, Server};
 use crate::state::{Change, Guardian, StateFile};
-use crate::status::{EventLog, EventRecord, SharedStatus, StatusReport};
+use crate::status::{EventKind, EventLog, EventRecord, SharedStatus, StatusReport};
 use crate::yielders::Yielders;
 
 /// What the agent manages.
@@ -587,7 +587,7 @@ impl Session {
             let start = EventRecord {
                 retention: Some(retention.start),
                 governor: governor.as_ref().map(RetentionGovernor::state),
-                ..EventRecord::new(0, "retention", cpus.to_string(), Default::default())
+                ..EventRecord::new(0, EventKind::Retention, cpus.to_string(), Default::default())
             };
             log.write(&start)?;
         }
@@ -699,9 +699,9 @@ impl Session {
 
             let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
             let metrics = controller.metrics();
-            let event = |name: &str| EventRecord::new(t_ms, name, active.to_string(), metrics);
+            let event = |kind: EventKind| EventRecord::new(t_ms, kind, active.to_string(), metrics);
             let mut records: Vec<EventRecord> =
-                decisions.iter().map(|d| EventRecord { decision: Some(d.clone()), ..event(EventRecord::name_of(d)) }).collect();
+                decisions.iter().map(|d| EventRecord { decision: Some(d.clone()), ..event(EventRecord::kind_of(d)) }).collect();
             records.push(EventRecord {
                 count: Some(extras.timeouts),
                 vcpus: self.yielders.as_ref().map(|_| extras.vcpus.clone()),
@@ -709,7 +709,7 @@ impl Session {
                 reading: step.map(|_| reading),
                 comparison: step.and_then(|s| s.comparison),
                 agent_cpu_ns: self_cpu_ns(),
-                ..event("period")
+                ..event(EventKind::Period)
             });
             if let Some(GovernorStep { mode, change: Some(change), comparison, .. }) = step {
                 records.push(EventRecord {
@@ -717,7 +717,7 @@ impl Session {
                     change: Some(change),
                     comparison,
                     governor: governor.as_ref().map(RetentionGovernor::state),
-                    ..event("retention")
+                    ..event(EventKind::Retention)
                 });
                 if change.cause == gleaner_policy::retention::ChangeCause::Switch && !opts.quiet {
                     let why = comparison
@@ -755,7 +755,7 @@ impl Session {
             let active = CpuSet::from_iter(controller.active().iter().copied());
             log.write(&EventRecord {
                 agent_cpu_ns: self_cpu_ns(),
-                ..EventRecord::new(t_ms, "exit", active.to_string(), controller.metrics())
+                ..EventRecord::new(t_ms, EventKind::Exit, active.to_string(), controller.metrics())
             })?;
         }
         Ok(outcome)

@@ -43,9 +43,8 @@ pub struct VcpuTimeout {
 pub struct EventRecord {
     /// Milliseconds since the agent started.
     pub t_ms: u64,
-    /// `consolidate`, `restore`, `reset`, `factor_change`, `period`, `retention`, `exit` (the
-    /// last, partial period, written once when the run ends).
-    pub event: String,
+    /// Which event this is (it says which optional fields are set).
+    pub event: EventKind,
     /// The controller's decision, when the event is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<Decision>,
@@ -84,10 +83,10 @@ pub struct EventRecord {
 
 impl EventRecord {
     /// An event with only the common fields set.
-    pub fn new(t_ms: u64, event: &str, active_cpus: String, metrics: Metrics) -> Self {
+    pub fn new(t_ms: u64, event: EventKind, active_cpus: String, metrics: Metrics) -> Self {
         Self {
             t_ms,
-            event: event.into(),
+            event,
             decision: None,
             count: None,
             active_cpus,
@@ -102,14 +101,48 @@ impl EventRecord {
         }
     }
 
-    /// The event name of a decision.
-    pub fn name_of(d: &Decision) -> &'static str {
+    /// The event of a decision.
+    pub fn kind_of(d: &Decision) -> EventKind {
         match d {
-            Decision::Deactivate { .. } => "consolidate",
-            Decision::Restore { .. } => "restore",
-            Decision::ResetAll { .. } => "reset",
-            Decision::SetRho { .. } | Decision::SetEta { .. } => "factor_change",
+            Decision::Deactivate { .. } => EventKind::Consolidate,
+            Decision::Restore { .. } => EventKind::Restore,
+            Decision::ResetAll { .. } => EventKind::Reset,
+            Decision::SetRho { .. } | Decision::SetEta { .. } => EventKind::FactorChange,
         }
+    }
+}
+
+/// The kinds of [`EventRecord`], written as their snake_case names (`"event": "period"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// The controller took a vCPU from the workload.
+    Consolidate,
+    /// The controller gave one back.
+    Restore,
+    /// The controller gave every vCPU back.
+    Reset,
+    /// The controller changed its load (rho) or granularity (eta) factor.
+    FactorChange,
+    /// One control period ended.
+    Period,
+    /// Retention's mode at start, and each change of it.
+    Retention,
+    /// The last, partial period, written once when the run ends.
+    Exit,
+    /// A batch of retention timeouts (`count`), as agents before the `period` event wrote them;
+    /// still read.
+    Timeout,
+    /// A kind this build does not know (a newer agent's): read and skipped, not an error.
+    #[serde(other)]
+    Other,
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The serialized name: one spelling of each kind.
+        let v = serde_json::to_value(self).map_err(|_| std::fmt::Error)?;
+        f.write_str(v.as_str().unwrap_or("other"))
     }
 }
 
@@ -243,13 +276,13 @@ mod tests {
         let mut log = EventLog::open(&p).unwrap();
         let e = EventRecord {
             decision: Some(Decision::Deactivate { cpu: 1 }),
-            ..EventRecord::new(5, "consolidate", "0".into(), Metrics::default())
+            ..EventRecord::new(5, EventKind::Consolidate, "0".into(), Metrics::default())
         };
         let period = EventRecord {
             count: Some(3),
             vcpus: Some(vec![VcpuTimeout { cpu: 0, timeout_ns: 20_000, grows: 1, shrinks: 0 }]),
             retention: Some(RetentionMode::Off),
-            ..EventRecord::new(6, "period", "0".into(), Metrics::default())
+            ..EventRecord::new(6, EventKind::Period, "0".into(), Metrics::default())
         };
         let change = EventRecord {
             retention: Some(RetentionMode::On),
@@ -258,7 +291,7 @@ mod tests {
                 to: RetentionMode::On,
                 cause: gleaner_policy::retention::ChangeCause::Probe,
             }),
-            ..EventRecord::new(7, "retention", "0".into(), Metrics::default())
+            ..EventRecord::new(7, EventKind::Retention, "0".into(), Metrics::default())
         };
         for r in [&e, &e, &period, &change] {
             log.write(r).unwrap();
@@ -271,5 +304,18 @@ mod tests {
         assert_eq!(v["change"]["cause"], "probe");
         assert_eq!(v["retention"], "on");
         assert!(v.get("decision").is_none() && v.get("vcpus").is_none());
+    }
+
+    #[test]
+    fn event_kinds_keep_their_names_and_unknown_ones_are_read() {
+        for (k, name) in [(EventKind::Consolidate, "consolidate"), (EventKind::FactorChange, "factor_change"), (EventKind::Exit, "exit")] {
+            assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{name}\""));
+            assert_eq!(k.to_string(), name);
+            assert_eq!(serde_json::from_str::<EventKind>(&format!("\"{name}\"")).unwrap(), k);
+        }
+        let period = serde_json::to_string(&EventRecord::new(1, EventKind::Period, "0".into(), Metrics::default())).unwrap();
+        let newer = period.replace("\"period\"", "\"hotplug\"");
+        let e: EventRecord = serde_json::from_str(&newer).unwrap_or_else(|e| panic!("{e}: {newer}"));
+        assert_eq!(e.event, EventKind::Other);
     }
 }

@@ -78,7 +78,13 @@ pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Pa
         Ok(c) => (true, format!("cpuset on cgroup v{} at {}", c.layout().version(), c.root().display())),
         Err(e) => (false, format!("{e:#}")),
     };
-    items.push(item("host cgroups", cpuset, false, format!("{detail} (guests mount their own cgroup2 with cpuset)"), Some("only needed for host-side pinning experiments")));
+    items.push(item(
+        "host cgroups",
+        cpuset,
+        false,
+        format!("{detail} (guests mount their own cgroup2 with cpuset)"),
+        Some("only needed for host-side pinning experiments"),
+    ));
     let mem = gleaner_os::procfs::Procfs::new().mem_available_kib().ok().flatten().map(|kib| kib / 1024);
     items.push(item("memory", mem.is_some_and(|m| m >= 1536), true, mem.map_or("unknown".into(), |m| format!("{m} MiB available (two 512 MiB guests need ~1.5 GiB)")), Some("free memory or lower memory_mib in the experiment")));
     let font = std::env::var_os("GLEANER_FONT").map_or_else(|| "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf".into(), |v| v.to_string_lossy().into_owned());

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use gleaner_agent::status::{EventRecord, VcpuTimeout};
+use gleaner_agent::status::{EventKind, EventRecord, VcpuTimeout};
 use gleaner_measure::report::{self, BenchDoc};
 use gleaner_policy::overhead::{overhead, Side};
 use gleaner_policy::retention::{ChangeCause, RetentionMode};
@@ -84,12 +84,12 @@ impl AgentSummary {
             };
             s.events += 1;
             let active = e.metrics.active;
-            match e.event.as_str() {
-                "consolidate" => s.consolidations += 1,
-                "restore" => s.restores += 1,
-                "reset" => s.resets += 1,
-                "timeout" => s.timeouts = s.timeouts.saturating_add(e.count.unwrap_or(0)),
-                "period" => {
+            match e.event {
+                EventKind::Consolidate => s.consolidations += 1,
+                EventKind::Restore => s.restores += 1,
+                EventKind::Reset => s.resets += 1,
+                EventKind::Timeout => s.timeouts = s.timeouts.saturating_add(e.count.unwrap_or(0)),
+                EventKind::Period => {
                     s.periods += 1;
                     s.timeouts = s.timeouts.saturating_add(e.count.unwrap_or(0));
                     let ms = e.t_ms.saturating_sub(last_t_ms);
@@ -111,7 +111,7 @@ impl AgentSummary {
                         }
                     }
                 }
-                "retention" => match e.change.map(|c| c.cause) {
+                EventKind::Retention => match e.change.map(|c| c.cause) {
                     Some(ChangeCause::Switch) => s.retention_switches += 1,
                     Some(ChangeCause::Probe) => s.retention_probes += 1,
                     _ => {}
@@ -630,12 +630,17 @@ mod tests {
     #[test]
     fn agent_events_are_read_as_the_agents_own_type() {
         let m = |active| gleaner_policy::gleaner::Metrics { active, ..Default::default() };
-        let ev = |event: &str, active, count| EventRecord { count, ..EventRecord::new(1, event, String::new(), m(active)) };
-        let lines = [ev("consolidate", 1, None), ev("timeout", 1, Some(5)), ev("restore", 2, None), ev("reset", 2, None)]
-            .iter()
-            .map(|e| serde_json::to_string(e).unwrap())
-            .collect::<Vec<_>>()
-            .join("\n");
+        let ev = |event: EventKind, active, count| EventRecord { count, ..EventRecord::new(1, event, String::new(), m(active)) };
+        let lines = [
+            ev(EventKind::Consolidate, 1, None),
+            ev(EventKind::Timeout, 1, Some(5)),
+            ev(EventKind::Restore, 2, None),
+            ev(EventKind::Reset, 2, None),
+        ]
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
         let s = AgentSummary::from_events(&format!("{lines}\nnot json\n\n"));
         assert_eq!((s.events, s.bad_lines, s.consolidations, s.restores, s.resets, s.timeouts), (4, 1, 1, 1, 1, 5));
         assert_eq!((s.min_active, s.last_active), (Some(1), Some(2)));
@@ -651,13 +656,13 @@ mod tests {
         let period = |t_ms| EventRecord {
             count: Some(u64::MAX),
             vcpus: Some(vec![vcpu]),
-            ..EventRecord::new(t_ms, "period", String::new(), m(usize::MAX))
+            ..EventRecord::new(t_ms, EventKind::Period, String::new(), m(usize::MAX))
         };
         let lines = [
             period(u64::MAX),
             period(0),
             period(u64::MAX),
-            EventRecord { count: Some(3), ..EventRecord::new(1, "timeout", String::new(), m(1)) },
+            EventRecord { count: Some(3), ..EventRecord::new(1, EventKind::Timeout, String::new(), m(1)) },
         ]
         .iter()
         .map(|e| serde_json::to_string(e).unwrap())
@@ -681,15 +686,15 @@ mod tests {
             count: Some(timeouts),
             retention: Some(mode),
             vcpus: Some(vcpus),
-            ..EventRecord::new(t_ms, "period", String::new(), m(active))
+            ..EventRecord::new(t_ms, EventKind::Period, String::new(), m(active))
         };
         let change = |t_ms, from, to, cause| EventRecord {
             retention: Some(to),
             change: Some(ModeChange { from, to, cause }),
-            ..EventRecord::new(t_ms, "retention", String::new(), m(2))
+            ..EventRecord::new(t_ms, EventKind::Retention, String::new(), m(2))
         };
         let lines = [
-            EventRecord { retention: Some(On), ..EventRecord::new(0, "retention", String::new(), m(0)) },
+            EventRecord { retention: Some(On), ..EventRecord::new(0, EventKind::Retention, String::new(), m(0)) },
             // 100 ms on 4 vCPUs, then 300 ms on 2 (time-weighted mean 2.5; per period 3).
             period(100, 4, On, 3, vec![vcpu(1, 50_000, 0, 1), vcpu(0, 80_000, 1, 0)]),
             change(100, On, Off, ChangeCause::Probe),
@@ -711,16 +716,18 @@ mod tests {
         assert_eq!(s.agent_cpu_ms, None, "agents before agent_cpu_ns wrote none");
         // The agent's own CPU: the largest (last) reading, the closing `exit` line included;
         // `exit` is not a period.
-        let cpu = |t_ms, event: &str, ns| EventRecord { agent_cpu_ns: Some(ns), ..EventRecord::new(t_ms, event, String::new(), m(2)) };
-        let with_cpu = [cpu(200, "period", 4_000_000), cpu(400, "period", 6_000_000), cpu(450, "exit", 6_500_000)]
-            .iter()
-            .map(|e| serde_json::to_string(e).unwrap())
-            .collect::<Vec<_>>()
-            .join("\n");
+        let cpu = |t_ms, event: EventKind, ns| EventRecord { agent_cpu_ns: Some(ns), ..EventRecord::new(t_ms, event, String::new(), m(2)) };
+        let with_cpu =
+            [cpu(200, EventKind::Period, 4_000_000), cpu(400, EventKind::Period, 6_000_000), cpu(450, EventKind::Exit, 6_500_000)]
+                .iter()
+                .map(|e| serde_json::to_string(e).unwrap())
+                .collect::<Vec<_>>()
+                .join("\n");
         let s = AgentSummary::from_events(&with_cpu);
         assert_eq!((s.periods, s.agent_cpu_ms), (2, Some(6.5)));
         // Without yielding threads (--no-retention) the periods carry no mode: no share.
-        let plain = serde_json::to_string(&EventRecord { count: Some(0), ..EventRecord::new(200, "period", String::new(), m(3)) }).unwrap();
+        let plain = serde_json::to_string(&EventRecord { count: Some(0), ..EventRecord::new(200, EventKind::Period, String::new(), m(3)) })
+            .unwrap();
         let s = AgentSummary::from_events(&plain);
         assert_eq!((s.periods, s.mean_active, s.retention_on_share), (1, Some(3.0), None));
         assert!(s.vcpu_timeouts.is_empty());

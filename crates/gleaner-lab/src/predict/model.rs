@@ -85,8 +85,16 @@ impl HostSched {
         if hz.is_none() {
             h.source = h.source.replace("tick of CONFIG_HZ=250", "tick of CONFIG_HZ=250 (assumed: no /boot/config)");
         }
-        let debugfs = || gleaner_os::sysfs::Sysfs::new().debug_sched_base_slice_ns().ok().flatten().map(|ns| (ns, "/sys/kernel/debug/sched/base_slice_ns"));
-        let procfs = || gleaner_os::procfs::Procfs::new().sched_base_slice_ns().ok().flatten().map(|ns| (ns, "/proc/sys/kernel/sched_base_slice_ns"));
+        let debugfs = || {
+            gleaner_os::sysfs::Sysfs::new()
+                .debug_sched_base_slice_ns()
+                .ok()
+                .flatten()
+                .map(|ns| (ns, "/sys/kernel/debug/sched/base_slice_ns"))
+        };
+        let procfs = || {
+            gleaner_os::procfs::Procfs::new().sched_base_slice_ns().ok().flatten().map(|ns| (ns, "/proc/sys/kernel/sched_base_slice_ns"))
+        };
         // The later source wins, as before: /proc/sys where a kernel has it, else debugfs.
         if let Some((ns, f)) = procfs().or_else(debugfs) {
             h.base_slice_us = ns as f64 / 1000.0;
