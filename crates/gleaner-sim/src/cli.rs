@@ -1,0 +1,64 @@
+//! The simulator's command line (`gleaner sim`): clap types only; [`crate::run`] resolves them
+//! (scenario files and built-in names, seeds, `--set` values) into typed scenarios.
+
+/// Options shared by a run and a sweep.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunOpts {
+    /// RNG seed (overrides the scenario's `seed`).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print one JSON document on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also draw wall times per variant and VM to this file (.svg or .png).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
+    /// Leave the simulator's speed (wall-clock measurements) out of the output, so that the
+    /// same seed gives byte-identical output.
+    #[arg(long)]
+    pub no_timing: bool,
+    /// Worker threads for parallel runs (default: all cores).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+}
+
+/// `gleaner sim SCENARIO [--seed N] [--json] [--plot FILE]`, `gleaner sim --list`,
+/// `gleaner sim sweep SCENARIO --set KEY=V1,V2 ...`
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct SimArgs {
+    #[command(subcommand)]
+    pub command: Option<SimCommand>,
+    /// A scenario file (TOML) or the name of a built-in scenario (see --list).
+    pub scenario: Option<String>,
+    /// List the built-in scenarios and workloads.
+    #[arg(long)]
+    pub list: bool,
+    /// Print the scenario's TOML (after resolving a built-in name) and exit.
+    #[arg(long)]
+    pub print: bool,
+    #[command(flatten)]
+    pub opts: RunOpts,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum SimCommand {
+    /// Run a scenario over the cartesian product of parameter values, in parallel.
+    Sweep(SweepArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SweepArgs {
+    /// A scenario file (TOML) or the name of a built-in scenario.
+    pub scenario: String,
+    /// A dotted key and its values, e.g. `--set host.pcpus=4,8,16 --set vm.0.vcpus=4,8,16`
+    /// (keys with the same value count vary together when joined with `+`:
+    /// `--set host.pcpus+vm.0.vcpus=4,8`).
+    #[arg(long = "set", value_name = "KEY=V1,V2,...", required = true)]
+    pub set: Vec<String>,
+    /// Seeds to run, e.g. `1-5` or `1,7,9` (default: the scenario's).
+    #[arg(long)]
+    pub seeds: Option<String>,
+    #[command(flatten)]
+    pub opts: RunOpts,
+}
