@@ -25,7 +25,7 @@ use gleaner_os::procfs::Procfs;
 use gleaner_os::rusage::Rusage;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
-use gleaner_policy::gleaner::{Controller, Decision};
+use gleaner_policy::gleaner::{Controller, Decision, Metrics, Snapshot};
 use gleaner_policy::retention::{
     EpochReading, GovernorStep, PriorStrength, RetentionConfig, RetentionGovernor, RetentionMode, RetentionVerdict, WakeupCosts,
 };
@@ -341,6 +341,16 @@ impl Managed {
 }
 
 impl Managed {
+    /// The target ended: a process no longer alive, a cgroup with no process left (a command
+    /// of ours ends through its exit status instead).
+    fn workload_gone(&self, target: &Target) -> bool {
+        match target {
+            Target::Pid(pid) => !gleaner_os::procfs::alive(*pid),
+            Target::Cgroup(_) => self.cgroup.as_ref().is_some_and(|c| c.exists() && c.procs().map(|p| p.is_empty()).unwrap_or(true)),
+            Target::Command(_) | Target::System => false,
+        }
+    }
+
     /// Gives the workload the vCPUs `active` (it had `before`). A refused write gives every
     /// managed vCPU back and says what was refused.
     fn apply(&self, active: &CpuSet, before: &CpuSet, all: &CpuSet) -> Result<(), String> {
@@ -358,6 +368,67 @@ impl Managed {
                 Err(what)
             }
         }
+    }
+}
+
+/// What a period ended with, for [`Session::publish`].
+struct PeriodEnd {
+    t_ms: u64,
+    /// The workload's vCPUs after the period's decisions.
+    active: CpuSet,
+    metrics: Metrics,
+    decisions: Vec<Decision>,
+    extras: crate::sampler::PeriodExtras,
+    /// The retention mode the period ran in (`None`: no yielding threads).
+    ran: Option<RetentionMode>,
+    reading: EpochReading,
+    step: Option<GovernorStep>,
+}
+
+/// Waits for the end of the period, the workload's exit or a signal; `true` when the run ends
+/// (the exit status or the signal recorded in `outcome`; a signal is passed on to a workload
+/// of ours, which gets 5 s to go).
+fn wait_period(
+    waiter: Option<&ChildWaiter>,
+    period: Duration,
+    child_pid: Option<i32>,
+    workload_start: Instant,
+    outcome: &mut Outcome,
+) -> anyhow::Result<bool> {
+    if let Some(w) = waiter {
+        if let Some((code, ru)) = w.wait(period)? {
+            outcome.workload_wall_ns = duration_ns(workload_start.elapsed());
+            outcome.exit_code = Some(code);
+            outcome.rusage = Some(ru);
+            return Ok(true);
+        }
+    } else {
+        sleep_interruptible(period);
+    }
+    let Some(sig) = pending_signal() else { return Ok(false) };
+    outcome.signal = Some(sig);
+    if let Some(pid) = child_pid {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::try_from(sig).ok());
+        if let Some((code, ru)) = waiter.map(|w| w.wait(Duration::from_secs(5))).transpose()?.flatten() {
+            outcome.exit_code = Some(code);
+            outcome.rusage = Some(ru);
+        }
+    }
+    Ok(true)
+}
+
+/// The controller's decisions for a period: none in a probe period (the readings are the
+/// probe's) or with consolidation off (the controller still learns, then goes back to every
+/// vCPU).
+fn decide(controller: &mut Controller, snap: &Snapshot, probe: bool, consolidation: bool) -> Vec<Decision> {
+    if probe {
+        Vec::new()
+    } else if consolidation {
+        controller.step(snap)
+    } else {
+        let _ = controller.step(snap);
+        controller.reset();
+        Vec::new()
     }
 }
 
@@ -541,8 +612,9 @@ struct Session {
 impl Session {
     /// Set-up, then the control loop until the workload ends, a signal arrives or the target
     /// is taken away. Phases: [`Session::take_target`] (journal, guardian, cgroup) ->
-    /// yielders -> workload -> every period: sample, `Controller::step`, [`Managed::apply`],
-    /// the governor, events, [`StatusReport::add_period`].
+    /// yielders -> workload -> every period: [`wait_period`] -> sample -> [`decide`] ->
+    /// apply ([`Managed::apply`]) -> govern (`RetentionGovernor::step`) ->
+    /// [`Session::publish`] (events, outcome, status).
     fn run_inner(&mut self, ctx: &RunContext<'_>, mut consolidation: bool, retention: RetentionSetup) -> anyhow::Result<Outcome> {
         let RunContext { target, cfg, opts, cpus, status, procfs, sysfs, start } = *ctx;
         let mut child_pid = None;
@@ -600,39 +672,8 @@ impl Session {
         let mut outcome = Outcome::default();
 
         loop {
-            // Wait for the period, the workload's exit, or a signal.
-            if let Some(w) = &waiter {
-                if let Some((code, ru)) = w.wait(period)? {
-                    outcome.workload_wall_ns = duration_ns(workload_start.elapsed());
-                    outcome.exit_code = Some(code);
-                    outcome.rusage = Some(ru);
-                    break;
-                }
-            } else {
-                sleep_interruptible(period);
-            }
-            if let Some(sig) = pending_signal() {
-                outcome.signal = Some(sig);
-                if let Some(pid) = child_pid {
-                    // Pass the signal on and wait (bounded) for the workload to go.
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::try_from(sig).ok());
-                    if let Some(w) = &waiter {
-                        if let Some((code, ru)) = w.wait(Duration::from_secs(5))? {
-                            outcome.exit_code = Some(code);
-                            outcome.rusage = Some(ru);
-                        }
-                    }
-                }
+            if wait_period(waiter.as_ref(), period, child_pid, workload_start, &mut outcome)? || managed.workload_gone(target) {
                 break;
-            }
-            match target {
-                Target::Pid(pid) if !gleaner_os::procfs::alive(*pid) => break,
-                Target::Cgroup(_)
-                    if managed.cgroup.as_ref().is_some_and(|c| c.exists() && c.procs().map(|p| p.is_empty()).unwrap_or(true)) =>
-                {
-                    break
-                }
-                _ => {}
             }
             // Someone else removed the cgroup we manage (they had to move the workload out
             // first): there is nothing left to consolidate.
@@ -651,21 +692,15 @@ impl Session {
                 }
             }
 
+            // Sample.
             let tids = managed.tids(procfs);
             let active_before = CpuSet::from_iter(controller.active().iter().copied());
             let (snap, extras) = sampler.sample(&tids, self.yielders.as_ref(), &active_before);
-            // A probe period's readings are the probe's (retention in the other mode): the
-            // controller does not judge the workload by them.
+            // Decide. A probe period's readings are the probe's (retention in the other mode):
+            // the controller does not judge the workload by them.
             let probe = governor.as_ref().is_some_and(RetentionGovernor::probing);
-            let decisions = if probe {
-                Vec::new()
-            } else if consolidation {
-                controller.step(&snap)
-            } else {
-                let _ = controller.step(&snap);
-                controller.reset();
-                Vec::new()
-            };
+            let decisions = decide(&mut controller, &snap, probe, consolidation);
+            // Apply.
             let active = CpuSet::from_iter(controller.active().iter().copied());
             if active != active_before {
                 if let Err(what) = managed.apply(&active, &active_before, cpus) {
@@ -696,58 +731,18 @@ impl Session {
                 }
                 _ => None,
             };
-
-            let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-            let metrics = controller.metrics();
-            let event = |kind: EventKind| EventRecord::new(t_ms, kind, active.to_string(), metrics);
-            let mut records: Vec<EventRecord> =
-                decisions.iter().map(|d| EventRecord { decision: Some(d.clone()), ..event(EventRecord::kind_of(d)) }).collect();
-            records.push(EventRecord {
-                count: Some(extras.timeouts),
-                vcpus: self.yielders.as_ref().map(|_| extras.vcpus.clone()),
-                retention: ran,
-                reading: step.map(|_| reading),
-                comparison: step.and_then(|s| s.comparison),
-                agent_cpu_ns: self_cpu_ns(),
-                ..event(EventKind::Period)
-            });
-            if let Some(GovernorStep { mode, change: Some(change), comparison, .. }) = step {
-                records.push(EventRecord {
-                    retention: Some(mode),
-                    change: Some(change),
-                    comparison,
-                    governor: governor.as_ref().map(RetentionGovernor::state),
-                    ..event(EventKind::Retention)
-                });
-                if change.cause == gleaner_policy::retention::ChangeCause::Switch && !opts.quiet {
-                    let why = comparison
-                        .map(|c| format!(" (sync points/s {:.0} on vs {:.0} off, {:.2} vCPU burned)", c.on_rate, c.off_rate, c.burn_vcpus));
-                    info!("retention {:?} -> {:?}{}", change.from, change.to, why.unwrap_or_default());
-                }
-            }
-            for d in &decisions {
-                if !opts.quiet {
-                    info!("{}", describe(d));
-                }
-            }
-            if let Some(log) = &mut events {
-                for r in &records {
-                    log.write(r)?;
-                }
-            }
-            outcome.decisions += decisions.len() as u64;
-            outcome.timeouts += extras.timeouts;
-            outcome.yielder_cpu_ns += extras.yielder_run_ns;
-            outcome.periods += 1;
-            outcome.retention_on_periods += u64::from(ran == Some(RetentionMode::On));
-            if let Ok(mut s) = status.lock() {
-                s.retention_mode = self.yielders.as_ref().map(|y| if y.retaining() { RetentionMode::On } else { RetentionMode::Off });
-                s.governor = governor.as_ref().map(RetentionGovernor::state);
-                s.active_cpus = controller.active().iter().copied().collect::<CpuSet>().to_string();
-                s.metrics = metrics;
-                s.uptime_s = start.elapsed().as_secs_f64();
-                s.add_period(&extras, decisions.len() as u64, records);
-            }
+            // Publish.
+            let ended = PeriodEnd {
+                t_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                active,
+                metrics: controller.metrics(),
+                decisions,
+                extras,
+                ran,
+                reading,
+                step,
+            };
+            self.publish(ctx, ended, &controller, governor.as_ref(), events.as_mut(), &mut outcome)?;
         }
         // The last, partial period: what the run ended with and what the agent cost in all.
         if let Some(log) = &mut events {
@@ -759,6 +754,69 @@ impl Session {
             })?;
         }
         Ok(outcome)
+    }
+
+    /// Publishes a period: its events (decisions, the period, a retention change) to the log,
+    /// its counts to the outcome, and the live status.
+    fn publish(
+        &self,
+        ctx: &RunContext<'_>,
+        p: PeriodEnd,
+        controller: &Controller,
+        governor: Option<&RetentionGovernor>,
+        events: Option<&mut EventLog>,
+        outcome: &mut Outcome,
+    ) -> anyhow::Result<()> {
+        let event = |kind: EventKind| EventRecord::new(p.t_ms, kind, p.active.to_string(), p.metrics);
+        let mut records: Vec<EventRecord> =
+            p.decisions.iter().map(|d| EventRecord { decision: Some(d.clone()), ..event(EventRecord::kind_of(d)) }).collect();
+        records.push(EventRecord {
+            count: Some(p.extras.timeouts),
+            vcpus: self.yielders.as_ref().map(|_| p.extras.vcpus.clone()),
+            retention: p.ran,
+            reading: p.step.map(|_| p.reading),
+            comparison: p.step.and_then(|s| s.comparison),
+            agent_cpu_ns: self_cpu_ns(),
+            ..event(EventKind::Period)
+        });
+        if let Some(GovernorStep { mode, change: Some(change), comparison, .. }) = p.step {
+            records.push(EventRecord {
+                retention: Some(mode),
+                change: Some(change),
+                comparison,
+                governor: governor.map(RetentionGovernor::state),
+                ..event(EventKind::Retention)
+            });
+            if change.cause == gleaner_policy::retention::ChangeCause::Switch && !ctx.opts.quiet {
+                let why = comparison
+                    .map(|c| format!(" (sync points/s {:.0} on vs {:.0} off, {:.2} vCPU burned)", c.on_rate, c.off_rate, c.burn_vcpus));
+                info!("retention {:?} -> {:?}{}", change.from, change.to, why.unwrap_or_default());
+            }
+        }
+        if !ctx.opts.quiet {
+            for d in &p.decisions {
+                info!("{}", describe(d));
+            }
+        }
+        if let Some(log) = events {
+            for r in &records {
+                log.write(r)?;
+            }
+        }
+        outcome.decisions += p.decisions.len() as u64;
+        outcome.timeouts += p.extras.timeouts;
+        outcome.yielder_cpu_ns += p.extras.yielder_run_ns;
+        outcome.periods += 1;
+        outcome.retention_on_periods += u64::from(p.ran == Some(RetentionMode::On));
+        if let Ok(mut s) = ctx.status.lock() {
+            s.retention_mode = self.yielders.as_ref().map(|y| if y.retaining() { RetentionMode::On } else { RetentionMode::Off });
+            s.governor = governor.map(RetentionGovernor::state);
+            s.active_cpus = controller.active().iter().copied().collect::<CpuSet>().to_string();
+            s.metrics = p.metrics;
+            s.uptime_s = ctx.start.elapsed().as_secs_f64();
+            s.add_period(&p.extras, p.decisions.len() as u64, records);
+        }
+        Ok(())
     }
 
     /// Consolidation's set-up, each change journaled before it is made: the state file and its
