@@ -214,7 +214,7 @@ pub struct CalibrateArgs {
     #[arg(long, value_name = "S")]
     pub max_age_s: Option<u64>,
     /// Directory of the record (and of the agents' state files and sockets). Default:
-    /// /run/gleaner as root, $TMPDIR/gleaner-<uid> otherwise.
+    /// /run/gleaner as root, $TMPDIR/gleaner-UID otherwise.
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
     /// CPUs the agents will manage (kernel list format); the wakeup is measured between the

@@ -6,7 +6,7 @@
 //! - [`yielders`]: the `SCHED_IDLE` yielding threads (retention mechanism).
 //! - [`sampler`]: metric snapshots from procfs/sysfs.
 //! - [`state`]: the state file, the guardian process and `restore`.
-//! - [`status`]: the typed status and JSON-lines events; [`server`]: the status socket and
+//! - [`mod@status`]: the typed status and JSON-lines events; [`server`]: the status socket and
 //!   Prometheus text.
 //! - [`cli`]: the clap types of the agent's commands and their resolution into an
 //!   [`config::AgentConfig`].
