@@ -86,8 +86,8 @@ pub fn cell_experiment(workload: Workload, co_runner: Workload, policies: &[Poli
 /// summary's: a field of its own would write `halt_poll` twice and could not be read back).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct MatrixEntry {
-    pub workload: String,
-    pub co_runner: String,
+    pub workload: Workload,
+    pub co_runner: Workload,
     #[serde(flatten)]
     pub summary: SummaryRow,
 }
@@ -96,8 +96,8 @@ pub struct MatrixEntry {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MatrixCell {
     pub name: String,
-    pub workload: String,
-    pub co_runner: String,
+    pub workload: Workload,
+    pub co_runner: Workload,
     pub dir: PathBuf,
     pub duration_s: f64,
     pub accel: Accel,
@@ -142,8 +142,8 @@ pub fn run_matrix(workloads: &[Workload], co_runners: &[Workload], policies: &[P
 fn add_cell(m: &mut MatrixResults, w: Workload, c: Workload, dir: &Path, r: &LabResults) {
     m.cells.push(MatrixCell {
         name: r.experiment.name.clone(),
-        workload: w.name().into(),
-        co_runner: c.name().into(),
+        workload: w,
+        co_runner: c,
         dir: dir.to_path_buf(),
         duration_s: r.duration_s,
         accel: r.accel,
@@ -155,7 +155,7 @@ fn add_cell(m: &mut MatrixResults, w: Workload, c: Workload, dir: &Path, r: &Lab
         notes: r.notes.clone(),
     });
     for s in r.summary.iter().filter(|s| s.instance == "A") {
-        m.entries.push(MatrixEntry { workload: w.name().into(), co_runner: c.name().into(), summary: s.clone() });
+        m.entries.push(MatrixEntry { workload: w, co_runner: c, summary: s.clone() });
     }
 }
 
@@ -273,8 +273,8 @@ mod tests {
     #[test]
     fn a_policy_that_cannot_run_here_says_why_in_its_line() {
         let entry = |mode: &str, runs_ok, failure: Option<&str>| MatrixEntry {
-            workload: "pipeline".into(),
-            co_runner: "matmul".into(),
+            workload: Workload::Pipeline,
+            co_runner: Workload::Matmul,
             summary: SummaryRow { mode: mode.into(), runs_ok, runs: 7, failure: failure.map(String::from), ..Default::default() },
         };
         let why = "not run: the guest's cpuidle driver is none (not haltpoll): QEMU provides it only with -accel kvm";
@@ -289,6 +289,18 @@ mod tests {
         assert!(line("haltpoll").contains(why), "{t}");
         assert!(line("gleaner").contains("2 run(s) failed"), "{t}");
         assert!(line("yielders").contains("7 run(s) failed"), "{t}");
+    }
+
+    #[test]
+    fn matrix_entries_keep_the_kernel_names_and_refuse_unknown_ones() {
+        let e = MatrixEntry { workload: Workload::SpinBarrier, co_runner: Workload::Freqsleep, summary: SummaryRow::default() };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!((v["workload"].as_str(), v["co_runner"].as_str()), (Some("spin-barrier"), Some("freqsleep")));
+        let mut bad = v.clone();
+        bad["workload"] = "dedupp".into();
+        let err = serde_json::from_value::<MatrixEntry>(bad).unwrap_err().to_string();
+        assert!(err.contains("dedupp") && err.contains("pipeline"), "{err}");
+        assert_eq!(serde_json::from_value::<MatrixEntry>(v).unwrap(), e);
     }
 
     #[test]

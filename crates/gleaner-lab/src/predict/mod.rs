@@ -166,8 +166,8 @@ fn predict_cell(cell: &LabCell, hp: &str, costs: model::CostChoice, opts: &Model
     let wake_check = wake_check(cell, hp, &sc, seeds[0])?;
     let c = CellPrediction {
         name: cell.name.clone(),
-        workload: cell.workload.workload.to_string(),
-        co_runner: cell.co_runner.as_ref().map(|k| k.workload.to_string()),
+        workload: cell.workload.workload,
+        co_runner: cell.co_runner.as_ref().map(|k| k.workload),
         halt_poll: hp.to_string(),
         accel: cell.accel,
         pcpus: cell.pcpus,

@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use gleaner_bench::workload::Workload;
 use gleaner_policy::stats::Interval;
 use gleaner_sim::scenario::GuestPolicy;
 use serde::Serialize;
@@ -31,8 +32,8 @@ pub struct Prediction {
 #[derive(Debug, Clone, Serialize)]
 pub struct CellPrediction {
     pub name: String,
-    pub workload: String,
-    pub co_runner: Option<String>,
+    pub workload: Workload,
+    pub co_runner: Option<Workload>,
     pub halt_poll: String,
     pub accel: Accel,
     pub pcpus: u32,
