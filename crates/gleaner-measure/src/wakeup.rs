@@ -427,15 +427,14 @@ fn waker_mutex(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> an
     let pid = i32::try_from(std::process::id()).context("pid out of range")?;
     let period = Duration::from_micros(cfg.period_us);
     let peer_deadline = cfg.deadline() * 2 + Duration::from_secs(1);
-    let mut t = Tally { samples: Vec::with_capacity(cfg.rounds as usize), discarded: 0, lost: 0 };
-    let total = u64::from(cfg.rounds) + u64::from(cfg.warmup);
-    for r in 1..=total {
+    let mut t = Tally::new(cfg);
+    for r in 1..=t.total {
         let (mut g, ok) = wait_for(&chan.to_waker, chan.lock(), peer_deadline, |s| (s.waiting && s.round == r - 1) || s.stop);
         if let Some(e) = &g.error {
             anyhow::bail!("{e}");
         }
         if !ok || !chan.pm.lock_for(peer_deadline) {
-            t.lost += total - (r - 1).max(u64::from(cfg.warmup));
+            t.lose_the_rest(r);
             tracing::warn!("waiter thread unresponsive; ending this setting after {} rounds", r - 1);
             break;
         }
@@ -449,26 +448,48 @@ fn waker_mutex(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> an
         chan.pm.unlock();
         let (g, ok) = wait_for(&chan.to_waker, chan.lock(), peer_deadline, |s| s.done == r);
         if !ok {
-            t.lost += total - (r - 1).max(u64::from(cfg.warmup));
+            t.lose_the_rest(r);
             tracing::warn!("waiter did not report round {r}; ending this setting");
             break;
         }
-        if r <= u64::from(cfg.warmup) {
-        } else if g.late {
-            t.lost += 1;
-        } else if !blocked {
-            t.discarded += 1;
-        } else {
-            t.samples.push(g.sample_ns);
-        }
+        t.count(r, g.late, blocked, g.sample_ns);
     }
     Ok(t)
 }
 
+/// A waker's rounds: `warmup` rounds first (not counted), then `rounds` counted ones.
 struct Tally {
     samples: Vec<u64>,
     discarded: u64,
     lost: u64,
+    warmup: u64,
+    total: u64,
+}
+
+impl Tally {
+    fn new(cfg: &WakeupConfig) -> Self {
+        let warmup = u64::from(cfg.warmup);
+        Self { samples: Vec::with_capacity(cfg.rounds as usize), discarded: 0, lost: 0, warmup, total: u64::from(cfg.rounds) + warmup }
+    }
+
+    /// Round `r` (1-based) ended: a warm-up round is not counted; a late waiter is a lost
+    /// sample, a waiter that was not blocked a discarded one, else `sample_ns` is a sample.
+    fn count(&mut self, r: u64, late: bool, blocked: bool, sample_ns: u64) {
+        if r <= self.warmup {
+        } else if late {
+            self.lost += 1;
+        } else if !blocked {
+            self.discarded += 1;
+        } else {
+            self.samples.push(sample_ns);
+        }
+    }
+
+    /// The setting ends at round `r` (the peer stopped answering): its counted rounds from
+    /// `r` on are lost.
+    fn lose_the_rest(&mut self, r: u64) {
+        self.lost += self.total - (r - 1).max(self.warmup);
+    }
 }
 
 fn waker(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> anyhow::Result<Tally> {
@@ -476,15 +497,14 @@ fn waker(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> anyhow::
     let pid = i32::try_from(std::process::id()).context("pid out of range")?;
     let period = Duration::from_micros(cfg.period_us);
     let peer_deadline = cfg.deadline() * 2 + Duration::from_secs(1);
-    let mut t = Tally { samples: Vec::with_capacity(cfg.rounds as usize), discarded: 0, lost: 0 };
-    let total = u64::from(cfg.rounds) + u64::from(cfg.warmup);
-    for r in 1..=total {
+    let mut t = Tally::new(cfg);
+    for r in 1..=t.total {
         let (g, ok) = wait_for(&chan.to_waker, chan.lock(), peer_deadline, |s| (s.waiting && s.round == r - 1) || s.stop);
         if let Some(e) = &g.error {
             anyhow::bail!("{e}");
         }
         if !ok {
-            t.lost += total - (r - 1).max(u64::from(cfg.warmup));
+            t.lose_the_rest(r);
             tracing::warn!("waiter thread unresponsive; ending this setting after {} rounds", r - 1);
             break;
         }
@@ -501,18 +521,11 @@ fn waker(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> anyhow::
         chan.to_waiter.notify_one();
         let (g, ok) = wait_for(&chan.to_waker, chan.lock(), peer_deadline, |s| s.done == r);
         if !ok {
-            t.lost += total - (r - 1).max(u64::from(cfg.warmup));
+            t.lose_the_rest(r);
             tracing::warn!("waiter did not report round {r}; ending this setting");
             break;
         }
-        if r <= u64::from(cfg.warmup) {
-        } else if g.late {
-            t.lost += 1;
-        } else if !blocked {
-            t.discarded += 1;
-        } else {
-            t.samples.push(g.sample_ns);
-        }
+        t.count(r, g.late, blocked, g.sample_ns);
     }
     Ok(t)
 }
@@ -639,4 +652,29 @@ pub fn run(cfg: &WakeupConfig, allowed: &CpuSet, procfs: &Procfs) -> anyhow::Res
         out.push(run_setting(s, cfg, allowed, procfs).with_context(|| format!("setting {s}"))?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tally_skips_warmup_and_sorts_late_unblocked_and_good_rounds() {
+        let cfg = WakeupConfig { rounds: 4, warmup: 2, ..WakeupConfig::for_cpus(&CpuSet::from_iter([0])) };
+        let mut t = Tally::new(&cfg);
+        assert_eq!(t.total, 6);
+        t.count(1, true, false, 1); // warm-up: nothing counted, whatever happened
+        t.count(2, false, true, 2);
+        t.count(3, false, true, 30);
+        t.count(4, true, true, 40);
+        t.count(5, false, false, 50);
+        assert_eq!((t.samples.as_slice(), t.lost, t.discarded), (&[30][..], 1, 1));
+        // The waiter stops answering in round 6: that round is lost too.
+        t.lose_the_rest(6);
+        assert_eq!(t.lost, 2);
+        // Stopping during the warm-up loses every counted round.
+        let mut early = Tally::new(&cfg);
+        early.lose_the_rest(2);
+        assert_eq!(early.lost, 4);
+    }
 }
