@@ -8,8 +8,8 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use gleaner_policy::retention::{retention_verdict, RetentionVerdict, WakeupCosts};
 use common::*;
+use gleaner_policy::retention::{retention_verdict, RetentionVerdict, WakeupCosts};
 use serial_test::serial;
 
 #[test]
@@ -451,11 +451,7 @@ fn daemon_manages_its_targets_and_stops_cleanly() {
     let mut workload = Command::new("sleep").arg("30").spawn().unwrap();
     let original = cpuset_cgroup_of(workload.id());
     let cfg = dir.path().join("gleaner.toml");
-    std::fs::write(
-        &cfg,
-        format!("run_dir = \"{}\"\n\n[[target]]\npid = {}\n", run_dir.display(), workload.id()),
-    )
-    .unwrap();
+    std::fs::write(&cfg, format!("run_dir = \"{}\"\n\n[[target]]\npid = {}\n", run_dir.display(), workload.id())).unwrap();
     let mut daemon = gleaner().args(["daemon", "--config"]).arg(&cfg).stderr(Stdio::null()).spawn().unwrap();
     // The daemon calibrates first (about 0.5 s, more on a busy machine), then starts its agent.
     assert!(

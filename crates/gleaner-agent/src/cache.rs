@@ -115,7 +115,9 @@ impl Dependencies {
                 return change(name.into(), was, is);
             }
         }
-        for (module, was, is) in [("haltpoll", &self.haltpoll, &now.haltpoll), ("cpuidle_haltpoll", &self.cpuidle_haltpoll, &now.cpuidle_haltpoll)] {
+        for (module, was, is) in
+            [("haltpoll", &self.haltpoll, &now.haltpoll), ("cpuidle_haltpoll", &self.cpuidle_haltpoll, &now.cpuidle_haltpoll)]
+        {
             for key in was.keys().chain(is.keys()) {
                 let (a, b) = (was.get(key), is.get(key));
                 if a != b {
@@ -348,7 +350,12 @@ pub struct Obtained {
 /// A valid record for `cpus`, or measures (under the run dir's lock, once for all agents
 /// starting together) and stores a new one. `measure` is [`crate::calibrate::measure`]
 /// outside tests.
-pub fn obtain(policy: &CachePolicy, world: &World, cpus: &CpuSet, measure: impl FnOnce() -> Result<CalibrationResults, Incomplete>) -> Obtained {
+pub fn obtain(
+    policy: &CachePolicy,
+    world: &World,
+    cpus: &CpuSet,
+    measure: impl FnOnce() -> Result<CalibrationResults, Incomplete>,
+) -> Obtained {
     obtain_with(policy, world, cpus, policy.recalibrate.then_some(Reason::Recalibrate), measure)
 }
 
@@ -401,7 +408,8 @@ fn private_run_dir(dir: &Path) -> Result<(), String> {
 
 fn cached(path: &Path, deps: &Dependencies, world: &World, policy: &CachePolicy) -> Result<Obtained, Reason> {
     let (record, age) = lookup(path, deps, (world.boottime)(), policy.max_age)?;
-    let source = CalibrationSource::Cached { path: path.to_path_buf(), age_s: age.as_secs(), measured_at_unix_s: record.measured_at_unix_s };
+    let source =
+        CalibrationSource::Cached { path: path.to_path_buf(), age_s: age.as_secs(), measured_at_unix_s: record.measured_at_unix_s };
     Ok(Obtained { results: Ok(record.results), source, record: Some(record) })
 }
 

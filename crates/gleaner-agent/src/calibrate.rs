@@ -96,9 +96,11 @@ pub struct Incomplete {
 pub fn measure(cpus: &CpuSet) -> Result<CalibrationResults, Incomplete> {
     let idle_threshold_ns = idle_threshold_now();
     let incomplete = |timeout_ns, error: String| Incomplete { timeout_ns, idle_threshold_ns, error };
-    let (idle, busy) = wakeup_costs(cpus).map_err(|e| incomplete(DEFAULT_TIMEOUT_NS, format!("wakeup calibration failed ({e:#}); using 100 us")))?;
+    let (idle, busy) =
+        wakeup_costs(cpus).map_err(|e| incomplete(DEFAULT_TIMEOUT_NS, format!("wakeup calibration failed ({e:#}); using 100 us")))?;
     let timeout_ns = timeout_from_wakeup(idle, busy);
-    let at_t = idle_wakeup_after(cpus, timeout_ns / 1000).map_err(|e| incomplete(timeout_ns, format!("host polling check failed ({e:#}); retaining")))?;
+    let at_t = idle_wakeup_after(cpus, timeout_ns / 1000)
+        .map_err(|e| incomplete(timeout_ns, format!("host polling check failed ({e:#}); retaining")))?;
     let wakeup_costs = WakeupCosts { busy_ns: busy, idle_long_ns: idle, idle_at_timeout_ns: at_t };
     Ok(CalibrationResults { wakeup_costs, timeout_ns, idle_threshold_ns, verdict: retention_verdict(&wakeup_costs) })
 }

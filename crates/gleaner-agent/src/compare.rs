@@ -215,7 +215,11 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         for mode in Mode::ALL {
             let n = u32::try_from(samples.len()).map_or(u32::MAX, |done| done + 1);
             if !args.json {
-                let eta = if n > 1 { format!(", ~{:.0} s left", t0.elapsed().as_secs_f64() / f64::from(n - 1) * f64::from(total - n + 1)) } else { String::new() };
+                let eta = if n > 1 {
+                    format!(", ~{:.0} s left", t0.elapsed().as_secs_f64() / f64::from(n - 1) * f64::from(total - n + 1))
+                } else {
+                    String::new()
+                };
                 eprint!("\rgleaner compare: run {n}/{total} ({mode}, round {}){eta}    ", i + 1);
             }
             let s = match mode {
@@ -265,7 +269,13 @@ fn run_stock(command: &[String], cpus: &CpuSet, sysfs: &Sysfs, opts: &RunOptions
     Ok(Sample::stock(measure::measure_child(child, meter)?))
 }
 
-fn run_gleaner(command: &[String], cfg: &crate::config::AgentConfig, cpus: &CpuSet, sysfs: &Sysfs, opts: &RunOptions) -> anyhow::Result<Sample> {
+fn run_gleaner(
+    command: &[String],
+    cfg: &crate::config::AgentConfig,
+    cpus: &CpuSet,
+    sysfs: &Sysfs,
+    opts: &RunOptions,
+) -> anyhow::Result<Sample> {
     let meter = SystemMeter::start(&Procfs::new(), sysfs, cpus)?;
     let before = gleaner_os::rusage::self_rusage()?;
     let out = agent::run(Target::Command(command.to_vec()), cfg, opts)?;
@@ -286,10 +296,16 @@ fn run_gleaner(command: &[String], cfg: &crate::config::AgentConfig, cpus: &CpuS
     })
 }
 
-fn summarize(command: Vec<String>, runs: u32, cpus: &CpuSet, cfg: &crate::config::AgentConfig, calibration: Calibration, samples: Vec<Sample>) -> CompareReport {
-    let pick = |mode: Mode, f: &dyn Fn(&Sample) -> Option<f64>| -> Vec<f64> {
-        samples.iter().filter(|s| s.mode == mode).filter_map(f).collect()
-    };
+fn summarize(
+    command: Vec<String>,
+    runs: u32,
+    cpus: &CpuSet,
+    cfg: &crate::config::AgentConfig,
+    calibration: Calibration,
+    samples: Vec<Sample>,
+) -> CompareReport {
+    let pick =
+        |mode: Mode, f: &dyn Fn(&Sample) -> Option<f64>| -> Vec<f64> { samples.iter().filter(|s| s.mode == mode).filter_map(f).collect() };
     let secs = |ns: u64| ns as f64 / 1e9;
     let wall = |m| Summary::of(&pick(m, &|s| Some(secs(s.metrics.wall_ns)))).expect("runs >= 1");
     let cpu = |m| Summary::of(&pick(m, &|s| Some(secs(s.cpu_ns)))).expect("runs >= 1");
@@ -329,7 +345,8 @@ fn print_table(r: &CompareReport) {
         (false, true) => "consolidation only",
         (false, false) => "no mechanism (control run)",
     };
-    let governed = if r.governed { format!("; retention governed, starting {}", if r.retention { "on" } else { "off" }) } else { String::new() };
+    let governed =
+        if r.governed { format!("; retention governed, starting {}", if r.retention { "on" } else { "off" }) } else { String::new() };
     println!("gleaner compare: {}", r.command.join(" "));
     println!(
         "  {} runs each, alternating; CPUs {}; {}{}{}",
@@ -362,11 +379,7 @@ fn print_table(r: &CompareReport) {
     if let Some(m) = r.agent_maxrss_mib {
         println!("  {:<22} {:>26} {:>26}", "agent peak RSS (MiB)", "-", format!("{m:.1}"));
     }
-    println!(
-        "  speedup (stock median / gleaner median wall time): {:.2}x ({})",
-        r.speedup,
-        verdict(&r.stock_wall_s, &r.gleaner_wall_s)
-    );
+    println!("  speedup (stock median / gleaner median wall time): {:.2}x ({})", r.speedup, verdict(&r.stock_wall_s, &r.gleaner_wall_s));
 }
 
 /// Says "faster"/"slower" only when the runs do not overlap: a median ahead by less than
@@ -424,8 +437,14 @@ mod tests {
     fn a_verdict_needs_runs_that_do_not_overlap() {
         assert_eq!(verdict(&runs(&[2.0, 2.1]), &runs(&[1.0, 1.1])), "faster under Gleaner in every run");
         assert_eq!(verdict(&runs(&[1.0, 1.1]), &runs(&[2.0, 2.1])), "slower under Gleaner in every run");
-        assert_eq!(verdict(&runs(&[1.9, 2.0, 2.1]), &runs(&[1.85, 1.95, 2.2])), "median faster under Gleaner, within the run-to-run spread");
-        assert_eq!(verdict(&runs(&[1.9, 2.0, 2.1]), &runs(&[1.95, 2.05, 2.08])), "median slower under Gleaner, within the run-to-run spread");
+        assert_eq!(
+            verdict(&runs(&[1.9, 2.0, 2.1]), &runs(&[1.85, 1.95, 2.2])),
+            "median faster under Gleaner, within the run-to-run spread"
+        );
+        assert_eq!(
+            verdict(&runs(&[1.9, 2.0, 2.1]), &runs(&[1.95, 2.05, 2.08])),
+            "median slower under Gleaner, within the run-to-run spread"
+        );
         assert_eq!(verdict(&runs(&[1.0]), &runs(&[1.0])), "same median");
     }
 }

@@ -116,7 +116,9 @@ impl AgentConfig {
     /// changed is refused, as sshd refuses one ([`gleaner_os::private::read_trusted`]).
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let bytes = gleaner_os::private::read_trusted(path, MAX_CONFIG_BYTES).map_err(|e| match e {
-            gleaner_os::OsError::NotPrivate { .. } => BadInput::new("config file", path.display(), format!("a file only its owner can change ({e})")),
+            gleaner_os::OsError::NotPrivate { .. } => {
+                BadInput::new("config file", path.display(), format!("a file only its owner can change ({e})"))
+            }
             other => BadInput::new("config file", path.display(), format!("a readable TOML file ({other})")),
         })?;
         let text = String::from_utf8(bytes).map_err(|e| BadInput::new("config file", path.display(), format!("UTF-8 text ({e})")))?;
@@ -157,7 +159,12 @@ impl AgentConfig {
             }
         }
         if self.calibration_max_age_s > MAX_CALIBRATION_AGE_S {
-            return Err(BadInput::new("calibration_max_age_s", self.calibration_max_age_s, "0..=31536000 (seconds; 0 measures at every start)").into());
+            return Err(BadInput::new(
+                "calibration_max_age_s",
+                self.calibration_max_age_s,
+                "0..=31536000 (seconds; 0 measures at every start)",
+            )
+            .into());
         }
         if !(1..=1000).contains(&self.max_sleep_ms) {
             return Err(BadInput::new("max_sleep_ms", self.max_sleep_ms, "1..=1000").into());
@@ -166,26 +173,16 @@ impl AgentConfig {
             return Err(BadInput::new("step_aside_us", self.step_aside_us, "0..=1000 (0: never step aside)").into());
         }
         if let Some(c) = &self.cpus {
-            gleaner_os::cpuset::CpuSet::parse(c)
-                .map_err(|_| BadInput::new("cpus", c, "a CPU list such as 0-3,6"))?;
+            gleaner_os::cpuset::CpuSet::parse(c).map_err(|_| BadInput::new("cpus", c, "a CPU list such as 0-3,6"))?;
         }
         if let Some(a) = &self.metrics_addr {
             gleaner_os::input::metrics_addr("metrics_addr", a)?;
         }
-        self.controller
-            .validate()
-            .map_err(|e| BadInput::new("controller parameter", e, "see `gleaner daemon --print-config`"))?;
-        self.governor
-            .validate()
-            .map_err(|e| BadInput::new("governor parameter", e, "see `gleaner daemon --print-config`"))?;
+        self.controller.validate().map_err(|e| BadInput::new("controller parameter", e, "see `gleaner daemon --print-config`"))?;
+        self.governor.validate().map_err(|e| BadInput::new("governor parameter", e, "see `gleaner daemon --print-config`"))?;
         for t in &self.targets {
             if t.cgroup.is_some() == t.pid.is_some() {
-                return Err(BadInput::new(
-                    "[[target]]",
-                    format!("{t:?}"),
-                    "exactly one of `cgroup = \"PATH\"` or `pid = N`",
-                )
-                .into());
+                return Err(BadInput::new("[[target]]", format!("{t:?}"), "exactly one of `cgroup = \"PATH\"` or `pid = N`").into());
             }
         }
         Ok(())

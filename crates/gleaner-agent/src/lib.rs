@@ -129,13 +129,7 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
             r.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
         );
         println!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}", r.active_cpus, r.all_cpus, m.rho, m.eta);
-        println!(
-            "  l_comp {}  g_comp {}  l_idle {}  utilization {:.2} vCPUs",
-            ms(m.l_comp_ns),
-            ms(m.g_comp_ns),
-            ms(m.l_idle_ns),
-            m.util
-        );
+        println!("  l_comp {}  g_comp {}  l_idle {}  utilization {:.2} vCPUs", ms(m.l_comp_ns), ms(m.g_comp_ns), ms(m.l_idle_ns), m.util);
         println!(
             "  yields {}  timeouts {}  noise {}  step-asides {}  retention timeout {} us  decisions {}",
             r.yields, r.timeouts, r.noise_returns, r.step_asides, r.timeout_us, r.decisions
@@ -162,7 +156,12 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
 
 /// `gleaner calibrate`: a valid record, or a new measurement stored for the agents.
 fn calibrate(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
-    let mut cfg = AgentConfig { run_dir: args.run_dir.unwrap_or_else(default_run_dir), cpus: args.cpus, recalibrate: args.recalibrate, ..AgentConfig::default() };
+    let mut cfg = AgentConfig {
+        run_dir: args.run_dir.unwrap_or_else(default_run_dir),
+        cpus: args.cpus,
+        recalibrate: args.recalibrate,
+        ..AgentConfig::default()
+    };
     if let Some(s) = args.max_age_s {
         if s > config::MAX_CALIBRATION_AGE_S {
             return Err(gleaner_os::BadInput::new("--max-age-s", s, "0..=31536000 (seconds; 0 measures every time)").into());
@@ -199,7 +198,11 @@ fn calibrate(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     if let Some(rec) = &report.record {
         let d = &rec.depends_on;
         let params = |m: &std::collections::BTreeMap<String, String>| {
-            if m.is_empty() { "not loaded".to_string() } else { m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ") }
+            if m.is_empty() {
+                "not loaded".to_string()
+            } else {
+                m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+            }
         };
         println!(
             "  depends on: boot {}, kernel {}, online CPUs {}, vCPU {} wakes {}, cpuidle driver {} governor {}",
@@ -276,10 +279,8 @@ fn daemon_agents(config: &std::path::Path, cfg: &AgentConfig) -> anyhow::Result<
     loop {
         if let Some(sig) = agent::pending_signal() {
             for c in &children {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(c.id().cast_signed()),
-                    nix::sys::signal::Signal::try_from(sig).ok(),
-                );
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id().cast_signed()), nix::sys::signal::Signal::try_from(sig).ok());
             }
         }
         let mut running = 0;

@@ -231,7 +231,12 @@ impl Sampler {
                 extras.yields += d.yields;
                 extras.step_asides += d.step_asides;
                 extras.noise_returns += d.noise_returns;
-                extras.vcpus.push(VcpuTimeout { cpu: slot.cpu, timeout_ns: c.timeout_ns, grows: d.timeout_grows, shrinks: d.timeout_shrinks });
+                extras.vcpus.push(VcpuTimeout {
+                    cpu: slot.cpu,
+                    timeout_ns: c.timeout_ns,
+                    grows: d.timeout_grows,
+                    shrinks: d.timeout_shrinks,
+                });
                 ydelta.insert(slot.cpu, d);
             }
         }
@@ -340,7 +345,8 @@ mod tests {
         fn new(cpuidle: bool) -> Self {
             let dir = tempfile::tempdir().unwrap();
             let f = Self { dir };
-            std::fs::write(f.proc().join("stat"), "cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n").unwrap();
+            std::fs::write(f.proc().join("stat"), "cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
+                .unwrap();
             for cpu in 0..2 {
                 let d = f.sys().join(format!("devices/system/cpu/cpu{cpu}"));
                 std::fs::create_dir_all(&d).unwrap();
@@ -366,7 +372,11 @@ mod tests {
         fn set(&self, run_ns: u64, vcsw: u64, idle_usage: u64) {
             let t = self.proc().join("7/task/7");
             std::fs::write(t.join("schedstat"), format!("{run_ns} 0 0\n")).unwrap();
-            std::fs::write(t.join("status"), format!("Name:\tw\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\t{vcsw}\nnonvoluntary_ctxt_switches:\t0\n")).unwrap();
+            std::fs::write(
+                t.join("status"),
+                format!("Name:\tw\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\t{vcsw}\nnonvoluntary_ctxt_switches:\t0\n"),
+            )
+            .unwrap();
             for cpu in 0..2 {
                 let s = self.sys().join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state0"));
                 if s.is_dir() {
@@ -390,7 +400,11 @@ mod tests {
                 let d = f.proc().join(format!("{t}/task/{t}"));
                 std::fs::create_dir_all(&d).unwrap();
                 std::fs::write(d.join("schedstat"), format!("{} 0 0\n", vcsw * 1000)).unwrap();
-                std::fs::write(d.join("status"), format!("Name:\tw\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\t{vcsw}\nnonvoluntary_ctxt_switches:\t0\n")).unwrap();
+                std::fs::write(
+                    d.join("status"),
+                    format!("Name:\tw\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\t{vcsw}\nnonvoluntary_ctxt_switches:\t0\n"),
+                )
+                .unwrap();
             }
         };
         write(1);

@@ -195,7 +195,6 @@ fn is_vanished(e: &gleaner_os::OsError) -> bool {
     e.is_vanished()
 }
 
-
 /// Undoes what dead agents left: state files whose agent is gone, then `gleaner-agent-<pid>`
 /// cgroups of dead agents without a state file. Returns a line per thing restored.
 pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<String>> {

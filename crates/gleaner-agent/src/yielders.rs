@@ -132,12 +132,7 @@ impl Yielders {
         let shared = Arc::new(Shared::new(online_cpus, retain));
         let mut me = Self { slots: Vec::new(), shared, threads: Vec::new() };
         for cpu in cpus.iter() {
-            let slot = Arc::new(Slot {
-                cpu,
-                tid: AtomicI32::new(0),
-                counters: SlotCounters::default(),
-                active: AtomicBool::new(true),
-            });
+            let slot = Arc::new(Slot { cpu, tid: AtomicI32::new(0), counters: SlotCounters::default(), active: AtomicBool::new(true) });
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let (s, sh) = (Arc::clone(&slot), Arc::clone(&me.shared));
             let handle = std::thread::Builder::new()

@@ -189,7 +189,14 @@ pub(crate) fn workload(a: &WorkloadArgs) -> anyhow::Result<ExitCode> {
 
 fn print_doc(doc: &BenchDoc) {
     let s = &doc.summary;
-    println!("{} {}: {} run(s) on {} CPU(s) ({})", doc.kind, doc.name, s.runs, doc.runs.first().map_or(0, |r| r.cpus_available), doc.host.kernel);
+    println!(
+        "{} {}: {} run(s) on {} CPU(s) ({})",
+        doc.kind,
+        doc.name,
+        s.runs,
+        doc.runs.first().map_or(0, |r| r.cpus_available),
+        doc.host.kernel
+    );
     println!("                      median        p10        p90");
     let row = |name: &str, x: &gleaner_policy::stats::Summary, f: &dyn Fn(f64) -> String| {
         println!("{name:<16} {:>11} {:>10} {:>10}", f(x.p50), f(x.p10), f(x.p90));
@@ -232,9 +239,12 @@ pub fn run_doc(cmd: &[String], runs: u32) -> anyhow::Result<BenchDoc> {
     let mut metrics = Vec::new();
     for i in 0..runs {
         let meter = SystemMeter::start(&procfs, &sysfs, &cpus)?;
-        let child = Command::new(prog).args(&cmd[1..]).stdin(Stdio::null()).stdout(stderr_stdio()).spawn().map_err(|e| {
-            BadInput::new("command", prog, format!("a program that can be started ({e})"))
-        })?;
+        let child = Command::new(prog)
+            .args(&cmd[1..])
+            .stdin(Stdio::null())
+            .stdout(stderr_stdio())
+            .spawn()
+            .map_err(|e| BadInput::new("command", prog, format!("a program that can be started ({e})")))?;
         let m = measure::measure_child(child, meter).with_context(|| format!("run {} of {}", i + 1, cmd.join(" ")))?;
         eprintln!("run {}/{runs}: {} wall, exit {}", i + 1, ms(m.wall_ns as f64), m.exit_code.unwrap_or(-1));
         metrics.push(m);
@@ -301,7 +311,13 @@ pub fn overhead_of(
     };
     let b = side(base, gamma_base, "--gamma-base")?;
     let t = side(target, gamma_target, "--gamma-target")?;
-    let metrics = overhead::overhead(b, t).map_err(|e| BadInput::new("result files", format!("{} / {}", base.name, target.name), format!("runs with CPU time, wall time and gamma > 0 ({e})")))?;
+    let metrics = overhead::overhead(b, t).map_err(|e| {
+        BadInput::new(
+            "result files",
+            format!("{} / {}", base.name, target.name),
+            format!("runs with CPU time, wall time and gamma > 0 ({e})"),
+        )
+    })?;
     Ok(OverheadReport {
         base: base.name.clone(),
         target: target.name.clone(),
@@ -324,8 +340,22 @@ pub(crate) fn overhead(a: &OverheadArgs) -> anyhow::Result<ExitCode> {
         print_json(&r)?;
         return Ok(ExitCode::SUCCESS);
     }
-    println!("base:   {} ({}): median CPU {}, wall {}, gamma {}", a.base.display(), r.base, ms(r.base_cpu_ns), ms(r.base_wall_ns), r.gamma_base);
-    println!("target: {} ({}): median CPU {}, wall {}, gamma {}", a.target.display(), r.target, ms(r.target_cpu_ns), ms(r.target_wall_ns), r.gamma_target);
+    println!(
+        "base:   {} ({}): median CPU {}, wall {}, gamma {}",
+        a.base.display(),
+        r.base,
+        ms(r.base_cpu_ns),
+        ms(r.base_wall_ns),
+        r.gamma_base
+    );
+    println!(
+        "target: {} ({}): median CPU {}, wall {}, gamma {}",
+        a.target.display(),
+        r.target,
+        ms(r.target_cpu_ns),
+        ms(r.target_wall_ns),
+        r.gamma_target
+    );
     println!("reduced resource efficiency d_eta_r = {:+.3}  (CPU time ratio - 1)", r.metrics.d_eta_r);
     println!("reduced temporal efficiency d_eta_t = {:+.3}  ((t_t*gamma_t - t_b*gamma_b) / (t_b*gamma_b))", r.metrics.d_eta_t);
     println!("overhead impact factor      omega   = {:.3}  ((1 + d_eta_t) / (1 + d_eta_r))", r.metrics.omega);
@@ -343,12 +373,15 @@ pub(crate) fn yielders(a: &YieldersArgs) -> anyhow::Result<ExitCode> {
         Some(list) => {
             let c = gleaner_os::cpuset::CpuSet::parse(list).map_err(|_| BadInput::new("--cpus", list, "a CPU list such as 0-3"))?;
             if c.is_empty() || !c.iter().all(|x| allowed.contains(x)) {
-                return Err(BadInput::new("--cpus", list, format!("a non-empty subset of the CPUs this process may use ({allowed})")).into());
+                return Err(
+                    BadInput::new("--cpus", list, format!("a non-empty subset of the CPUs this process may use ({allowed})")).into()
+                );
             }
             c
         }
     };
-    let (prog, args) = a.command.split_first().ok_or_else(|| BadInput::new("command", "(empty)", "a program and its arguments after --"))?;
+    let (prog, args) =
+        a.command.split_first().ok_or_else(|| BadInput::new("command", "(empty)", "a program and its arguments after --"))?;
     let loads = cpus.iter().map(wakeup::yielder_load).collect::<anyhow::Result<Vec<_>>>()?;
     let status = Command::new(prog)
         .args(args)

@@ -17,11 +17,11 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use gleaner_measure::measure;
+use gleaner_measure::wakeup::{self, Setting, SettingResult, WakeupConfig};
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
-use gleaner_measure::measure;
-use gleaner_measure::wakeup::{self, Setting, SettingResult, WakeupConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::workload::{self, Workload, WorkloadParams};
@@ -217,7 +217,11 @@ pub fn diagnose(rounds: u32) -> anyhow::Result<DiagnoseReport> {
 
 fn print(r: &DiagnoseReport) {
     let or_none = |o: &Option<String>| o.clone().unwrap_or_else(|| "none".into());
-    println!("virtualized:        {}{}", if r.virtualized { "yes" } else { "no" }, r.hypervisor.as_ref().map(|h| format!(" ({h})")).unwrap_or_default());
+    println!(
+        "virtualized:        {}{}",
+        if r.virtualized { "yes" } else { "no" },
+        r.hypervisor.as_ref().map(|h| format!(" ({h})")).unwrap_or_default()
+    );
     for e in &r.evidence {
         println!("  evidence:         {e}");
     }
@@ -228,7 +232,10 @@ fn print(r: &DiagnoseReport) {
         println!("  idle states:      {}", s.join(", "));
     }
     let params = |m: &BTreeMap<String, String>| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ");
-    println!("guest halt polling: {}", if r.haltpoll_params.is_empty() { "haltpoll module not loaded".into() } else { params(&r.haltpoll_params) });
+    println!(
+        "guest halt polling: {}",
+        if r.haltpoll_params.is_empty() { "haltpoll module not loaded".into() } else { params(&r.haltpoll_params) }
+    );
     if !r.cpuidle_haltpoll_params.is_empty() {
         println!("cpuidle_haltpoll:   {}", params(&r.cpuidle_haltpoll_params));
     }

@@ -19,8 +19,8 @@ pub mod diagnose;
 pub mod plot;
 pub mod workload;
 
-pub use commands::{overhead_of, workload_params, OverheadReport};
 pub use cli::{BenchArgs, BenchCommand, DiagnoseArgs, OverheadArgs, RateArgs, RunArgs, WakeupArgs, WorkloadArgs, YieldersArgs};
+pub use commands::{overhead_of, workload_params, OverheadReport};
 // The measurement modules and the wakeup document under their old paths, so that code written
 // against `gleaner_bench::{wakeup, measure, report}` keeps compiling; new code imports
 // gleaner_measure.

@@ -28,10 +28,7 @@ fn run(args: &[&str]) -> anyhow::Result<std::process::ExitCode> {
 
 fn bad_input(args: &[&str]) -> BadInput {
     let err = run(args).expect_err(&format!("{args:?} must be rejected"));
-    err.chain()
-        .find_map(|c| c.downcast_ref::<BadInput>())
-        .cloned()
-        .unwrap_or_else(|| panic!("{args:?}: no BadInput in the chain: {err:#}"))
+    err.chain().find_map(|c| c.downcast_ref::<BadInput>()).cloned().unwrap_or_else(|| panic!("{args:?}: no BadInput in the chain: {err:#}"))
 }
 
 #[test]

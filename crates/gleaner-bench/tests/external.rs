@@ -3,9 +3,7 @@
 use gleaner_bench::commands_for_tests::run_doc;
 
 fn require(prog: &str, package: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
-        .unwrap_or(false);
+    let found = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file())).unwrap_or(false);
     assert!(found, "{prog} not found: apt-get install {package}");
 }
 

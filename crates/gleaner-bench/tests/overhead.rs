@@ -7,7 +7,13 @@ use gleaner_measure::RunMetrics;
 fn doc(name: &str, runs: &[(u64, u64, u32)]) -> BenchDoc {
     let runs: Vec<RunMetrics> = runs
         .iter()
-        .map(|&(wall_ns, cpu_ns, cpus)| RunMetrics { wall_ns, user_ns: cpu_ns * 3 / 4, sys_ns: cpu_ns / 4, cpus_available: cpus, ..RunMetrics::default() })
+        .map(|&(wall_ns, cpu_ns, cpus)| RunMetrics {
+            wall_ns,
+            user_ns: cpu_ns * 3 / 4,
+            sys_ns: cpu_ns / 4,
+            cpus_available: cpus,
+            ..RunMetrics::default()
+        })
         .collect();
     BenchDoc {
         kind: "workload".into(),

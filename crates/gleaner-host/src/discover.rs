@@ -253,10 +253,7 @@ pub fn inspect(procfs: &Procfs, pid: i32) -> Result<Option<Vm>, OsError> {
             }
             other.retain(|t| !chosen.contains(t));
             let hint = if qemu_debug_threads(&argv) { "" } else { " (start QEMU with -name NAME,debug-threads=on)" };
-            notes.push(format!(
-                "vCPU threads are not named{hint}: the {} busiest threads were taken as vCPUs",
-                vcpus.len()
-            ));
+            notes.push(format!("vCPU threads are not named{hint}: the {} busiest threads were taken as vCPUs", vcpus.len()));
         }
     }
     vcpus.sort_by_key(|v| v.index);
@@ -320,12 +317,23 @@ mod tests {
         assert_eq!(vcpu_from_name(Vmm::Firecracker, "fc_vcpu 1"), Some((1, Some("KVM"))));
         assert_eq!(vcpu_from_name(Vmm::CloudHypervisor, "vcpu12"), Some((12, Some("KVM"))));
         assert_eq!(vcpu_from_name(Vmm::CloudHypervisor, "vmm"), None);
-        let q = s(&["qemu", "-name", "guest=web,debug-threads=on", "-smp", "cpus=4,sockets=1", "-qmp", "unix:/tmp/q.sock,server=on,wait=off"]);
+        let q =
+            s(&["qemu", "-name", "guest=web,debug-threads=on", "-smp", "cpus=4,sockets=1", "-qmp", "unix:/tmp/q.sock,server=on,wait=off"]);
         assert_eq!(qemu_name(&q).as_deref(), Some("web"));
         assert!(qemu_debug_threads(&q));
         assert_eq!(qemu_smp(&q), 4);
         assert_eq!(qemu_qmp_socket(&q), Some(PathBuf::from("/tmp/q.sock")));
-        let q = s(&["qemu", "-name", "db", "-chardev", "socket,id=m0,path=/run/m.sock,server=on", "-mon", "chardev=m0,mode=control", "-accel", "tcg"]);
+        let q = s(&[
+            "qemu",
+            "-name",
+            "db",
+            "-chardev",
+            "socket,id=m0,path=/run/m.sock,server=on",
+            "-mon",
+            "chardev=m0,mode=control",
+            "-accel",
+            "tcg",
+        ]);
         assert_eq!(qemu_name(&q).as_deref(), Some("db"));
         assert_eq!(qemu_qmp_socket(&q), Some(PathBuf::from("/run/m.sock")));
         assert_eq!(qemu_accel(&q).as_deref(), Some("TCG"));

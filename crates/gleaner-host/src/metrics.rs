@@ -45,7 +45,17 @@ impl Metrics {
         registry.register("pool_quantum_seconds", "EEVDF slice of the pool's vCPU threads", pool_quantum.clone());
         registry.register("periods", "Monitoring periods", periods.clone());
         registry.register("plan_changes", "Plans applied that differed from the previous one", plan_changes.clone());
-        Self { registry, cursor, class, pool_pcpus, pool_vcpus, pool_quantum, periods, plan_changes, text: Arc::new(Mutex::new(String::new())) }
+        Self {
+            registry,
+            cursor,
+            class,
+            pool_pcpus,
+            pool_vcpus,
+            pool_quantum,
+            periods,
+            plan_changes,
+            text: Arc::new(Mutex::new(String::new())),
+        }
     }
 
     pub fn period(&self) {
@@ -60,7 +70,8 @@ impl Metrics {
         self.cursor.clear();
         self.class.clear();
         for (id, vm, c) in classes {
-            let base = vec![("vm".to_string(), vm.clone()), ("pid".to_string(), id.vm.to_string()), ("vcpu".to_string(), id.vcpu.to_string())];
+            let base =
+                vec![("vm".to_string(), vm.clone()), ("pid".to_string(), id.vm.to_string()), ("vcpu".to_string(), id.vcpu.to_string())];
             let a = &c.averages;
             let put = |name: &str, v: Option<f64>| {
                 if let Some(v) = v {

@@ -89,4 +89,3 @@ impl LlcCounters {
         Ok((self.refs.read()?, self.misses.read()?, self.instructions.read()?))
     }
 }
-

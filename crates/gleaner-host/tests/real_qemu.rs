@@ -90,7 +90,12 @@ struct Snapshot {
 fn snapshot(vm: &Vm) -> Vec<Snapshot> {
     vm.vcpus
         .iter()
-        .map(|v| Snapshot { tid: v.tid, cgroup: cgroup_of(vm.pid, v.tid), affinity: sched::affinity(v.tid).unwrap(), slice: slice_ns(v.tid) })
+        .map(|v| Snapshot {
+            tid: v.tid,
+            cgroup: cgroup_of(vm.pid, v.tid),
+            affinity: sched::affinity(v.tid).unwrap(),
+            slice: slice_ns(v.tid),
+        })
         .collect()
 }
 
@@ -121,9 +126,7 @@ fn discover_classify_apply_restore() {
     assert!(vm_a.vcpus.iter().all(|v| v.evidence == Evidence::ThreadName && v.name.ends_with("/TCG")), "{vm_a:?}");
     assert_eq!(vm_a.qmp_socket.as_deref(), Some(a.qmp_socket().as_path()));
     // Without debug-threads: CPU-time evidence and a note telling how to fix it.
-    let vm_b = wait("VM b", Duration::from_secs(15), || {
-        discover::discover(&Procfs::new()).unwrap().into_iter().find(|v| v.pid == pid(&b))
-    });
+    let vm_b = wait("VM b", Duration::from_secs(15), || discover::discover(&Procfs::new()).unwrap().into_iter().find(|v| v.pid == pid(&b)));
     assert!(vm_b.vcpus.iter().all(|v| v.evidence == Evidence::CpuTime), "{vm_b:?}");
     assert!(vm_b.notes.iter().any(|n| n.contains("debug-threads=on")), "{vm_b:?}");
 
@@ -163,10 +166,8 @@ fn discover_classify_apply_restore() {
     let d = tempfile::tempdir().unwrap();
     let state = d.path().join("host-state.json");
     let topo = two_cpu_topology();
-    let forced: Vec<VcpuInfo> = infos
-        .iter()
-        .map(|i| VcpuInfo::new(i.id, if i.id.vcpu == 0 { VcpuClass::IoInt } else { VcpuClass::Llcf }, false))
-        .collect();
+    let forced: Vec<VcpuInfo> =
+        infos.iter().map(|i| VcpuInfo::new(i.id, if i.id.vcpu == 0 { VcpuClass::IoInt } else { VcpuClass::Llcf }, false)).collect();
     let plan = aql::plan(&forced, &topo, &Quanta::paper());
     assert_eq!(plan.pools.len(), 2, "{plan:#?}");
     let place = |plan: &aql::Plan| -> Vec<Placement> {
@@ -219,7 +220,13 @@ fn discover_classify_apply_restore() {
 fn run_args(vm: &str, state: &Path, duration_s: Option<f64>, dry_run: bool, exit_when_no_vms: bool) -> HostArgs {
     HostArgs {
         command: HostCommand::Run(RunArgs {
-            monitor: MonitorArgs { filter: VmFilter { vms: vec![vm.to_string()] }, period_ms: 30, window: 4, config: None, hysteresis_points: 10.0 },
+            monitor: MonitorArgs {
+                filter: VmFilter { vms: vec![vm.to_string()] },
+                period_ms: 30,
+                window: 4,
+                config: None,
+                hysteresis_points: 10.0,
+            },
             dry_run,
             duration_s,
             exit_when_no_vms,
@@ -257,9 +264,7 @@ fn run_command_dry_run_signal_and_vm_exit() {
     let st2 = state.clone();
     let name = g.name.clone();
     let h = std::thread::spawn(move || gleaner_host::run(run_args(&name, &st2, Some(30.0), false, false)));
-    wait("a plan in force", Duration::from_secs(10), || {
-        State::load(&state).ok().flatten().filter(|s| s.threads.len() == 2).map(|_| ())
-    });
+    wait("a plan in force", Duration::from_secs(10), || State::load(&state).ok().flatten().filter(|s| s.threads.len() == 2).map(|_| ()));
     for v in &vm.vcpus {
         assert!(cgroup_of(vm.pid, v.tid).contains(PREFIX), "vCPU thread {} not placed", v.tid);
     }
@@ -275,9 +280,7 @@ fn run_command_dry_run_signal_and_vm_exit() {
     let st2 = state.clone();
     let name = g.name.clone();
     let h = std::thread::spawn(move || gleaner_host::run(run_args(&name, &st2, Some(60.0), false, true)));
-    wait("a plan in force", Duration::from_secs(10), || {
-        State::load(&state).ok().flatten().filter(|s| s.threads.len() == 2).map(|_| ())
-    });
+    wait("a plan in force", Duration::from_secs(10), || State::load(&state).ok().flatten().filter(|s| s.threads.len() == 2).map(|_| ()));
     g.kill();
     assert_eq!(h.join().unwrap().unwrap(), std::process::ExitCode::SUCCESS);
     assert!(!state.exists());

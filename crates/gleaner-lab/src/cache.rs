@@ -108,12 +108,10 @@ impl Kernel {
     pub fn load(dir: &Path) -> Result<Self, CacheError> {
         let meta_path = dir.join("meta.json");
         let text = fs::read_to_string(&meta_path).map_err(io(&meta_path))?;
-        let meta: KernelMeta = serde_json::from_str(&text)
-            .map_err(|e| CacheError::Bad { path: meta_path.clone(), what: e.to_string() })?;
+        let meta: KernelMeta = serde_json::from_str(&text).map_err(|e| CacheError::Bad { path: meta_path.clone(), what: e.to_string() })?;
         let order_path = dir.join("modules.order");
         let order = fs::read_to_string(&order_path).map_err(io(&order_path))?;
-        let modules: Vec<String> =
-            order.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
+        let modules: Vec<String> = order.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
         if modules.is_empty() {
             return Err(CacheError::Bad { path: order_path, what: "empty module list".into() });
         }
@@ -130,12 +128,7 @@ impl Kernel {
 /// The cached kernels, newest version last.
 pub fn list_kernels(cache: &Path) -> Vec<Kernel> {
     let dir = cache.join("kernels");
-    let mut out: Vec<Kernel> = fs::read_dir(&dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| Kernel::load(&e.path()).ok())
-        .collect();
+    let mut out: Vec<Kernel> = fs::read_dir(&dir).into_iter().flatten().flatten().filter_map(|e| Kernel::load(&e.path()).ok()).collect();
     out.sort_by_key(|k| version_key(&k.meta.version));
     out
 }
@@ -162,15 +155,9 @@ pub fn find_kernel(cache: &Path, version: Option<&str>) -> Result<Kernel, CacheE
 
 fn run(cmd: &mut Command) -> Result<String, CacheError> {
     let shown = format!("{cmd:?}").replace('"', "");
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| CacheError::Command { cmd: shown.clone(), detail: e.to_string() })?;
+    let out = cmd.stdin(Stdio::null()).output().map_err(|e| CacheError::Command { cmd: shown.clone(), detail: e.to_string() })?;
     if !out.status.success() {
-        return Err(CacheError::Command {
-            cmd: shown,
-            detail: format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
-        });
+        return Err(CacheError::Command { cmd: shown, detail: format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()) });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -188,9 +175,7 @@ pub fn resolve_package(meta: &str) -> Result<(String, String), CacheError> {
 /// From `apt-cache show` output: the first `linux-image-*` dependency, or the package
 /// itself when it is already a concrete kernel package (has no such dependency).
 pub fn parse_apt_show(text: &str) -> Option<(String, String)> {
-    let field = |name: &str| {
-        text.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
-    };
+    let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()));
     let package = field("Package:")?;
     let version = field("Version:").unwrap_or_default();
     if let Some(dep) = field("Depends:") {
@@ -205,11 +190,7 @@ pub fn parse_apt_show(text: &str) -> Option<(String, String)> {
 }
 
 /// Downloads, unpacks and reduces a kernel package into the cache. `say` gets one line per step.
-pub fn fetch_kernel(
-    cache: &Path,
-    package: Option<&str>,
-    say: &mut dyn FnMut(&str),
-) -> Result<Kernel, CacheError> {
+pub fn fetch_kernel(cache: &Path, package: Option<&str>, say: &mut dyn FnMut(&str)) -> Result<Kernel, CacheError> {
     let kernels = cache.join("kernels");
     fs::create_dir_all(&kernels).map_err(io(&kernels))?;
     let meta_pkg = package.unwrap_or(DEFAULT_META_PACKAGE);
@@ -274,14 +255,12 @@ pub fn fetch_kernel(
             return Err(CacheError::Bad { path: mod_root.clone(), what: format!("module {m} not in package") });
         };
         let image = decompress_module(path)?;
-        let d = modinfo::depends(&image)
-            .ok_or_else(|| CacheError::Bad { path: path.clone(), what: "no .modinfo".into() })?;
+        let d = modinfo::depends(&image).ok_or_else(|| CacheError::Bad { path: path.clone(), what: "no .modinfo".into() })?;
         todo.extend(d.iter().cloned());
         deps.insert(m.clone(), d);
         images.insert(m, image);
     }
-    let order = modinfo::load_order(GUEST_MODULES, &deps)
-        .map_err(|what| CacheError::Bad { path: mod_root.clone(), what })?;
+    let order = modinfo::load_order(GUEST_MODULES, &deps).map_err(|what| CacheError::Bad { path: mod_root.clone(), what })?;
     let mut order_text = String::new();
     for m in &order {
         if let Some(image) = images.get(m) {
@@ -312,9 +291,7 @@ pub fn fetch_kernel(
         package: pkg,
         package_version: pkg_version,
         vmlinux: has_vmlinux,
-        fetched_unix_s: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        fetched_unix_s: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     };
     let meta_path = out.join("meta.json");
     fs::write(&meta_path, serde_json::to_string_pretty(&meta).unwrap_or_default()).map_err(io(&meta_path))?;
@@ -410,13 +387,7 @@ pub fn extract_vmlinux(bz: &[u8]) -> Option<Vec<u8>> {
 }
 
 fn decompress_stream(prog: &str, data: &[u8]) -> Option<Vec<u8>> {
-    let mut child = Command::new(prog)
-        .arg("-dc")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
+    let mut child = Command::new(prog).arg("-dc").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().ok()?;
     let mut stdin = child.stdin.take()?;
     let data = data.to_vec();
     // Trailing bytes after the stream make the tool complain; the output is still complete.
@@ -437,10 +408,7 @@ mod tests {
     #[test]
     fn apt_show_metapackage_resolves_dependency() {
         let text = "Package: linux-image-amd64\nVersion: 6.1.192-2\nDepends: linux-image-6.1.0-56-amd64 (= 6.1.192-2)\n";
-        assert_eq!(
-            parse_apt_show(text),
-            Some(("linux-image-6.1.0-56-amd64".into(), "6.1.192-2".into()))
-        );
+        assert_eq!(parse_apt_show(text), Some(("linux-image-6.1.0-56-amd64".into(), "6.1.192-2".into())));
     }
 
     #[test]
@@ -456,12 +424,8 @@ mod tests {
     fn extract_vmlinux_finds_gzip_payload_after_junk() {
         let mut elf = b"\x7fELF".to_vec();
         elf.extend(std::iter::repeat_n(7u8, 5000));
-        let mut gz = Command::new("gzip")
-            .arg("-c")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("gzip is needed by this test");
+        let mut gz =
+            Command::new("gzip").arg("-c").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("gzip is needed by this test");
         gz.stdin.take().unwrap().write_all(&elf).unwrap();
         let compressed = gz.wait_with_output().unwrap().stdout;
         let mut bz = b"MZ setup code, not compressed".to_vec();

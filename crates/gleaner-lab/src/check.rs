@@ -31,17 +31,34 @@ fn tool(cmd: &str, arg: &str) -> Option<String> {
     Some(text.lines().next().unwrap_or("").to_string())
 }
 
-
 /// Runs every check; `fetch` fetches the kernel when the cache has none; `boot` probes
 /// acceleration by booting guests.
 pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Path>) -> Vec<Item> {
     let mut items = Vec::new();
     let q = tool("qemu-system-x86_64", "--version");
-    items.push(item("qemu", q.is_some(), true, q.unwrap_or_else(|| "qemu-system-x86_64 not found".into()), Some("apt-get install qemu-system-x86")));
+    items.push(item(
+        "qemu",
+        q.is_some(),
+        true,
+        q.unwrap_or_else(|| "qemu-system-x86_64 not found".into()),
+        Some("apt-get install qemu-system-x86"),
+    ));
     let bb = guest::find_busybox();
-    items.push(item("busybox", bb.is_ok(), true, bb.as_ref().map_or_else(|e| e.to_string(), |p| format!("{} (static)", p.display())), Some("apt-get install busybox-static")));
+    items.push(item(
+        "busybox",
+        bb.is_ok(),
+        true,
+        bb.as_ref().map_or_else(|e| e.to_string(), |p| format!("{} (static)", p.display())),
+        Some("apt-get install busybox-static"),
+    ));
     let apt = tool("apt-get", "--version").is_some() && tool("dpkg-deb", "--version").is_some();
-    items.push(item("apt", apt, false, if apt { "apt-get and dpkg-deb present (for fetch-kernel)".into() } else { "apt-get/dpkg-deb missing".into() }, Some("a Debian or Ubuntu host is needed to fetch the guest kernel")));
+    items.push(item(
+        "apt",
+        apt,
+        false,
+        if apt { "apt-get and dpkg-deb present (for fetch-kernel)".into() } else { "apt-get/dpkg-deb missing".into() },
+        Some("a Debian or Ubuntu host is needed to fetch the guest kernel"),
+    ));
     let mut kernel = cache::find_kernel(cache_dir, None);
     if kernel.is_err() && fetch {
         kernel = cache::fetch_kernel(cache_dir, None, &mut |s| eprintln!("lab: {s}"));
@@ -51,7 +68,13 @@ pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Pa
         kernel.is_ok(),
         true,
         match &kernel {
-            Ok(k) => format!("{} ({}), {} in {}", k.meta.version, k.meta.package_version, if k.meta.vmlinux { "vmlinux" } else { "vmlinuz" }, k.dir.display()),
+            Ok(k) => format!(
+                "{} ({}), {} in {}",
+                k.meta.version,
+                k.meta.package_version,
+                if k.meta.vmlinux { "vmlinux" } else { "vmlinuz" },
+                k.dir.display()
+            ),
             Err(e) => e.to_string(),
         },
         Some("gleaner lab fetch-kernel   (or: gleaner lab check --fetch; needs `apt-get update` done)"),
@@ -60,19 +83,39 @@ pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Pa
     if boot {
         if let (Ok(k), Ok(b)) = (&kernel, &bb) {
             match accel::probe(Accel::Tcg, k, b, Duration::from_secs(60)) {
-                Ok(p) => items.push(item("tcg", p.boot_s.is_some(), true, p.boot_s.map_or(p.detail.clone(), |s| format!("boots to init in {s:.1} s")), Some("see the console lines above; is the kernel cache complete?"))),
+                Ok(p) => items.push(item(
+                    "tcg",
+                    p.boot_s.is_some(),
+                    true,
+                    p.boot_s.map_or(p.detail.clone(), |s| format!("boots to init in {s:.1} s")),
+                    Some("see the console lines above; is the kernel cache complete?"),
+                )),
                 Err(e) => items.push(item("tcg", false, true, e.to_string(), None)),
             }
             if kvm {
                 match accel::probe(Accel::Kvm, k, b, Duration::from_secs(accel::KVM_PROBE_S)) {
-                    Ok(p) => items.push(item("kvm", p.boot_s.is_some(), false, p.boot_s.map_or(format!("/dev/kvm exists but a guest did not boot: {} (TCG will be used)", p.detail), |s| format!("boots to init in {s:.1} s (KVM will be used)")), Some("no hardware virtualization reachable (nested without VMX/SVM?): TCG is used"))),
+                    Ok(p) => items.push(item(
+                        "kvm",
+                        p.boot_s.is_some(),
+                        false,
+                        p.boot_s.map_or(format!("/dev/kvm exists but a guest did not boot: {} (TCG will be used)", p.detail), |s| {
+                            format!("boots to init in {s:.1} s (KVM will be used)")
+                        }),
+                        Some("no hardware virtualization reachable (nested without VMX/SVM?): TCG is used"),
+                    )),
                     Err(e) => items.push(item("kvm", false, false, e.to_string(), None)),
                 }
             }
         }
     }
     if !kvm {
-        items.push(item("kvm", false, false, "/dev/kvm missing: TCG will be used".into(), Some("modprobe kvm_intel or kvm_amd on a host with hardware virtualization")));
+        items.push(item(
+            "kvm",
+            false,
+            false,
+            "/dev/kvm missing: TCG will be used".into(),
+            Some("modprobe kvm_intel or kvm_amd on a host with hardware virtualization"),
+        ));
     }
     let (cpuset, detail) = match gleaner_os::cgroup::Cgroups::detect() {
         Ok(c) => (true, format!("cpuset on cgroup v{} at {}", c.layout().version(), c.root().display())),
@@ -86,12 +129,25 @@ pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Pa
         Some("only needed for host-side pinning experiments"),
     ));
     let mem = gleaner_os::procfs::Procfs::new().mem_available_kib().ok().flatten().map(|kib| kib / 1024);
-    items.push(item("memory", mem.is_some_and(|m| m >= 1536), true, mem.map_or("unknown".into(), |m| format!("{m} MiB available (two 512 MiB guests need ~1.5 GiB)")), Some("free memory or lower memory_mib in the experiment")));
-    let font = std::env::var_os("GLEANER_FONT").map_or_else(|| "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf".into(), |v| v.to_string_lossy().into_owned());
+    items.push(item(
+        "memory",
+        mem.is_some_and(|m| m >= 1536),
+        true,
+        mem.map_or("unknown".into(), |m| format!("{m} MiB available (two 512 MiB guests need ~1.5 GiB)")),
+        Some("free memory or lower memory_mib in the experiment"),
+    ));
+    let font = std::env::var_os("GLEANER_FONT")
+        .map_or_else(|| "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf".into(), |v| v.to_string_lossy().into_owned());
     items.push(item("font", Path::new(&font).is_file(), false, font.clone(), Some("apt-get install fonts-dejavu-core (report plots)")));
     if let Some(g) = gleaner {
         let share = if guest::visible_in_guest(g) { "" } else { " (under a guest tmpfs: its directory is shared into the guests)" };
-        items.push(item("gleaner", g.is_file() && guest::shareable(g), true, format!("{}{share}", g.display()), Some("cargo build --release, or pass --gleaner PATH (not under /dev, /proc, /sys)")));
+        items.push(item(
+            "gleaner",
+            g.is_file() && guest::shareable(g),
+            true,
+            format!("{}{share}", g.display()),
+            Some("cargo build --release, or pass --gleaner PATH (not under /dev, /proc, /sys)"),
+        ));
     }
     items
 }

@@ -43,21 +43,7 @@ impl Cpio {
         let nlink = if mode & 0o170_000 == 0o040_000 { 2 } else { 1 };
         let namesize = name.len() + 1;
         // newc header: magic + 13 eight-digit hex fields.
-        let fields: [u64; 13] = [
-            u64::from(ino),
-            u64::from(mode),
-            0,
-            0,
-            nlink,
-            0,
-            data.len() as u64,
-            0,
-            0,
-            0,
-            0,
-            namesize as u64,
-            0,
-        ];
+        let fields: [u64; 13] = [u64::from(ino), u64::from(mode), 0, 0, nlink, 0, data.len() as u64, 0, 0, 0, 0, namesize as u64, 0];
         self.buf.extend_from_slice(b"070701");
         for f in fields {
             self.buf.extend_from_slice(format!("{f:08x}").as_bytes());

@@ -67,10 +67,7 @@ impl Policy {
     }
 
     pub fn parse(s: &str) -> Result<Policy, BadInput> {
-        Policy::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| BadInput::new("policy", s, Policy::ALL.map(Policy::name).join(", ")))
+        Policy::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| BadInput::new("policy", s, Policy::ALL.map(Policy::name).join(", ")))
     }
 
     /// Kernel command-line arguments the guest must boot with.
@@ -249,8 +246,8 @@ impl Experiment {
         }
         let p = Path::new(arg);
         let names = BUILTIN.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
-        let text = std::fs::read_to_string(p)
-            .map_err(|e| BadInput::new("experiment", arg, format!("{names} or a readable .toml file ({e})")))?;
+        let text =
+            std::fs::read_to_string(p).map_err(|e| BadInput::new("experiment", arg, format!("{names} or a readable .toml file ({e})")))?;
         Self::parse(&text, arg)
     }
 
@@ -282,11 +279,19 @@ impl Experiment {
                 return bad("mode name", m.name.clone(), "a name no other mode has");
             }
             if m.agent.is_some() && m.policy().agent_args().is_none() {
-                return bad(&format!("agent of mode {}", m.name), format!("{:?}", m.agent), &format!("no agent arguments: policy {} does not run the agent", m.policy()));
+                return bad(
+                    &format!("agent of mode {}", m.name),
+                    format!("{:?}", m.agent),
+                    &format!("no agent arguments: policy {} does not run the agent", m.policy()),
+                );
             }
         }
         if !self.modes.iter().any(|m| m.policy() == Policy::Stock) {
-            return bad("modes", self.modes.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "), "a stock mode (policy stock, or no agent): speedups are relative to it");
+            return bad(
+                "modes",
+                self.modes.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
+                "a stock mode (policy stock, or no agent): speedups are relative to it",
+            );
         }
         if self.scenario == Scenario::Oc && self.co_runner.as_ref().is_none_or(Vec::is_empty) {
             return bad("co_runner", "missing".into(), "gleaner arguments of the co-runner (oc needs one)");
@@ -321,11 +326,19 @@ impl Experiment {
     }
 
     pub fn runs_for(&self, quick: bool) -> u32 {
-        if quick { self.quick_runs } else { self.runs }
+        if quick {
+            self.quick_runs
+        } else {
+            self.runs
+        }
     }
 
     pub fn timeout_for(&self, quick: bool) -> u64 {
-        if quick { self.quick_timeout_s } else { self.timeout_s }
+        if quick {
+            self.quick_timeout_s
+        } else {
+            self.timeout_s
+        }
     }
 
     pub fn workload_args(&self, quick: bool) -> Vec<String> {
@@ -382,7 +395,11 @@ mod tests {
         let e = Experiment::parse(&format!("{base}[[modes]]\nname='off'\n[[modes]]\nname='on'\nagent=['--no-retention']\n"), "x").unwrap();
         assert_eq!((e.modes[0].policy(), e.modes[1].policy()), (Policy::Stock, Policy::Gleaner));
         assert_eq!(e.modes[1].agent_args().unwrap(), ["--no-retention"]);
-        let p = Experiment::parse(&format!("{base}[[modes]]\nname='s'\n[[modes]]\nname='c'\npolicy='consolidation'\nagent=['--period-ms','100']\n"), "x").unwrap();
+        let p = Experiment::parse(
+            &format!("{base}[[modes]]\nname='s'\n[[modes]]\nname='c'\npolicy='consolidation'\nagent=['--period-ms','100']\n"),
+            "x",
+        )
+        .unwrap();
         assert_eq!(p.modes[1].agent_args().unwrap(), ["--no-retention", "--period-ms", "100"]);
         let err = |t: &str| Experiment::parse(&format!("{base}{t}"), "x").unwrap_err().to_string();
         assert!(err("[[modes]]\nname='s'\n[[modes]]\nname='p'\npolicy='magic'\n").contains("magic"));
@@ -391,7 +408,10 @@ mod tests {
         assert!(err("[[modes]]\nname='s'\n[[modes]]\nname='y'\npolicy='yielders'\nagent=[]\n").contains("does not run the agent"));
         assert!(err("[[modes]]\nname='native'\n").contains("other than native"));
         assert_eq!(Policy::parse("idle-poll").unwrap().kernel_args(), ["idle=poll"]);
-        assert!(Policy::parse("x").unwrap_err().to_string().contains("stock, yielders, idle-poll, haltpoll, retention, consolidation, gleaner"));
+        assert!(Policy::parse("x")
+            .unwrap_err()
+            .to_string()
+            .contains("stock, yielders, idle-poll, haltpoll, retention, consolidation, gleaner"));
     }
 
     #[test]

@@ -177,14 +177,22 @@ pub enum EventKind {
     Begin(String),
     /// One line of a step's stdout.
     Line(String),
-    End { step: String, rc: i32 },
+    End {
+        step: String,
+        rc: i32,
+    },
     /// The job script finished.
-    Done { rc: i32 },
+    Done {
+        rc: i32,
+    },
     /// Init could not set up the guest.
     Fail(String),
     /// A file the job sends after step `step` (e.g. the agent's `events` JSON lines): the
     /// lines up to [`EventKind::AttachEnd`] belong to it, not to a step's stdout.
-    Attach { step: String, kind: String },
+    Attach {
+        step: String,
+        kind: String,
+    },
     AttachEnd,
     /// QEMU closed its stdout (it exited).
     Exited,
@@ -390,13 +398,7 @@ pub fn build_initramfs(kernel: &Kernel, spec: &GuestSpec, busybox: &Path) -> Res
 
 impl Guest {
     /// Starts QEMU for `spec`; events go to `tx` tagged with `id`.
-    pub fn start(
-        id: usize,
-        spec: &GuestSpec,
-        kernel: &Kernel,
-        busybox: &Path,
-        tx: Sender<GuestEvent>,
-    ) -> Result<Self, LabError> {
+    pub fn start(id: usize, spec: &GuestSpec, kernel: &Kernel, busybox: &Path, tx: Sender<GuestEvent>) -> Result<Self, LabError> {
         let tmp = tempfile::Builder::new()
             .prefix("gleaner-lab-")
             .tempdir()
@@ -518,7 +520,11 @@ fn read_results(id: usize, pid: u32, out: impl Read, tx: &Sender<GuestEvent>) {
 }
 
 /// Receives the next event before `deadline`, polling the interrupt flag.
-pub fn next_event(rx: &Receiver<GuestEvent>, deadline: Instant, what: &dyn Fn() -> (String, String, String)) -> Result<GuestEvent, LabError> {
+pub fn next_event(
+    rx: &Receiver<GuestEvent>,
+    deadline: Instant,
+    what: &dyn Fn() -> (String, String, String),
+) -> Result<GuestEvent, LabError> {
     loop {
         if interrupt::requested() {
             return Err(LabError::Interrupted);

@@ -123,7 +123,11 @@ mod tests {
             fs::write(t.join("comm"), format!("{comm}\n")).unwrap();
             fs::write(t.join("schedstat"), schedstat).unwrap();
             if let Some((v, n)) = switches {
-                fs::write(t.join("status"), format!("Name:\t{comm}\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\t{v}\nnonvoluntary_ctxt_switches:\t{n}\n")).unwrap();
+                fs::write(
+                    t.join("status"),
+                    format!("Name:\t{comm}\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\t{v}\nnonvoluntary_ctxt_switches:\t{n}\n"),
+                )
+                .unwrap();
             }
         }
         d

@@ -90,7 +90,13 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::json!({ "ok": ok, "cache_dir": cache_dir, "items": items }));
             } else {
                 for i in &items {
-                    let mark = if i.ok { "ok  " } else if i.required { "FAIL" } else { "warn" };
+                    let mark = if i.ok {
+                        "ok  "
+                    } else if i.required {
+                        "FAIL"
+                    } else {
+                        "warn"
+                    };
                     println!("{mark} {:13} {}", i.name, i.detail);
                     if let Some(fix) = &i.fix {
                         println!("     {:13} -> {fix}", "");
@@ -110,7 +116,11 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string(&results)?);
             } else {
                 println!("{}", report::main_table(&results));
-                println!("acceleration: {}; boot: {}", results.accel, results.boot_s.iter().map(|(k, v)| format!("{k} {v:.1}s")).collect::<Vec<_>>().join(", "));
+                println!(
+                    "acceleration: {}; boot: {}",
+                    results.accel,
+                    results.boot_s.iter().map(|(k, v)| format!("{k} {v:.1}s")).collect::<Vec<_>>().join(", ")
+                );
             }
             eprintln!("lab: report in {}", report.display());
             Ok(ExitCode::SUCCESS)

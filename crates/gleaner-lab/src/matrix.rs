@@ -44,7 +44,13 @@ fn items_for(w: Workload) -> (u64, u64) {
 
 /// Parses a comma-separated list with `parse`, naming the flag on error.
 pub fn parse_list<T>(flag: &str, s: &str, parse: impl Fn(&str) -> Result<T, BadInput>) -> Result<Vec<T>, BadInput> {
-    let v: Vec<T> = s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(&parse).collect::<Result<_, _>>().map_err(|e| BadInput::new(flag, e.value.clone(), e.allowed.clone()))?;
+    let v: Vec<T> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(&parse)
+        .collect::<Result<_, _>>()
+        .map_err(|e| BadInput::new(flag, e.value.clone(), e.allowed.clone()))?;
     if v.is_empty() {
         return Err(BadInput::new(flag, s, "a non-empty comma-separated list"));
     }
@@ -61,7 +67,12 @@ pub fn cell_experiment(workload: Workload, co_runner: Workload, policies: &[Poli
     modes.extend(policies.iter().map(|&p| Mode::of(p)));
     Experiment {
         name: format!("oc-{}-{}", workload.name(), co_runner.name()),
-        description: format!("VM A ({}) next to VM B ({} loop) on the same pCPUs; policies {}", workload.name(), co_runner.name(), modes.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")),
+        description: format!(
+            "VM A ({}) next to VM B ({} loop) on the same pCPUs; policies {}",
+            workload.name(),
+            co_runner.name(),
+            modes.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")
+        ),
         scenario: Scenario::Oc,
         vcpus: 2,
         memory_mib: 512,
@@ -119,7 +130,12 @@ pub struct MatrixResults {
 }
 
 /// Runs every cell (writing each cell's own report under `out`), then the matrix files.
-pub fn run_matrix(workloads: &[Workload], co_runners: &[Workload], policies: &[Policy], opts: &RunOptions) -> anyhow::Result<MatrixResults> {
+pub fn run_matrix(
+    workloads: &[Workload],
+    co_runners: &[Workload],
+    policies: &[Policy],
+    opts: &RunOptions,
+) -> anyhow::Result<MatrixResults> {
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let mut m = MatrixResults { quick: opts.quick, policies: policies.to_vec(), cells: Vec::new(), entries: Vec::new() };
     let total = workloads.len() * co_runners.len();
@@ -191,8 +207,19 @@ pub fn table(m: &MatrixResults) -> String {
         let _ = writeln!(
             t,
             "| {} | {} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {cons} | {note} |",
-            e.workload, e.co_runner, s.halt_poll, s.mode, s.runs_ok, s.runs, f(s.wall_s, 3), ci(s.speedup, s.speedup_ci), ci(s.co_runner_ratio, s.co_runner_ratio_ci),
-            ci(s.weighted_speedup, s.weighted_speedup_ci), f(s.host_cpu_per_item_us, 1), f(s.sleeps_per_item, 2), f(s.cpu_per_avoided_halt_us, 0)
+            e.workload,
+            e.co_runner,
+            s.halt_poll,
+            s.mode,
+            s.runs_ok,
+            s.runs,
+            f(s.wall_s, 3),
+            ci(s.speedup, s.speedup_ci),
+            ci(s.co_runner_ratio, s.co_runner_ratio_ci),
+            ci(s.weighted_speedup, s.weighted_speedup_ci),
+            f(s.host_cpu_per_item_us, 1),
+            f(s.sleeps_per_item, 2),
+            f(s.cpu_per_avoided_halt_us, 0)
         );
     }
     t
@@ -207,7 +234,10 @@ pub fn verdicts(m: &MatrixResults) -> Vec<String> {
         hps.dedup();
         for hp in hps {
             let cell: Vec<&&MatrixEntry> = es.iter().filter(|e| e.summary.halt_poll == hp).collect();
-            let best = cell.iter().filter(|e| e.summary.weighted_speedup.is_some()).max_by(|a, b| a.summary.weighted_speedup.partial_cmp(&b.summary.weighted_speedup).unwrap_or(std::cmp::Ordering::Equal));
+            let best = cell
+                .iter()
+                .filter(|e| e.summary.weighted_speedup.is_some())
+                .max_by(|a, b| a.summary.weighted_speedup.partial_cmp(&b.summary.weighted_speedup).unwrap_or(std::cmp::Ordering::Equal));
             let g = cell.iter().find(|e| e.summary.policy == Policy::Gleaner.name());
             if let Some(b) = best {
                 let gl = g.map_or("gleaner not run".into(), |g| {
@@ -217,7 +247,13 @@ pub fn verdicts(m: &MatrixResults) -> Vec<String> {
                         ci(g.summary.weighted_speedup, g.summary.weighted_speedup_ci)
                     )
                 });
-                out.push(format!("{} + {} (halt poll {hp}): best weighted speedup {} ({}); {gl}", c.workload, c.co_runner, ci(b.summary.weighted_speedup, b.summary.weighted_speedup_ci), b.summary.mode));
+                out.push(format!(
+                    "{} + {} (halt poll {hp}): best weighted speedup {} ({}); {gl}",
+                    c.workload,
+                    c.co_runner,
+                    ci(b.summary.weighted_speedup, b.summary.weighted_speedup_ci),
+                    b.summary.mode
+                ));
             }
         }
     }

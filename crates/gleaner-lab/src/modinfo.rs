@@ -15,13 +15,7 @@ pub fn depends(image: &[u8]) -> Option<Vec<String>> {
     let start = pos + b"\0depends=".len();
     let end = image[start..].iter().position(|&b| b == 0).map_or(image.len(), |e| start + e);
     let list = String::from_utf8_lossy(&image[start..end]);
-    Some(
-        list.split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| s.replace('-', "_"))
-            .collect(),
-    )
+    Some(list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.replace('-', "_")).collect())
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -32,10 +26,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 ///
 /// `deps` maps a module name to its direct dependencies; a dependency missing from the map is
 /// reported as an error (the package lacks it).
-pub fn load_order(
-    wanted: &[&str],
-    deps: &BTreeMap<String, Vec<String>>,
-) -> Result<Vec<String>, String> {
+pub fn load_order(wanted: &[&str], deps: &BTreeMap<String, Vec<String>>) -> Result<Vec<String>, String> {
     fn visit(
         m: &str,
         deps: &BTreeMap<String, Vec<String>>,

@@ -38,9 +38,7 @@ impl NativeProc {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|source| LabError::Spawn { what: program.display().to_string(), source })?;
+        let mut child = cmd.spawn().map_err(|source| LabError::Spawn { what: program.display().to_string(), source })?;
         let pid = child.id();
         let collect = |pipe: Option<Box<dyn Read + Send>>| {
             std::thread::spawn(move || {

@@ -105,11 +105,19 @@ impl Session {
             for &n in needed {
                 let st = &self.states[n];
                 if let Some(f) = &st.failed {
-                    return Err(LabError::GuestFailed { guest: self.guests[n].name.clone(), what: format!("guest init failed: {f}"), console: self.guests[n].console_tail(25) });
+                    return Err(LabError::GuestFailed {
+                        guest: self.guests[n].name.clone(),
+                        what: format!("guest init failed: {f}"),
+                        console: self.guests[n].console_tail(25),
+                    });
                 }
                 // A guest that finished its job powers off: only an exit before DONE is a failure.
                 if st.exited && st.done.is_none() {
-                    return Err(LabError::GuestFailed { guest: self.guests[n].name.clone(), what: format!("QEMU exited before {what}"), console: self.guests[n].console_tail(25) });
+                    return Err(LabError::GuestFailed {
+                        guest: self.guests[n].name.clone(),
+                        what: format!("QEMU exited before {what}"),
+                        console: self.guests[n].console_tail(25),
+                    });
                 }
             }
             let step_deadline = deadline.min(Instant::now() + Duration::from_millis(500));
@@ -121,7 +129,8 @@ impl Session {
                 }
                 Err(LabError::Timeout { .. }) => {
                     let g = needed.first().copied().unwrap_or(0);
-                    let (name, console) = self.guests.get(g).map_or((String::new(), String::new()), |x| (x.name.clone(), x.console_tail(25)));
+                    let (name, console) =
+                        self.guests.get(g).map_or((String::new(), String::new()), |x| (x.name.clone(), x.console_tail(25)));
                     return Err(LabError::Timeout { guest: name, waiting_for: what.to_string(), after_s: total.as_secs_f64(), console });
                 }
                 Err(e) => return Err(e),

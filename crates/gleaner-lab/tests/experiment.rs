@@ -17,7 +17,15 @@ use gleaner_lab::runner::{run_experiment, RunOptions};
 
 /// A bench document with placeholders the script fills in.
 fn doc_template() -> String {
-    let run = RunMetrics { wall_ns: 111_111, user_ns: 222_222, sys_ns: 1000, vcsw: 3, items: Some(10), idle_source: "proc-stat".into(), ..Default::default() };
+    let run = RunMetrics {
+        wall_ns: 111_111,
+        user_ns: 222_222,
+        sys_ns: 1000,
+        vcsw: 3,
+        items: Some(10),
+        idle_source: "proc-stat".into(),
+        ..Default::default()
+    };
     let doc = BenchDoc {
         kind: "workload".into(),
         name: "NAME".into(),
@@ -36,7 +44,12 @@ fn doc_template() -> String {
             date: String::new(),
         },
     };
-    serde_json::to_string(&doc).unwrap().replace("111111", "$w").replace("222222", "$w").replace("\"NAME\"", "\"$name\"").replace("\"DRIVER\"", "\"$driver\"")
+    serde_json::to_string(&doc)
+        .unwrap()
+        .replace("111111", "$w")
+        .replace("222222", "$w")
+        .replace("\"NAME\"", "\"$name\"")
+        .replace("\"DRIVER\"", "\"$driver\"")
 }
 
 fn fake_gleaner(dir: &Path) -> PathBuf {
@@ -91,7 +104,17 @@ fn kernel_dir() -> PathBuf {
 }
 
 fn options(fake: PathBuf, out: PathBuf) -> RunOptions {
-    RunOptions { out, quick: true, gleaner: fake, accel: gleaner_lab::accel::AccelChoice::Auto, kernel: None, cache_dir: kernel_dir(), pcpus: None, runs: Some(2), progress: false }
+    RunOptions {
+        out,
+        quick: true,
+        gleaner: fake,
+        accel: gleaner_lab::accel::AccelChoice::Auto,
+        kernel: None,
+        cache_dir: kernel_dir(),
+        pcpus: None,
+        runs: Some(2),
+        progress: false,
+    }
 }
 
 #[test]

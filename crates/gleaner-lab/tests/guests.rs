@@ -8,16 +8,15 @@ use std::time::{Duration, Instant};
 
 use gleaner_lab::cache::{self, Kernel};
 use gleaner_lab::guest::{self, Accel, GuestSpec, LabError};
-use gleaner_lab::session::{self, Session};
 use gleaner_lab::interrupt;
+use gleaner_lab::session::{self, Session};
 
 fn kernel() -> Kernel {
     let dir = cache::resolve_cache_dir(None);
     match cache::find_kernel(&dir, None) {
         Ok(k) => k,
-        Err(_) => cache::fetch_kernel(&dir, None, &mut |s| eprintln!("fetch: {s}")).unwrap_or_else(|e| {
-            panic!("the lab tests need a guest kernel in {} and could not fetch one: {e:#}", dir.display())
-        }),
+        Err(_) => cache::fetch_kernel(&dir, None, &mut |s| eprintln!("fetch: {s}"))
+            .unwrap_or_else(|e| panic!("the lab tests need a guest kernel in {} and could not fetch one: {e:#}", dir.display())),
     }
 }
 
@@ -32,9 +31,10 @@ fn qemu_alive(pid: u32) -> bool {
 /// No process left whose command line mentions `marker` (the guest's temp dir).
 fn no_process_mentions(marker: &Path) -> bool {
     let m = marker.to_string_lossy().to_string();
-    std::fs::read_dir("/proc").unwrap().flatten().all(|e| {
-        std::fs::read(e.path().join("cmdline")).map_or(true, |c| !String::from_utf8_lossy(&c).contains(&m))
-    })
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .all(|e| std::fs::read(e.path().join("cmdline")).map_or(true, |c| !String::from_utf8_lossy(&c).contains(&m)))
 }
 
 #[test]

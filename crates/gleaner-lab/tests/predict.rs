@@ -77,7 +77,8 @@ fn the_scenario_has_the_labs_host_vms_kernel_and_co_runner() {
     assert_eq!(b.groups[0].ops.iter().filter(|o| o.starts_with("sleep")).count(), 450);
 
     let plan = model::agent_plan(&c, "n/a");
-    let variants = vec![model::variant_for("stock", Policy::Stock, &plan, false), model::variant_for("yielders", Policy::Yielders, &plan, false)];
+    let variants =
+        vec![model::variant_for("stock", Policy::Stock, &plan, false), model::variant_for("yielders", Policy::Yielders, &plan, false)];
     let host = model::host_cfg(c.pcpus, &HostSched::default_for(2, 250));
     assert_eq!((host.pcpus, host.slice_us, host.wakeup_granularity_us), (2, 4000.0, 0.0));
     let sc = model::scenario(&c.name, host, c.vcpus, a, Some(b), &costs.table2, variants);
@@ -131,7 +132,15 @@ fn every_lab_policy_maps_to_a_simulator_variant() {
     // Results that record the agent's own calibration at boot are taken at their word.
     let mut c = cell();
     let wakeup_costs = gleaner_policy::retention::WakeupCosts { busy_ns: 20_000, idle_long_ns: 90_000, idle_at_timeout_ns: 80_000 };
-    c.calibrations = vec![("lab-x-A".into(), gleaner_agent::cache::CalibrationResults { wakeup_costs, timeout_ns: 140_000, idle_threshold_ns: 30_000, verdict: RetentionVerdict::Pays })];
+    c.calibrations = vec![(
+        "lab-x-A".into(),
+        gleaner_agent::cache::CalibrationResults {
+            wakeup_costs,
+            timeout_ns: 140_000,
+            idle_threshold_ns: 30_000,
+            verdict: RetentionVerdict::Pays,
+        },
+    )];
     let p = model::agent_plan(&c, "n/a");
     assert!(p.retention && p.why.contains("calibrated it at boot"), "{}", p.why);
     assert_eq!((p.config.timeout_ns, p.config.idle_threshold_ns), (140_000, 30_000));
@@ -165,7 +174,9 @@ fn the_table_puts_prediction_beside_measurement() {
 #[test]
 fn predictions_are_deterministic_for_given_seeds() {
     let c = cell();
-    let run = |jitter, seeds: &[u64]| serde_json::to_string(&predict("x", std::slice::from_ref(&c), &opts(jitter), seeds, None).unwrap()).unwrap();
+    let run = |jitter, seeds: &[u64]| {
+        serde_json::to_string(&predict("x", std::slice::from_ref(&c), &opts(jitter), seeds, None).unwrap()).unwrap()
+    };
     assert_eq!(run(0.0, &[1]), run(0.0, &[1]));
     let a = run(10.0, &[1, 2]);
     assert_eq!(a, run(10.0, &[1, 2]));
@@ -193,7 +204,8 @@ fn bad_input_names_the_path_and_what_is_expected() {
         assert!(!b.to_string().contains('\n'), "one line: {b}");
     }
     // Results without the wakeup measurement cannot give costs.
-    let mut r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture("oc-condvar-freqsleep.results.json")).unwrap()).unwrap();
+    let mut r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("oc-condvar-freqsleep.results.json")).unwrap()).unwrap();
     r["wake_costs"] = serde_json::json!([]);
     let f = dir.path().join("no-wake/results.json");
     std::fs::create_dir_all(f.parent().unwrap()).unwrap();
@@ -242,7 +254,10 @@ fn a_finished_matrix_gets_the_prediction_appended_to_its_report() {
     std::fs::write(dir.path().join("matrix.md"), "# gleaner lab matrix\n").unwrap();
     gleaner_lab::predict::append_to_matrix_report(dir.path());
     let md = std::fs::read_to_string(dir.path().join("matrix.md")).unwrap();
-    assert!(md.starts_with("# gleaner lab matrix\n") && md.contains("## Simulator prediction") && md.contains("| oc-condvar-freqsleep | n/a |"), "{md}");
+    assert!(
+        md.starts_with("# gleaner lab matrix\n") && md.contains("## Simulator prediction") && md.contains("| oc-condvar-freqsleep | n/a |"),
+        "{md}"
+    );
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("prediction.json")).unwrap()).unwrap();
     assert_eq!(json["cells"][0]["name"], "oc-condvar-freqsleep");
     assert!(dir.path().join("prediction.md").is_file());

@@ -59,7 +59,8 @@ fn main() -> anyhow::Result<()> {
         let t0 = Instant::now();
         g.remove()?;
         let remove_us = t0.elapsed().as_secs_f64() * 1e6;
-        cg_out = serde_json::json!({ "layout": format!("{:?}", cg.layout()), "set_cpus_us": set_us.round(), "remove_us": remove_us.round() });
+        cg_out =
+            serde_json::json!({ "layout": format!("{:?}", cg.layout()), "set_cpus_us": set_us.round(), "remove_us": remove_us.round() });
     }
     let out = serde_json::json!({
         "kernel": gleaner_os::kernel_release(),

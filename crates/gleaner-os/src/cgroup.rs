@@ -224,7 +224,15 @@ impl Cgroups {
 fn seed_fixture_files(path: &Path, layout: &Layout) -> Result<()> {
     let files: &[&str] = match layout {
         Layout::V1 { .. } => &["cgroup.procs", "tasks", "cpuset.cpus", "cpuset.mems", "cpuset.effective_cpus"],
-        Layout::V2 { .. } => &["cgroup.procs", "cgroup.threads", "cgroup.subtree_control", "cpuset.cpus", "cpuset.mems", "cpuset.cpus.effective", "cgroup.type"],
+        Layout::V2 { .. } => &[
+            "cgroup.procs",
+            "cgroup.threads",
+            "cgroup.subtree_control",
+            "cpuset.cpus",
+            "cpuset.mems",
+            "cpuset.cpus.effective",
+            "cgroup.type",
+        ],
     };
     for f in files {
         let p = path.join(f);
@@ -243,11 +251,8 @@ fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(source) => return Err(OsError::Dir { op: "list", path: dir.to_path_buf(), source }),
     };
-    let mut subdirs: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| e.path())
-        .collect();
+    let mut subdirs: Vec<PathBuf> =
+        rd.filter_map(|e| e.ok()).filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false)).map(|e| e.path()).collect();
     subdirs.sort();
     for d in subdirs {
         walk(&d, depth + 1, out)?;

@@ -72,6 +72,5 @@ pub type Result<T> = std::result::Result<T, OsError>;
 
 /// True for the errno values that mean "that process/thread is gone".
 pub(crate) fn is_gone(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH))
-        || e.kind() == io::ErrorKind::NotFound
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) || e.kind() == io::ErrorKind::NotFound
 }

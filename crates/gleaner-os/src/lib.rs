@@ -59,8 +59,8 @@ pub mod rusage;
 pub mod sched;
 pub mod signal;
 pub mod sysfs;
-pub mod virt;
 mod util;
+pub mod virt;
 
 pub use error::{OsError, Result};
 pub use input::BadInput;

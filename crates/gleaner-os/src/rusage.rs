@@ -163,7 +163,10 @@ mod tests {
     #[allow(clippy::zombie_processes)] // reaped by our wait4, not Child::wait
     fn wait4_reports_exit_code_signal_and_usage() {
         use std::os::unix::process::CommandExt;
-        let child = std::process::Command::new("sh").args(["-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; exit 3"]).spawn().expect("need /bin/sh");
+        let child = std::process::Command::new("sh")
+            .args(["-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; exit 3"])
+            .spawn()
+            .expect("need /bin/sh");
         let pid = i32::try_from(child.id()).unwrap();
         let (st, ru) = wait4(pid).unwrap();
         assert_eq!(st, ExitStatusLike::Exited(3));

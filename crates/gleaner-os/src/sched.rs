@@ -155,9 +155,7 @@ pub fn get_attr(tid: i32) -> Result<SchedAttr> {
     let mut attr = SchedAttr::default();
     // SAFETY: `attr` is a writable #[repr(C)] struct of exactly SCHED_ATTR_SIZE bytes and we
     // pass that size, so the kernel writes at most that many bytes into it.
-    let r = unsafe {
-        libc::syscall(libc::SYS_sched_getattr, tid, &mut attr as *mut SchedAttr, SCHED_ATTR_SIZE, 0u32)
-    };
+    let r = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, &mut attr as *mut SchedAttr, SCHED_ATTR_SIZE, 0u32) };
     if r != 0 {
         return Err(syscall_err("sched_getattr", tid, io::Error::last_os_error()));
     }

@@ -103,25 +103,13 @@ impl Params {
             });
         }
         if self.min_time_slice_ns == 0 {
-            return Err(ParamsError::OutOfRange {
-                name: "min_time_slice_ns",
-                value: "0".into(),
-                allowed: "> 0",
-            });
+            return Err(ParamsError::OutOfRange { name: "min_time_slice_ns", value: "0".into(), allowed: "> 0" });
         }
         if !(self.min_util >= 0.0 && self.min_util.is_finite()) {
-            return Err(ParamsError::OutOfRange {
-                name: "min_util",
-                value: self.min_util.to_string(),
-                allowed: "a finite number >= 0",
-            });
+            return Err(ParamsError::OutOfRange { name: "min_util", value: self.min_util.to_string(), allowed: "a finite number >= 0" });
         }
         if self.min_active == 0 {
-            return Err(ParamsError::OutOfRange {
-                name: "min_active",
-                value: "0".into(),
-                allowed: ">= 1",
-            });
+            return Err(ParamsError::OutOfRange { name: "min_active", value: "0".into(), allowed: ">= 1" });
         }
         Ok(())
     }
@@ -211,8 +199,7 @@ impl Metrics {
         let s_yield: u64 = s.vcpus.iter().map(|v| v.s_yield).sum();
         let ratio = |num: u64, den: u64| (den > 0).then(|| num as f64 / den as f64);
         let period = s.period_ns.max(1) as f64;
-        let max_vcpu_util =
-            s.vcpus.iter().map(|v| v.t_work_ns as f64 / period).fold(0.0_f64, f64::max);
+        let max_vcpu_util = s.vcpus.iter().map(|v| v.t_work_ns as f64 / period).fold(0.0_f64, f64::max);
         Self {
             l_comp_ns: ratio(t_work, s_yield),
             g_comp_ns: ratio(t_work, s.s_work),
@@ -357,9 +344,7 @@ impl Controller {
     }
 
     fn lower_factor(&mut self, before: &Metrics, saturated: bool, out: &mut Vec<Decision>) {
-        let (Some(l_comp), Some(g_comp), Some(l_idle)) =
-            (before.l_comp_ns, before.g_comp_ns, before.l_idle_ns)
-        else {
+        let (Some(l_comp), Some(g_comp), Some(l_idle)) = (before.l_comp_ns, before.g_comp_ns, before.l_idle_ns) else {
             return;
         };
         if l_idle <= 0.0 {

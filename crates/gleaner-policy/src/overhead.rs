@@ -67,12 +67,7 @@ pub fn reduced_resource_efficiency(c_base: f64, c_target: f64) -> Result<f64, Ov
 }
 
 /// `d_eta_t = (t_target * gamma_target - t_base * gamma_base) / (t_base * gamma_base)`.
-pub fn reduced_temporal_efficiency(
-    t_base: f64,
-    gamma_base: f64,
-    t_target: f64,
-    gamma_target: f64,
-) -> Result<f64, OverheadError> {
+pub fn reduced_temporal_efficiency(t_base: f64, gamma_base: f64, t_target: f64, gamma_target: f64) -> Result<f64, OverheadError> {
     let base = positive("base wall time", t_base)? * positive("base gamma", gamma_base)?;
     let target = positive("target wall time", t_target)? * positive("target gamma", gamma_target)?;
     Ok((target - base) / base)
@@ -104,8 +99,7 @@ mod tests {
     #[test]
     fn hand_computed_uc() {
         // Native: 10 s CPU, 5 s wall on 2 CPUs. VM: 12 s CPU, 6 s wall on 2 vCPUs.
-        let o = overhead(Side { cpu: 10.0, wall: 5.0, gamma: 2.0 }, Side { cpu: 12.0, wall: 6.0, gamma: 2.0 })
-            .unwrap();
+        let o = overhead(Side { cpu: 10.0, wall: 5.0, gamma: 2.0 }, Side { cpu: 12.0, wall: 6.0, gamma: 2.0 }).unwrap();
         assert!(close(o.d_eta_r, 0.2));
         assert!(close(o.d_eta_t, 0.2)); // (6*2 - 5*2) / 10
         assert!(close(o.omega, 1.0));
@@ -115,8 +109,7 @@ mod tests {
     fn hand_computed_oc_halves_gamma() {
         // OC: the VM gets half the pCPUs (gamma_v = gamma_p / 2): 8 s wall counts as 4 s of
         // full-machine time. d_eta_t = (8*1 - 5*2) / (5*2) = -0.2.
-        let o = overhead(Side { cpu: 10.0, wall: 5.0, gamma: 2.0 }, Side { cpu: 15.0, wall: 8.0, gamma: 1.0 })
-            .unwrap();
+        let o = overhead(Side { cpu: 10.0, wall: 5.0, gamma: 2.0 }, Side { cpu: 15.0, wall: 8.0, gamma: 1.0 }).unwrap();
         assert!(close(o.d_eta_r, 0.5));
         assert!(close(o.d_eta_t, -0.2));
         assert!(close(o.omega, 0.8 / 1.5));
@@ -125,8 +118,7 @@ mod tests {
     #[test]
     fn critical_path_overhead_gives_omega_above_one() {
         // Wall time doubles while CPU time grows 10 %: omega = 2 / 1.1.
-        let o = overhead(Side { cpu: 100.0, wall: 10.0, gamma: 4.0 }, Side { cpu: 110.0, wall: 20.0, gamma: 4.0 })
-            .unwrap();
+        let o = overhead(Side { cpu: 100.0, wall: 10.0, gamma: 4.0 }, Side { cpu: 110.0, wall: 20.0, gamma: 4.0 }).unwrap();
         assert!(close(o.d_eta_t, 1.0));
         assert!(close(o.omega, 2.0 / 1.1));
     }

@@ -114,9 +114,15 @@ pub(crate) enum Idle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum YState {
     Awake,
-    Sleeping { asked: Ns, since: Ns },
+    Sleeping {
+        asked: Ns,
+        since: Ns,
+    },
     /// Woken from a sleep, not yet run: `on_sleep_end` is fed when it runs.
-    Woken { asked: Ns, since: Ns },
+    Woken {
+        asked: Ns,
+        since: Ns,
+    },
     Parked,
 }
 
@@ -379,9 +385,7 @@ impl Engine {
             halt_poll: if s.virt { s.halt_poll } else { None },
             ple_window_ns: s.ple_window_ns,
             balance_ns: s.balance_ns,
-            pcpus: (0..s.pcpus)
-                .map(|_| Pcpu { cur: NONE, rq: Vec::new(), seg_start: 0, last: NONE, dirty: false })
-                .collect(),
+            pcpus: (0..s.pcpus).map(|_| Pcpu { cur: NONE, rq: Vec::new(), seg_start: 0, last: NONE, dirty: false }).collect(),
             vcpus: Vec::new(),
             vload: Vec::new(),
             rqlen: Vec::new(),
@@ -521,11 +525,7 @@ impl Engine {
         let mut k = 0u32;
         for g in &w.groups {
             let prog = self.progs.len() as u32;
-            let mut pushes: Vec<u32> = g
-                .ops
-                .iter()
-                .filter_map(|o| if let Op::Push(q) = o { Some(q_base + q) } else { None })
-                .collect();
+            let mut pushes: Vec<u32> = g.ops.iter().filter_map(|o| if let Op::Push(q) = o { Some(q_base + q) } else { None }).collect();
             pushes.sort_unstable();
             pushes.dedup();
             let ops = g
@@ -573,9 +573,7 @@ impl Engine {
         if !vm.background {
             self.fg_alive += 1;
         }
-        let ctrl = (vm.guest.consolidation() && self.virt).then(|| {
-            Controller::new((0..vm.vcpus).collect(), vm.gleaner.params.clone())
-        });
+        let ctrl = (vm.guest.consolidation() && self.virt).then(|| Controller::new((0..vm.vcpus).collect(), vm.gleaner.params.clone()));
         // No calibration in the model: the variant asked for retention, so it starts on.
         let gov = (retention && vm.gleaner.govern).then(|| RetentionGovernor::new(vm.gleaner.governor, RetentionMode::On));
         self.vms.push(VmState {
@@ -937,7 +935,9 @@ impl Engine {
             if load(&self.pcpus[hi]) < load(&self.pcpus[lo]) + 2 {
                 break;
             }
-            let Some(pos) = self.pcpus[hi].rq.iter().position(|&w| self.affs[self.vcpus[w as usize].aff as usize].member[lo]) else { break };
+            let Some(pos) = self.pcpus[hi].rq.iter().position(|&w| self.affs[self.vcpus[w as usize].aff as usize].member[lo]) else {
+                break;
+            };
             let v = self.pcpus[hi].rq.remove(pos);
             self.queued_vcpus -= 1;
             let (hi, lo) = (hi as u32, lo as u32);
@@ -1034,10 +1034,7 @@ impl Engine {
         let vc = &mut self.vcpus[v as usize];
         vc.vruntime = vc.vruntime.max(minv.saturating_sub(half));
         let vr = vc.vruntime;
-        if cur != NONE
-            && self.wakeup_preemption
-            && vr + self.wakeup_gran_ns < self.vcpus[cur as usize].vruntime
-        {
+        if cur != NONE && self.wakeup_preemption && vr + self.wakeup_gran_ns < self.vcpus[cur as usize].vruntime {
             self.take_off(cur);
             self.enqueue_on(p, cur);
             self.run_on(p, v);
@@ -1193,14 +1190,7 @@ impl Engine {
                 retention,
             });
         }
-        Outcome {
-            end_ns: end,
-            finished,
-            events: self.events,
-            stale_events: self.stale,
-            host_plans: self.host_plans,
-            vms,
-        }
+        Outcome { end_ns: end, finished, events: self.events, stale_events: self.stale, host_plans: self.host_plans, vms }
     }
 }
 
@@ -1236,7 +1226,16 @@ mod tests {
     #[test]
     fn periodic_balancing_moves_queued_vcpus_to_the_lighter_pcpu() {
         let w = crate::workload::builtin("matmul", 4, 1.0, true).expect("builtin").resolve("m", 4, 4).expect("resolves");
-        let vm = SetupVm { name: "a".into(), workload: w, vcpus: 4, pin_offset: None, background: true, guest: crate::scenario::GuestPolicy::Stock, gleaner: Default::default(), haltpoll: Default::default() };
+        let vm = SetupVm {
+            name: "a".into(),
+            workload: w,
+            vcpus: 4,
+            pin_offset: None,
+            background: true,
+            guest: crate::scenario::GuestPolicy::Stock,
+            gleaner: Default::default(),
+            haltpoll: Default::default(),
+        };
         let costs = crate::scenario::Costs::from_table2(&crate::scenario::CostsCfg::default().vm, 1.0, 2.0, 1.0);
         let mut e = Engine::new(Setup {
             pcpus: 2,
@@ -1282,9 +1281,27 @@ mod tests {
     #[test]
     fn round_at_least_1_matches_the_float_expression() {
         let mut xs = vec![
-            f64::NAN, f64::NEG_INFINITY, f64::INFINITY, -1e300, -3.5, -0.5, 0.0, 0.49999999999999994,
-            0.5, 0.9999999999999999, 1.0, 1.4999999999999998, 1.5, 2.5, 3.5, 1e15 + 0.5, 4503599627370495.5,
-            4503599627370496.0, 9007199254740993.0, 1.8446744073709552e19, 1e30,
+            f64::NAN,
+            f64::NEG_INFINITY,
+            f64::INFINITY,
+            -1e300,
+            -3.5,
+            -0.5,
+            0.0,
+            0.49999999999999994,
+            0.5,
+            0.9999999999999999,
+            1.0,
+            1.4999999999999998,
+            1.5,
+            2.5,
+            3.5,
+            1e15 + 0.5,
+            4503599627370495.5,
+            4503599627370496.0,
+            9007199254740993.0,
+            1.8446744073709552e19,
+            1e30,
         ];
         let mut s: u64 = 1;
         for _ in 0..100_000 {

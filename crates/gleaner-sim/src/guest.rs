@@ -104,10 +104,7 @@ impl Engine {
 
     pub(crate) fn yielder_runnable(&self, v: u32) -> bool {
         self.allowed[v as usize]
-            && self.vcpus[v as usize]
-                .yielder
-                .as_ref()
-                .is_some_and(|y| matches!(y.state, YState::Awake | YState::Woken { .. }))
+            && self.vcpus[v as usize].yielder.as_ref().is_some_and(|y| matches!(y.state, YState::Awake | YState::Woken { .. }))
     }
 
     /// Accounts the guest-visible time since the last change to the current category.

@@ -41,8 +41,8 @@ pub mod scenario;
 pub mod stats;
 pub mod workload;
 
-pub use runner::{run_cases, Report};
 pub use cli::{RunOpts, SimArgs, SimCommand, SweepArgs};
+pub use runner::{run_cases, Report};
 
 /// Built-in scenarios: name, description, file text.
 pub const SCENARIOS: &[(&str, &str, &str)] = &[
@@ -50,9 +50,17 @@ pub const SCENARIOS: &[(&str, &str, &str)] = &[
     ("table1", "Table 1: dedup native / dedicated / shared with streamcluster or matmul", include_str!("../scenarios/table1.toml")),
     ("fig1", "Figure 1: slowdown vs idle-transition frequency over the built-in workloads", include_str!("../scenarios/fig1.toml")),
     ("fig7", "Figure 7: Gleaner on an oversubscribed host (app VM + matmul VM)", include_str!("../scenarios/fig7.toml")),
-    ("idle-policies", "stock vs halt polling off/on vs guest haltpoll vs idle=poll vs Gleaner on dedup", include_str!("../scenarios/idle-policies.toml")),
+    (
+        "idle-policies",
+        "stock vs halt polling off/on vs guest haltpoll vs idle=poll vs Gleaner on dedup",
+        include_str!("../scenarios/idle-policies.toml"),
+    ),
     ("aql", "AQL_Sched vs a fixed slice: spin barriers next to an LLC-friendly hog", include_str!("../scenarios/aql.toml")),
-    ("aql-fig6", "AQL_Sched Figure 6: per-type performance vs a fixed 30 ms slice, 16 vCPUs on 4 pCPUs", include_str!("../scenarios/aql-fig6.toml")),
+    (
+        "aql-fig6",
+        "AQL_Sched Figure 6: per-type performance vs a fixed 30 ms slice, 16 vCPUs on 4 pCPUs",
+        include_str!("../scenarios/aql-fig6.toml"),
+    ),
     ("scale", "64 pCPUs, 4 VMs x 64 vCPUs x 256 pipeline threads, 1 simulated second", include_str!("../scenarios/scale.toml")),
 ];
 
@@ -129,9 +137,7 @@ fn parse_value(s: &str) -> toml::Value {
 pub fn sweep_text(text: &str, sets: &[String]) -> anyhow::Result<String> {
     let mut axes: Vec<(Vec<String>, Vec<String>)> = Vec::new();
     for s in sets {
-        let (k, v) = s
-            .split_once('=')
-            .ok_or_else(|| BadInput::new("--set", s, "KEY=V1,V2,... (e.g. host.pcpus=4,8,16)"))?;
+        let (k, v) = s.split_once('=').ok_or_else(|| BadInput::new("--set", s, "KEY=V1,V2,... (e.g. host.pcpus=4,8,16)"))?;
         let keys: Vec<String> = k.split('+').map(|x| x.trim().to_string()).collect();
         let vals: Vec<String> = v.split(',').map(|x| x.trim().to_string()).collect();
         if keys.iter().any(|k| k.is_empty()) || vals.iter().any(|v| v.is_empty()) {
@@ -197,8 +203,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
         let mut out = std::io::stdout().lock();
         if args.opts.json {
             let sc: Vec<_> = SCENARIOS.iter().map(|(n, d, _)| serde_json::json!({"name": n, "description": d})).collect();
-            let wl: Vec<_> =
-                workload::BUILTINS.iter().map(|(n, d)| serde_json::json!({"name": n, "description": d})).collect();
+            let wl: Vec<_> = workload::BUILTINS.iter().map(|(n, d)| serde_json::json!({"name": n, "description": d})).collect();
             writeln!(out, "{}", serde_json::to_string_pretty(&serde_json::json!({"scenarios": sc, "workloads": wl}))?)?;
         } else {
             writeln!(out, "built-in scenarios (gleaner sim NAME):")?;

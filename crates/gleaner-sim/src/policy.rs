@@ -217,7 +217,8 @@ mod tests {
     fn aql_types_spinning_and_cache_friendly_vcpus_apart() {
         let mut h = AqlHost::new(4, 1, &AqlCfg::default());
         let period = 30_000_000;
-        let spin = SimVcpuCounters { vm: 0, vcpu: 0, ple_exits: 1000, run_ns: period, llc_refs: 1e5, llc_misses: 1e4, ..Default::default() };
+        let spin =
+            SimVcpuCounters { vm: 0, vcpu: 0, ple_exits: 1000, run_ns: period, llc_refs: 1e5, llc_misses: 1e4, ..Default::default() };
         // matmul-like: 20 refs per 1000 instructions, 0.4 misses per 1000.
         let llcf = SimVcpuCounters { vm: 1, vcpu: 0, run_ns: period, llc_refs: 1.2e6, llc_misses: 2.4e4, ..Default::default() };
         let mut last = None;
@@ -236,7 +237,16 @@ mod tests {
     /// The counters the sim measured for the spin-barrier VM in a 90 ms pool next to matmul:
     /// 1 pause-loop exit in 30 ms, 0.14 ms of run time (all of it spinning or at the barrier).
     fn starved_spinner(vcpu: u32) -> SimVcpuCounters {
-        SimVcpuCounters { vm: 0, vcpu, ple_exits: 1, spin_ns: 20_000, run_ns: 140_000, llc_refs: 300.0, llc_misses: 60.0, ..Default::default() }
+        SimVcpuCounters {
+            vm: 0,
+            vcpu,
+            ple_exits: 1,
+            spin_ns: 20_000,
+            run_ns: 140_000,
+            llc_refs: 300.0,
+            llc_misses: 60.0,
+            ..Default::default()
+        }
     }
 
     /// gleaner_policy::aql counts ConSpin_level per vCPU per wall-clock period: a vCPU that

@@ -270,13 +270,7 @@ mod tests {
         let got: Vec<_> = std::iter::from_fn(|| q.pop()).collect();
         assert_eq!(
             got,
-            vec![
-                (10, Ev::Kick { v: 1 }),
-                (10, Ev::Kick { v: 2 }),
-                (10, Ev::Kick { v: 0 }),
-                (20, Ev::HostPeriod),
-                (30, Ev::Kick { v: 3 }),
-            ]
+            vec![(10, Ev::Kick { v: 1 }), (10, Ev::Kick { v: 2 }), (10, Ev::Kick { v: 0 }), (20, Ev::HostPeriod), (30, Ev::Kick { v: 3 }),]
         );
         assert!(q.is_empty());
     }

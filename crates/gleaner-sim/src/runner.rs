@@ -247,13 +247,7 @@ struct Done {
 }
 
 /// Runs every case, variant and native baseline of `cases` (from [`crate::scenario::expand_cases`]).
-pub fn run_cases(
-    name: &str,
-    description: &str,
-    cases: &[(String, Scenario)],
-    seed: u64,
-    timing: bool,
-) -> anyhow::Result<Report> {
+pub fn run_cases(name: &str, description: &str, cases: &[(String, Scenario)], seed: u64, timing: bool) -> anyhow::Result<Report> {
     let t0 = Instant::now();
     let mut jobs = Vec::new();
     for (ci, (_, sc)) in cases.iter().enumerate() {
@@ -325,22 +319,10 @@ pub fn run_cases(
         }
         case_reports.push(build_case(cname, sc, &variants, &outs, &natives));
     }
-    Ok(Report {
-        scenario: name.to_string(),
-        description: description.to_string(),
-        seed,
-        cases: case_reports,
-        perf: timing.then_some(perf),
-    })
+    Ok(Report { scenario: name.to_string(), description: description.to_string(), seed, cases: case_reports, perf: timing.then_some(perf) })
 }
 
-fn build_case(
-    name: &str,
-    sc: &Scenario,
-    variants: &[VariantCfg],
-    outs: &[Outcome],
-    natives: &[Option<(Outcome, u32)>],
-) -> CaseReport {
+fn build_case(name: &str, sc: &Scenario, variants: &[VariantCfg], outs: &[Outcome], natives: &[Option<(Outcome, u32)>]) -> CaseReport {
     let vms = sc.active_vms();
     let total_vcpus: u32 = vms.iter().map(|v| v.vcpus).sum();
     let baseline = sc.baseline_name();
@@ -468,8 +450,7 @@ fn vm_report(v: &VmOutcome, workload: &str, vs_native: Option<VsNative>, speedup
         halt_poll: HaltPollReport {
             attempts: v.halt_poll_attempts,
             successes: v.halt_poll_successes,
-            success_rate: (v.halt_poll_attempts > 0)
-                .then(|| v.halt_poll_successes as f64 / v.halt_poll_attempts as f64),
+            success_rate: (v.halt_poll_attempts > 0).then(|| v.halt_poll_successes as f64 / v.halt_poll_attempts as f64),
         },
         wake_latency: v.lat.summary(),
         context_switches: v.context_switches,
@@ -487,7 +468,13 @@ fn vm_report(v: &VmOutcome, workload: &str, vs_native: Option<VsNative>, speedup
 pub fn render(r: &Report) -> String {
     use std::fmt::Write;
     let mut s = String::new();
-    let _ = writeln!(s, "scenario {} (seed {}){}", r.scenario, r.seed, if r.description.is_empty() { String::new() } else { format!(": {}", r.description) });
+    let _ = writeln!(
+        s,
+        "scenario {} (seed {}){}",
+        r.scenario,
+        r.seed,
+        if r.description.is_empty() { String::new() } else { format!(": {}", r.description) }
+    );
     for c in &r.cases {
         let _ = writeln!(s, "\ncase {} ({} pCPUs, baseline {})", c.name, c.pcpus, c.baseline);
         let _ = writeln!(
@@ -520,7 +507,11 @@ pub fn render(r: &Report) -> String {
                     "  {:<14} {:<10} {:>10} {:>9} {:>8} {:>10.0} {:>9} {:>9} {:>7} {:>8.0} {:>8.0}",
                     v.name,
                     m.name,
-                    if m.background { format!("bg {:.2}", m.work_rate) } else { format!("{:.2}{}", m.wall_ns as f64 / 1e6, if m.finished { "" } else { "+" }) },
+                    if m.background {
+                        format!("bg {:.2}", m.work_rate)
+                    } else {
+                        format!("{:.2}{}", m.wall_ns as f64 / 1e6, if m.finished { "" } else { "+" })
+                    },
                     opt(m.vs_native.map(|x| x.slowdown), 2),
                     opt(m.speedup, 2),
                     m.idle_transitions_per_s,

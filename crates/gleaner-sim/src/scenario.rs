@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use gleaner_policy::input::BadInput;
 use gleaner_policy::gleaner::Params;
+use gleaner_policy::input::BadInput;
 use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{GovernorConfig, RetentionConfig};
 use serde::{Deserialize, Serialize};

@@ -74,10 +74,7 @@ fn lone_compute_thread_takes_exactly_its_work_plus_start_costs() {
 #[test]
 fn two_vcpus_share_one_pcpu_fairly() {
     let hog = || wl(vec![group("g", 1, None, vec![], &["compute 10ms"])]);
-    let mut s = setup(1, vec![
-        vm("a", hog(), 1, None, true, GuestPolicy::Stock),
-        vm("b", hog(), 1, None, true, GuestPolicy::Stock),
-    ]);
+    let mut s = setup(1, vec![vm("a", hog(), 1, None, true, GuestPolicy::Stock), vm("b", hog(), 1, None, true, GuestPolicy::Stock)]);
     s.stop_at = Some(300_000_000);
     let o = run(s);
     let (a, b) = (o.vms[0].work_ns as f64, o.vms[1].work_ns as f64);
@@ -260,7 +257,8 @@ fn the_governor_keeps_retention_where_it_pays_and_drops_it_where_it_cannot() {
     // A barrier code next to a CPU hog on shared pCPUs: retention holds the pCPUs and pays.
     let barrier = wl(vec![group("g", 4, Some(3000), vec![], &["compute 60us +-20%", "barrier b"])]);
     let hog = wl(vec![group("h", 4, None, vec![], &["compute 10ms"])]);
-    let o = run(setup(4, vec![vm("app", barrier, 4, None, false, GuestPolicy::Retention), vm("hog", hog, 4, None, true, GuestPolicy::Stock)]));
+    let o =
+        run(setup(4, vec![vm("app", barrier, 4, None, false, GuestPolicy::Retention), vm("hog", hog, 4, None, true, GuestPolicy::Stock)]));
     let r = o.vms[0].retention.expect("a governed retention variant");
     assert!(o.finished && r.periods > 20, "{r:?}");
     assert!(r.probes > 0, "{r:?}");

@@ -354,7 +354,11 @@ fn sources_say_where_the_numbers_came_from() {
     let json = serde_json::to_value(&cached).unwrap();
     assert_eq!(json["origin"], "cached");
     let now = CalibrationSource::MeasuredNow {
-        why: Reason::DependencyChanged(DependencyChange { dependency: "cpuidle governor".into(), was: "menu".into(), now: "haltpoll".into() }),
+        why: Reason::DependencyChanged(DependencyChange {
+            dependency: "cpuidle governor".into(),
+            was: "menu".into(),
+            now: "haltpoll".into(),
+        }),
         stored: Some("/run/gleaner/calibration.json".into()),
         not_stored: None,
         took_ms: 520,

@@ -80,9 +80,7 @@ impl<T> BoundedQueue<T> {
     /// Append `item`, blocking while the queue is full.
     pub fn push(&self, item: T) -> Result<(), SyncError> {
         let cap = self.cap;
-        let mut g = wait_until("queue push", &self.not_full, lock(&self.state), self.timeout, |s| {
-            s.items.len() < cap || s.aborted
-        })?;
+        let mut g = wait_until("queue push", &self.not_full, lock(&self.state), self.timeout, |s| s.items.len() < cap || s.aborted)?;
         if g.aborted {
             return Err(SyncError::Aborted { what: "queue push" });
         }
@@ -94,9 +92,8 @@ impl<T> BoundedQueue<T> {
 
     /// Take the oldest item, blocking while empty; `None` once closed and drained.
     pub fn pop(&self) -> Result<Option<T>, SyncError> {
-        let mut g = wait_until("queue pop", &self.not_empty, lock(&self.state), self.timeout, |s| {
-            !s.items.is_empty() || s.closed || s.aborted
-        })?;
+        let mut g =
+            wait_until("queue pop", &self.not_empty, lock(&self.state), self.timeout, |s| !s.items.is_empty() || s.closed || s.aborted)?;
         if g.aborted {
             return Err(SyncError::Aborted { what: "queue pop" });
         }

@@ -59,7 +59,11 @@ const ALLOWED: &str = "a directory holding matrix.json (gleaner lab matrix) or r
 /// unreadable or malformed file is [`BadInput`] naming the path and what is expected.
 pub fn load(path: &Path) -> anyhow::Result<Vec<LabCell>> {
     let file = if path.is_dir() {
-        ["matrix.json", "results.json"].iter().map(|n| path.join(n)).find(|p| p.is_file()).ok_or_else(|| BadInput::new("lab results", path.display(), ALLOWED))?
+        ["matrix.json", "results.json"]
+            .iter()
+            .map(|n| path.join(n))
+            .find(|p| p.is_file())
+            .ok_or_else(|| BadInput::new("lab results", path.display(), ALLOWED))?
     } else if path.is_file() {
         path.to_path_buf()
     } else {
@@ -150,8 +154,12 @@ fn from_matrix(file: &Path, m: &MatrixResults) -> anyhow::Result<Vec<LabCell>> {
         let (w, co) = (c.workload, c.co_runner);
         // The matrix builds each cell's experiment itself: its vCPUs and pCPUs are these.
         let exp = crate::matrix::cell_experiment(w, co, &m.policies);
-        let mut notes = vec![format!("no results.json for cell {}: no per-run rows (co-runner model from defaults, no per-window co-runner ratios)", c.name)];
-        let summary: Vec<SummaryRow> = m.entries.iter().filter(|e| e.workload == c.workload && e.co_runner == c.co_runner).map(|e| e.summary.clone()).collect();
+        let mut notes = vec![format!(
+            "no results.json for cell {}: no per-run rows (co-runner model from defaults, no per-window co-runner ratios)",
+            c.name
+        )];
+        let summary: Vec<SummaryRow> =
+            m.entries.iter().filter(|e| e.workload == c.workload && e.co_runner == c.co_runner).map(|e| e.summary.clone()).collect();
         let modes = measured_modes(&summary, &mut notes);
         let ctx = |e: BadInput| anyhow::Error::new(e).context(format!("cell {} in {}", c.name, file.display()));
         cells.push(LabCell {

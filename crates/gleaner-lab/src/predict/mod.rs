@@ -29,12 +29,12 @@ use gleaner_policy::stats::{median, ratio_of_medians_ci};
 use gleaner_sim::runner::{Report, VmReport};
 use gleaner_sim::scenario::{GuestPolicy, Scenario, VariantCfg};
 
+pub use crate::cli::PredictArgs;
 use crate::experiment::Policy;
 use crate::guest::Accel;
 use crate::results::{co_runner_rate, Row};
 use input::LabCell;
 use model::{HostSched, ModelOptions, WakeStat};
-pub use crate::cli::PredictArgs;
 use report::{CellPrediction, Compared, Lat, Measured, Mechanics, PolicyPrediction, Prediction, WakeCheck};
 
 impl PredictArgs {
@@ -77,7 +77,13 @@ pub fn run(a: &PredictArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Predicts every cell (under every host halt-poll setting it was measured with).
-pub fn predict(source: &str, cells: &[LabCell], opts: &ModelOptions, seeds: &[u64], scenarios: Option<&Path>) -> anyhow::Result<Prediction> {
+pub fn predict(
+    source: &str,
+    cells: &[LabCell],
+    opts: &ModelOptions,
+    seeds: &[u64],
+    scenarios: Option<&Path>,
+) -> anyhow::Result<Prediction> {
     if seeds.is_empty() {
         return Err(BadInput::new("--seeds", "(none)", "at least one seed").into());
     }
@@ -85,7 +91,8 @@ pub fn predict(source: &str, cells: &[LabCell], opts: &ModelOptions, seeds: &[u6
     for cell in cells {
         for hp in cell.halt_polls() {
             let costs = model::choose_costs(cells, &hp, opts.wake_stat)?;
-            let (c, sc) = predict_cell(cell, &hp, costs, opts, seeds).with_context(|| format!("predicting cell {} ({})", cell.name, cell.source.display()))?;
+            let (c, sc) = predict_cell(cell, &hp, costs, opts, seeds)
+                .with_context(|| format!("predicting cell {} ({})", cell.name, cell.source.display()))?;
             if let Some(dir) = scenarios {
                 std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
                 let f = dir.join(format!("{}-{}.toml", cell.name, hp.replace('/', "")));
@@ -98,14 +105,29 @@ pub fn predict(source: &str, cells: &[LabCell], opts: &ModelOptions, seeds: &[u6
     let compared = all.iter().filter(|x| x.within().is_some()).count();
     let within_25 = all.iter().filter(|x| x.within() == Some(true)).count();
     let outside_25_inside_ci = all.iter().filter(|x| x.within() == Some(false) && x.inside_ci() == Some(true)).count();
-    Ok(Prediction { source: source.to_string(), options: opts.clone(), seeds: seeds.to_vec(), cells: out, compared, within_25, outside_25_inside_ci })
+    Ok(Prediction {
+        source: source.to_string(),
+        options: opts.clone(),
+        seeds: seeds.to_vec(),
+        cells: out,
+        compared,
+        within_25,
+        outside_25_inside_ci,
+    })
 }
 
 /// The scenario of one cell and its prediction.
-fn predict_cell(cell: &LabCell, hp: &str, costs: model::CostChoice, opts: &ModelOptions, seeds: &[u64]) -> anyhow::Result<(CellPrediction, Scenario)> {
+fn predict_cell(
+    cell: &LabCell,
+    hp: &str,
+    costs: model::CostChoice,
+    opts: &ModelOptions,
+    seeds: &[u64],
+) -> anyhow::Result<(CellPrediction, Scenario)> {
     let mut notes = cell.notes.clone();
     let sync = model::fit_sync(cell, &opts.host, &costs.table2)?;
-    let (a, _) = model::kernel_workload(&cell.workload, model::us_ns(cell.workload.params.work_us), model::us_ns(sync.sync_op_us), opts.jitter_pct)?;
+    let (a, _) =
+        model::kernel_workload(&cell.workload, model::us_ns(cell.workload.params.work_us), model::us_ns(sync.sync_op_us), opts.jitter_pct)?;
     let co_model = cell.co_runner.as_ref().map(|k| model::co_runner_model(cell, k, hp, costs.table2.a_us));
     let b = co_model.as_ref().map(|m| model::co_runner_workload(m, cell.vcpus, opts.jitter_pct));
     let plan = model::agent_plan(cell, hp);
@@ -117,13 +139,18 @@ fn predict_cell(cell: &LabCell, hp: &str, costs: model::CostChoice, opts: &Model
     let mut modes: Vec<&input::MeasuredMode> = cell.modes.iter().filter(|m| m.summary.halt_poll == hp).collect();
     modes.sort_by_key(|m| m.policy != Policy::Stock);
     if modes.first().is_none_or(|m| m.policy != Policy::Stock) {
-        return Err(BadInput::new(format!("modes of cell {}", cell.name), "no stock mode", "a stock mode (speedups are relative to it)").into());
+        return Err(
+            BadInput::new(format!("modes of cell {}", cell.name), "no stock mode", "a stock mode (speedups are relative to it)").into()
+        );
     }
     let variants: Vec<VariantCfg> = modes.iter().map(|m| model::variant_for(&m.summary.mode, m.policy, &plan, halt_poll)).collect();
     let host = model::host_cfg(cell.pcpus, &opts.host);
     let sc = model::scenario(&cell.name, host.clone(), cell.vcpus, a, b, &costs.table2, variants);
     sc.validate().with_context(|| format!("the simulator scenario of cell {}", cell.name))?;
-    let reports: Vec<Report> = seeds.iter().map(|&s| gleaner_sim::run_cases(&cell.name, "", &[(hp.to_string(), sc.clone())], s, false)).collect::<anyhow::Result<_>>()?;
+    let reports: Vec<Report> = seeds
+        .iter()
+        .map(|&s| gleaner_sim::run_cases(&cell.name, "", &[(hp.to_string(), sc.clone())], s, false))
+        .collect::<anyhow::Result<_>>()?;
     let lab = LabWindows::of(cell, hp);
     let items = cell.workload.params.items as f64;
     let mut policies = Vec::new();
@@ -220,7 +247,12 @@ impl LabWindows {
                 }
             })
             .collect();
-        let stock = cell.modes.iter().find(|m| m.policy == Policy::Stock && m.summary.halt_poll == hp).map(|m| m.summary.mode.clone()).unwrap_or_default();
+        let stock = cell
+            .modes
+            .iter()
+            .find(|m| m.policy == Policy::Stock && m.summary.halt_poll == hp)
+            .map(|m| m.summary.mode.clone())
+            .unwrap_or_default();
         Self { steps, stock }
     }
 
@@ -244,12 +276,21 @@ impl LabWindows {
 fn wake_check(cell: &LabCell, hp: &str, sc: &Scenario, seed: u64) -> anyhow::Result<Vec<WakeCheck>> {
     use gleaner_sim::workload::{CacheProfile, GroupCfg, WorkloadCfg};
     let rounds = 300;
-    let g = |name: &str, pin: u32, ops: &[&str]| GroupCfg { name: name.into(), threads: Some(1), iterations: Some(rounds), pin: vec![pin], ops: ops.iter().map(|s| (*s).to_string()).collect() };
+    let g = |name: &str, pin: u32, ops: &[&str]| GroupCfg {
+        name: name.into(),
+        threads: Some(1),
+        iterations: Some(rounds),
+        pin: vec![pin],
+        ops: ops.iter().map(|s| (*s).to_string()).collect(),
+    };
     let pp = WorkloadCfg {
         description: "wakeup ping-pong".into(),
         cache: CacheProfile::default(),
         queue_capacity: 1,
-        groups: vec![g("waker", 0, &["compute 500us", "signal ping", "wait pong"]), g("waiter", 1.min(cell.vcpus - 1), &["wait ping", "compute 1us", "signal pong"])],
+        groups: vec![
+            g("waker", 0, &["compute 500us", "signal ping", "wait pong"]),
+            g("waiter", 1.min(cell.vcpus - 1), &["wait ping", "compute 1us", "signal pong"]),
+        ],
     };
     let yielders = model::variant_for("B", Policy::Yielders, &model::agent_plan(cell, hp), false);
     let stock = VariantCfg { host_halt_poll: sc.variants[0].host_halt_poll, ..VariantCfg::named("C", GuestPolicy::Stock) };
@@ -259,7 +300,15 @@ fn wake_check(cell: &LabCell, hp: &str, sc: &Scenario, seed: u64) -> anyhow::Res
         if ctx != "alone" && with.is_none() {
             continue;
         }
-        let mut s = model::scenario(&format!("{}-wake", cell.name), sc.host.clone(), cell.vcpus, pp.clone(), with, &sc.costs.vm, vec![stock.clone(), yielders.clone()]);
+        let mut s = model::scenario(
+            &format!("{}-wake", cell.name),
+            sc.host.clone(),
+            cell.vcpus,
+            pp.clone(),
+            with,
+            &sc.costs.vm,
+            vec![stock.clone(), yielders.clone()],
+        );
         s.costs = sc.costs.clone();
         cases.push((ctx.to_string(), s));
     }
@@ -269,8 +318,15 @@ fn wake_check(cell: &LabCell, hp: &str, sc: &Scenario, seed: u64) -> anyhow::Res
         let lab = if ctx == "alone" { cell.wake_alone() } else { cell.wake_with_co_runner(hp) };
         for (vi, setting) in [(0, Setting::C), (1, Setting::B)] {
             let l = r.cases[ci].variants[vi].vms[0].wake_latency;
-            let lab = lab.and_then(|w| w.settings.iter().find(|s| s.setting == setting)).and_then(|s| Some(Lat { p50_us: s.p50_us?, mean_us: s.mean_us?, p99_us: s.p99_us? }));
-            out.push(WakeCheck { setting: format!("{setting:?}"), context: ctx.clone(), lab, sim: Lat { p50_us: l.p50_us, mean_us: l.mean_us, p99_us: l.p99_us } });
+            let lab = lab
+                .and_then(|w| w.settings.iter().find(|s| s.setting == setting))
+                .and_then(|s| Some(Lat { p50_us: s.p50_us?, mean_us: s.mean_us?, p99_us: s.p99_us? }));
+            out.push(WakeCheck {
+                setting: format!("{setting:?}"),
+                context: ctx.clone(),
+                lab,
+                sim: Lat { p50_us: l.p50_us, mean_us: l.mean_us, p99_us: l.p99_us },
+            });
         }
     }
     Ok(out)

@@ -161,18 +161,28 @@ pub fn choose_costs(cells: &[LabCell], hp: &str, stat: WakeStat) -> anyhow::Resu
     let get = |w: &crate::runner::WakeCosts, s: Setting, stat: WakeStat| setting(w, s).and_then(|r| stat_of(r, stat));
     let alone: Vec<&crate::runner::WakeCosts> = cells.iter().filter_map(LabCell::wake_alone).collect();
     let with_co: Vec<&crate::runner::WakeCosts> = cells.iter().filter_map(|c| c.wake_with_co_runner(hp)).collect();
-    let (base, where_) = if alone.is_empty() { (&with_co, "next to the co-runner (no measurement alone: these include waiting for the co-runner)") } else { (&alone, "alone") };
+    let (base, where_) = if alone.is_empty() {
+        (&with_co, "next to the co-runner (no measurement alone: these include waiting for the co-runner)")
+    } else {
+        (&alone, "alone")
+    };
     let names = || cells.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
     let pick = |s: Setting| -> anyhow::Result<(f64, String)> {
-        base.iter()
-            .filter_map(|w| get(w, s, stat).map(|v| (v, w.guest.clone())))
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-            .ok_or_else(|| BadInput::new(format!("wakeup setting {s:?} of {}", names()), "missing", "lab results with the wakeup measurement (setup.wakeup, settings A, B and C)").into())
+        base.iter().filter_map(|w| get(w, s, stat).map(|v| (v, w.guest.clone()))).min_by(|a, b| a.0.total_cmp(&b.0)).ok_or_else(|| {
+            BadInput::new(
+                format!("wakeup setting {s:?} of {}", names()),
+                "missing",
+                "lab results with the wakeup measurement (setup.wakeup, settings A, B and C)",
+            )
+            .into()
+        })
     };
     let (a, b, c) = (pick(Setting::A)?, pick(Setting::B)?, pick(Setting::C)?);
     let diffs: Vec<f64> = cells
         .iter()
-        .filter_map(|cell| Some(get(cell.wake_with_co_runner(hp)?, Setting::C, WakeStat::P50)? - get(cell.wake_alone()?, Setting::C, WakeStat::P50)?))
+        .filter_map(|cell| {
+            Some(get(cell.wake_with_co_runner(hp)?, Setting::C, WakeStat::P50)? - get(cell.wake_alone()?, Setting::C, WakeStat::P50)?)
+        })
         .collect();
     let pv = median(&diffs).unwrap_or(0.0).max(0.0);
     let table2 = Table2 { a_us: a.0, b_us: b.0, c_us: c.0, d_us: c.0 + pv };
@@ -274,7 +284,12 @@ pub fn kernel_workload(k: &Kernel, work_ns: u64, sync_ns: u64, jitter_pct: f64) 
             (g, 1, 1.0)
         }
         Workload::Matmul | Workload::Freqsleep => {
-            return Err(BadInput::new("guest workload", k.workload, "pipeline, condvar, barrier, spin-barrier or mutex (matmul and freqsleep are co-runners)").into())
+            return Err(BadInput::new(
+                "guest workload",
+                k.workload,
+                "pipeline, condvar, barrier, spin-barrier or mutex (matmul and freqsleep are co-runners)",
+            )
+            .into())
         }
     };
     let cfg = WorkloadCfg {
@@ -320,7 +335,8 @@ pub fn workload_window(r: &Row) -> (f64, f64) {
 /// 0.1 pCPU over whole iterations, both vCPUs alike).
 pub fn co_runner_model(cell: &LabCell, k: &Kernel, hp: &str, rt_us: f64) -> CoRunnerModel {
     let co: Vec<&Row> = cell.rows.iter().filter(|r| r.mode == "co-runner" && r.halt_poll == hp && r.ok() && r.items.is_some()).collect();
-    let stock: Vec<(f64, f64)> = ok_vm_a(&cell.rows).filter(|r| r.policy == Policy::Stock.name() && r.halt_poll == hp).map(workload_window).collect();
+    let stock: Vec<(f64, f64)> =
+        ok_vm_a(&cell.rows).filter(|r| r.policy == Policy::Stock.name() && r.halt_poll == hp).map(workload_window).collect();
     let inside: Vec<&Row> = co.iter().copied().filter(|c| stock.iter().any(|&(b, e)| c.begin_s >= b && c.end_s <= e)).collect();
     let (used, which) = if inside.len() >= 3 { (inside, "inside stock workload windows") } else { (co, "all") };
     let threads = threads_u32(k);
@@ -330,7 +346,15 @@ pub fn co_runner_model(cell: &LabCell, k: &Kernel, hp: &str, rt_us: f64) -> CoRu
             Workload::Freqsleep => items as f64 * rt_us,
             _ => 10_000.0 * f64::from(threads),
         };
-        return CoRunnerModel { workload: k.workload, threads, items, startup_cpu_us: 0.0, kernel_cpu_us, iterations: 0, source: "defaults (no co-runner rows): no start-up; matmul 10 ms bursts, freqsleep one thread switch of CPU per sleep".into() };
+        return CoRunnerModel {
+            workload: k.workload,
+            threads,
+            items,
+            startup_cpu_us: 0.0,
+            kernel_cpu_us,
+            iterations: 0,
+            source: "defaults (no co-runner rows): no start-up; matmul 10 ms bursts, freqsleep one thread switch of CPU per sleep".into(),
+        };
     }
     let split: Vec<(f64, f64)> = used
         .iter()
@@ -362,7 +386,8 @@ pub fn co_runner_workload(m: &CoRunnerModel, vcpus: u32, jitter_pct: f64) -> Wor
     // Loops at barriers need a count; this one outlasts any run (and fits a TOML integer).
     let forever = Some(i64::MAX as u64);
     let startup = m.startup_cpu_us > 0.0;
-    let start: Vec<String> = if startup { vec![compute(us_ns(m.startup_cpu_us / f64::from(t)).max(1), jitter_pct), "barrier go".into()] } else { vec![] };
+    let start: Vec<String> =
+        if startup { vec![compute(us_ns(m.startup_cpu_us / f64::from(t)).max(1), jitter_pct), "barrier go".into()] } else { vec![] };
     let end: Vec<String> = if startup { vec!["barrier done".into()] } else { vec![] };
     let iterations = if startup { forever } else { None };
     let mut groups = Vec::new();
@@ -388,7 +413,12 @@ pub fn co_runner_workload(m: &CoRunnerModel, vcpus: u32, jitter_pct: f64) -> Wor
             groups.push(group("worker", t, iterations, vec![], ops));
         }
     }
-    WorkloadCfg { description: format!("co-runner loop: start-up, then {} on {t} threads", m.workload), cache: CacheProfile::default(), queue_capacity: 1, groups }
+    WorkloadCfg {
+        description: format!("co-runner loop: start-up, then {} on {t} threads", m.workload),
+        cache: CacheProfile::default(),
+        queue_capacity: 1,
+        groups,
+    }
 }
 
 /// What the guest agent decides at start, as the simulator will apply it.
@@ -411,7 +441,11 @@ pub struct AgentPlan {
 /// the lab does not measure.
 pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
     let cfg = AgentConfig::default();
-    let base = RetentionConfig { max_sleep_ns: cfg.max_sleep_ms * 1_000_000, step_aside_ns: cfg.step_aside_us * 1000, ..RetentionConfig::default() };
+    let base = RetentionConfig {
+        max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
+        step_aside_ns: cfg.step_aside_us * 1000,
+        ..RetentionConfig::default()
+    };
     let lab_timeouts = (!cell.rows.is_empty()).then(|| {
         ok_vm_a(&cell.rows)
             .filter(|r| r.halt_poll == hp && matches!(Policy::parse(&r.policy), Ok(Policy::Retention | Policy::Gleaner)))
@@ -438,14 +472,24 @@ pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
     let w = cell.wake_with_co_runner(hp).or(cell.wake_alone());
     let p50 = |s: Setting| w.and_then(|w| setting(w, s)).and_then(|r| r.p50_us);
     let (Some(b), Some(c)) = (p50(Setting::B), p50(Setting::C)) else {
-        return AgentPlan { retention: true, verdict: None, config: RetentionConfig { timeout_ns: 100_000, ..base }, why: "no wakeup measurement: the agent's fallback timeout of 100 us".into(), lab_timeouts };
+        return AgentPlan {
+            retention: true,
+            verdict: None,
+            config: RetentionConfig { timeout_ns: 100_000, ..base },
+            why: "no wakeup measurement: the agent's fallback timeout of 100 us".into(),
+            lab_timeouts,
+        };
     };
     let (busy, idle) = (us_ns(b), us_ns(c));
     let measured = WakeupCosts { busy_ns: busy, idle_long_ns: idle, idle_at_timeout_ns: idle };
     let verdict = retention_verdict(&measured);
     let timeout_ns = timeout_from_wakeup(idle, busy);
     let retention = verdict == RetentionVerdict::Pays;
-    let why = format!("{verdict:?} from B p50 {b:.0} us and C p50 {c:.0} us ({}): retention {}", w.map_or("", |w| w.context.as_str()), if retention { format!("on, timeout {} us", timeout_ns / 1000) } else { "off".into() });
+    let why = format!(
+        "{verdict:?} from B p50 {b:.0} us and C p50 {c:.0} us ({}): retention {}",
+        w.map_or("", |w| w.context.as_str()),
+        if retention { format!("on, timeout {} us", timeout_ns / 1000) } else { "off".into() }
+    );
     AgentPlan { retention, verdict: Some(verdict), config: RetentionConfig { timeout_ns, ..base }, why, lab_timeouts }
 }
 
@@ -472,7 +516,11 @@ pub fn variant_for(name: &str, policy: Policy, plan: &AgentPlan, halt_poll: bool
     // as the agent's configuration says (the sim's governor starts on: the variant retains only
     // when the start-up verdict said it pays).
     let yielders = policy == Policy::Yielders;
-    let retention = if yielders { RetentionConfig { timeout_ns: NO_TIMEOUT_NS, adapt: false, ..RetentionConfig::default() } } else { RetentionConfig { adapt: gleaner_agent::agent::governed(&cfg), ..plan.config } };
+    let retention = if yielders {
+        RetentionConfig { timeout_ns: NO_TIMEOUT_NS, adapt: false, ..RetentionConfig::default() }
+    } else {
+        RetentionConfig { adapt: gleaner_agent::agent::governed(&cfg), ..plan.config }
+    };
     VariantCfg {
         name: name.into(),
         guest,
@@ -520,8 +568,26 @@ pub fn host_cfg(pcpus: u32, host: &HostSched) -> HostCfg {
 pub const HOST_BALANCE_US: f64 = 32_000.0;
 
 /// A scenario of VM A (workload `a`) and optionally VM B (background workload `b`).
-pub fn scenario(name: &str, host: HostCfg, vcpus: u32, a: WorkloadCfg, b: Option<WorkloadCfg>, costs: &Table2, variants: Vec<VariantCfg>) -> Scenario {
-    let vm = |n: &str, background: bool| VmCfg { name: n.into(), vcpus, workload: n.into(), threads: None, scale: 1.0, background, pin: false, pin_offset: 0, enabled: true };
+pub fn scenario(
+    name: &str,
+    host: HostCfg,
+    vcpus: u32,
+    a: WorkloadCfg,
+    b: Option<WorkloadCfg>,
+    costs: &Table2,
+    variants: Vec<VariantCfg>,
+) -> Scenario {
+    let vm = |n: &str, background: bool| VmCfg {
+        name: n.into(),
+        vcpus,
+        workload: n.into(),
+        threads: None,
+        scale: 1.0,
+        background,
+        pin: false,
+        pin_offset: 0,
+        enabled: true,
+    };
     let mut workloads = BTreeMap::new();
     workloads.insert("A".to_string(), a);
     let mut vms = vec![vm("A", false)];
@@ -566,7 +632,15 @@ fn sizing_cpu_per_item(k: &Kernel, pcpus: u32, vcpus: u32, host: &HostSched, cos
     let mut sk = k.clone();
     sk.params.items = SIZING_ITEMS;
     let (w, _) = kernel_workload(&sk, 0, sync_ns, 0.0)?;
-    let sc = scenario("sizing", host_cfg(pcpus, host), vcpus, w, None, costs, vec![VariantCfg { host_halt_poll: false, ..VariantCfg::named("stock", GuestPolicy::Stock) }]);
+    let sc = scenario(
+        "sizing",
+        host_cfg(pcpus, host),
+        vcpus,
+        w,
+        None,
+        costs,
+        vec![VariantCfg { host_halt_poll: false, ..VariantCfg::named("stock", GuestPolicy::Stock) }],
+    );
     sc.validate()?;
     let r = gleaner_sim::run_cases("sizing", "", &[("sizing".into(), sc)], 1, false)?;
     let vm = &r.cases[0].variants[0].vms[0];
@@ -581,7 +655,14 @@ pub fn fit_sync(cell: &LabCell, host: &HostSched, costs: &Table2) -> anyhow::Res
     let f = |s_ns: u64| sizing_cpu_per_item(k, cell.pcpus, cell.vcpus, host, costs, s_ns);
     let without = f(0)?;
     let Some(target) = cell.sizing.as_ref().and_then(|s| s.guest_sync_us_per_item) else {
-        return Ok(SyncFit { measured_us_per_item: None, simulated_us_per_item: without, simulated_without_us_per_item: without, ops_per_item: ops, sync_op_us: 0.0, note: "no sizing measurement: synchronization costs only the Table 2 thread switches".into() });
+        return Ok(SyncFit {
+            measured_us_per_item: None,
+            simulated_us_per_item: without,
+            simulated_without_us_per_item: without,
+            ops_per_item: ops,
+            sync_op_us: 0.0,
+            note: "no sizing measurement: synchronization costs only the Table 2 thread switches".into(),
+        });
     };
     let mut s_us = ((target - without) / ops).max(0.0);
     let mut sim = f(us_ns(s_us))?;
@@ -596,6 +677,17 @@ pub fn fit_sync(cell: &LabCell, host: &HostSched, costs: &Table2) -> anyhow::Res
         s_us = next;
         sim = f(us_ns(s_us))?;
     }
-    let note = if s_us == 0.0 && without > target { format!("the Table 2 costs alone already cost {without:.1} us per item (measured {target:.1})") } else { String::new() };
-    Ok(SyncFit { measured_us_per_item: Some(target), simulated_us_per_item: sim, simulated_without_us_per_item: without, ops_per_item: ops, sync_op_us: s_us, note })
+    let note = if s_us == 0.0 && without > target {
+        format!("the Table 2 costs alone already cost {without:.1} us per item (measured {target:.1})")
+    } else {
+        String::new()
+    };
+    Ok(SyncFit {
+        measured_us_per_item: Some(target),
+        simulated_us_per_item: sim,
+        simulated_without_us_per_item: without,
+        ops_per_item: ops,
+        sync_op_us: s_us,
+        note,
+    })
 }

@@ -272,8 +272,16 @@ pub fn details(p: &Prediction) -> String {
         let _ = writeln!(
             s,
             "- Table 2 (us): A {:.1}, B {:.1}, C {:.1}, D {:.1} ({}); costs: RT {:.1}, IPI {:.1}, RV {:.1}, YW {:.1}, PV {:.1} us",
-            t.a_us, t.b_us, t.c_us, t.d_us, c.costs.source,
-            k.rt as f64 / 1e3, k.ipi as f64 / 1e3, k.rv as f64 / 1e3, k.yield_wake as f64 / 1e3, k.pv as f64 / 1e3
+            t.a_us,
+            t.b_us,
+            t.c_us,
+            t.d_us,
+            c.costs.source,
+            k.rt as f64 / 1e3,
+            k.ipi as f64 / 1e3,
+            k.rv as f64 / 1e3,
+            k.yield_wake as f64 / 1e3,
+            k.pv as f64 / 1e3
         );
         let _ = writeln!(
             s,
@@ -290,10 +298,20 @@ pub fn details(p: &Prediction) -> String {
             let _ = writeln!(
                 s,
                 "- co-runner: {} ({} threads, {} items) per iteration: start-up {:.0} ms of CPU, kernel {:.0} ms of CPU ({})",
-                m.workload, m.threads, m.items, m.startup_cpu_us / 1e3, m.kernel_cpu_us / 1e3, m.source
+                m.workload,
+                m.threads,
+                m.items,
+                m.startup_cpu_us / 1e3,
+                m.kernel_cpu_us / 1e3,
+                m.source
             );
         }
-        let _ = writeln!(s, "- agent at start: {}; lab agent timeouts: {}", c.agent.why, c.agent.lab_timeouts.map_or("-".into(), |n| n.to_string()));
+        let _ = writeln!(
+            s,
+            "- agent at start: {}; lab agent timeouts: {}",
+            c.agent.why,
+            c.agent.lab_timeouts.map_or("-".into(), |n| n.to_string())
+        );
         for n in &c.notes {
             let _ = writeln!(s, "- note: {n}");
         }
@@ -322,7 +340,11 @@ pub fn details(p: &Prediction) -> String {
             s.push_str("\n| wakeup | context | lab p50 / mean / p99 us | sim p50 / mean / p99 us |\n|---|---|---|---|\n");
             for w in &c.wake_check {
                 let lab = w.lab.map_or("-".into(), |l| format!("{:.0} / {:.0} / {:.0}", l.p50_us, l.mean_us, l.p99_us));
-                let _ = writeln!(s, "| {} | {} | {lab} | {:.0} / {:.0} / {:.0} |", w.setting, w.context, w.sim.p50_us, w.sim.mean_us, w.sim.p99_us);
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {lab} | {:.0} / {:.0} / {:.0} |",
+                    w.setting, w.context, w.sim.p50_us, w.sim.mean_us, w.sim.p99_us
+                );
             }
         }
         s.push('\n');

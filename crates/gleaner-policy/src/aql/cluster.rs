@@ -57,14 +57,7 @@ impl Quanta {
     /// The paper's calibration (Fig. 2): IOInt and ConSpin 1 ms, LLCF 90 ms, LoLCF and LLCO
     /// agnostic, default 30 ms.
     pub fn paper() -> Self {
-        Self {
-            io_int_ns: 1_000_000,
-            con_spin_ns: 1_000_000,
-            llcf_ns: 90_000_000,
-            lolcf_ns: None,
-            llco_ns: None,
-            default_ns: 30_000_000,
-        }
+        Self { io_int_ns: 1_000_000, con_spin_ns: 1_000_000, llcf_ns: 90_000_000, lolcf_ns: None, llco_ns: None, default_ns: 30_000_000 }
     }
 
     /// Every quantum within the EEVDF slice range.
@@ -268,7 +261,7 @@ pub fn plan(vcpus: &[VcpuInfo], topo: &Topology, quanta: &Quanta) -> Plan {
     let trashing: Vec<VcpuInfo> = ordered.iter().filter(|v| v.trashing).copied().collect();
     let mut non_trashing: Vec<VcpuInfo> = ordered.iter().filter(|v| !v.trashing).copied().collect();
     non_trashing.sort_by_key(|v| v.class != VcpuClass::Lolcf); // stable
-    // Lines 12-17: each socket takes its fair number, trashing first.
+                                                               // Lines 12-17: each socket takes its fair number, trashing first.
     let weights: Vec<usize> = topo.sockets.iter().map(Vec::len).collect();
     let per_socket = proportional(vcpus.len(), &weights);
     let mut queue: VecDeque<VcpuInfo> = trashing.into_iter().chain(non_trashing).collect();

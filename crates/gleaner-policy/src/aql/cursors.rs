@@ -115,11 +115,8 @@ pub fn cursors(c: &VcpuCounters, limits: &Limits) -> Cursors {
             let rr = refs as f64 * 1000.0 / instr as f64;
             let mr = misses as f64 * 1000.0 / instr as f64;
             // Equation 3.
-            let lolcf = if rr < limits.llc_rr_per_kinstr {
-                (limits.llc_rr_per_kinstr - rr) * 100.0 / limits.llc_rr_per_kinstr
-            } else {
-                0.0
-            };
+            let lolcf =
+                if rr < limits.llc_rr_per_kinstr { (limits.llc_rr_per_kinstr - rr) * 100.0 / limits.llc_rr_per_kinstr } else { 0.0 };
             // Equation 4.
             let llcf = if mr < limits.llc_mr_per_kinstr {
                 (100.0 - lolcf).min((limits.llc_mr_per_kinstr - mr) * 100.0 / limits.llc_mr_per_kinstr)

@@ -37,10 +37,7 @@ pub struct PlanDiff {
 impl PlanDiff {
     /// Nothing to do.
     pub fn is_empty(&self) -> bool {
-        self.pools_added.is_empty()
-            && self.pools_removed.is_empty()
-            && self.pools_changed.is_empty()
-            && self.moves.is_empty()
+        self.pools_added.is_empty() && self.pools_removed.is_empty() && self.pools_changed.is_empty() && self.moves.is_empty()
     }
 }
 
@@ -66,8 +63,7 @@ impl Plan {
                 d.pools_removed.push(o.name.clone());
             }
         }
-        let mut ids: Vec<VcpuId> =
-            self.assignment.iter().chain(old.assignment.iter()).map(|a| a.vcpu).collect();
+        let mut ids: Vec<VcpuId> = self.assignment.iter().chain(old.assignment.iter()).map(|a| a.vcpu).collect();
         ids.sort_unstable();
         ids.dedup();
         for id in ids {

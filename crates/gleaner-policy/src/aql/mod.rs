@@ -56,8 +56,8 @@ mod recognizer;
 #[cfg(test)]
 mod tests;
 
-pub use controller::{normalise_spin, spin_events_per_period, AqlController, ControllerConfig, Decision, Reading};
 pub use cluster::{plan, Plan, Pool, PoolKind, Quanta, QuantaError, Topology, VcpuAssignment, VcpuInfo, VmShare};
+pub use controller::{normalise_spin, spin_events_per_period, AqlController, ControllerConfig, Decision, Reading};
 pub use cursors::{cursors, CacheCursors, Cursors, Limits, Source, VcpuCounters};
 pub use diff::{PlanDiff, PoolChange, VcpuMove};
 pub use recognizer::{Averages, Classification, TypeRecognizer};
@@ -100,8 +100,7 @@ pub enum VcpuType {
 
 impl VcpuType {
     /// All five, in the paper's order.
-    pub const ALL: [VcpuType; 5] =
-        [VcpuType::IoInt, VcpuType::ConSpin, VcpuType::Llcf, VcpuType::Lolcf, VcpuType::Llco];
+    pub const ALL: [VcpuType; 5] = [VcpuType::IoInt, VcpuType::ConSpin, VcpuType::Llcf, VcpuType::Lolcf, VcpuType::Llco];
 
     /// The paper's name (`IOInt`, `ConSpin`, `LLCF`, `LoLCF`, `LLCO`).
     pub fn name(self) -> &'static str {

@@ -53,11 +53,7 @@ fn averages(h: &History) -> Averages {
         let v: Vec<f64> = h.window.iter().filter_map(f).collect();
         (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
     };
-    let cache = match (
-        avg(&|c| c.cache.map(|k| k.lolcf)),
-        avg(&|c| c.cache.map(|k| k.llcf)),
-        avg(&|c| c.cache.map(|k| k.llco)),
-    ) {
+    let cache = match (avg(&|c| c.cache.map(|k| k.lolcf)), avg(&|c| c.cache.map(|k| k.llcf)), avg(&|c| c.cache.map(|k| k.llco))) {
         (Some(lolcf), Some(llcf), Some(llco)) => Some(CacheCursors { lolcf, llcf, llco }),
         _ => None,
     };

@@ -36,7 +36,7 @@ fn equation_1_scales_then_saturates() {
 #[test]
 fn equations_2_to_5_cache_cursors() {
     let l = Limits::default(); // RR limit 10 per kinstr, MR limit 3 per kinstr
-    // RR 5/k -> LoLCF 50; MR 0.6/k -> 80, capped by 100-50 -> LLCF 50; LLCO 0.
+                               // RR 5/k -> LoLCF 50; MR 0.6/k -> 80, capped by 100-50 -> LLCF 50; LLCO 0.
     let k = cursors(&cache_counters(5_000, 600, 1_000_000), &l).cache.unwrap();
     assert!(approx(k.lolcf, 50.0) && approx(k.llcf, 50.0) && approx(k.llco, 0.0), "{k:?}");
     // RR 20/k -> LoLCF 0; MR 0.3/k -> LLCF 90; LLCO 10.
@@ -172,7 +172,7 @@ fn figure3() -> (Vec<VcpuInfo>, Topology) {
     v.extend(vcpus(2, 12, VcpuClass::IoInt, true)); // IOInt+
     v.extend(vcpus(3, 17, VcpuClass::Llcf, false));
     v.extend(vcpus(4, 7, VcpuClass::ConSpin, false)); // ConSpin-
-    // Four sockets of four pCPUs, the first reserved for dom0.
+                                                      // Four sockets of four pCPUs, the first reserved for dom0.
     let mut topo = Topology::uniform(4, 4);
     topo.sockets.remove(0);
     (v, topo)
@@ -236,15 +236,8 @@ impl Lcg {
 
 #[test]
 fn fairness_on_many_random_layouts() {
-    let classes = [
-        VcpuClass::IoInt,
-        VcpuClass::ConSpin,
-        VcpuClass::Llcf,
-        VcpuClass::Lolcf,
-        VcpuClass::Llco,
-        VcpuClass::CpuBurn,
-        VcpuClass::Unknown,
-    ];
+    let classes =
+        [VcpuClass::IoInt, VcpuClass::ConSpin, VcpuClass::Llcf, VcpuClass::Lolcf, VcpuClass::Llco, VcpuClass::CpuBurn, VcpuClass::Unknown];
     let mut g = Lcg(42);
     for case in 0..500 {
         let sockets = 1 + g.next(4);

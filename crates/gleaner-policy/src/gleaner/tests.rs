@@ -218,10 +218,7 @@ fn idle_workload_consolidates_down_to_min_active() {
     let mut c = Controller::new(vec![0, 1, 2, 3], unit_params());
     let idle = |cpus: &[u32]| Snapshot {
         period_ns: PERIOD,
-        vcpus: cpus
-            .iter()
-            .map(|&cpu| VcpuSample { cpu, t_work_ns: 0, t_yield_ns: 0, t_idle_ns: PERIOD, s_yield: 10 })
-            .collect(),
+        vcpus: cpus.iter().map(|&cpu| VcpuSample { cpu, t_work_ns: 0, t_yield_ns: 0, t_idle_ns: PERIOD, s_yield: 10 }).collect(),
         s_work: 0,
     };
     for _ in 0..10 {
@@ -246,9 +243,7 @@ fn samples_of_inactive_vcpus_are_ignored() {
 #[test]
 fn same_inputs_same_decisions() {
     let t = MS;
-    let stream: Vec<Snapshot> = (0..20)
-        .map(|i| pattern(&[0, 1, 2, 3], t + i * 10_000, 3 * t, t / 2))
-        .collect();
+    let stream: Vec<Snapshot> = (0..20).map(|i| pattern(&[0, 1, 2, 3], t + i * 10_000, 3 * t, t / 2)).collect();
     let run = || {
         let mut c = Controller::new(vec![3, 1, 2, 0, 1], unit_params());
         stream.iter().flat_map(|s| c.step(s)).collect::<Vec<_>>()
@@ -272,10 +267,7 @@ fn noise_of_an_idle_workload_neither_rolls_back_nor_resets() {
     // crushing rho to 0.006.
     let idle = |cpus: &[u32], work: u64| Snapshot {
         period_ns: PERIOD,
-        vcpus: cpus
-            .iter()
-            .map(|&cpu| VcpuSample { cpu, t_work_ns: work, t_yield_ns: 0, t_idle_ns: PERIOD - work, s_yield: 40 })
-            .collect(),
+        vcpus: cpus.iter().map(|&cpu| VcpuSample { cpu, t_work_ns: work, t_yield_ns: 0, t_idle_ns: PERIOD - work, s_yield: 40 }).collect(),
         s_work: 2,
     };
     let mut c = Controller::new(vec![0, 1], unit_params());

@@ -34,15 +34,7 @@ fn whole(x: f64) -> u64 {
 /// the sleep backoff meets their ends at every phase), else exactly `short_ns`.
 pub fn bimodal(n: usize, short_ns: u64, long_ns: u64, p_long: f64, seed: u64) -> Vec<u64> {
     let mut rng = SplitMix64(seed);
-    (0..n)
-        .map(|_| {
-            if rng.unit() < p_long {
-                whole(long_ns as f64 * (0.5 + rng.unit()))
-            } else {
-                short_ns
-            }
-        })
-        .collect()
+    (0..n).map(|_| if rng.unit() < p_long { whole(long_ns as f64 * (0.5 + rng.unit())) } else { short_ns }).collect()
 }
 
 /// How one idle period went for the yielding thread.
@@ -65,7 +57,13 @@ pub struct PeriodOutcome {
 /// (the vCPU halts; work arriving meanwhile runs and the thread waits for it to finish).
 /// `sleep_evidence`: the thread can tell that work ran while it slept
 /// ([`YieldProbe::ran_while_asleep`]).
-pub fn drive_idle_periods(det: &mut IdleDetector, periods: &[u64], work_ns: u64, yield_ns: u64, sleep_evidence: bool) -> Vec<PeriodOutcome> {
+pub fn drive_idle_periods(
+    det: &mut IdleDetector,
+    periods: &[u64],
+    work_ns: u64,
+    yield_ns: u64,
+    sleep_evidence: bool,
+) -> Vec<PeriodOutcome> {
     let yield_ns = yield_ns.max(1);
     let mut out = Vec::with_capacity(periods.len());
     // Carry on from where the detector's clock is (a second trace on the same detector).
