@@ -106,7 +106,7 @@ const MAX_STATE_BYTES: u64 = 4 << 20;
 /// private: a symbolic link, another user's, or writable by others. Everything in it is read
 /// and acted on as root.
 pub fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
-    journal::create_private_dir(dir).context("the run directory must be root's alone")
+    gleaner_os::private::create_private_dir(dir).context("the run directory must be root's alone")
 }
 
 /// Reads an agent's state file: never through a symbolic link, and only if it is a regular

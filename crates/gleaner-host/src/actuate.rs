@@ -71,13 +71,6 @@ impl State {
     pub fn load(path: &Path) -> anyhow::Result<Option<State>> {
         Journal::load(path, MAX_STATE_BYTES).context("cannot read the state file")
     }
-
-    /// Writes atomically (a new 0600 temp file, never through a symlink, renamed over the
-    /// old), in a directory created root-only (0700) or already root's alone.
-    pub fn save(&self, path: &Path) -> anyhow::Result<()> {
-        Journal::create(path, self.clone()).context("cannot write the state file")?;
-        Ok(())
-    }
 }
 
 /// What undoing a thread's or a process's record needs.
@@ -569,7 +562,7 @@ mod tests {
         let p = d.path().join("s.json");
         assert!(State::load(&p).unwrap().is_none());
         let s = State { agent_pid: 1, groups: vec![PathBuf::from("/x/gleaner-aql-a")], ..State::default() };
-        s.save(&p).unwrap();
+        Journal::create(&p, s.clone()).unwrap();
         assert_eq!(State::load(&p).unwrap().unwrap(), s);
         std::fs::write(&p, "{").unwrap();
         assert!(format!("{:#}", State::load(&p).unwrap_err()).contains("s.json"));

@@ -335,15 +335,22 @@ fn wait_for<'a>(
     (g, true)
 }
 
-fn waiter(chan: &Chan, cpu: u32, deadline: Duration) {
+/// Pins the waiter to `cpu` and tells the waker its tid; a waiter that cannot be pinned tells
+/// the waker why and stops the setting (`None`).
+fn start_waiter(chan: &Chan, cpu: u32) -> Option<MutexGuard<'_, Shared>> {
     let mut g = chan.lock();
     if let Err(e) = pin_current_thread(cpu) {
         g.error = Some(format!("pinning the waiter to CPU {cpu}: {e}"));
         g.stop = true;
         chan.to_waker.notify_all();
-        return;
+        return None;
     }
     g.waiter_tid = sched::gettid();
+    Some(g)
+}
+
+fn waiter(chan: &Chan, cpu: u32, deadline: Duration) {
+    let Some(mut g) = start_waiter(chan, cpu) else { return };
     loop {
         if g.stop {
             break;
@@ -381,14 +388,7 @@ fn waiter(chan: &Chan, cpu: u32, deadline: Duration) {
 /// The waiter of [`Primitive::Mutex`]: waits (condvar) for the round to start, then blocks
 /// in `pthread_mutex_timedlock` on the mutex the waker holds.
 fn waiter_mutex(chan: &Chan, cpu: u32, deadline: Duration) {
-    let mut g = chan.lock();
-    if let Err(e) = pin_current_thread(cpu) {
-        g.error = Some(format!("pinning the waiter to CPU {cpu}: {e}"));
-        g.stop = true;
-        chan.to_waker.notify_all();
-        return;
-    }
-    g.waiter_tid = sched::gettid();
+    let Some(mut g) = start_waiter(chan, cpu) else { return };
     loop {
         if g.stop {
             break;

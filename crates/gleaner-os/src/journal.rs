@@ -62,7 +62,7 @@ impl<D: Serialize + DeserializeOwned> Journal<D> {
     pub fn create(path: impl Into<PathBuf>, doc: D) -> Result<Self> {
         let path = path.into();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            create_private_dir(dir)?;
+            crate::private::create_private_dir(dir)?;
         }
         let me = Self { path, doc };
         me.write()?;
@@ -130,19 +130,6 @@ pub fn remove_file(path: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(OsError::Dir { op: "remove a file in", path: path.to_path_buf(), source }),
     }
-}
-
-/// Creates `dir` (and its parents) with mode 0700, and refuses one that exists but is not
-/// private: a symbolic link, another user's, or writable by others. What is in it is read and
-/// acted on as root.
-pub fn create_private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|source| OsError::Dir {
-        op: "create",
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    crate::private::check_private_dir(dir)
 }
 
 #[cfg(test)]

@@ -30,6 +30,19 @@ fn check_owner_mode(path: &Path, meta: &std::fs::Metadata) -> Result<()> {
     Ok(())
 }
 
+/// Creates `dir` (and its parents) with mode 0700, and refuses one that exists but is not
+/// private: a symbolic link, another user's, or writable by others. What is in it is read and
+/// acted on as root.
+pub fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|source| OsError::Dir {
+        op: "create",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    check_private_dir(dir)
+}
+
 /// `dir` is a real directory (not a symlink) of ours that nobody else can write.
 pub fn check_private_dir(dir: &Path) -> Result<()> {
     let meta = std::fs::symlink_metadata(dir).map_err(|source| OsError::Dir { op: "inspect", path: dir.to_path_buf(), source })?;
