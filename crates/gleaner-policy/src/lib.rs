@@ -4,6 +4,8 @@
 //! - [`gleaner`]: the consolidation controller of the Gleaner paper (section 5).
 //! - [`retention`]: the yielding thread's idle detector and its adaptive timeout (section 6),
 //!   the start-up verdict and the governor that re-decides online whether retention pays.
+//! - [`idle`]: the idle policy: wake-cost curve, idle-period and wakeup-latency histograms,
+//!   and the per-vCPU choice of mechanism (kernel polling, yielding threads) and window.
 //! - [`stats`]: order statistics (median, percentiles, spread) used by every benchmark.
 //! - [`overhead`]: the survey's reduced resource/temporal efficiency and omega.
 //! - [`aql`]: AQL_Sched's vCPU type recognition and pCPU pool clustering.
@@ -11,6 +13,7 @@
 
 pub mod aql;
 pub mod gleaner;
+pub mod idle;
 pub mod input;
 pub mod num;
 pub mod overhead;

@@ -1,0 +1,15 @@
+//! The idle policy: what an idle vCPU of a guest does while its workload waits, and for how
+//! long, so that waking a blocked thread on it is cheap (the blocked-waiter wakeup problem).
+//!
+//! - [`hist`]: log2 histograms of durations (idle periods, wakeup latencies).
+//! - [`curve`]: the machine's wake-cost curve: halted after a gap g, kept busy, polling.
+//! - [`trace`]: what the scheduler tracer reports: wakeup latency by the target vCPU's state,
+//!   idle periods by how they ended.
+
+pub mod curve;
+pub mod hist;
+pub mod trace;
+
+pub use curve::{CurvePoint, WakeCurve};
+pub use hist::Log2Hist;
+pub use trace::{TargetState, TraceSource, VcpuGaps, WakeLatency, WakeTrace};
