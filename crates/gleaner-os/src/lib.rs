@@ -10,6 +10,7 @@
 //! | [`cpuset`] | kernel CPU list format (`0-3,5`) |
 //! | [`procfs`] | `/proc/stat`, `/proc/<pid>/task/<tid>/{schedstat,status,stat}`, mountinfo, cpuinfo |
 //! | [`sysfs`] | online CPUs, cpuidle driver/governor/states, module parameters, DMI |
+//! | [`idle`] | the kernel's idle knobs: haltpoll window, per-CPU resume latency, state disable, governor |
 //! | [`kvm`] | the host's `kvm.halt_poll_ns`, set for a guard's life and restored on drop |
 //! | [`virt`] | hypervisor detection (cpuinfo flag, CPUID leaf 0x40000000, DMI, /sys/hypervisor) |
 //! | [`cgroup`] | cpuset cgroups, v1 and v2 |
@@ -49,6 +50,7 @@ pub mod cgroup;
 pub mod cpuset;
 pub mod error;
 pub mod fd;
+pub mod idle;
 pub mod input;
 pub mod journal;
 pub mod kvm;

@@ -5,11 +5,14 @@
 //! - [`curve`]: the machine's wake-cost curve: halted after a gap g, kept busy, polling.
 //! - [`trace`]: what the scheduler tracer reports: wakeup latency by the target vCPU's state,
 //!   idle periods by how they ended.
+//! - [`plan`]: per vCPU, the mechanism (kernel polling, yielders, nothing) and its window.
 
 pub mod curve;
 pub mod hist;
+pub mod plan;
 pub mod trace;
 
 pub use curve::{CurvePoint, WakeCurve};
 pub use hist::Log2Hist;
+pub use plan::{IdlePlan, Means, Mechanism, PlanConfig, VcpuPlan};
 pub use trace::{TargetState, TraceSource, VcpuGaps, WakeLatency, WakeTrace};

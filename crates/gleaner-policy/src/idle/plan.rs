@@ -1,0 +1,386 @@
+//! The idle planner: per vCPU, which mechanism keeps it from halting while its workload waits
+//! and for how long (its *window*), from the idle periods it has seen and the machine's
+//! wake-cost curve, under a CPU budget. Pure: the agent and the simulator call it with what
+//! they measured and apply what it returns.
+//!
+//! ```text
+//!  per vCPU, gaps: idle periods ended by a remote wakeup of the workload (woken) + all others
+//!  for a window W (2^k ns, 16 us .. 16.8 ms, or ALWAYS):
+//!     cost(W)   = sum over every gap g of min(g, W)                 CPU spent polling/yielding
+//!     saving(W) = sum over woken gaps g <= W of C(g) - caught       the halt never happened
+//!               + sum over woken gaps g >  W of C(g) - C(g - W)     a shorter halt, often cheap
+//!                 caught = P (kernel polling: no IPI) or B (a yielder: an IPI to a busy vCPU)
+//!     value(W)  = saving(W) - price * cost(W)                       price: latency ns a CPU ns
+//!                                                                   must buy (default 0.01)
+//!  choose the W of highest value with cost(W) <= budget * traced time; none pays: halt (W = 0)
+//! ```
+//!
+//! Kernel polling beats yielding wherever the machine has it (no IPI, no `SCHED_IDLE` thread
+//! in the scheduler's way), so yielders are planned only where there is no POLL state. Kernel
+//! polling comes in two forms ([`Means`]): the `haltpoll` governor's window, one cap for every
+//! CPU below which each CPU adapts its own, and "always" (a 0 us resume latency limit on one
+//! CPU). The planner picks the one cap that maximizes the summed value of every vCPU, each
+//! vCPU either living with that cap or polling always if that is worth more to it.
+//!
+//! Why these rules. The 2-competitive timeout `max(C, 2(C - B))` that retention used before
+//! assumed a constant halt cost; on a KVM host that polls halted vCPUs the cost depends on the
+//! gap (cheap inside the host's poll window, dear after it), and the rule capped every window
+//! at about C, so it could never reach the gaps where halting costs. It also priced a
+//! microsecond spent on an otherwise idle vCPU like one on the workload's critical path. The
+//! planner prices it explicitly (`price`) and bounds it (`budget`).
+
+use serde::{Deserialize, Serialize};
+
+use super::curve::WakeCurve;
+use super::hist::Log2Hist;
+use super::trace::VcpuGaps;
+
+/// A window that never ends: the vCPU polls (or yields) until work arrives.
+pub const ALWAYS: u64 = u64::MAX;
+
+/// Smallest and largest finite window, as powers of two (16.4 us and 16.8 ms).
+pub const MIN_WINDOW_EXP: u32 = 14;
+pub const MAX_WINDOW_EXP: u32 = 24;
+
+/// The finite candidate windows, ascending.
+pub fn windows() -> impl Iterator<Item = u64> + Clone {
+    (MIN_WINDOW_EXP..=MAX_WINDOW_EXP).map(|k| 1u64 << k)
+}
+
+/// What keeps an idle vCPU from halting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mechanism {
+    /// Nothing: the vCPU halts at once (what the guest does without gleaner, where its
+    /// kernel does not poll).
+    Halt,
+    /// The kernel's POLL idle state: a wakeup needs no IPI.
+    Poll,
+    /// A `SCHED_IDLE` yielding thread: a wakeup is an IPI to a busy vCPU.
+    Yield,
+}
+
+/// The mechanisms this machine offers the planner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Means {
+    /// The `haltpoll` governor's window (one cap for every CPU).
+    pub poll_window: bool,
+    /// Per-CPU polling until work arrives (resume latency limit 0).
+    pub poll_always: bool,
+    /// Yielding threads (any Linux guest).
+    pub yielders: bool,
+}
+
+impl Means {
+    /// Kernel polling in some form.
+    pub fn kernel_polling(&self) -> bool {
+        self.poll_window || self.poll_always
+    }
+}
+
+/// Tunables of the planner.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlanConfig {
+    /// Share of each vCPU's time the mechanism may spend (polling or yielding), 0 < b <= 1.
+    pub budget: f64,
+    /// Wakeup latency (ns) one ns of that CPU must save to be spent: the exchange rate
+    /// between a vCPU's otherwise idle time and the workload's wakeups.
+    pub price: f64,
+    /// Fewer woken idle periods than this in the observed window: too little to plan from
+    /// (the vCPU halts, as stock).
+    pub min_woken: u64,
+}
+
+/// The default budget: all of a vCPU's idle time may be spent, but only where it buys
+/// wakeups at the price (an idle workload spends nothing; see docs/agent.md).
+pub const DEFAULT_BUDGET: f64 = 1.0;
+/// The default price: a microsecond of wakeup latency is worth up to 100 us of idle vCPU.
+pub const DEFAULT_PRICE: f64 = 0.01;
+
+impl Default for PlanConfig {
+    fn default() -> Self {
+        Self { budget: DEFAULT_BUDGET, price: DEFAULT_PRICE, min_woken: 20 }
+    }
+}
+
+impl PlanConfig {
+    /// Checks the ranges; the error names the field and what is allowed.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.budget > 0.0 && self.budget <= 1.0) {
+            return Err(format!("budget = {}: allowed a share of a vCPU in (0, 1]", self.budget));
+        }
+        if !(0.0..=1.0).contains(&self.price) {
+            return Err(format!("price = {}: allowed 0..=1 (latency ns per CPU ns)", self.price));
+        }
+        Ok(())
+    }
+}
+
+/// What a window is expected to do on one vCPU, per second of observed time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// Share of the vCPU spent polling or yielding.
+    pub cost_share: f64,
+    /// Wakeup latency saved, ns per second.
+    pub saving_ns_per_s: f64,
+    /// Share of the woken idle periods the window covers whole.
+    pub caught_share: f64,
+    /// Woken idle periods per second.
+    pub woken_per_s: f64,
+}
+
+/// One vCPU's plan.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct VcpuPlan {
+    pub cpu: u32,
+    pub mechanism: Mechanism,
+    /// How long an idle period is covered, ns ([`ALWAYS`]: until work arrives; 0 with `Halt`).
+    pub window_ns: u64,
+    pub estimate: Estimate,
+    /// Why, for people and the events.
+    pub why: PlanReason,
+}
+
+/// Why a vCPU got its plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanReason {
+    /// The window of highest value within the budget.
+    BestValue,
+    /// Too few woken idle periods to plan from.
+    TooFewWakeups,
+    /// No window saves more than it costs at the price.
+    NothingPays,
+    /// The machine offers no mechanism (no POLL state, yielders not allowed).
+    NoMechanism,
+    /// The shared kernel polling window other vCPUs chose applies here too.
+    SharedWindow,
+}
+
+/// The plan of every vCPU, and the kernel settings it maps to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IdlePlan {
+    pub vcpus: Vec<VcpuPlan>,
+    /// The haltpoll governor's cap (`guest_halt_poll_ns`), ns; 0: no windowed polling.
+    pub poll_window_ns: u64,
+    /// vCPUs that poll until work arrives (resume latency limit 0).
+    pub poll_always: Vec<u32>,
+}
+
+impl IdlePlan {
+    /// Nothing retained: every vCPU halts.
+    pub fn halt(cpus: impl IntoIterator<Item = u32>) -> Self {
+        let vcpus = cpus
+            .into_iter()
+            .map(|cpu| VcpuPlan {
+                cpu,
+                mechanism: Mechanism::Halt,
+                window_ns: 0,
+                estimate: Estimate::default(),
+                why: PlanReason::NothingPays,
+            })
+            .collect();
+        Self { vcpus, poll_window_ns: 0, poll_always: Vec::new() }
+    }
+
+    /// The plan of `cpu`.
+    pub fn of(&self, cpu: u32) -> Option<&VcpuPlan> {
+        self.vcpus.iter().find(|v| v.cpu == cpu)
+    }
+
+    /// Some vCPU polls or yields.
+    pub fn retains(&self) -> bool {
+        self.vcpus.iter().any(|v| v.mechanism != Mechanism::Halt)
+    }
+
+    /// Expected retention CPU over every vCPU, in vCPUs.
+    pub fn expected_cost_vcpus(&self) -> f64 {
+        self.vcpus.iter().map(|v| v.estimate.cost_share).sum()
+    }
+}
+
+/// The observed idle periods of one vCPU, with the time they were observed over and the
+/// vCPU's own budget (the agent tightens it where the realized cost ran over).
+#[derive(Debug, Clone, Copy)]
+pub struct VcpuInput<'a> {
+    pub gaps: &'a VcpuGaps,
+    /// Time the gaps were observed over, ns.
+    pub observed_ns: u64,
+    /// Share of this vCPU the mechanism may spend.
+    pub budget: f64,
+}
+
+/// The cost of a caught wakeup under `m`, ns (`None`: the machine cannot measure it).
+fn caught_cost(curve: &WakeCurve, m: Mechanism) -> Option<f64> {
+    match m {
+        Mechanism::Poll => curve.poll_cost_ns(),
+        Mechanism::Yield => Some(curve.busy_cost_ns()),
+        Mechanism::Halt => None,
+    }
+}
+
+/// What window `w` does on one vCPU under mechanism `m` (module documentation).
+pub fn estimate(curve: &WakeCurve, m: Mechanism, gaps: &VcpuGaps, observed_ns: u64, w: u64) -> Estimate {
+    let secs = observed_ns.max(1) as f64 / 1e9;
+    let woken = gaps.woken.count();
+    let mut e = Estimate { woken_per_s: woken as f64 / secs, ..Estimate::default() };
+    let Some(caught) = caught_cost(curve, m) else { return e };
+    if w == 0 {
+        return e;
+    }
+    let all = gaps.all();
+    let cost_ns = if w == ALWAYS { all.sum_ns() as f64 } else { all.sum_min_ns(w) };
+    e.cost_share = cost_ns / observed_ns.max(1) as f64;
+    let (mut saving, mut caught_n) = (0.0, 0u64);
+    for (i, c, _) in gaps.woken.iter() {
+        let g = gaps.woken.bucket_mean_ns(i);
+        let halted = curve.halt_cost_ns(g);
+        let hi = if i + 1 >= super::hist::BUCKETS { u64::MAX } else { super::hist::bucket_lo(i + 1) };
+        let per = if w == ALWAYS || hi <= w || g <= w as f64 {
+            caught_n += c;
+            halted - caught
+        } else {
+            halted - curve.halt_cost_ns(g - w as f64)
+        };
+        saving += per.max(0.0) * c as f64;
+    }
+    e.saving_ns_per_s = saving / secs;
+    e.caught_share = if woken == 0 { 0.0 } else { caught_n as f64 / woken as f64 };
+    e
+}
+
+/// The value of an estimate at `price`: latency saved minus the CPU it took, ns per second.
+fn value(e: &Estimate, price: f64) -> f64 {
+    e.saving_ns_per_s - price * e.cost_share * 1e9
+}
+
+fn plan_of(cpu: u32, mechanism: Mechanism, window_ns: u64, estimate: Estimate, why: PlanReason) -> VcpuPlan {
+    VcpuPlan { cpu, mechanism, window_ns, estimate, why }
+}
+
+/// The best window for one vCPU on its own (yielders, or "always" polling only): the highest
+/// value within its budget among 0, the candidate windows and, if `always`, [`ALWAYS`].
+fn best_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &VcpuInput<'_>, finite: bool, always: bool) -> VcpuPlan {
+    let cpu = input.gaps.cpu;
+    let none = estimate(curve, m, input.gaps, input.observed_ns, 0);
+    if input.gaps.woken.count() < cfg.min_woken {
+        return plan_of(cpu, Mechanism::Halt, 0, none, PlanReason::TooFewWakeups);
+    }
+    let mut best: Option<(f64, u64, Estimate)> = None;
+    let cands = windows().filter(|_| finite).chain(always.then_some(ALWAYS));
+    for w in cands {
+        let e = estimate(curve, m, input.gaps, input.observed_ns, w);
+        if e.cost_share > input.budget {
+            continue;
+        }
+        let v = value(&e, cfg.price);
+        if v > 0.0 && best.is_none_or(|(bv, _, _)| v > bv) {
+            best = Some((v, w, e));
+        }
+    }
+    match best {
+        Some((_, w, e)) => plan_of(cpu, m, w, e, PlanReason::BestValue),
+        None => plan_of(cpu, Mechanism::Halt, 0, none, PlanReason::NothingPays),
+    }
+}
+
+/// Plans every vCPU (module documentation). `inputs` lists the managed vCPUs.
+pub fn plan(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuInput<'_>]) -> IdlePlan {
+    let cpus = inputs.iter().map(|i| i.gaps.cpu);
+    if means.kernel_polling() && curve.poll_ns.is_some() {
+        return plan_polling(means, curve, cfg, inputs);
+    }
+    if !means.yielders {
+        let mut p = IdlePlan::halt(cpus);
+        for v in &mut p.vcpus {
+            v.why = PlanReason::NoMechanism;
+        }
+        return p;
+    }
+    let vcpus = inputs.iter().map(|i| best_alone(curve, Mechanism::Yield, cfg, i, true, true)).collect();
+    IdlePlan { vcpus, poll_window_ns: 0, poll_always: Vec::new() }
+}
+
+/// Kernel polling: one shared cap (if the haltpoll window is offered) chosen for the summed
+/// value of every vCPU, each vCPU taking "always" instead where that is worth more to it.
+fn plan_polling(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuInput<'_>]) -> IdlePlan {
+    let m = Mechanism::Poll;
+    // Each vCPU's own best with "always" only (or nothing): its fallback under any cap.
+    let alone: Vec<VcpuPlan> = inputs.iter().map(|i| best_alone(curve, m, cfg, i, false, means.poll_always)).collect();
+    let caps: Vec<u64> = if means.poll_window { std::iter::once(0).chain(windows()).collect() } else { vec![0] };
+    let mut best: Option<(f64, u64, Vec<VcpuPlan>)> = None;
+    for &cap in &caps {
+        let mut total = 0.0;
+        let mut plans = Vec::with_capacity(inputs.len());
+        let mut feasible = true;
+        for (input, own) in inputs.iter().zip(&alone) {
+            let cpu = input.gaps.cpu;
+            let capped = estimate(curve, m, input.gaps, input.observed_ns, cap);
+            let capped_value = if cap == 0 { 0.0 } else { value(&capped, cfg.price) };
+            let own_value = if own.window_ns == ALWAYS { value(&own.estimate, cfg.price) } else { f64::NEG_INFINITY };
+            if own_value > capped_value {
+                total += own_value;
+                plans.push(*own);
+            } else {
+                // The cap applies to this vCPU whether it wants it or not: its cost counts.
+                if cap > 0 && capped.cost_share > input.budget {
+                    feasible = false;
+                    break;
+                }
+                total += capped_value;
+                let why = if cap == 0 {
+                    own.why
+                } else if input.gaps.woken.count() < cfg.min_woken || capped_value <= 0.0 {
+                    PlanReason::SharedWindow
+                } else {
+                    PlanReason::BestValue
+                };
+                let mech = if cap == 0 { Mechanism::Halt } else { m };
+                plans.push(plan_of(cpu, mech, cap, if cap == 0 { own.estimate } else { capped }, why));
+            }
+        }
+        if feasible && best.as_ref().is_none_or(|(bv, _, _)| total > *bv) {
+            best = Some((total, cap, plans));
+        }
+    }
+    let (_, cap, vcpus) = best.unwrap_or_else(|| (0.0, 0, IdlePlan::halt(inputs.iter().map(|i| i.gaps.cpu)).vcpus));
+    let poll_always = vcpus.iter().filter(|v| v.mechanism == Mechanism::Poll && v.window_ns == ALWAYS).map(|v| v.cpu).collect();
+    let poll_window_ns = if vcpus.iter().any(|v| v.mechanism == Mechanism::Poll && v.window_ns != ALWAYS) { cap } else { 0 };
+    IdlePlan { vcpus, poll_window_ns, poll_always }
+}
+
+/// Idle periods as an exponential distribution of mean `mean_ns`, `count` of them, spread over
+/// the log2 buckets: the estimate where no tracer saw the real ones (cpuidle usage and time
+/// give the count and the mean).
+pub fn exponential_gaps(count: u64, mean_ns: f64) -> Log2Hist {
+    let mut h = Log2Hist::default();
+    if count == 0 || mean_ns.is_nan() || mean_ns <= 0.0 {
+        return h;
+    }
+    let cdf = |x: f64| 1.0 - (-x / mean_ns).exp();
+    let mut left = count;
+    for i in 0..super::hist::BUCKETS {
+        let lo = super::hist::bucket_lo(i) as f64;
+        let hi = super::hist::bucket_lo(i + 1) as f64;
+        let share = cdf(hi) - cdf(lo);
+        let n = crate::num::saturating_u64((share * count as f64).round()).min(left);
+        if n > 0 {
+            // The mean of an exponential restricted to [lo, hi).
+            let (a, b) = ((-lo / mean_ns).exp(), (-hi / mean_ns).exp());
+            let m = if a - b > 1e-12 { (lo * a - hi * b) / (a - b) + mean_ns } else { (lo + hi) / 2.0 };
+            h.record_n(crate::num::saturating_u64(m.clamp(lo, hi.max(lo + 1.0) - 1.0).round()), n);
+            left -= n;
+        }
+        if left == 0 {
+            break;
+        }
+    }
+    if left > 0 {
+        h.record_n(crate::num::saturating_u64(mean_ns.round()), left);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests;
