@@ -81,7 +81,17 @@ fn governor() {
     println!("host polls (retention -7%, 0.6 vCPU burned) until epoch 150, then not (+25%) until 400, then polls again; readings +-2%\n");
     let model = |k: usize| {
         let gain = if (150..400).contains(&k) { 0.25 } else { -0.07 };
-        EpochModel { rate_per_s: 5_000.0, on_gain: gain, burn_vcpus: 0.6, noise: 0.02, epoch_ns: 200_000_000, active_vcpus: 2 }
+        EpochModel {
+            rate_per_s: 5_000.0,
+            on_gain: gain,
+            burn_vcpus: 0.6,
+            noise: 0.02,
+            epoch_ns: 200_000_000,
+            active_vcpus: 2,
+            wakes_per_s: 0.0,
+            wake_off_ns: 0.0,
+            wake_on_ns: 0.0,
+        }
     };
     for prior in [RetentionMode::On, RetentionMode::Off] {
         let mut g = RetentionGovernor::new(GovernorConfig::default(), prior);

@@ -4,6 +4,8 @@
 //! - [`gleaner`]: the consolidation controller of the Gleaner paper (section 5).
 //! - [`retention`]: the yielding thread's idle detector and its adaptive timeout (section 6),
 //!   the start-up verdict and the governor that re-decides online whether retention pays.
+//! - [`guest`]: the guest loop once (consolidation, idle plan, governor), driven by the agent
+//!   and the simulator alike.
 //! - [`idle`]: the idle policy: wake-cost curve, idle-period and wakeup-latency histograms,
 //!   and the per-vCPU choice of mechanism (kernel polling, yielding threads) and window.
 //! - [`stats`]: order statistics (median, percentiles, spread) used by every benchmark.
@@ -13,6 +15,7 @@
 
 pub mod aql;
 pub mod gleaner;
+pub mod guest;
 pub mod idle;
 pub mod input;
 pub mod num;

@@ -178,7 +178,16 @@ impl Engine {
         let snap = Snapshot { period_ns: period, vcpus: samples, s_work };
         // A probe epoch's readings are the probe's: the controller does not see them.
         let probe = self.vms[vmi].gov.as_ref().is_some_and(|g| g.probing());
-        self.retention_period(vm, EpochReading { duration_ns: period, progress: s_work, yielder_cpu_ns: yielder_ns, active_vcpus: active });
+        self.retention_period(
+            vm,
+            EpochReading {
+                duration_ns: period,
+                progress: s_work,
+                retention_cpu_ns: yielder_ns,
+                active_vcpus: active,
+                ..EpochReading::default()
+            },
+        );
         let ctrl = self.vms[vmi].ctrl.as_mut().filter(|_| !probe);
         let decisions = ctrl.map(|c| c.step(&snap)).unwrap_or_default();
         for d in &decisions {

@@ -127,11 +127,26 @@ pub struct GovernorConfig {
     pub decisive_loss: f64,
     /// Epochs with fewer sync points than this are too few to compare (see the module docs).
     pub min_progress: u64,
+    /// Epochs with fewer traced wakeups than this do not judge by latency.
+    pub min_wakeups: u64,
+    /// Retention pays when it shortens the mean wakeup by this share (and the workload's
+    /// progress did not fall by more than `margin`).
+    pub latency_gain: f64,
 }
 
 impl Default for GovernorConfig {
     fn default() -> Self {
-        Self { probe_every_min: 4, probe_every_max: 32, margin: 0.05, cpu_price: 0.05, confirm: 3, decisive_loss: 0.25, min_progress: 50 }
+        Self {
+            probe_every_min: 4,
+            probe_every_max: 32,
+            margin: 0.05,
+            cpu_price: 0.05,
+            confirm: 3,
+            decisive_loss: 0.25,
+            min_progress: 50,
+            min_wakeups: 50,
+            latency_gain: 0.10,
+        }
     }
 }
 
@@ -156,21 +171,32 @@ impl GovernorConfig {
         if self.confirm == 0 {
             return Err("confirm = 0: need at least 1".into());
         }
+        if !(0.0..=10.0).contains(&self.latency_gain) {
+            return Err(format!("latency_gain = {}: need 0..=10", self.latency_gain));
+        }
         Ok(())
     }
 }
 
 /// What the agent (or the simulator) measured over one epoch.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct EpochReading {
     /// Length of the epoch.
     pub duration_ns: u64,
     /// The workload's voluntary context switches (blocking sync points) in the epoch.
     pub progress: u64,
-    /// CPU time of the yielding threads in the epoch.
-    pub yielder_cpu_ns: u64,
+    /// CPU time retention took in the epoch: yielding threads and kernel polling (the POLL
+    /// state's time, which `/proc/stat` counts as idle).
+    #[serde(alias = "yielder_cpu_ns")]
+    pub retention_cpu_ns: u64,
     /// vCPUs the workload could run on during the epoch.
     pub active_vcpus: u32,
+    /// The workload's wakeups seen by the tracer in the epoch (0: no tracer).
+    #[serde(default)]
+    pub wakeups: u64,
+    /// Their mean latency, `sched_waking` to running, ns.
+    #[serde(default)]
+    pub wake_mean_ns: f64,
 }
 
 /// The outcome of one on/off comparison.
@@ -195,6 +221,11 @@ pub struct Comparison {
     pub burn_vcpus: f64,
     /// `cpu_price * burn_vcpus`.
     pub break_even: f64,
+    /// Mean wakeup latency with retention on / off, ns (`None`: too few traced wakeups).
+    #[serde(default)]
+    pub on_wake_ns: Option<f64>,
+    #[serde(default)]
+    pub off_wake_ns: Option<f64>,
     pub verdict: Verdict,
 }
 
@@ -387,7 +418,9 @@ impl RetentionGovernor {
         }
     }
 
-    /// Compares a probe epoch with the baseline epochs around it.
+    /// Compares a probe epoch with the baseline epochs around it: by the wakeup latency the
+    /// tracer measured where every epoch has enough wakeups (a server at a fixed rate shows
+    /// retention only there), and by progress, which a loss always shows.
     fn compare(&mut self, before: &EpochReading, probe: &EpochReading, after: &EpochReading) -> Comparison {
         self.state.comparisons += 1;
         let rate = |progress: u64, ns: u64| {
@@ -400,16 +433,43 @@ impl RetentionGovernor {
         let base_ns = before.duration_ns + after.duration_ns;
         let base_rate = rate(before.progress + after.progress, base_ns);
         let probe_rate = rate(probe.progress, probe.duration_ns);
-        let (on_rate, off_rate, burn_vcpus) = match self.state.baseline {
-            RetentionMode::On => (base_rate, probe_rate, (before.yielder_cpu_ns + after.yielder_cpu_ns) as f64 / base_ns.max(1) as f64),
-            RetentionMode::Off => (probe_rate, base_rate, probe.yielder_cpu_ns as f64 / probe.duration_ns.max(1) as f64),
+        let base_wakes = before.wakeups + after.wakeups;
+        let base_wake = (base_wakes > 0)
+            .then(|| (before.wake_mean_ns * before.wakeups as f64 + after.wake_mean_ns * after.wakeups as f64) / base_wakes as f64);
+        let probe_wake = (probe.wakeups > 0).then_some(probe.wake_mean_ns);
+        let (on_rate, off_rate, burn_vcpus, on_wake, off_wake) = match self.state.baseline {
+            RetentionMode::On => (
+                base_rate,
+                probe_rate,
+                (before.retention_cpu_ns + after.retention_cpu_ns) as f64 / base_ns.max(1) as f64,
+                base_wake,
+                probe_wake,
+            ),
+            RetentionMode::Off => {
+                (probe_rate, base_rate, probe.retention_cpu_ns as f64 / probe.duration_ns.max(1) as f64, probe_wake, base_wake)
+            }
         };
         let break_even = self.cfg.cpu_price * burn_vcpus;
         let gain = if off_rate > 0.0 { on_rate / off_rate - 1.0 } else { 0.0 };
         let too_small = [before, probe, after].iter().any(|e| e.progress < self.cfg.min_progress || e.duration_ns == 0);
+        let traced = [before, probe, after].iter().all(|e| e.wakeups >= self.cfg.min_wakeups);
         let moved = before.active_vcpus != probe.active_vcpus || probe.active_vcpus != after.active_vcpus;
+        let latency = match (traced, on_wake, off_wake) {
+            (true, Some(on), Some(off)) if on > 0.0 => Some(off / on - 1.0),
+            _ => None,
+        };
         let verdict = if moved {
             Verdict::Inconclusive
+        } else if let Some(lg) = latency.filter(|_| gain > -self.cfg.margin) {
+            // Wakeups measured, progress held: latency decides. Faster by latency_gain pays;
+            // not faster at all (within the margin) loses if the CPU had a price.
+            if lg >= self.cfg.latency_gain {
+                Verdict::Pays
+            } else if lg < self.cfg.margin.min(self.cfg.latency_gain) && gain < break_even {
+                Verdict::Loses
+            } else {
+                Verdict::Neutral
+            }
         } else if too_small {
             // Too few sync points to compare: nothing for retention to speed up, so it loses
             // if it costs anything (an idle workload's backed-off yielders cost ~0.02 vCPU).
@@ -425,7 +485,16 @@ impl RetentionGovernor {
         } else {
             Verdict::Neutral
         };
-        Comparison { on_rate, off_rate, gain, burn_vcpus, break_even, verdict }
+        Comparison {
+            on_rate,
+            off_rate,
+            gain,
+            burn_vcpus,
+            break_even,
+            on_wake_ns: on_wake.filter(|_| traced),
+            off_wake_ns: off_wake.filter(|_| traced),
+            verdict,
+        }
     }
 
     /// Applies a verdict to the streak, the probe interval and the baseline; true if the
@@ -475,7 +544,17 @@ mod tests {
 
     /// A barrier-like workload: 5,000 sync points a second, 200 ms epochs, 2 vCPUs.
     fn host(on_gain: f64, burn_vcpus: f64, noise: f64) -> EpochModel {
-        EpochModel { rate_per_s: 5_000.0, on_gain, burn_vcpus, noise, epoch_ns: 200_000_000, active_vcpus: 2 }
+        EpochModel {
+            rate_per_s: 5_000.0,
+            on_gain,
+            burn_vcpus,
+            noise,
+            epoch_ns: 200_000_000,
+            active_vcpus: 2,
+            wakes_per_s: 0.0,
+            wake_off_ns: 0.0,
+            wake_on_ns: 0.0,
+        }
     }
     /// The development VM: the host polls halted vCPUs, forced retention costs 7%.
     fn polling() -> EpochModel {
@@ -707,6 +786,45 @@ mod tests {
             drive_governor(&mut g, 3000, 11, |k| if (k / 500) % 2 == 0 { polling() } else { not_polling() })
         };
         assert_eq!(run(), run());
+    }
+
+    /// A server at a fixed request rate: progress is the same in both modes; the tracer sees
+    /// 2,000 wakeups a second, `off` and `on` ns each.
+    fn server(off: f64, on: f64, burn_vcpus: f64) -> EpochModel {
+        EpochModel { rate_per_s: 2_000.0, wakes_per_s: 2_000.0, wake_off_ns: off, wake_on_ns: on, ..host(0.0, burn_vcpus, 0.02) }
+    }
+
+    #[test]
+    fn a_server_whose_wakeups_retention_shortens_keeps_it_on_though_its_progress_does_not_move() {
+        // Kernel polling on the development VM: 40 us halted, 5 us polled, a vCPU burned.
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        let trace = drive_governor(&mut g, 400, 3, |_| server(40_000.0, 5_000.0, 1.0));
+        assert!(switches(&trace).is_empty(), "{:?}", switches(&trace));
+        let c: Vec<Comparison> = trace.iter().filter_map(|(_, s)| s.comparison).collect();
+        assert!(!c.is_empty() && c.iter().all(|c| c.verdict == Verdict::Pays), "{c:?}");
+        assert!(c[0].on_wake_ns.unwrap() < c[0].off_wake_ns.unwrap());
+        // Without latency the same run is judged by progress alone, which cannot see it: the
+        // vCPU burned loses.
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        let blind = drive_governor(&mut g, 400, 3, |_| EpochModel { wakes_per_s: 0.0, ..server(40_000.0, 5_000.0, 1.0) });
+        assert_eq!(switches(&blind).len(), 1);
+        // And a prior of off is turned on by latency.
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::Off);
+        let trace = drive_governor(&mut g, 400, 4, |_| server(40_000.0, 5_000.0, 1.0));
+        assert_eq!(switches(&trace).len(), 1);
+        assert_eq!(g.state().baseline, RetentionMode::On);
+    }
+
+    #[test]
+    fn retention_that_does_not_shorten_wakeups_goes_off_and_a_faster_wakeup_never_excuses_lost_progress() {
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        let trace = drive_governor(&mut g, 400, 5, |_| server(20_000.0, 20_000.0, 0.5));
+        assert_eq!(switches(&trace).len(), 1, "same latency, half a vCPU burned: off");
+        // Throughput fell 20% with yielders in the way, though each wakeup was faster.
+        let mut g = RetentionGovernor::new(GovernorConfig::default(), RetentionMode::On);
+        let trace = drive_governor(&mut g, 400, 6, |_| EpochModel { on_gain: -0.2, ..server(40_000.0, 20_000.0, 0.6) });
+        assert_eq!(switches(&trace).len(), 1);
+        assert_eq!(g.state().baseline, RetentionMode::Off);
     }
 
     #[test]

@@ -129,6 +129,10 @@ pub struct EpochModel {
     pub noise: f64,
     pub epoch_ns: u64,
     pub active_vcpus: u32,
+    /// Traced wakeups per second (0: no tracer) and their mean latency off and on, ns.
+    pub wakes_per_s: f64,
+    pub wake_off_ns: f64,
+    pub wake_on_ns: f64,
 }
 
 impl EpochModel {
@@ -141,8 +145,10 @@ impl EpochModel {
         EpochReading {
             duration_ns: self.epoch_ns,
             progress: whole(self.rate_per_s * secs * gain * jitter),
-            yielder_cpu_ns: whole(burn * self.epoch_ns as f64),
+            retention_cpu_ns: whole(burn * self.epoch_ns as f64),
             active_vcpus: self.active_vcpus,
+            wakeups: whole(self.wakes_per_s * secs),
+            wake_mean_ns: if mode.is_on() { self.wake_on_ns } else { self.wake_off_ns } * jitter,
         }
     }
 }

@@ -1,0 +1,320 @@
+//! The guest loop, once: what the Gleaner agent decides every control period, as a pure state
+//! machine over what it measured. The real agent (`gleaner-agent`), the simulator
+//! (`gleaner-sim`) and the lab's predictor are adapters: they read counters into a
+//! [`GuestReading`] and apply the [`GuestStep`].
+//!
+//! ```text
+//!  GuestReading ----+--> idle periods per vCPU  (the tracer's, or estimated from cpuidle
+//!   snapshot        |    usage/time and the workload's blocks) -> smoothed (half-life 1 period)
+//!   per-vCPU idle   |
+//!   trace (delta)   +--> consolidation: Controller::step(snapshot)  (not in a probe period)
+//!                   |
+//!                   +--> budget per vCPU: tightened where polling/yielding took more than it
+//!                   |
+//!                   +--> idle::plan::plan(gaps, curve, budget) -> the plan to use when on
+//!                   |
+//!                   +--> RetentionGovernor::step(epoch: progress, retention CPU, wakeups)
+//!                          -> on: the plan; off (or a probe of off): every vCPU halts
+//!  GuestStep: active vCPUs + decisions, the plan to apply, the governor's step
+//! ```
+//!
+//! The first period has seen nothing yet: every vCPU halts until the planner has idle
+//! periods to plan from.
+
+use serde::{Deserialize, Serialize};
+
+use crate::gleaner::{Controller, Decision, Metrics, Params, Snapshot};
+use crate::idle::plan::{exponential_gaps, plan, IdlePlan, Means, PlanConfig, VcpuInput};
+use crate::idle::{Log2Hist, TraceSource, VcpuGaps, WakeCurve, WakeTrace};
+use crate::retention::{EpochReading, GovernorConfig, GovernorState, GovernorStep, PriorStrength, RetentionGovernor, RetentionMode};
+
+/// One vCPU's idle counters over a period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VcpuIdle {
+    pub cpu: u32,
+    /// Time the vCPU was idle (`/proc/stat` idle, kernel polling included), ns.
+    pub idle_ns: u64,
+    /// Times it went idle (cpuidle usage), `None` without cpuidle.
+    pub entries: Option<u64>,
+    /// Time it polled in the kernel's POLL state, ns (counted idle by `/proc/stat`).
+    pub poll_ns: u64,
+    /// CPU time of its yielding thread, ns (counted busy by `/proc/stat`).
+    pub yield_ns: u64,
+}
+
+/// What the adapter measured over one period.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GuestReading {
+    /// The consolidation controller's snapshot (active vCPUs, `S_work`).
+    pub snapshot: Snapshot,
+    /// Every managed vCPU.
+    pub idle: Vec<VcpuIdle>,
+    /// What the tracer saw in the period (`None`: no tracer, or not attached this period).
+    pub trace: Option<WakeTrace>,
+}
+
+/// How the guest loop runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GuestConfig {
+    /// The managed vCPUs.
+    pub cpus: Vec<u32>,
+    /// Consolidation's parameters (`None`: no consolidation).
+    pub consolidation: Option<Params>,
+    /// The idle planner's budget and price.
+    pub plan: PlanConfig,
+    /// What the machine offers (`Means { yielders: false, .. }` and no kernel polling: the
+    /// idle policy is off).
+    pub means: Means,
+    /// The wake-cost curve (`None`: not measured; nothing is retained).
+    pub curve: Option<WakeCurve>,
+    /// The governor (`None`: the plan is applied without on/off comparisons).
+    pub governor: Option<GovernorConfig>,
+    /// The governor's first mode.
+    pub prior: RetentionMode,
+}
+
+impl GuestConfig {
+    /// The governor's prior strength from the curve: a machine whose only means are yielders
+    /// and whose busy vCPU wakes less than a quarter faster than a halted one after a long
+    /// gap is probed late ([`PriorStrength::Unpromising`]).
+    pub fn prior_strength(&self) -> PriorStrength {
+        let Some(c) = &self.curve else { return PriorStrength::Plain };
+        if self.means.kernel_polling() && c.poll_ns.is_some() {
+            return PriorStrength::Plain;
+        }
+        let long = c.halted.last().map_or(0, |p| p.mean_ns);
+        let gain = long.saturating_sub(c.busy_ns);
+        if gain < crate::idle::curve::NOISE_NS.max(long / 4) {
+            PriorStrength::Unpromising
+        } else {
+            PriorStrength::Plain
+        }
+    }
+}
+
+/// What one period decided.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GuestStep {
+    /// The vCPUs the workload may use next period.
+    pub active: Vec<u32>,
+    /// Consolidation's decisions this period.
+    pub decisions: Vec<Decision>,
+    /// The idle plan to apply next period (every vCPU halts when retention is off).
+    pub plan: IdlePlan,
+    /// The plan the planner made, applied or not (for status: what "on" means now).
+    pub planned: IdlePlan,
+    /// Retention on or off next period.
+    pub mode: RetentionMode,
+    /// The next period is a probe of the other mode.
+    pub probe: bool,
+    /// What the governor read and decided (`None` without a governor).
+    pub governor: Option<GovernorStep>,
+    /// The epoch the governor read.
+    pub reading: EpochReading,
+    /// Where this period's idle periods came from.
+    pub gaps_from: Option<TraceSource>,
+    /// Each vCPU's budget now (tightened where the realized cost ran over).
+    pub budget: Vec<(u32, f64)>,
+}
+
+/// The smoothed idle periods of one vCPU and the time they stand for.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    gaps: VcpuGaps,
+    observed_ns: u64,
+    /// Multiplier of the configured budget (1: as configured).
+    budget_scale: f64,
+}
+
+/// The guest loop's state machine (module documentation).
+#[derive(Debug, Clone)]
+pub struct GuestController {
+    cfg: GuestConfig,
+    consolidation: Option<Controller>,
+    governor: Option<RetentionGovernor>,
+    seen: Vec<Seen>,
+    /// The mode the current period runs in.
+    mode: RetentionMode,
+    /// The plan applied in the current period.
+    applied: IdlePlan,
+}
+
+/// Realized retention cost over budget by more than this share tightens the budget.
+const BUDGET_SLACK: f64 = 0.05;
+
+impl GuestController {
+    pub fn new(cfg: GuestConfig) -> Self {
+        let consolidation = cfg.consolidation.clone().map(|p| Controller::new(cfg.cpus.clone(), p));
+        let governor = cfg.governor.map(|g| RetentionGovernor::with_prior(g, cfg.prior, cfg.prior_strength()));
+        let mode = governor.as_ref().map_or(cfg.prior, RetentionGovernor::mode);
+        let seen =
+            cfg.cpus.iter().map(|&cpu| Seen { gaps: VcpuGaps { cpu, ..VcpuGaps::default() }, observed_ns: 0, budget_scale: 1.0 }).collect();
+        let applied = IdlePlan::halt(cfg.cpus.iter().copied());
+        Self { cfg, consolidation, governor, seen, mode, applied }
+    }
+
+    pub fn config(&self) -> &GuestConfig {
+        &self.cfg
+    }
+
+    /// The vCPUs the workload may use now.
+    pub fn active(&self) -> Vec<u32> {
+        self.consolidation.as_ref().map_or_else(|| self.cfg.cpus.clone(), |c| c.active().to_vec())
+    }
+
+    /// Consolidation's last measurements (default without consolidation).
+    pub fn metrics(&self) -> Metrics {
+        self.consolidation.as_ref().map(Controller::metrics).unwrap_or_default()
+    }
+
+    /// The retention mode of the current period.
+    pub fn mode(&self) -> RetentionMode {
+        self.mode
+    }
+
+    /// The plan applied in the current period.
+    pub fn applied(&self) -> &IdlePlan {
+        &self.applied
+    }
+
+    pub fn governor_state(&self) -> Option<GovernorState> {
+        self.governor.as_ref().map(RetentionGovernor::state)
+    }
+
+    /// The current period is a probe (its readings are the probe's, not the workload's usual).
+    pub fn probing(&self) -> bool {
+        self.governor.as_ref().is_some_and(RetentionGovernor::probing)
+    }
+
+    /// Stops consolidating for good: every vCPU back (the adapter could not apply a set).
+    pub fn stop_consolidation(&mut self) {
+        self.consolidation = None;
+    }
+
+    /// One period (module documentation).
+    pub fn step(&mut self, r: &GuestReading) -> GuestStep {
+        let period_ns = r.snapshot.period_ns.max(1);
+        let gaps_from = self.observe(r);
+        self.tighten_budgets(r, period_ns);
+        // Consolidation does not judge the workload by a probe period's readings.
+        let probe_now = self.probing();
+        let decisions = match (&mut self.consolidation, probe_now) {
+            (Some(c), false) => c.step(&r.snapshot),
+            _ => Vec::new(),
+        };
+        let active = self.active();
+        let planned = self.plan();
+        let reading = epoch_reading(r, u32::try_from(active.len()).unwrap_or(u32::MAX));
+        let governor = self.governor.as_mut().map(|g| g.step(&reading));
+        self.mode = governor.map_or(self.mode, |g| g.mode);
+        let plan = if self.mode.is_on() { planned.clone() } else { IdlePlan::halt(self.cfg.cpus.iter().copied()) };
+        self.applied = plan.clone();
+        GuestStep {
+            active,
+            decisions,
+            plan,
+            planned,
+            mode: self.mode,
+            probe: self.probing(),
+            governor,
+            reading,
+            gaps_from,
+            budget: self.seen.iter().map(|s| (s.gaps.cpu, self.cfg.plan.budget * s.budget_scale)).collect(),
+        }
+    }
+
+    /// Folds this period's idle periods into the smoothed ones (the older weigh half as much
+    /// each period).
+    fn observe(&mut self, r: &GuestReading) -> Option<TraceSource> {
+        let period_ns = r.snapshot.period_ns.max(1);
+        let estimated;
+        let (trace, observed_ns) = match &r.trace {
+            Some(t) if t.traced_ns > 0 => (t, t.traced_ns),
+            _ => {
+                estimated = estimate_gaps(r);
+                (&estimated, period_ns)
+            }
+        };
+        for s in &mut self.seen {
+            let Some(g) = trace.gaps(s.gaps.cpu) else { continue };
+            s.gaps.woken = s.gaps.woken.scaled(1, 2);
+            s.gaps.other = s.gaps.other.scaled(1, 2);
+            s.gaps.merge(g);
+            s.observed_ns = s.observed_ns / 2 + observed_ns;
+        }
+        Some(trace.source)
+    }
+
+    /// Tightens the budget of a vCPU whose polling or yielding took more than its budget in
+    /// the period, and relaxes it back towards the configured one otherwise.
+    fn tighten_budgets(&mut self, r: &GuestReading, period_ns: u64) {
+        let budget = self.cfg.plan.budget;
+        for s in &mut self.seen {
+            let Some(v) = r.idle.iter().find(|v| v.cpu == s.gaps.cpu) else { continue };
+            let spent = (v.poll_ns + v.yield_ns) as f64 / period_ns as f64;
+            let allowed = budget * s.budget_scale;
+            if spent > allowed * (1.0 + BUDGET_SLACK) && spent > 0.0 {
+                s.budget_scale = (s.budget_scale * allowed / spent).max(0.05);
+            } else {
+                s.budget_scale = (s.budget_scale * 1.1).min(1.0);
+            }
+        }
+    }
+
+    /// The planner on the smoothed idle periods.
+    fn plan(&self) -> IdlePlan {
+        let Some(curve) = &self.cfg.curve else { return IdlePlan::halt(self.cfg.cpus.iter().copied()) };
+        let inputs: Vec<VcpuInput<'_>> = self
+            .seen
+            .iter()
+            .filter(|s| s.observed_ns > 0)
+            .map(|s| VcpuInput { gaps: &s.gaps, observed_ns: s.observed_ns, budget: self.cfg.plan.budget * s.budget_scale })
+            .collect();
+        if inputs.is_empty() {
+            return IdlePlan::halt(self.cfg.cpus.iter().copied());
+        }
+        plan(&self.cfg.means, curve, &self.cfg.plan, &inputs)
+    }
+}
+
+/// The governor's epoch from a period's readings.
+fn epoch_reading(r: &GuestReading, active_vcpus: u32) -> EpochReading {
+    let latency = r.trace.as_ref().map(|t| t.latency.all());
+    EpochReading {
+        duration_ns: r.snapshot.period_ns,
+        progress: r.snapshot.s_work,
+        retention_cpu_ns: r.idle.iter().map(|v| v.poll_ns + v.yield_ns).sum(),
+        active_vcpus,
+        wakeups: latency.as_ref().map_or(0, Log2Hist::count),
+        wake_mean_ns: latency.as_ref().and_then(Log2Hist::mean_ns).unwrap_or(0.0),
+    }
+}
+
+/// Idle periods estimated where no tracer saw them: per vCPU, as many as it went idle (or,
+/// without cpuidle, as the workload blocked, shared evenly), exponential with the measured
+/// mean, and as many of them woken by the workload as it blocked (its share by idle entries).
+pub fn estimate_gaps(r: &GuestReading) -> WakeTrace {
+    let n = r.idle.len().max(1) as u64;
+    let s_work = r.snapshot.s_work;
+    let total_entries: u64 = r.idle.iter().filter_map(|v| v.entries).sum();
+    let mut t = WakeTrace::empty(TraceSource::Estimated, r.idle.iter().map(|v| v.cpu));
+    for (v, g) in r.idle.iter().zip(t.vcpus.iter_mut()) {
+        let entries = v.entries.unwrap_or(s_work / n);
+        if entries == 0 || v.idle_ns == 0 {
+            continue;
+        }
+        let woken = if total_entries > 0 && v.entries.is_some() {
+            crate::num::saturating_u64((s_work as f64 * entries as f64 / total_entries as f64).round()).min(entries)
+        } else {
+            (s_work / n).min(entries)
+        };
+        let mean = v.idle_ns as f64 / entries as f64;
+        g.woken = exponential_gaps(woken, mean);
+        g.other = exponential_gaps(entries - woken, mean);
+    }
+    t.traced_ns = r.snapshot.period_ns;
+    t
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,157 @@
+//! The guest loop on synthetic periods.
+
+use super::*;
+use crate::gleaner::VcpuSample;
+use crate::idle::curve::CurvePoint;
+use crate::idle::plan::{Mechanism, ALWAYS};
+
+const PERIOD: u64 = 200_000_000;
+
+fn pt(gap_us: u64, mean_us: u64) -> CurvePoint {
+    CurvePoint { gap_ns: gap_us * 1000, mean_ns: mean_us * 1000, p50_ns: mean_us * 1000 }
+}
+
+fn curve() -> WakeCurve {
+    WakeCurve::new(vec![pt(10, 49), pt(100, 46), pt(1000, 58), pt(10_000, 116)], 40_000, Some(7_000))
+}
+
+fn cfg(means: Means) -> GuestConfig {
+    GuestConfig {
+        cpus: vec![0, 1],
+        consolidation: None,
+        plan: PlanConfig::default(),
+        means,
+        curve: Some(curve()),
+        governor: Some(GovernorConfig::default()),
+        prior: RetentionMode::On,
+    }
+}
+
+const HALTPOLL: Means = Means { poll_window: true, poll_always: true, yielders: true };
+
+fn snapshot(s_work: u64) -> Snapshot {
+    let v = |cpu| VcpuSample { cpu, t_work_ns: PERIOD / 10, t_yield_ns: 0, t_idle_ns: PERIOD * 9 / 10, s_yield: 100 };
+    Snapshot { period_ns: PERIOD, vcpus: vec![v(0), v(1)], s_work }
+}
+
+/// A server on vCPU 1 woken 2,000 times a second after ~480 us idle; vCPU 0 spins.
+fn server_period(poll_ns: u64, wake_ns: u64) -> GuestReading {
+    let mut t = WakeTrace::empty(TraceSource::Bpf, [0, 1]);
+    t.traced_ns = PERIOD;
+    t.vcpus[1].woken.record_n(480_000, 400);
+    t.latency.halt.record_n(wake_ns, 400);
+    GuestReading {
+        snapshot: snapshot(400),
+        idle: vec![
+            VcpuIdle { cpu: 0, ..VcpuIdle::default() },
+            VcpuIdle { cpu: 1, idle_ns: 192_000_000, entries: Some(400), poll_ns, yield_ns: 0 },
+        ],
+        trace: Some(t),
+    }
+}
+
+#[test]
+fn a_traced_server_gets_kernel_polling_covering_its_idle_periods() {
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    assert!(!g.applied().retains(), "nothing is retained before anything was seen");
+    let s = g.step(&server_period(0, 50_000));
+    assert_eq!(s.gaps_from, Some(TraceSource::Bpf));
+    let v = s.plan.of(1).unwrap();
+    assert_eq!(v.mechanism, Mechanism::Poll);
+    assert!(v.window_ns == ALWAYS || v.window_ns > 480_000, "{v:?}");
+    assert_eq!(s.mode, RetentionMode::On);
+    assert!(g.applied().retains());
+}
+
+#[test]
+fn without_a_tracer_idle_periods_are_estimated_from_cpuidle_and_the_workloads_blocks() {
+    let mut r = server_period(0, 50_000);
+    r.trace = None;
+    let est = estimate_gaps(&r);
+    assert_eq!(est.source, TraceSource::Estimated);
+    assert_eq!(est.gaps(1).unwrap().all().count(), 400);
+    assert_eq!(est.gaps(1).unwrap().woken.count(), 400);
+    assert_eq!(est.gaps(0).unwrap().all().count(), 0);
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    let s = g.step(&r);
+    assert_eq!(s.gaps_from, Some(TraceSource::Estimated));
+    assert!(s.plan.of(1).unwrap().mechanism == Mechanism::Poll, "{:?}", s.plan);
+}
+
+#[test]
+fn a_vcpu_that_polled_past_its_budget_gets_a_smaller_one() {
+    let mut c = cfg(HALTPOLL);
+    c.plan.budget = 0.5;
+    let mut g = GuestController::new(c);
+    // The kernel polled 90% of the period on vCPU 1.
+    let s = g.step(&server_period(PERIOD * 9 / 10, 50_000));
+    let b1 = s.budget.iter().find(|(c, _)| *c == 1).unwrap().1;
+    assert!(b1 < 0.3, "{:?}", s.budget);
+    assert!(s.plan.of(1).unwrap().estimate.cost_share <= b1 + 1e-9, "{:?}", s.plan);
+    // Back within budget, it relaxes towards the configured one.
+    let mut last = b1;
+    for _ in 0..20 {
+        last = g.step(&server_period(0, 50_000)).budget.iter().find(|(c, _)| *c == 1).unwrap().1;
+    }
+    assert!((last - 0.5).abs() < 1e-9, "{last}");
+}
+
+#[test]
+fn off_means_every_vcpu_halts_and_a_probe_keeps_consolidation_still() {
+    let mut c = cfg(HALTPOLL);
+    c.prior = RetentionMode::Off;
+    c.consolidation = Some(Params::default());
+    let mut g = GuestController::new(c);
+    let mut probes = 0;
+    for _ in 0..12 {
+        let probing = g.probing();
+        let s = g.step(&server_period(0, 50_000));
+        if s.mode == RetentionMode::Off {
+            assert!(!s.plan.retains(), "{:?}", s.plan);
+            assert!(s.planned.retains(), "the plan is still made");
+        }
+        if probing {
+            probes += 1;
+            assert!(s.decisions.is_empty());
+        }
+    }
+    assert!(probes >= 1);
+}
+
+#[test]
+fn the_governor_keeps_polling_that_shortens_wakeups() {
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    for _ in 0..100 {
+        let poll = if g.mode().is_on() { PERIOD * 9 / 10 } else { 0 };
+        let wake = if g.mode().is_on() { 6_000 } else { 50_000 };
+        g.step(&server_period(poll, wake));
+    }
+    let st = g.governor_state().unwrap();
+    assert_eq!(st.baseline, RetentionMode::On);
+    assert!(st.comparisons >= 3 && st.switches == 0, "{st:?}");
+}
+
+#[test]
+fn no_curve_no_retention() {
+    let mut c = cfg(HALTPOLL);
+    c.curve = None;
+    let mut g = GuestController::new(c);
+    assert!(!g.step(&server_period(0, 50_000)).plan.retains());
+}
+
+#[test]
+fn yielders_only_with_a_busy_vcpu_barely_faster_is_an_unpromising_prior() {
+    let mut c = cfg(Means { poll_window: false, poll_always: false, yielders: true });
+    c.curve = Some(WakeCurve::new(vec![pt(10, 60), pt(10_000, 65)], 55_000, None));
+    assert_eq!(c.prior_strength(), PriorStrength::Unpromising);
+    assert_eq!(cfg(HALTPOLL).prior_strength(), PriorStrength::Plain);
+}
+
+#[test]
+fn the_same_readings_give_the_same_steps() {
+    let run = || {
+        let mut g = GuestController::new(cfg(HALTPOLL));
+        (0..50).map(|k| g.step(&server_period(k * 1000, 40_000 + k))).collect::<Vec<_>>()
+    };
+    assert_eq!(run(), run());
+}
