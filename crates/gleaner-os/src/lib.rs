@@ -45,6 +45,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bpf;
 pub mod cgroup;
 pub mod cpuset;
 pub mod error;
