@@ -3,6 +3,9 @@
 //!
 //! ```text
 //!  insn   the encoder: const fns for the 8-byte bpf_insn, Asm (labels, ld_imm64 map fds)
+//!  sys    bpf(2): map create/lookup/update/delete/next-key/batch, prog load (verifier log),
+//!         raw tracepoint open, test run, enable stats, fd by id; fdinfo and CapEff readers
 //! ```
 
 pub mod insn;
+pub mod sys;
