@@ -16,6 +16,7 @@
 //! | [`sched`] | affinity, SCHED_IDLE/OTHER, EEVDF slice (`sched_setattr`), gettid, getcpu |
 //! | [`rusage`] | getrusage, wait4 |
 //! | [`private`] | the agents' own files: no-follow reads, atomic writes, a directory lock |
+//! | [`bpf`] | an in-kernel scheduler tracer (wakeup latency, idle periods) in eBPF written from Rust |
 //!
 //! ```
 //! use gleaner_os::cpuset::CpuSet;
