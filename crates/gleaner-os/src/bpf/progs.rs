@@ -10,8 +10,9 @@
 //!                 yes: lat[pend_state] += pend_lat; the idle gap that ended then (if any)
 //!                      -> gaps[c][woken] if the waker was another CPU, else gaps[c][other]
 //!                 no:  the gap -> gaps[c][other]
-//!   2. forget   prev stays runnable (preempted or prev_state == TASK_RUNNING): delete
-//!               wake[prev], so a wakeup that found it running never gives a latency
+//!   2. forget   prev stays runnable (preempted or prev_state == TASK_RUNNING) or exits
+//!               (TASK_DEAD): delete wake[prev], so a wakeup that found it running never
+//!               gives a latency
 //!   3. idle     prev is the idle task (pid 0): gap = now - cpu.last_switch;
 //!               pend_state = busy (prev not idle) | poll | halt | idle (no cpuidle state
 //!               seen since the idle task got c); cpu.last_switch = now; idle_state = none
@@ -79,6 +80,9 @@ pub const STATE_POLL: i32 = 1;
 pub const STATE_HALT: i32 = 2;
 pub const STATE_IDLE: i32 = 3;
 pub const STATES: u32 = 4;
+
+/// `TASK_DEAD` in a `prev_state` (`include/linux/sched.h`).
+pub const TASK_DEAD: i32 = 0x80;
 
 /// Latencies longer than this are stale wakeups (the tracer missed the task's switch-in).
 pub const STALE_NS: i32 = 1_000_000_000;
@@ -278,7 +282,12 @@ fn emit_commit(a: &mut Asm, m: &MapFds) {
 }
 
 /// Step 2: prev stays runnable (preempted, or switched out while TASK_RUNNING): a wakeup
-/// recorded for it found it running and must not give a latency at its next switch-in.
+/// recorded for it found it running and must not give a latency at its next switch-in. Nor
+/// may one of a task that exits (TASK_DEAD): its `task_struct`, freed, may become another
+/// task's, whose first switch-in follows no sched_waking.
+///
+/// A task that blocks keeps its entry: the wakeup that ends the block may come in before this
+/// tracepoint (the waker sees it dequeued while its CPU is still switching away from it).
 fn emit_forget_prev(a: &mut Asm, m: &MapFds) {
     let forget = a.label();
     let done = a.label();
@@ -286,6 +295,7 @@ fn emit_forget_prev(a: &mut Asm, m: &MapFds) {
     a.jmp_imm(op::JEQ, R1, 0, done); // the idle task is never woken
     a.emit(&[insn::ldx(op::DW, R1, R6, 24)]);
     a.jmp_imm(op::JEQ, R1, 0, forget);
+    a.jmp_imm(op::JSET, R1, TASK_DEAD, forget);
     a.emit(&[insn::ldx(op::DW, R1, R6, 0)]);
     a.jmp_imm(op::JEQ, R1, 0, done);
     a.bind(forget);

@@ -80,8 +80,8 @@ fn bucket_in_bpf_equals_bucket_of() {
 }
 
 /// Feeds events through the real programs with `BPF_PROG_TEST_RUN` (not attached): the
-/// busy-target path, the managed filter, the forgotten wakeup of a preempted task, and a
-/// switch-in that is not followed by that task's switch-out.
+/// busy-target path, the managed filter, the forgotten wakeup of a preempted or exited task,
+/// and a switch-in that is not followed by that task's switch-out.
 #[test]
 fn programs_follow_the_state_machine() {
     let mut t = load("feeding the programs");
@@ -127,6 +127,14 @@ fn programs_follow_the_state_machine() {
     run(&t, target, "gl_sched_switch", &[0, X, P, SLEEPING]);
     run(&t, target, "gl_sched_switch", &[0, P, Y, SLEEPING]);
     assert_eq!(t.read().unwrap().delta_since(&before).latency.all().count(), 0, "a preempted task's wakeup is forgotten");
+
+    // Woken while running, then exits: forgotten too (its task_struct may be reused by a new
+    // task, switched in without a sched_waking).
+    run(&t, waker, "gl_sched_waking", &[P]);
+    run(&t, target, "gl_sched_switch", &[0, P, X, u64::try_from(progs::TASK_DEAD).unwrap()]);
+    run(&t, target, "gl_sched_switch", &[0, X, P, SLEEPING]);
+    run(&t, target, "gl_sched_switch", &[0, P, Y, SLEEPING]);
+    assert_eq!(t.read().unwrap().delta_since(&before).latency.all().count(), 0, "an exited task's wakeup is forgotten");
 
     // The pending sample is dropped when the next switch-out is not that task's (events
     // were missed).

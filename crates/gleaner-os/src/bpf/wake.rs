@@ -277,6 +277,12 @@ impl WakeTracer {
                     what: format!("raw tracepoint {}", p.tracepoint.to_string_lossy()),
                     why: "not found in this kernel".to_string(),
                 },
+                // The program reads more arguments than the tracepoint has: sched_switch got
+                // its prev_state argument in Linux 5.18.
+                Some(libc::EINVAL) => TraceError::Unavailable {
+                    what: format!("raw tracepoint {}", p.tracepoint.to_string_lossy()),
+                    why: "has other arguments than gleaner reads (sched_switch needs Linux >= 5.18)".to_string(),
+                },
                 _ => sys_err("BPF_RAW_TRACEPOINT_OPEN", e),
             })?;
             links.push(link);
