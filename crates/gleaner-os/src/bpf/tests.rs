@@ -342,6 +342,18 @@ fn drop_releases_programs_and_maps() {
 }
 
 #[test]
+fn a_refused_program_reports_the_verifier_log() {
+    require_root("loading a program");
+    // `exit` with R0 never written: the verifier refuses it.
+    let e = WakeTracer::try_load("gl_refused", vec![insn::exit()]).unwrap_err();
+    match &e {
+        TraceError::Verifier { prog, log } => assert!(*prog == "gl_refused" && log.contains("R0"), "{log}"),
+        other => panic!("expected a verifier refusal, got {other:?}"),
+    }
+    assert!(e.to_string().contains("gl_refused"), "{e}");
+}
+
+#[test]
 fn bad_cpus_and_tgids_are_bad_input() {
     let mut t = load("checking arguments");
     let e = t.set_managed(&[0]).unwrap_err();

@@ -426,6 +426,12 @@ impl WakeTracer {
         (progs, maps)
     }
 
+    /// Loads `insns` as the tracer loads its programs (to see a refusal's report).
+    #[cfg(test)]
+    pub(crate) fn try_load(name: &'static str, insns: Vec<Insn>) -> Result<(), TraceError> {
+        load_prog(c"sched_switch", name, Ok(insns)).map(|_| ())
+    }
+
     /// Runs program `name` once on this CPU with `args` as its tracepoint arguments
     /// (`BPF_PROG_TEST_RUN`), as if the event had fired.
     #[cfg(test)]
@@ -456,14 +462,16 @@ fn load_prog(tracepoint: &'static CStr, name: &'static str, insns: Result<Vec<In
         Err(first) => {
             let mut log = vec![0u8; VERIFIER_LOG_BYTES];
             match sys::prog_load(sys::PROG_TYPE_RAW_TRACEPOINT, &insns, name, Some(&mut log)) {
+                // Refused once, accepted now: the first failure was transient (EAGAIN, ENOMEM).
                 Ok(fd) => fd,
-                Err(e) => {
+                Err(_) => {
                     let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
                     let text = String::from_utf8_lossy(&log[..end]).trim().to_string();
-                    if text.is_empty() {
-                        return Err(sys_err("BPF_PROG_LOAD", if e.raw_os_error().is_some() { e } else { first }));
-                    }
-                    return Err(TraceError::Verifier { prog: name, log: text });
+                    return Err(if text.is_empty() {
+                        sys_err("BPF_PROG_LOAD", first)
+                    } else {
+                        TraceError::Verifier { prog: name, log: text }
+                    });
                 }
             }
         }
