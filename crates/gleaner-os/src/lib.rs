@@ -17,6 +17,7 @@
 //! | [`sched`] | affinity, SCHED_IDLE/OTHER, EEVDF slice (`sched_setattr`), gettid, getcpu |
 //! | [`rusage`] | getrusage, wait4 |
 //! | [`private`] | the agents' own files: no-follow reads, atomic writes, a directory lock |
+//! | [`bpf`] | an in-kernel scheduler tracer (wakeup latency, idle periods) in eBPF written from Rust |
 //!
 //! ```
 //! use gleaner_os::cpuset::CpuSet;
@@ -46,6 +47,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bpf;
 pub mod cgroup;
 pub mod cpuset;
 pub mod error;

@@ -1,0 +1,146 @@
+//! Traces every task's wakeups and every vCPU's idle periods for a few seconds with
+//! `gleaner_os::bpf::WakeTracer`, then prints the histograms and what the programs cost per
+//! event (`BPF_ENABLE_STATS`).
+//!
+//! `cargo run -p gleaner-os --release --example wake_trace -- [SECONDS] [--ping-pong]` (root).
+//! `--ping-pong` runs a light load meanwhile: two threads on the first and last online CPU
+//! hand a token back and forth through a Mutex + Condvar, pausing 200 us between hand-overs.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gleaner_os::bpf::{TracerConfig, WakeTracer};
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::sched;
+use gleaner_os::sysfs::Sysfs;
+use gleaner_policy::idle::{Log2Hist, TargetState};
+
+fn describe(h: &Log2Hist) -> String {
+    match (h.mean_ns(), h.quantile_ns(0.5), h.quantile_ns(0.99)) {
+        (Some(mean), Some(p50), Some(p99)) => {
+            format!("{:>7} | mean {:>9.1} us | p50 {:>9.1} us | p99 {:>9.1} us", h.count(), mean / 1e3, p50 / 1e3, p99 / 1e3)
+        }
+        _ => format!("{:>7} |", 0),
+    }
+}
+
+/// The ping-pong of the tests, until `stop`; returns the number of hand-overs.
+fn ping_pong(cpus: [u32; 2], stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let shared = Arc::new((Mutex::new((0usize, 0u64)), Condvar::new()));
+        let threads: Vec<_> = (0..2usize)
+            .map(|me| {
+                let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
+                let cpu = CpuSet::parse(&cpus[me].to_string()).expect("a CPU number");
+                std::thread::spawn(move || {
+                    sched::set_affinity(0, &cpu).expect("pin the ping-pong thread");
+                    let (lock, cv) = &*shared;
+                    loop {
+                        let mut g = lock.lock().expect("lock");
+                        while g.0 != me && !stop.load(Ordering::Relaxed) {
+                            g = cv.wait_timeout(g, Duration::from_millis(50)).expect("wait").0;
+                        }
+                        drop(g);
+                        if stop.load(Ordering::Relaxed) {
+                            cv.notify_all();
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_micros(200));
+                        let mut g = lock.lock().expect("lock");
+                        g.0 = 1 - me;
+                        g.1 += 1;
+                        drop(g);
+                        cv.notify_one();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("ping-pong thread");
+        }
+        let n = shared.0.lock().expect("lock").1;
+        n
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let seconds: f64 = args.iter().find(|a| !a.starts_with("--")).map_or(Ok(3.0), |s| s.parse()).context("SECONDS must be a number")?;
+    let with_load = args.iter().any(|a| a == "--ping-pong");
+
+    let sysfs = Sysfs::new();
+    let cfg = TracerConfig::detect(&sysfs)?;
+    let _stats = WakeTracer::enable_stats().context("turning BPF run-time statistics on")?;
+    let t0 = Instant::now();
+    let mut tracer = WakeTracer::load(&cfg).context("loading the tracer")?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    tracer.track_all(true)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = with_load.then(|| {
+        let pair = [cfg.cpus.first().unwrap_or(0), cfg.cpus.last().unwrap_or(0)];
+        ping_pong(pair, Arc::clone(&stop))
+    });
+    std::thread::sleep(Duration::from_millis(100)); // the load settles
+    let (trace0, stats0) = (tracer.read()?, tracer.prog_stats());
+    let each0 = tracer.prog_stats_each();
+    tracer.attach()?;
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    tracer.detach();
+    let trace = tracer.read()?.delta_since(&trace0);
+    let each = tracer.prog_stats_each();
+    let stats = tracer.prog_stats();
+    stop.store(true, Ordering::Relaxed);
+    let handovers = load.map(|h| h.join().expect("ping-pong"));
+
+    let traced_s = trace.traced_ns as f64 / 1e9;
+    println!(
+        "traced {traced_s:.2} s on CPUs {} (POLL state {:?}), tracer loaded in {load_ms:.1} ms{}",
+        cfg.cpus,
+        cfg.poll_state,
+        handovers.map(|n| format!(", ping-pong hand-overs {n}")).unwrap_or_default()
+    );
+    println!("\nwakeup latency by target vCPU state (all tasks):   count | mean | p50 | p99");
+    for s in TargetState::ALL {
+        println!("  {:<5} {}", s.name(), describe(trace.latency.of(s)));
+    }
+    println!("  all   {}", describe(&trace.latency.all()));
+    println!("\nidle periods by vCPU:");
+    for g in &trace.vcpus {
+        println!("  cpu{} woken {}", g.cpu, describe(&g.woken));
+        println!("  cpu{} other {}", g.cpu, describe(&g.other));
+    }
+    println!("\nall latencies, log2 buckets [2^i, 2^(i+1)) ns: bucket count mean_us");
+    for (i, c, sum) in trace.latency.all().iter() {
+        println!("  {i:>2} {c:>7} {:>10.2}", sum as f64 / c as f64 / 1e3);
+    }
+
+    println!("\nprogram cost while attached (BPF_ENABLE_STATS):");
+    for ((name, after), (_, before)) in each.iter().zip(&each0) {
+        if let (Some(a), Some(b)) = (after, before) {
+            let d = a.delta_since(b);
+            println!(
+                "  {name:<16} {:>8} runs {:>9.0} /s {:>7.1} ns/run  recursion misses {}",
+                d.run_cnt,
+                d.run_cnt as f64 / traced_s,
+                d.ns_per_run().unwrap_or(0.0),
+                d.recursion_misses
+            );
+        }
+    }
+    if let (Some(a), Some(b)) = (stats, stats0) {
+        let d = a.delta_since(&b);
+        let share = d.run_time_ns as f64 / (trace.traced_ns as f64 * cfg.cpus.len() as f64) * 100.0;
+        println!(
+            "  {:<16} {:>8} runs {:>9.0} /s {:>7.1} ns/run  = {share:.3}% of {} CPUs",
+            "total",
+            d.run_cnt,
+            d.run_cnt as f64 / traced_s,
+            d.ns_per_run().unwrap_or(0.0),
+            cfg.cpus.len()
+        );
+    }
+    Ok(())
+}
