@@ -89,8 +89,8 @@ fn drive(p: &PingpongParams, sh: &Shared) -> anyhow::Result<ClientOut> {
     if !think.is_zero() {
         gleaner_os::sched::set_own_timer_slack(TIMER_SLACK_NS)?;
     }
-    // Room for every sample of a round-count run, or for rounds of 10 us on average.
-    let hint = p.rounds.unwrap_or_else(|| p.duration_ms.unwrap_or(0).saturating_mul(100));
+    // Room for every sample of a round-count run, or for rounds of think time + 10 us.
+    let hint = p.rounds.unwrap_or_else(|| p.duration_ms.unwrap_or(0).saturating_mul(1000) / (p.think_us + 10));
     let mut samples = Vec::with_capacity(usize::try_from(hint.min(super::MAX_ROUNDS)).unwrap_or(0));
     let mut checksum = 0u64;
     sh.start.wait()?;
