@@ -46,6 +46,12 @@ fn bad_input_exits_2_with_one_line() {
         &["no-such-command"],
         &["bench", "workload", "no-such-workload"],
         &["bench", "workload", "pipeline", "--threads", "0"],
+        &["bench", "workload", "openloop", "--rate", "0"],
+        &["bench", "workload", "openloop", "--rate", "200001"],
+        &["bench", "workload", "pingpong", "--client-cpu", "4095"],
+        &["bench", "workload", "pingpong", "--rate", "10"],
+        &["bench", "workload", "pingpong", "--rounds", "5", "--duration-ms", "5"],
+        &["bench", "workload", "pipeline", "--server-cpu", "0"],
         &["bench", "wakeup", "--setting", "E"],
         &["bench", "wakeup", "--rounds", "0"],
         &["bench", "wakeup", "--waiter-cpu", "4095"],
@@ -71,6 +77,25 @@ fn bad_input_exits_2_with_one_line() {
             assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
         }
     }
+}
+
+/// The latency kernels' bad values are named with what is allowed, and their help says what
+/// each flag does (units in the names).
+#[test]
+fn latency_kernels_name_bad_values_and_explain_their_flags() {
+    let out = gleaner().args(["bench", "workload", "openloop", "--rate", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "gleaner: invalid --rate '0': allowed: 1..=200000 requests per second");
+    let out = gleaner().args(["bench", "workload", "pingpong", "--server-cpu", "4095"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("gleaner: invalid --server-cpu '4095': allowed: a CPU this process may use: "), "{stderr}");
+    let help = gleaner().args(["bench", "workload", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in ["--client-cpu", "--server-cpu", "--duration-ms", "--rounds", "--think-us", "--rate", "--seed", "pingpong", "openloop"] {
+        assert!(help.contains(flag), "`bench workload --help` does not mention {flag}:\n{help}");
+    }
+    assert!(help.contains("The client's CPU is allowed too"), "{help}");
 }
 
 #[test]

@@ -18,6 +18,14 @@ pub enum BenchCommand {
     /// Wakeup latency of a blocked thread (Gleaner paper, Table 2), settings A-D.
     Wakeup(WakeupArgs),
     /// Run a built-in workload kernel and measure it (its work is checked).
+    ///
+    /// Throughput kernels (pipeline, barrier, condvar, mutex, spin-barrier, matmul, freqsleep)
+    /// do a fixed amount of work (--items) and report its wall and CPU time. Latency kernels
+    /// time every request between a client and a server pinned to two CPUs, through blocking
+    /// (futex) hand-offs, and report latency percentiles beside the same measurements:
+    /// pingpong, a closed loop (the client waits for each answer, --think-us between rounds);
+    /// openloop, a server under Poisson arrivals at --rate requests/s, each request timed from
+    /// its scheduled arrival to its reply.
     Workload(WorkloadArgs),
     /// Measure any command: wall, CPU time and context switches of its process tree, idle
     /// entries, steal.
@@ -92,27 +100,59 @@ pub struct WakeupArgs {
 /// `gleaner bench workload`
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkloadArgs {
-    /// Kernel: pipeline, barrier, condvar, mutex, spin-barrier, matmul, freqsleep.
+    /// Kernel: pipeline, barrier, condvar, mutex, spin-barrier, matmul, freqsleep
+    /// (throughput); pingpong, openloop (latency).
     pub name: String,
-    /// Worker threads (default: depends on the kernel and the CPU count).
+    /// Worker threads (default: depends on the kernel and the CPU count). Throughput kernels.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Compute per item, microseconds.
+    /// Compute per item, microseconds (openloop: the server's work per request, default 5;
+    /// not used by pingpong).
     #[arg(long)]
     pub work_us: Option<f64>,
     /// Amount of work (items, phases, hand-offs, acquisitions, multiplies or sleeps).
+    /// Throughput kernels; the latency kernels run for --duration-ms.
     #[arg(long)]
     pub items: Option<u64>,
-    /// Use the small test size (well under a second).
+    /// Use the small test size (well under a second; latency kernels: 200 ms).
     #[arg(long)]
     pub quick: bool,
     /// Number of runs.
     #[arg(long, default_value_t = 1)]
     pub runs: u32,
     /// Compute rate in LCG steps per microsecond instead of calibrating (fixes the amount
-    /// of work across processes).
+    /// of work across processes; not used by pingpong).
     #[arg(long)]
     pub iters_per_us: Option<f64>,
+    /// Latency kernels: CPU of the client (pingpong's client; openloop's sender and receiver).
+    /// Default: the first CPU this process may use.
+    #[arg(long, value_name = "CPU")]
+    pub client_cpu: Option<u32>,
+    /// Latency kernels: CPU of the server. Default: the second CPU this process may use (the
+    /// first if it may use only one). The client's CPU is allowed too: every hand-off then
+    /// stays on one CPU and no cross-CPU wakeup is measured.
+    #[arg(long, value_name = "CPU")]
+    pub server_cpu: Option<u32>,
+    /// Latency kernels: how long to run, milliseconds (default 2000; 1..=60000). openloop
+    /// schedules its arrivals over this time.
+    #[arg(long, value_name = "MS")]
+    pub duration_ms: Option<u64>,
+    /// pingpong: stop after this many round trips instead of after --duration-ms
+    /// (1..=10000000).
+    #[arg(long, conflicts_with = "duration_ms")]
+    pub rounds: Option<u64>,
+    /// pingpong: the client sleeps this long between rounds, microseconds (0..=1000000,
+    /// default 0), so both CPUs go idle before the next request.
+    #[arg(long, value_name = "US")]
+    pub think_us: Option<u64>,
+    /// openloop: mean arrival rate, requests per second (Poisson arrivals; default 2000;
+    /// 1..=200000; with --work-us, rate x work must stay within 1).
+    #[arg(long, value_name = "PER_S")]
+    pub rate: Option<u32>,
+    /// openloop: seed of the arrival schedule (the same seed gives the same arrivals;
+    /// default 1).
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Print one JSON document on stdout.
     #[arg(long)]
     pub json: bool,

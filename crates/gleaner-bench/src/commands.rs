@@ -7,6 +7,7 @@ use anyhow::Context;
 use gleaner_measure::measure::{self, SystemMeter};
 use gleaner_measure::report::{BenchDoc, HostInfo, RunSummary, WakeupDoc};
 use gleaner_measure::wakeup::{self, SettingResult, WakeupConfig};
+use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
@@ -14,6 +15,7 @@ use gleaner_policy::overhead::{self, Overhead, Side};
 use gleaner_policy::stats::median;
 use serde::{Deserialize, Serialize};
 
+use crate::workload::latency::{self, LatencyKernel, LatencyParams, LatencyPlan, OpenloopParams, PingpongParams};
 use crate::workload::{self, Workload, WorkloadParams};
 use crate::{OverheadArgs, RunArgs, WakeupArgs, WorkloadArgs, YieldersArgs};
 
@@ -112,9 +114,29 @@ pub fn print_wakeup_table(results: &[SettingResult]) {
     }
 }
 
-/// Resolve `bench workload` flags into a kernel and its parameters.
+/// Every kernel's name, for the error about an unknown one.
+fn all_kernel_names() -> String {
+    let names: Vec<&str> = Workload::ALL.iter().map(|w| w.name()).chain(LatencyKernel::ALL.iter().map(|k| k.name())).collect();
+    names.join(", ")
+}
+
+/// A flag given to a kernel that does not use it.
+fn unused_flag<T: std::fmt::Display>(flag: &str, value: Option<T>, allowed: &str) -> Result<(), BadInput> {
+    value.map_or(Ok(()), |v| Err(BadInput::new(flag, v, allowed)))
+}
+
+/// Resolve `bench workload` flags into a throughput kernel and its parameters (latency
+/// kernels: [`latency_params`]).
 pub fn workload_params(a: &WorkloadArgs) -> Result<(Workload, WorkloadParams), BadInput> {
     let w = Workload::parse(&a.name)?;
+    let latency_only = "only with the latency kernels (pingpong, openloop)";
+    unused_flag("--client-cpu", a.client_cpu, latency_only)?;
+    unused_flag("--server-cpu", a.server_cpu, latency_only)?;
+    unused_flag("--duration-ms", a.duration_ms, latency_only)?;
+    unused_flag("--rounds", a.rounds, "only with pingpong")?;
+    unused_flag("--think-us", a.think_us, "only with pingpong")?;
+    unused_flag("--rate", a.rate, "only with openloop")?;
+    unused_flag("--seed", a.seed, "only with openloop")?;
     let mut p = if a.quick { WorkloadParams::quick(w) } else { WorkloadParams::default_for(w) };
     if let Some(t) = a.threads {
         p.threads = t;
@@ -131,6 +153,113 @@ pub fn workload_params(a: &WorkloadArgs) -> Result<(Workload, WorkloadParams), B
         return Err(BadInput::new("--runs", a.runs, "1..=1000"));
     }
     Ok((w, p))
+}
+
+/// Resolve `bench workload pingpong|openloop` flags into the kernel's parameters; `allowed`
+/// are the CPUs this process may use.
+pub fn latency_params(k: LatencyKernel, a: &WorkloadArgs, allowed: &CpuSet) -> Result<LatencyParams, BadInput> {
+    let not_here = format!("not with {k}: a latency kernel runs one client and one server for --duration-ms");
+    unused_flag("--threads", a.threads, &not_here)?;
+    unused_flag("--items", a.items, &not_here)?;
+    if a.runs == 0 || a.runs > 1000 {
+        return Err(BadInput::new("--runs", a.runs, "1..=1000"));
+    }
+    let duration = a.duration_ms.or(a.quick.then_some(latency::QUICK_DURATION_MS));
+    let p = match k {
+        LatencyKernel::Pingpong => {
+            let server_only_answers = "not with pingpong (the server only answers; see openloop)";
+            unused_flag("--work-us", a.work_us, server_only_answers)?;
+            unused_flag("--iters-per-us", a.iters_per_us, server_only_answers)?;
+            unused_flag("--rate", a.rate, "only with openloop (pingpong is a closed loop)")?;
+            unused_flag("--seed", a.seed, "only with openloop")?;
+            let mut p = PingpongParams::for_cpus(allowed);
+            (p.client_cpu, p.server_cpu) = latency_cpus(a, allowed, (p.client_cpu, p.server_cpu));
+            p.think_us = a.think_us.unwrap_or(0);
+            if let Some(n) = a.rounds {
+                (p.rounds, p.duration_ms) = (Some(n), None);
+            } else if let Some(ms) = duration {
+                p.duration_ms = Some(ms);
+            }
+            LatencyParams::Pingpong(p)
+        }
+        LatencyKernel::Openloop => {
+            unused_flag("--rounds", a.rounds, "only with pingpong (openloop runs for --duration-ms)")?;
+            unused_flag("--think-us", a.think_us, "only with pingpong (openloop's arrivals are set by --rate)")?;
+            let mut p = OpenloopParams::for_cpus(allowed);
+            (p.client_cpu, p.server_cpu) = latency_cpus(a, allowed, (p.client_cpu, p.server_cpu));
+            p.rate_per_s = a.rate.unwrap_or(p.rate_per_s);
+            p.duration_ms = duration.unwrap_or(p.duration_ms);
+            p.work_us = a.work_us.unwrap_or(p.work_us);
+            p.seed = a.seed.unwrap_or(p.seed);
+            p.iters_per_us = a.iters_per_us;
+            LatencyParams::Openloop(p)
+        }
+    };
+    p.validate(allowed)?;
+    Ok(p)
+}
+
+/// Client and server CPUs from the flags: a CPU given for one side moves the other side's
+/// default off it, when another CPU is allowed.
+fn latency_cpus(a: &WorkloadArgs, allowed: &CpuSet, (client, server): (u32, u32)) -> (u32, u32) {
+    let other = |c: u32| allowed.iter().find(|&x| x != c).unwrap_or(c);
+    match (a.client_cpu, a.server_cpu) {
+        (Some(c), Some(s)) => (c, s),
+        (Some(c), None) => (c, if server == c { other(c) } else { server }),
+        (None, Some(s)) => (if client == s { other(s) } else { client }, s),
+        (None, None) => (client, server),
+    }
+}
+
+/// Run a latency kernel `runs` times in this process and build its document: the same
+/// [`BenchDoc`] as the throughput kernels', each run's [`gleaner_measure::RunMetrics`] with
+/// its latency summary.
+pub fn latency_doc(p: &LatencyParams, runs: u32) -> anyhow::Result<BenchDoc> {
+    let procfs = Procfs::new();
+    let sysfs = Sysfs::new();
+    let cpus = measure::allowed_cpu_set();
+    // Validated, compute rate fixed and arrivals drawn once, outside the measured runs.
+    let plan = LatencyPlan::new(p)?;
+    let k = plan.kernel();
+    let mut metrics = Vec::new();
+    let mut last = None;
+    for i in 0..runs {
+        let (out, mut m) =
+            measure::measure_in_process(&procfs, &sysfs, &cpus, || plan.run()).with_context(|| format!("{k} run {}", i + 1))?;
+        m.items = Some(out.items);
+        m.throughput = Some(out.items as f64 * 1e9 / m.wall_ns.max(1) as f64);
+        m.latency = out.summary();
+        let us = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{:.1} us", v / 1e3));
+        eprintln!(
+            "{k} run {}/{runs}: {} {} in {}, latency p50 {} p99 {}, {} idle entries",
+            i + 1,
+            out.items,
+            k.item_unit(),
+            ms(m.wall_ns as f64),
+            us(m.latency.as_ref().map(|l| l.p50_ns)),
+            us(m.latency.as_ref().map(|l| l.p99_ns)),
+            m.idle_entries.map_or_else(|| "-".into(), |e| e.to_string())
+        );
+        metrics.push(m);
+        last = Some(out);
+    }
+    let mut params = serde_json::to_value(plan.params())?;
+    if let (Some(obj), Some(out)) = (params.as_object_mut(), last) {
+        obj.insert("item_unit".into(), k.item_unit().into());
+        obj.insert("checksum".into(), format!("{:#018x}", out.checksum).into());
+        if k == LatencyKernel::Openloop {
+            obj.insert("iters_per_item".into(), out.iters_per_item.into());
+            obj.insert("requests".into(), plan.schedule().len().into());
+        }
+    }
+    Ok(BenchDoc {
+        kind: "workload".into(),
+        name: k.name().into(),
+        params,
+        summary: RunSummary::of(&metrics)?,
+        runs: metrics,
+        host: HostInfo::collect(&procfs, &sysfs),
+    })
 }
 
 /// Run kernel `w` `runs` times in this process and build its document.
@@ -177,14 +306,58 @@ pub fn workload_doc(w: Workload, p: &WorkloadParams, runs: u32) -> anyhow::Resul
 }
 
 pub(crate) fn workload(a: &WorkloadArgs) -> anyhow::Result<ExitCode> {
-    let (w, p) = workload_params(a)?;
-    let doc = workload_doc(w, &p, a.runs)?;
+    let doc = match LatencyKernel::parse(&a.name) {
+        Some(k) => latency_doc(&latency_params(k, a, &measure::allowed_cpu_set())?, a.runs)?,
+        None if Workload::parse(&a.name).is_err() => {
+            return Err(BadInput::new("workload", &a.name, all_kernel_names()).into());
+        }
+        None => {
+            let (w, p) = workload_params(a)?;
+            workload_doc(w, &p, a.runs)?
+        }
+    };
     if a.json {
         print_json(&doc)?;
     } else {
         print_doc(&doc);
+        print_latency(&doc);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The latency kernels' part of the human output: each run's latency distribution and rate.
+fn print_latency(doc: &BenchDoc) {
+    let runs: Vec<(usize, &gleaner_measure::LatencySummary)> =
+        doc.runs.iter().enumerate().filter_map(|(i, r)| r.latency.as_ref().map(|l| (i + 1, l))).collect();
+    if runs.is_empty() {
+        if doc.runs.iter().any(|r| r.items == Some(0)) {
+            println!("latency          no samples (no request was scheduled)");
+        }
+        return;
+    }
+    let cpu = |key: &str| doc.params.get(key).and_then(serde_json::Value::as_u64).map_or_else(|| "-".into(), |c| c.to_string());
+    println!("latency (us), client CPU {}, server CPU {}", cpu("client_cpu"), cpu("server_cpu"));
+    println!("run    samples      mean       p50       p90       p99     p99.9       max   rate/s");
+    for (i, l) in runs {
+        let us = |ns: f64| format!("{:.1}", ns / 1e3);
+        let rate = match (l.requested_per_s, l.achieved_per_s) {
+            (Some(req), Some(got)) => format!("{got:.0} of {req:.0} requested"),
+            _ => doc.runs[i - 1].throughput.map_or_else(|| "-".into(), |t| format!("{t:.0}")),
+        };
+        println!(
+            "{i:<4} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}   {rate}",
+            l.samples,
+            us(l.mean_ns),
+            us(l.p50_ns),
+            us(l.p90_ns),
+            us(l.p99_ns),
+            us(l.p999_ns),
+            us(l.max_ns as f64)
+        );
+        if let (Some(p50), Some(p99)) = (l.send_lag_p50_ns, l.send_lag_p99_ns) {
+            println!("     sender late by p50 {} us, p99 {} us (included above)", us(p50), us(p99));
+        }
+    }
 }
 
 fn print_doc(doc: &BenchDoc) {

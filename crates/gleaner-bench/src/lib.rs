@@ -1,7 +1,7 @@
 //! Measurement toolkit: `gleaner bench` and `gleaner diagnose`.
 //!
 //! - [`workload`]: built-in, self-checking kernels (pipeline, barrier, condvar, mutex,
-//!   spin-barrier, matmul, freqsleep).
+//!   spin-barrier, matmul, freqsleep) and the latency kernels (pingpong, openloop).
 //! - [`diagnose`]: does this machine suffer from the blocked-waiter wakeup problem?
 //! - [`plot`]: latency CDFs.
 //!
@@ -20,7 +20,7 @@ pub mod plot;
 pub mod workload;
 
 pub use cli::{BenchArgs, BenchCommand, DiagnoseArgs, OverheadArgs, RateArgs, RunArgs, WakeupArgs, WorkloadArgs, YieldersArgs};
-pub use commands::{overhead_of, workload_params, OverheadReport};
+pub use commands::{latency_params, overhead_of, workload_params, OverheadReport};
 // The measurement modules and the wakeup document under their old paths, so that code written
 // against `gleaner_bench::{wakeup, measure, report}` keeps compiling; new code imports
 // gleaner_measure.
@@ -29,7 +29,7 @@ pub use gleaner_measure::{measure, report, wakeup};
 
 /// Library entry points of the commands (for tests and other crates).
 pub mod commands_for_tests {
-    pub use crate::commands::{run_doc, wakeup_config, workload_doc, workload_params};
+    pub use crate::commands::{latency_doc, latency_params, run_doc, wakeup_config, workload_doc, workload_params};
 }
 
 pub fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {

@@ -42,6 +42,71 @@ fn workload_values() {
 }
 
 #[test]
+fn latency_kernel_values() {
+    let e = bad_input(&["bench", "workload", "openloop", "--rate", "0"]);
+    assert_eq!((e.what.as_str(), e.value.as_str(), e.allowed.as_str()), ("--rate", "0", "1..=200000 requests per second"));
+    assert_eq!(bad_input(&["bench", "workload", "openloop", "--rate", "200001"]).what, "--rate");
+    let e = bad_input(&["bench", "workload", "pingpong", "--client-cpu", "4095"]);
+    assert_eq!((e.what.as_str(), e.value.as_str()), ("--client-cpu", "4095"));
+    assert!(e.allowed.starts_with("a CPU this process may use"), "{e}");
+    assert_eq!(bad_input(&["bench", "workload", "openloop", "--server-cpu", "4095"]).what, "--server-cpu");
+    assert_eq!(bad_input(&["bench", "workload", "pingpong", "--duration-ms", "0"]).what, "--duration-ms");
+    assert_eq!(bad_input(&["bench", "workload", "openloop", "--duration-ms", "60001"]).what, "--duration-ms");
+    assert_eq!(bad_input(&["bench", "workload", "pingpong", "--rounds", "0"]).what, "--rounds");
+    assert_eq!(bad_input(&["bench", "workload", "pingpong", "--think-us", "1000001"]).what, "--think-us");
+    assert_eq!(bad_input(&["bench", "workload", "pingpong", "--runs", "0"]).what, "--runs");
+    // More work per request than the rate leaves time for: the queue would grow without bound.
+    let e = bad_input(&["bench", "workload", "openloop", "--rate", "10000", "--work-us", "150"]);
+    assert_eq!(e.what, "--work-us");
+    assert!(e.allowed.contains("at most 100 microseconds"), "{e}");
+    // Too short for one expected request.
+    assert_eq!(bad_input(&["bench", "workload", "openloop", "--rate", "1", "--duration-ms", "999"]).what, "--duration-ms");
+    // Flags of one kind of kernel given to another.
+    assert_eq!(bad_input(&["bench", "workload", "pingpong", "--rate", "5"]).what, "--rate");
+    assert_eq!(bad_input(&["bench", "workload", "pingpong", "--work-us", "5"]).what, "--work-us");
+    assert_eq!(bad_input(&["bench", "workload", "openloop", "--items", "5"]).what, "--items");
+    assert_eq!(bad_input(&["bench", "workload", "openloop", "--think-us", "5"]).what, "--think-us");
+    assert_eq!(bad_input(&["bench", "workload", "openloop", "--threads", "2"]).what, "--threads");
+    assert_eq!(bad_input(&["bench", "workload", "pipeline", "--client-cpu", "0"]).what, "--client-cpu");
+    assert_eq!(bad_input(&["bench", "workload", "barrier", "--duration-ms", "100"]).what, "--duration-ms");
+    // --rounds and --duration-ms together: clap refuses (exit 2 too).
+    assert!(Cli::try_parse_from(["gleaner", "bench", "workload", "pingpong", "--rounds", "5", "--duration-ms", "5"]).is_err());
+    // An unknown kernel's error lists every kernel.
+    let e = bad_input(&["bench", "workload", "ping-pong"]);
+    assert!(e.allowed.contains("freqsleep") && e.allowed.contains("pingpong, openloop"), "{e}");
+}
+
+#[test]
+fn latency_defaults_and_cpu_choice() {
+    use gleaner_bench::workload::latency::LatencyParams;
+    use gleaner_bench::{latency_params, WorkloadArgs};
+    #[derive(Debug, Parser)]
+    struct W {
+        #[command(flatten)]
+        a: WorkloadArgs,
+    }
+    let allowed: gleaner_os::cpuset::CpuSet = [2, 5, 7].into_iter().collect();
+    let resolve = |args: &[&str]| {
+        let w = W::try_parse_from(std::iter::once("workload").chain(args.iter().copied())).unwrap();
+        let k = gleaner_bench::workload::latency::LatencyKernel::parse(&w.a.name).unwrap();
+        latency_params(k, &w.a, &allowed)
+    };
+    let LatencyParams::Openloop(o) = resolve(&["openloop"]).unwrap() else { panic!("not openloop") };
+    assert_eq!((o.client_cpu, o.server_cpu, o.rate_per_s, o.duration_ms, o.work_us, o.seed), (2, 5, 2000, 2000, 5.0, 1));
+    let LatencyParams::Pingpong(p) = resolve(&["pingpong", "--quick"]).unwrap() else { panic!("not pingpong") };
+    assert_eq!((p.client_cpu, p.server_cpu, p.duration_ms, p.rounds, p.think_us), (2, 5, Some(200), None, 0));
+    // A CPU given for one side moves the other side's default off it.
+    let LatencyParams::Pingpong(p) = resolve(&["pingpong", "--server-cpu", "2", "--rounds", "9"]).unwrap() else { panic!() };
+    assert_eq!((p.client_cpu, p.server_cpu, p.duration_ms, p.rounds), (5, 2, None, Some(9)));
+    let LatencyParams::Openloop(o) = resolve(&["openloop", "--client-cpu", "5"]).unwrap() else { panic!() };
+    assert_eq!((o.client_cpu, o.server_cpu), (5, 2));
+    // The same CPU for both is allowed when asked for.
+    let LatencyParams::Openloop(o) = resolve(&["openloop", "--client-cpu", "7", "--server-cpu", "7"]).unwrap() else { panic!() };
+    assert_eq!((o.client_cpu, o.server_cpu), (7, 7));
+    assert_eq!(resolve(&["openloop", "--server-cpu", "3"]).unwrap_err().what, "--server-cpu");
+}
+
+#[test]
 fn wakeup_values() {
     assert_eq!(bad_input(&["bench", "wakeup", "--rounds", "0"]).what, "--rounds");
     assert_eq!(bad_input(&["bench", "wakeup", "--period-us", "0"]).what, "--period-us");

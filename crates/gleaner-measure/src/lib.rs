@@ -4,7 +4,8 @@
 //! - [`wakeup`]: the blocked-waiter wakeup probe (Table 2 of the Gleaner paper, settings A-D),
 //!   used by `gleaner bench wakeup`, `gleaner diagnose` and the agent's retention calibration.
 //! - [`measure`]: the system meter (wall/CPU time, context switches, vCPU idle entries and
-//!   steal of a run) and [`RunMetrics`], the one record of a measured run.
+//!   steal of a run) and [`RunMetrics`], the one record of a measured run (with a
+//!   [`LatencySummary`] when the run was a latency kernel's).
 //! - [`report`]: the JSON documents of `gleaner bench ... --json` and their provenance, read
 //!   back as the same types by `bench overhead` and the lab.
 //!
@@ -15,4 +16,4 @@ pub mod measure;
 pub mod report;
 pub mod wakeup;
 
-pub use measure::RunMetrics;
+pub use measure::{LatencySummary, RunMetrics};

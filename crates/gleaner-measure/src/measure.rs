@@ -20,6 +20,7 @@ use gleaner_os::procfs::{ProcStat, Procfs};
 use gleaner_os::rusage::{self, Rusage};
 use gleaner_os::sched;
 use gleaner_os::sysfs::Sysfs;
+use gleaner_policy::stats::percentile_sorted;
 use serde::{Deserialize, Serialize};
 
 /// Everything measured about one run.
@@ -58,6 +59,64 @@ pub struct RunMetrics {
     pub throughput: Option<f64>,
     /// Peak resident set size, KiB (largest process of the tree for external commands).
     pub maxrss_kib: u64,
+    /// Latency of each round or request of a latency kernel (`pingpong`, `openloop`); absent
+    /// for throughput kernels and commands (documents without it read back as `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencySummary>,
+}
+
+/// The latency distribution of one run of a latency kernel, exact from all its samples, ns.
+/// Percentiles are type 7 (`gleaner_policy::stats`, linear interpolation between closest
+/// ranks), so they can fall between two samples.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencySummary {
+    /// Samples: round trips (`pingpong`) or answered requests (`openloop`).
+    pub samples: u64,
+    pub mean_ns: f64,
+    pub min_ns: u64,
+    pub p50_ns: f64,
+    pub p90_ns: f64,
+    pub p99_ns: f64,
+    /// The 99.9th percentile.
+    pub p999_ns: f64,
+    pub max_ns: u64,
+    /// Open loop: the arrival rate asked for, requests/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_per_s: Option<f64>,
+    /// Open loop: requests answered per second of the run's window (from the first scheduled
+    /// arrival to the last reply, at least the requested duration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achieved_per_s: Option<f64>,
+    /// Open loop: how late the sender queued requests after their scheduled times (its timer
+    /// wakeup), median and 99th percentile, ns; part of the latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_lag_p50_ns: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_lag_p99_ns: Option<f64>,
+}
+
+impl LatencySummary {
+    /// The distribution of `samples_ns` (any order); `None` when there are none. The rates and
+    /// send lags are left empty for the caller.
+    pub fn of(samples_ns: &[u64]) -> Option<LatencySummary> {
+        let mut sorted = samples_ns.to_vec();
+        sorted.sort_unstable();
+        let (&min_ns, &max_ns) = (sorted.first()?, sorted.last()?);
+        let total: u128 = sorted.iter().map(|&x| u128::from(x)).sum();
+        let as_f64: Vec<f64> = sorted.iter().map(|&x| x as f64).collect();
+        let p = |q: f64| percentile_sorted(&as_f64, q).unwrap_or(f64::NAN);
+        Some(LatencySummary {
+            samples: u64::try_from(sorted.len()).unwrap_or(u64::MAX),
+            mean_ns: total as f64 / as_f64.len() as f64,
+            min_ns,
+            p50_ns: p(50.0),
+            p90_ns: p(90.0),
+            p99_ns: p(99.0),
+            p999_ns: p(99.9),
+            max_ns,
+            ..LatencySummary::default()
+        })
+    }
 }
 
 impl RunMetrics {
@@ -171,6 +230,7 @@ pub fn metrics(r: &Rusage, sys: &SystemDelta, cpus_available: u32) -> RunMetrics
         items: None,
         throughput: None,
         maxrss_kib: r.maxrss_kib,
+        latency: None,
     }
 }
 
@@ -258,6 +318,60 @@ mod tests {
         assert_eq!(d.steal_ns, 2 * 10_000_000);
         assert_eq!(d.idle_ns, 50 * 10_000_000);
         assert_eq!(d.per_cpu.len(), 1);
+    }
+
+    #[test]
+    fn latency_summary_of_samples_matches_hand_computation() {
+        // 1..=1000 shuffled: type-7 percentiles h = 999 p / 100 from the value 1.
+        let mut v: Vec<u64> = (1..=1000).collect();
+        v.reverse();
+        v.swap(3, 700);
+        let s = LatencySummary::of(&v).unwrap();
+        assert_eq!((s.samples, s.min_ns, s.max_ns), (1000, 1, 1000));
+        assert_eq!(s.mean_ns, 500.5);
+        assert_eq!(s.p50_ns, 500.5);
+        assert!((s.p90_ns - 900.1).abs() < 1e-9, "{}", s.p90_ns);
+        assert!((s.p99_ns - 990.01).abs() < 1e-9, "{}", s.p99_ns);
+        assert!((s.p999_ns - 999.001).abs() < 1e-9, "{}", s.p999_ns);
+        assert_eq!(s.requested_per_s, None);
+        assert_eq!(LatencySummary::of(&[]), None);
+        let one = LatencySummary::of(&[7]).unwrap();
+        assert_eq!((one.p50_ns, one.p999_ns, one.mean_ns), (7.0, 7.0, 7.0));
+        // No overflow with huge samples.
+        assert_eq!(LatencySummary::of(&[u64::MAX, u64::MAX]).unwrap().max_ns, u64::MAX);
+    }
+
+    /// Documents written before the latency kernels have no `latency` key: they still read,
+    /// and runs without latency are written exactly as before (no key at all).
+    #[test]
+    fn run_metrics_without_latency_read_and_write_as_before() {
+        let old = r#"{"wall_ns":100,"user_ns":50,"sys_ns":5,"vcsw":1,"nivcsw":0,"idle_entries":null,
+            "idle_source":"cpuidle","idle_entries_per_s":null,"idle_ns":0,"busy_ns":0,"steal_ns":0,
+            "cpus_available":2,"exit_code":null,"items":10,"throughput":null,"maxrss_kib":0}"#;
+        let r: RunMetrics = serde_json::from_str(old).unwrap();
+        assert_eq!(r.latency, None);
+        assert_eq!(r.items, Some(10));
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(!json.contains("latency"), "{json}");
+        assert_eq!(serde_json::from_str::<RunMetrics>(&json).unwrap(), r);
+    }
+
+    #[test]
+    fn run_metrics_with_latency_round_trip() {
+        let mut lat = LatencySummary::of(&[10, 20, 30, 40_000]).unwrap();
+        lat.requested_per_s = Some(2000.0);
+        lat.achieved_per_s = Some(1987.5);
+        lat.send_lag_p50_ns = Some(3.5);
+        lat.send_lag_p99_ns = Some(90.0);
+        let r = RunMetrics { wall_ns: 5, items: Some(4), latency: Some(lat), ..Default::default() };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["latency"]["p50_ns"], 25.0);
+        assert_eq!(v["latency"]["max_ns"], 40_000);
+        assert_eq!(v["latency"]["achieved_per_s"], 1987.5);
+        assert_eq!(serde_json::from_value::<RunMetrics>(v).unwrap(), r);
+        // A closed-loop kernel's summary has no rate keys.
+        let closed = serde_json::to_string(&LatencySummary::of(&[5]).unwrap()).unwrap();
+        assert!(!closed.contains("per_s") && !closed.contains("send_lag"), "{closed}");
     }
 
     #[test]

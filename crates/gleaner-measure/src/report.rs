@@ -244,6 +244,21 @@ mod tests {
     }
 
     #[test]
+    fn a_latency_kernels_document_reads_back_with_its_latency() {
+        let mut d = doc(3);
+        let mut lat = crate::measure::LatencySummary::of(&[1_000, 2_000, 90_000]).unwrap();
+        lat.requested_per_s = Some(2000.0);
+        lat.achieved_per_s = Some(1990.0);
+        d.name = "openloop".into();
+        d.runs[0].latency = Some(lat);
+        let text = written(&d);
+        assert!(text.contains("\"p999_ns\""), "{text}");
+        assert_eq!(from_output::<BenchDoc>(&text).unwrap(), d);
+        // Throughput kernels' documents do not change: no latency key.
+        assert!(!written(&doc(3)).contains("latency"));
+    }
+
+    #[test]
     fn malformed_and_empty_output() {
         assert!(matches!(from_output::<BenchDoc>("{\"runs\": ["), Err(OutputError::Malformed { .. })));
         assert_eq!(from_output::<BenchDoc>(""), Err(OutputError::Missing));

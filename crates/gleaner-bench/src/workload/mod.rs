@@ -11,12 +11,21 @@
 //! | `matmul` | CPU-bound co-runner | none | `A x P` equals `A` with columns permuted |
 //! | `freqsleep` | Gleaner's freqsleep | `nanosleep(1)` loops | completed sleeps |
 //!
+//! Beside these throughput kernels (a fixed amount of work, timed as a whole), the
+//! [`latency`] kernels time every request of a client and a server on two CPUs:
+//!
+//! | kernel | models | synchronization | check |
+//! |---|---|---|---|
+//! | `pingpong` | a client waiting for each answer (closed loop) | two one-slot mailboxes | each round's answer and payload |
+//! | `openloop` | a server under Poisson arrivals at a fixed rate | unbounded request and reply queues | every request answered once, in order, payload |
+//!
 //! The unit of compute is an LCG step ([`compute`]); `work_us` is converted to steps with a
 //! rate calibrated once per process ([`compute::iters_per_us`]) unless
 //! [`WorkloadParams::iters_per_us`] fixes it (use that for comparisons across processes).
 
 pub mod compute;
 mod kernels;
+pub mod latency;
 pub mod sync;
 
 use std::time::Instant;
@@ -24,7 +33,8 @@ use std::time::Instant;
 use gleaner_os::BadInput;
 use serde::{Deserialize, Serialize};
 
-/// A built-in workload kernel.
+/// A built-in throughput kernel (the latency kernels are [`latency::LatencyKernel`]s: they run
+/// for a duration, not a fixed amount of work, and are not lab matrix kernels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum Workload {
@@ -68,12 +78,22 @@ impl Workload {
         }
     }
 
-    /// Parse a command-line name; unknown names are [`BadInput`].
+    /// Parse a command-line name; unknown names are [`BadInput`] (a latency kernel's name
+    /// too, with a word on why).
     pub fn parse(name: &str) -> Result<Workload, BadInput> {
-        Workload::ALL
-            .into_iter()
-            .find(|w| w.name() == name)
-            .ok_or_else(|| BadInput::new("workload", name, Workload::ALL.map(Workload::name).join(", ")))
+        Workload::ALL.into_iter().find(|w| w.name() == name).ok_or_else(|| {
+            let throughput = Workload::ALL.map(Workload::name).join(", ");
+            match latency::LatencyKernel::parse(name) {
+                Some(k) => BadInput::new(
+                    "workload",
+                    name,
+                    format!(
+                        "a throughput kernel: {throughput} ({k} is a latency kernel: it runs for a duration, with no fixed amount of work)"
+                    ),
+                ),
+                None => BadInput::new("workload", name, throughput),
+            }
+        })
     }
 
     /// What one item is, for throughput units.

@@ -77,6 +77,18 @@ impl<T> BoundedQueue<T> {
         }
     }
 
+    /// A queue without a bound, whose `push` never blocks (an open-loop arrival process must
+    /// not be slowed down by its server); its waits give up after `timeout`.
+    pub fn unbounded_with_timeout(timeout: Duration) -> Self {
+        Self {
+            state: Mutex::new(QueueState { items: VecDeque::new(), closed: false, aborted: false }),
+            not_empty: Condvar::new(),
+            not_full: Condvar::new(),
+            cap: usize::MAX,
+            timeout,
+        }
+    }
+
     /// Append `item`, blocking while the queue is full.
     pub fn push(&self, item: T) -> Result<(), SyncError> {
         let cap = self.cap;
@@ -301,6 +313,17 @@ mod tests {
             }
             assert_eq!(got, (0..100).collect::<Vec<_>>());
         });
+    }
+
+    #[test]
+    fn an_unbounded_queue_takes_every_push_without_a_consumer() {
+        let q = BoundedQueue::unbounded_with_timeout(Duration::from_millis(50));
+        for i in 0..10_000u32 {
+            q.push(i).unwrap();
+        }
+        q.close();
+        assert_eq!(q.pop().unwrap(), Some(0));
+        assert_eq!(std::iter::from_fn(|| q.pop().unwrap()).count(), 9_999);
     }
 
     #[test]
