@@ -17,7 +17,6 @@
 //! One schema ([`CalibrationRecord`]) for everything: the record, `gleaner calibrate --json`,
 //! and the provenance ([`CalibrationSource`]) in `status` and `compare --json`.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -25,14 +24,24 @@ use std::time::Duration;
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::{CpuTimes, Procfs};
 use gleaner_os::sysfs::Sysfs;
-use gleaner_policy::retention::{retention_verdict, timeout_from_wakeup, RetentionVerdict, WakeupCosts};
+use gleaner_policy::idle::WakeCurve;
 use serde::{Deserialize, Serialize};
 
 use crate::calibrate::Incomplete;
 
 /// Version of the record's meaning; a record of another version is measured again.
-/// 2: wakeup costs are means (1: medians).
-pub const SCHEMA: u32 = 2;
+/// 3: a wake-cost curve (halted after 10 us .. 10 ms, busy, polling), measured with kernel
+/// polling controlled; 2: three wakeup means and a timeout; 1: medians.
+pub const SCHEMA: u32 = 3;
+
+/// What each schema held, for the message that refuses an old record.
+fn schema_meaning(v: u64) -> &'static str {
+    match v {
+        1 => "three wakeup medians and a retention timeout",
+        2 => "three wakeup means and a retention timeout",
+        _ => "unknown to this gleaner",
+    }
+}
 
 /// The record of the first two online vCPUs (the default managed set).
 pub const FILE_NAME: &str = "calibration.json";
@@ -63,13 +72,11 @@ pub struct Dependencies {
     /// The vCPU that wakes and the vCPU that waits in the wakeup measurement.
     pub waker_cpu: u32,
     pub waiter_cpu: u32,
-    /// cpuidle driver and governor (`None`: no cpuidle).
+    /// cpuidle driver and governor (`None`: no cpuidle). The haltpoll parameters are not a
+    /// dependency: the measurement sets them itself (kernel polling off for the halted curve,
+    /// on for the polling cost), and agents change them while they run.
     pub cpuidle_driver: Option<String>,
     pub cpuidle_governor: Option<String>,
-    /// Guest halt polling: `/sys/module/haltpoll/parameters/*` (empty: not loaded).
-    pub haltpoll: BTreeMap<String, String>,
-    /// `/sys/module/cpuidle_haltpoll/parameters/*` (empty: not loaded).
-    pub cpuidle_haltpoll: BTreeMap<String, String>,
 }
 
 /// One dependency that differs between a record and the machine now.
@@ -93,8 +100,6 @@ impl Dependencies {
             waiter_cpu,
             cpuidle_driver: sysfs.cpuidle_driver()?,
             cpuidle_governor: sysfs.cpuidle_governor()?,
-            haltpoll: sysfs.module_params("haltpoll")?,
-            cpuidle_haltpoll: sysfs.module_params("cpuidle_haltpoll")?,
         })
     }
 
@@ -109,21 +114,9 @@ impl Dependencies {
             ("cpuidle driver", opt(&self.cpuidle_driver), opt(&now.cpuidle_driver)),
             ("cpuidle governor", opt(&self.cpuidle_governor), opt(&now.cpuidle_governor)),
         ];
-        let change = |dependency: String, was: String, now: String| Some(DependencyChange { dependency, was, now });
         for (name, was, is) in scalars {
             if was != is {
-                return change(name.into(), was, is);
-            }
-        }
-        for (module, was, is) in
-            [("haltpoll", &self.haltpoll, &now.haltpoll), ("cpuidle_haltpoll", &self.cpuidle_haltpoll, &now.cpuidle_haltpoll)]
-        {
-            for key in was.keys().chain(is.keys()) {
-                let (a, b) = (was.get(key), is.get(key));
-                if a != b {
-                    let v = |x: Option<&String>| x.cloned().unwrap_or_else(|| "absent".into());
-                    return change(format!("{module} parameter {key}"), v(a), v(b));
-                }
+                return Some(DependencyChange { dependency: name.into(), was, now: is });
             }
         }
         None
@@ -131,17 +124,25 @@ impl Dependencies {
 }
 
 /// The measured numbers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CalibrationResults {
-    /// Wakeup medians: busy vCPU (B), halted after a long gap (C), halted for the timeout.
-    pub wakeup_costs: WakeupCosts,
-    /// The calibrated retention timeout, `timeout_from_wakeup(C, B)`.
-    pub timeout_ns: u64,
+    /// The wake-cost curve: halted after each gap, busy (a yielder), polling (POLL state).
+    pub curve: WakeCurve,
     /// A yield longer than this means the workload ran.
     pub idle_threshold_ns: u64,
-    /// Whether retention pays here, `retention_verdict(wakeup_costs)`.
-    pub verdict: RetentionVerdict,
+    /// What was done to kernel polling while measuring.
+    pub polling: PollingControl,
+}
+
+/// How kernel polling was controlled while the curve was measured (for people).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PollingControl {
+    /// For the halted curve and B, e.g. `guest_halt_poll_ns 0`.
+    pub halted: String,
+    /// For P, e.g. `cpu1 resume latency limit 0 (n/a)`, or why it was not measured.
+    pub poll: String,
 }
 
 /// The stored calibration of one boot: what it depends on, when and how long it took, the
@@ -272,16 +273,13 @@ pub fn record_path(run_dir: &Path, deps: &Dependencies) -> PathBuf {
 /// Whether `record` can be used now: its age, or why not. Pure.
 pub fn check(record: &CalibrationRecord, now: &Dependencies, now_boottime: Duration, max_age: Duration) -> Result<Duration, Reason> {
     if record.schema != SCHEMA {
-        return Err(Reason::Unusable { problem: format!("schema {} (this gleaner writes {SCHEMA})", record.schema) });
+        return Err(old_schema(u64::from(record.schema)));
     }
     if let Some(c) = record.depends_on.first_change(now) {
         return Err(Reason::DependencyChanged(c));
     }
-    let r = &record.results;
-    let consistent = r.verdict == retention_verdict(&r.wakeup_costs)
-        && r.timeout_ns == timeout_from_wakeup(r.wakeup_costs.idle_long_ns, r.wakeup_costs.busy_ns);
-    if !consistent {
-        return Err(Reason::Unusable { problem: "its verdict or timeout disagrees with its wakeups under this gleaner's policy".into() });
+    if let Err(problem) = record.results.curve.validate() {
+        return Err(Reason::Unusable { problem: format!("its wake-cost curve is unusable: {problem}") });
     }
     let Some(age) = now_boottime.checked_sub(Duration::from_millis(record.measured_at_boottime_ms)) else {
         return Err(Reason::Unusable { problem: "measured after the current boot time".into() });
@@ -292,6 +290,16 @@ pub fn check(record: &CalibrationRecord, now: &Dependencies, now_boottime: Durat
     Ok(age)
 }
 
+/// Why a record of schema `v` is not used.
+fn old_schema(v: u64) -> Reason {
+    Reason::Unusable {
+        problem: format!(
+            "schema {v} ({}); this gleaner writes schema {SCHEMA} (a wake-cost curve), so it measures again",
+            schema_meaning(v)
+        ),
+    }
+}
+
 /// Reads and checks the record at `path`. Pure apart from the read.
 pub fn lookup(path: &Path, now: &Dependencies, now_boottime: Duration, max_age: Duration) -> Result<(CalibrationRecord, Duration), Reason> {
     let unusable = |problem: String| Reason::Unusable { problem };
@@ -300,8 +308,15 @@ pub fn lookup(path: &Path, now: &Dependencies, now_boottime: Duration, max_age: 
         Ok(None) => return Err(Reason::Missing),
         Err(e) => return Err(unusable(e.to_string())),
     };
-    let record: CalibrationRecord =
+    // The schema first: a record of another schema has other fields and is refused by what it
+    // is, not by the first field this gleaner does not know.
+    let value: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| unusable(format!("{} is not a calibration record ({e})", path.display())))?;
+    if let Some(v) = value.get("schema").and_then(serde_json::Value::as_u64).filter(|&v| v != u64::from(SCHEMA)) {
+        return Err(old_schema(v));
+    }
+    let record: CalibrationRecord =
+        serde_json::from_value(value).map_err(|e| unusable(format!("{} is not a calibration record ({e})", path.display())))?;
     let age = check(&record, now, now_boottime, max_age)?;
     Ok((record, age))
 }
@@ -410,7 +425,7 @@ fn cached(path: &Path, deps: &Dependencies, world: &World, policy: &CachePolicy)
     let (record, age) = lookup(path, deps, (world.boottime)(), policy.max_age)?;
     let source =
         CalibrationSource::Cached { path: path.to_path_buf(), age_s: age.as_secs(), measured_at_unix_s: record.measured_at_unix_s };
-    Ok(Obtained { results: Ok(record.results), source, record: Some(record) })
+    Ok(Obtained { results: Ok(record.results.clone()), source, record: Some(record) })
 }
 
 /// Measures; stores the record at `target` when given and the measurement is complete.
@@ -436,7 +451,7 @@ fn measure_and_store(
                 measured_at_unix_s,
                 measured_at_boottime_ms: ms(start_boot),
                 took_ms,
-                results: *r,
+                results: r.clone(),
             };
             let written = serde_json::to_vec_pretty(&rec)
                 .map_err(|e| e.to_string())
@@ -473,7 +488,7 @@ pub fn idle_threshold(policy: &CachePolicy, world: &World, cpus: &CpuSet, sample
             let measured_at_unix_s = unix_now_s();
             let t0 = std::time::Instant::now();
             let v = sample();
-            let not_stored = Some("--timeout-us given: the wakeups were not measured, so there is no full record to store".into());
+            let not_stored = Some("--timeout-us given: the wake-cost curve was not measured, so there is no full record to store".into());
             (v, CalibrationSource::MeasuredNow { why, stored: None, not_stored, took_ms: ms(t0.elapsed()), measured_at_unix_s })
         }
     }
@@ -587,7 +602,8 @@ impl Refresher {
                 }
                 let retention = || crate::server::retention_agents(&policy.run_dir);
                 let busy = || sample_busy(&world.procfs, Duration::from_secs(1));
-                let d = refresh_step(&policy, &world, &cpus, busy, retention, || crate::calibrate::measure(&cpus));
+                let d =
+                    refresh_step(&policy, &world, &cpus, busy, retention, || crate::calibrate::measure_journaled(&policy.run_dir, &cpus));
                 // Say once when the refresh starts waiting, not at every check.
                 let waiting = matches!(d, RefreshDecision::WaitBusy { .. } | RefreshDecision::WaitRetention { .. });
                 if waiting && !was_waiting {

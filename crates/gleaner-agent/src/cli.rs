@@ -13,9 +13,23 @@ pub struct AgentFlags {
     /// TOML configuration file (see `gleaner daemon --print-config`).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Do not run yielding threads (measure consolidation alone).
+    /// Do not keep idle vCPUs from halting (no kernel polling, no yielding threads): measure
+    /// consolidation alone.
     #[arg(long)]
     pub no_retention: bool,
+    /// Share of each managed vCPU's time retention may spend polling or yielding, in (0, 1]
+    /// (default 1: an idle vCPU's time, spent only where it makes the workload's wakeups
+    /// cheaper; docs/agent.md).
+    #[arg(long, value_name = "SHARE")]
+    pub budget: Option<f64>,
+    /// Leave the kernel's idle knobs alone (haltpoll window, per-CPU resume latency): keep
+    /// vCPUs from halting with yielding threads only.
+    #[arg(long)]
+    pub no_kernel_polling: bool,
+    /// Do not trace the workload's wakeups with eBPF: estimate idle periods from cpuidle
+    /// counters instead.
+    #[arg(long)]
+    pub no_trace: bool,
     /// Do not change the workload's cpuset (measure retention alone).
     #[arg(long)]
     pub no_consolidation: bool,
@@ -26,24 +40,25 @@ pub struct AgentFlags {
     /// Control period in milliseconds (10..=10000).
     #[arg(long, value_name = "MS")]
     pub period_ms: Option<u64>,
-    /// Retention timeout in microseconds. Default: calibrated from a measured vCPU wakeup (once
-    /// per boot, see `calibrate`; the cap of each vCPU's adaptive timeout), and retention
-    /// starts off where the host already polls halted vCPUs that long; giving a timeout skips
-    /// the wakeup measurements, fixes the timeout and always retains (no governor).
+    /// A fixed yielding window in microseconds (1..=100000) for every vCPU, instead of the one
+    /// planned per vCPU from its idle periods and the wake-cost curve: yielding threads spin
+    /// this long before letting their vCPU halt, always (no kernel polling, no governor; the
+    /// wake-cost curve is not measured). For experiments.
     #[arg(long, value_name = "US")]
     pub timeout_us: Option<u64>,
-    /// Keep the calibrated timeout fixed and the start-up retention verdict for the whole run
-    /// (no per-vCPU adaptation, no governor): retention as before issue 13, for experiments.
+    /// Apply the planned idle policy without ever probing the other mode (no governor): the
+    /// plan is trusted for the whole run. For experiments.
     #[arg(long)]
     pub no_adapt: bool,
-    /// The governor's first retention mode: the start-up verdict (calibrated), on or off; the
-    /// governor then keeps or changes it from what it measures.
+    /// The governor's first retention mode: calibrated (on where the wake-cost curve says
+    /// retention can pay), on or off; the governor then keeps or changes it from what it
+    /// measures.
     #[arg(long, value_name = "MODE")]
     pub retention_start: Option<config::RetentionStart>,
     /// CPUs to manage (kernel list format, e.g. 0-3); default: every online CPU.
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
-    /// Measure the calibration (wakeup costs, timeout, idle threshold) now even if a valid
+    /// Measure the calibration (the wake-cost curve, the idle threshold) now even if a valid
     /// record exists in the run dir, and store the new one.
     #[arg(long)]
     pub recalibrate: bool,
@@ -75,6 +90,15 @@ impl AgentFlags {
         };
         if self.no_retention {
             cfg.retention = false;
+        }
+        if let Some(v) = self.budget {
+            cfg.budget = v;
+        }
+        if self.no_kernel_polling {
+            cfg.kernel_polling = false;
+        }
+        if self.no_trace {
+            cfg.trace = false;
         }
         if self.no_consolidation {
             cfg.consolidation = false;
@@ -130,8 +154,10 @@ pub fn default_run_dir() -> PathBuf {
 /// Agent commands.
 #[derive(Debug, clap::Subcommand)]
 pub enum AgentCommand {
-    /// Run CMD under Gleaner: in a cpuset cgroup the agent manages, with yielding threads on
-    /// the active vCPUs. Passes CMD's output through and exits with its exit status.
+    /// Run CMD under Gleaner: in a cpuset cgroup the agent manages, its idle vCPUs kept from
+    /// halting as long as that makes its wakeups cheaper (kernel polling where the machine
+    /// has a POLL state, yielding threads elsewhere). Passes CMD's output through and exits
+    /// with its exit status.
     Run {
         #[command(flatten)]
         flags: AgentFlags,
@@ -151,13 +177,15 @@ pub enum AgentCommand {
         #[arg(long, value_name = "PID")]
         pid: Option<i32>,
     },
-    /// Measure this machine's wakeup costs once per boot and store them for the agents.
+    /// Measure this machine's wake-cost curve once per boot and store it for the agents.
     ///
-    /// Measures a wakeup of a busy and of a halted vCPU, the retention timeout and whether
-    /// retention pays, and the idle threshold, and stores them in the run dir, where `run`,
-    /// `attach`, `compare` and `daemon` reuse them instead of measuring (about 0.5 s) at every
-    /// start. A valid record (same boot, kernel, online CPUs, cpuidle driver and governor,
-    /// haltpoll parameters; younger than --max-age-s) is shown, not measured again, unless
+    /// Measures how long waking a blocked thread takes when its vCPU halted after an idle
+    /// gap of 10 us .. 10 ms (kernel polling off), when a yielding thread keeps it busy, and
+    /// when it polls in the kernel's POLL state, plus the idle threshold of yielding threads;
+    /// stores them in the run dir, where `run`, `attach`, `compare` and `daemon` reuse them
+    /// instead of measuring (about 2 s) at every start. Every idle knob turned for the
+    /// measurement is put back. A valid record (same boot, kernel, online CPUs, cpuidle
+    /// driver and governor; younger than --max-age-s) is shown, not measured again, unless
     /// --recalibrate.
     Calibrate(CalibrateArgs),
     /// Run as a service (what the systemd unit gleaner.service runs): manage the `[[target]]`s
@@ -184,14 +212,17 @@ pub enum AgentCommand {
         #[arg(long, value_name = "DIR", default_value = "/run/gleaner")]
         run_dir: PathBuf,
     },
-    /// Undo whatever crashed agents left behind (cpusets, cgroups), from their state files.
+    /// Undo whatever crashed agents left behind (cpusets, cgroups, idle knobs), from their
+    /// state files.
     Restore {
         /// Directory of the agents' state files.
         #[arg(long, value_name = "DIR", default_value = "/run/gleaner")]
         run_dir: PathBuf,
     },
-    /// The main job: run a workload alternately stock and under Gleaner, N times each, and print
-    /// medians, spread and ratios. Default workload: the built-in `pipeline` (dedup-like).
+    /// The main job: run a workload under each idle policy in turn (stock and Gleaner by
+    /// default; --policies adds the kernel's guest haltpoll and naive yielders), N times each,
+    /// and print medians, spread, ratios and the CPU each policy took. Default workload: the
+    /// built-in `pipeline` (dedup-like).
     Compare(compare::CompareArgs),
     /// Internal: the guardian process that restores the agent's changes if it dies.
     #[command(name = "__guardian", hide = true)]

@@ -11,7 +11,6 @@ use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
-use gleaner_policy::retention::WakeupCosts;
 use gleaner_policy::stats::Summary;
 use serde::{Deserialize, Serialize};
 
@@ -99,27 +98,12 @@ impl Sample {
     }
 }
 
-impl Calibration {
-    /// Retention is on at the start of each run: the verdict, or the forced first mode.
-    fn starts_on(&self, cfg: &crate::config::AgentConfig) -> bool {
-        use crate::config::RetentionStart;
-        match (self.governed, cfg.retention_start) {
-            (true, RetentionStart::On) => true,
-            (true, RetentionStart::Off) => false,
-            _ => !self.starts_off,
-        }
-    }
-}
-
-/// What the one start-up calibration of `compare` decided about retention.
+/// What the one start-up calibration of `compare` found.
 #[derive(Debug, Default)]
 struct Calibration {
     retention_note: Option<String>,
-    wakeup_costs: Option<WakeupCosts>,
+    curve: Option<gleaner_policy::idle::WakeCurve>,
     source: Option<CalibrationSource>,
-    /// The calibrated timeout, when retention starts on.
-    timeout_us: Option<u64>,
-    starts_off: bool,
     governed: bool,
 }
 
@@ -137,8 +121,8 @@ pub struct CompareReport {
     pub governed: bool,
     /// How the governor's first mode was chosen (`calibrated`: `retention`).
     pub retention_start: Option<crate::config::RetentionStart>,
-    /// The wakeup medians retention was decided from (`None` when `--timeout-us` was given).
-    pub wakeup_costs: Option<WakeupCosts>,
+    /// The wake-cost curve retention was planned from (`None` when `--timeout-us` was given).
+    pub curve: Option<gleaner_policy::idle::WakeCurve>,
     /// Where the calibration came from: a cached record (path, age) or measured now (why).
     /// `None` when nothing was calibrated (retention off, or timeout and threshold given).
     pub calibration: Option<CalibrationSource>,
@@ -164,7 +148,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
     if !(1..=1000).contains(&args.runs) {
         return Err(BadInput::new("--runs", args.runs, "1..=1000").into());
     }
-    let mut cfg = args.flags.resolve()?;
+    let cfg = args.flags.resolve()?;
     let sysfs = Sysfs::new();
     let cpus = agent::managed_cpus(&cfg, &sysfs)?;
     let builtin = args.cmd.is_empty();
@@ -175,30 +159,27 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         args.cmd.clone()
     };
     agent::check_program(&command)?;
-    // Calibrate retention once, so every Gleaner run starts from the same timeout and verdict
-    // (the governor's prior). Without the governor, retention measured not to pay here is off
-    // for every run; either way the report says why it started off.
+    // Calibrate once, so every Gleaner run plans from the same wake-cost curve.
     let mut calibration = Calibration::default();
-    let mut plan = None;
-    if cfg.retention && (cfg.timeout_us.is_none() || cfg.idle_threshold_us.is_none()) {
-        let (p, source) = agent::retention_plan(&cfg, &cpus, args.json);
-        calibration.wakeup_costs = p.measured();
-        calibration.source = source.clone();
-        match &p {
-            agent::RetentionPlan::On { config, .. } => {
-                calibration.timeout_us = Some((config.timeout_ns / 1000).max(1));
-            }
-            agent::RetentionPlan::Off { why, .. } => {
-                calibration.retention_note = Some(why.clone());
-                calibration.starts_off = true;
-            }
+    let mut calibrated = None;
+    if cfg.retention {
+        let c = if cfg.timeout_us.is_some() {
+            agent::setup::calibration(&cfg, &cpus, None)
+        } else {
+            let policy = cfg.cache_policy();
+            let got = crate::cache::obtain(&policy, &crate::cache::World::real(), &cpus, || {
+                crate::calibrate::measure_journaled(&cfg.run_dir, &cpus)
+            });
+            agent::Calibrated { results: got.results.map_err(|i| i.error), source: Some(got.source) }
+        };
+        calibration.source = c.source.clone();
+        calibration.curve = c.curve().cloned();
+        if let Err(e) = &c.results {
+            calibration.retention_note = Some(e.clone());
         }
-        plan = Some((p, source));
+        calibrated = Some(c);
     }
-    let governed = cfg.retention && agent::governed(&cfg);
-    if calibration.starts_off && !governed {
-        cfg.retention = false;
-    }
+    let governed = cfg.retention && cfg.adapt && cfg.timeout_us.is_none();
     let out_dir = tempfile::tempdir().context("creating a temp dir for workload output")?;
     calibration.governed = governed;
     let opts = RunOptions {
@@ -206,7 +187,7 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
         stdout_to: Some(out_dir.path().join("out.txt")),
         stderr_to: Some(out_dir.path().join("err.txt")),
         status_socket: false,
-        retention_plan: plan,
+        calibration: calibrated,
     };
     let total = args.runs * 2;
     let mut samples = Vec::new();
@@ -316,13 +297,13 @@ fn summarize(
         command,
         runs,
         cpus: cpus.to_string(),
-        retention: cfg.retention && calibration.starts_on(cfg),
+        retention: cfg.retention,
         retention_note: calibration.retention_note,
         governed: calibration.governed,
-        wakeup_costs: calibration.wakeup_costs,
+        curve: calibration.curve,
         calibration: calibration.source,
         consolidation: cfg.consolidation,
-        timeout_us: cfg.timeout_us.or(calibration.timeout_us).filter(|_| cfg.retention && !calibration.starts_off),
+        timeout_us: cfg.timeout_us.filter(|_| cfg.retention),
         retention_start: calibration.governed.then_some(cfg.retention_start),
         speedup: stock_wall_s.p50 / gleaner_wall_s.p50,
         stock_wall_s,

@@ -15,8 +15,19 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
-    /// Keep idle vCPUs busy with SCHED_IDLE yielding threads.
+    /// Keep idle vCPUs from halting while the workload waits (resource retention): the
+    /// kernel's own polling where the machine has a POLL state, yielding threads elsewhere.
     pub retention: bool,
+    /// Share of each managed vCPU's time retention may spend polling or yielding, (0, 1].
+    pub budget: f64,
+    /// Wakeup latency (ns) one ns of that CPU must save to be spent, 0..=1.
+    pub price: f64,
+    /// Use the kernel's polling (haltpoll window, per-CPU resume latency) where offered;
+    /// `false` leaves the kernel's idle knobs alone (yielding threads only).
+    pub kernel_polling: bool,
+    /// Trace the workload's wakeups and the vCPUs' idle periods in the kernel (eBPF, root);
+    /// `false` estimates idle periods from cpuidle counters.
+    pub trace: bool,
     /// Shrink the workload's cpuset while the section-5 conditions hold.
     pub consolidation: bool,
     /// Control period.
@@ -89,6 +100,10 @@ impl Default for AgentConfig {
     fn default() -> Self {
         Self {
             retention: true,
+            budget: gleaner_policy::idle::plan::DEFAULT_BUDGET,
+            price: gleaner_policy::idle::plan::DEFAULT_PRICE,
+            kernel_polling: true,
+            trace: true,
             consolidation: true,
             period_ms: 200,
             timeout_us: None,
@@ -178,6 +193,12 @@ impl AgentConfig {
         if let Some(a) = &self.metrics_addr {
             gleaner_os::input::metrics_addr("metrics_addr", a)?;
         }
+        let plan = self.plan_config();
+        if let Err(e) = plan.validate() {
+            let (key, value) = if e.starts_with("budget") { ("budget", self.budget) } else { ("price", self.price) };
+            let allowed = if key == "budget" { "a share of a vCPU in (0, 1], e.g. 0.5" } else { "0..=1 (latency ns per CPU ns)" };
+            return Err(BadInput::new(key, value, allowed).into());
+        }
         self.controller.validate().map_err(|e| BadInput::new("controller parameter", e, "see `gleaner daemon --print-config`"))?;
         self.governor.validate().map_err(|e| BadInput::new("governor parameter", e, "see `gleaner daemon --print-config`"))?;
         for t in &self.targets {
@@ -196,6 +217,11 @@ pub const MAX_CALIBRATION_AGE_S: u64 = 365 * 24 * 3600;
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 impl AgentConfig {
+    /// The idle planner's configuration.
+    pub fn plan_config(&self) -> gleaner_policy::idle::PlanConfig {
+        gleaner_policy::idle::PlanConfig { budget: self.budget, price: self.price, ..Default::default() }
+    }
+
     /// Where this agent's calibration record lives and how long it stays valid.
     pub fn cache_policy(&self) -> crate::cache::CachePolicy {
         crate::cache::CachePolicy {
@@ -210,31 +236,47 @@ impl AgentConfig {
 pub const SAMPLE_CONFIG: &str = r#"# /etc/gleaner/gleaner.toml: configuration of the Gleaner guest agent.
 # Every key is optional; the values shown are the defaults.
 
-# Keep idle vCPUs from halting with SCHED_IDLE threads calling sched_yield() (resource retention).
+# Keep idle vCPUs from halting while the workload waits (resource retention): the kernel's
+# own polling (cpuidle POLL state: no IPI to wake) where the machine has it, SCHED_IDLE threads
+# calling sched_yield() where it does not. Per vCPU, the agent picks how long an idle vCPU
+# keeps polling from the idle periods it traces and the wake-cost curve it calibrated.
 retention = true
+# Share of each managed vCPU's time retention may spend polling or yielding, (0, 1]. 1: all of
+# an idle vCPU's time may go, but only where it buys wakeups at `price` (an idle workload
+# spends nothing; a vCPU that is never idle has nothing to spend).
+budget = 1.0
+# Wakeup latency (ns) one ns of that CPU must save to be spent: 0.01 means a microsecond of
+# wakeup latency is worth up to 100 us of otherwise idle vCPU.
+price = 0.01
+# Use the kernel's idle knobs (haltpoll window guest_halt_poll_ns, per-CPU
+# pm_qos_resume_latency_us); every knob is put back on exit, by the guardian after kill -9,
+# or by `gleaner restore`. false: yielding threads only.
+kernel_polling = true
+# Trace the workload's wakeups and each vCPU's idle periods in the kernel (eBPF on the
+# scheduler tracepoints; root). false, or where eBPF is unavailable: idle periods are
+# estimated from cpuidle counters and the workload's context switches.
+trace = true
 # Shrink the workload's cpuset one vCPU at a time while the paper's two conditions hold
 # (consolidation scheduling). Needs root or a delegated cgroup; without it the agent runs
 # with retention only and says so.
 consolidation = true
 # Control period: how often metrics are sampled and the controller decides.
 period_ms = 200
-# Retention timeout: how long a yielding thread spins on an idle vCPU before letting it halt.
-# Unset: calibrated from a measured vCPU wakeup (about 0.5 s of measurement, once per boot: see
-# calibration_max_age_s); it caps each vCPU's adaptive timeout, and where the host already polls
-# halted vCPUs that long retention starts off. Set: fixed, and always retain (no adaptation, no
-# governor), and no wakeup is measured.
+# A fixed yielding window instead of the planned one: every vCPU keeps a yielding thread
+# that spins this long before letting its vCPU halt (no kernel polling, no governor; for
+# experiments). Unset: planned per vCPU.
 # timeout_us = 100
-# Adapt each vCPU's timeout to its idle periods (like cpuidle-haltpoll's poll window) and let
-# the governor re-decide while running whether retention pays, from short on/off probe epochs.
-# false: the calibrated timeout stays fixed and the start-up verdict holds for the whole run.
+# Re-decide while running whether retention pays, from short on/off probe periods (the
+# governor). false: the plan is applied without probes.
 adapt = true
-# The governor's first mode: "calibrated" (the start-up verdict), "on" or "off".
+# The governor's first mode: "calibrated" (on where the machine's wake-cost curve says
+# retention can pay), "on" or "off".
 retention_start = "calibrated"
 # A sched_yield() call longer than this means the workload ran meanwhile. Unset: calibrated.
 # idle_threshold_us = 20
 # The calibration is stored in run_dir/calibration.json (`gleaner calibrate` shows it) and
 # reused until it is this old (seconds) or anything it depends on changes (boot, kernel, online
-# CPUs, cpuidle driver or governor, haltpoll parameters); `--recalibrate` measures it again.
+# CPUs, cpuidle driver or governor); `--recalibrate` measures it again.
 # The daemon renews it before it expires, while the machine idles. 0 measures at every start.
 calibration_max_age_s = 86400
 # Longest sleep of a yielding thread while its vCPU stays idle (the sleep doubles from 50 us).
@@ -292,6 +334,11 @@ confirm = 3
 decisive_loss = 0.25
 # Periods with fewer workload sync points than this are too few to compare.
 min_progress = 50
+# Where every period has at least min_wakeups traced wakeups of the workload, latency
+# decides: retention pays when it shortens the mean wakeup by latency_gain (and progress did
+# not fall by more than margin), and loses when it shortens it by less than margin.
+min_wakeups = 50
+latency_gain = 0.1
 
 # Workloads the daemon manages: one [[target]] per workload, with either a cgroup or a pid.
 # [[target]]
@@ -326,6 +373,9 @@ mod tests {
     fn out_of_range_values_are_named() {
         for (text, key) in [
             ("period_ms = 0", "period_ms"),
+            ("budget = 0", "budget"),
+            ("budget = 1.5", "budget"),
+            ("price = -1", "price"),
             ("timeout_us = 0", "timeout_us"),
             ("step_aside_us = 5000", "step_aside_us"),
             ("calibration_max_age_s = 99999999999", "calibration_max_age_s"),

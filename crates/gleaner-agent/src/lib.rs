@@ -18,6 +18,7 @@ pub mod calibrate;
 pub mod cli;
 pub mod compare;
 pub mod config;
+pub mod knobs;
 pub mod sampler;
 pub mod seam;
 pub mod server;
@@ -75,8 +76,7 @@ pub fn run(cmd: AgentCommand) -> anyhow::Result<ExitCode> {
         }
         AgentCommand::Status { json, run_dir } => status(json, &run_dir),
         AgentCommand::Restore { run_dir } => {
-            let cgroups = gleaner_os::cgroup::Cgroups::detect()?;
-            let done = state::restore_dead(&run_dir, &cgroups)?;
+            let done = state::restore_dead(&run_dir, &state::UndoCx::real())?;
             if done.is_empty() {
                 println!("nothing to restore");
             }
@@ -130,22 +130,17 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         );
         println!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}", r.active_cpus, r.all_cpus, m.rho, m.eta);
         println!("  l_comp {}  g_comp {}  l_idle {}  utilization {:.2} vCPUs", ms(m.l_comp_ns), ms(m.g_comp_ns), ms(m.l_idle_ns), m.util);
-        println!(
-            "  yields {}  timeouts {}  noise {}  step-asides {}  retention timeout {} us  decisions {}",
-            r.yields, r.timeouts, r.noise_returns, r.step_asides, r.timeout_us, r.decisions
-        );
+        if let Some(i) = &r.idle {
+            print_idle_status(i);
+        }
+        if r.yields > 0 {
+            println!(
+                "  yields {}  timeouts {}  noise {}  step-asides {}  decisions {}",
+                r.yields, r.timeouts, r.noise_returns, r.step_asides, r.decisions
+            );
+        }
         if let Some(c) = &r.calibration {
             println!("  calibration {} at start; the numbers are {} old", c.describe(), cache::human_age(c.age_now_s()));
-        }
-        if !r.vcpu_timeouts.is_empty() {
-            let t: Vec<String> = r.vcpu_timeouts.iter().map(|v| format!("{}:{}", v.cpu, v.timeout_ns / 1000)).collect();
-            let (g, s): (u64, u64) = r.vcpu_timeouts.iter().fold((0, 0), |(g, s), v| (g + v.grows, s + v.shrinks));
-            println!(
-                "  per-vCPU timeouts (us) {}  ({}, cap {} us; {g} grows, {s} shrinks)",
-                t.join(" "),
-                if r.adaptive_timeout { "adaptive" } else { "fixed" },
-                r.timeout_us
-            );
         }
         for e in r.recent.iter().rev().take(8) {
             println!("  [{:>8} ms] {} -> CPUs {}", e.t_ms, e.event, e.active_cpus);
@@ -171,15 +166,15 @@ fn calibrate(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     cfg.validate()?;
     let cpus = agent::managed_cpus(&cfg, &gleaner_os::sysfs::Sysfs::new())?;
     if !args.json {
-        eprintln!("gleaner: calibrating on vCPUs {cpus} (about 0.5 s unless a valid record exists)");
+        eprintln!("gleaner: calibrating on vCPUs {cpus} (about 2 s unless a valid record exists)");
     }
-    let got = cache::obtain(&cfg.cache_policy(), &cache::World::real(), &cpus, || calibrate::measure(&cpus));
+    let got = cache::obtain(&cfg.cache_policy(), &cache::World::real(), &cpus, || calibrate::measure_journaled(&cfg.run_dir, &cpus));
     let results = got.results.map_err(|inc| anyhow::anyhow!("calibration incomplete: {}", inc.error))?;
     let retaining = server::retention_agents(&cfg.run_dir);
     if retaining > 0 && matches!(got.source, cache::CalibrationSource::MeasuredNow { .. }) {
         eprintln!(
-            "gleaner: note: {retaining} agent(s) with retention were running; their yielding threads keep vCPUs \
-             from halting, so the halted-vCPU wakeups may read too cheap (measure again when they are gone)"
+            "gleaner: note: {retaining} agent(s) with retention were running; they keep vCPUs from halting, so \
+             the halted-vCPU wakeups may read too cheap (measure again when they are gone)"
         );
     }
     let report = CalibrateReport { source: got.source, record: got.record, results };
@@ -189,21 +184,11 @@ fn calibrate(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
     }
     let r = &report.results;
     println!("calibration: {}", report.source.describe());
-    println!("  {}", agent::medians(r));
-    println!("  retention timeout {} us, idle threshold {} us", r.timeout_ns / 1000, r.idle_threshold_ns / 1000);
-    match agent::retention_off_reason(r) {
-        None => println!("  verdict: retention pays here"),
-        Some(why) => println!("  verdict: retention off: {why}"),
-    }
+    print_curve(&r.curve);
+    println!("  kernel polling while measuring: halted: {}; polling: {}", r.polling.halted, r.polling.poll);
+    println!("  idle threshold of yielding threads {} us", r.idle_threshold_ns / 1000);
     if let Some(rec) = &report.record {
         let d = &rec.depends_on;
-        let params = |m: &std::collections::BTreeMap<String, String>| {
-            if m.is_empty() {
-                "not loaded".to_string()
-            } else {
-                m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
-            }
-        };
         println!(
             "  depends on: boot {}, kernel {}, online CPUs {}, vCPU {} wakes {}, cpuidle driver {} governor {}",
             d.boot_id,
@@ -214,13 +199,78 @@ fn calibrate(args: CalibrateArgs) -> anyhow::Result<ExitCode> {
             d.cpuidle_driver.as_deref().unwrap_or("none"),
             d.cpuidle_governor.as_deref().unwrap_or("none")
         );
-        println!("  haltpoll: {}; cpuidle_haltpoll: {}", params(&d.haltpoll), params(&d.cpuidle_haltpoll));
         println!(
             "  valid for {} after it was measured while these stay the same; --recalibrate measures again",
             cache::human_age(cfg.calibration_max_age_s)
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The idle policy of a running agent, for people.
+fn print_idle_status(i: &status::IdleStatus) {
+    use gleaner_policy::idle::plan::{Mechanism, ALWAYS};
+    if let Some(o) = &i.offer {
+        println!("  machine: {}", o.describe());
+    }
+    let us = |ns: u64| if ns == ALWAYS { "until work".to_string() } else { format!("{} us", ns / 1000) };
+    if let Some(p) = &i.plan {
+        let per: Vec<String> = p
+            .vcpus
+            .iter()
+            .map(|v| match v.mechanism {
+                Mechanism::Halt => format!("{}:halt", v.cpu),
+                Mechanism::Poll => format!("{}:poll {}", v.cpu, us(v.window_ns)),
+                Mechanism::Yield => format!("{}:yield {}", v.cpu, us(v.window_ns)),
+            })
+            .collect();
+        let spent: f64 = p.expected_cost_vcpus();
+        println!(
+            "  idle plan: {} (expected {:.2} vCPU; budget {:.2} per vCPU, price {})",
+            per.join("  "),
+            spent,
+            i.plan_config.budget,
+            i.plan_config.price
+        );
+    }
+    match (&i.gaps_from, &i.tracer_note) {
+        (Some(src), None) => println!(
+            "  idle periods from: {}",
+            serde_json::to_value(src).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+        ),
+        (_, Some(n)) => println!("  idle periods estimated (tracer: {n})"),
+        _ => {}
+    }
+    if let Some(w) = &i.wake {
+        let s = |l: &gleaner_policy::idle::LatencySummary| format!("{} @ {:.1} us", l.count, l.mean_ns / 1e3);
+        println!(
+            "  workload wakeups last traced period: all {}  (busy {}, poll {}, halt {})",
+            s(&w.all),
+            s(&w.busy),
+            s(&w.poll),
+            s(&w.halt)
+        );
+    }
+    println!("  kernel polling since start {:.2} s", i.poll_ns as f64 / 1e9);
+}
+
+/// The wake-cost curve as a table, for people.
+pub fn print_curve(c: &gleaner_policy::idle::WakeCurve) {
+    println!("  wakeup of a blocked thread on another vCPU (means of the measured rounds):");
+    println!("    {:>10}  {:>9}  {:>9}", "idle gap", "mean us", "p50 us");
+    for p in &c.halted {
+        println!("    {:>7} us  {:>9.1}  {:>9.1}   vCPU halted", p.gap_ns / 1000, p.mean_ns as f64 / 1e3, p.p50_ns as f64 / 1e3);
+    }
+    println!("    {:>10}  {:>9.1}  {:>9}   vCPU kept busy by a yielding thread", "any", c.busy_ns as f64 / 1e3, "");
+    match c.poll_ns {
+        Some(p) => println!("    {:>10}  {:>9.1}  {:>9}   vCPU polling in the kernel (POLL state)", "any", p as f64 / 1e3, ""),
+        None => println!("    polling in the kernel: not measured (no POLL state, or no control of the idle knobs)"),
+    }
+    let w = c.host_poll_window_ns().map_or("none (flat)".to_string(), |w| format!("{} us", w / 1000));
+    println!(
+        "  the host keeps a halted vCPU cheap to wake up to {w}; a long idle gap costs {} us more than the cheapest wakeup",
+        c.long_gap_penalty_ns() / 1000
+    );
 }
 
 fn on_off(b: bool) -> &'static str {
@@ -241,7 +291,8 @@ fn daemon(config: &std::path::Path) -> anyhow::Result<ExitCode> {
         let cpus = agent::managed_cpus(&cfg, &gleaner_os::sysfs::Sysfs::new())?;
         if !cfg.targets.is_empty() {
             // Once here, so the attach agents below all read it instead of queueing to measure.
-            let got = cache::obtain(&cfg.cache_policy(), &cache::World::real(), &cpus, || calibrate::measure(&cpus));
+            let got =
+                cache::obtain(&cfg.cache_policy(), &cache::World::real(), &cpus, || calibrate::measure_journaled(&cfg.run_dir, &cpus));
             tracing::info!("calibration {}", got.source.describe());
         }
         Some(cache::Refresher::spawn(cfg.cache_policy(), cpus)?)

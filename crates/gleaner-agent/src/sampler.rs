@@ -17,6 +17,7 @@ use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::{Procfs, SchedstatFile, StatFile, StatusFile};
 use gleaner_os::sysfs::Sysfs;
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
+use gleaner_policy::guest::VcpuIdle;
 
 use crate::status::VcpuTimeout;
 use crate::yielders::Yielders;
@@ -64,6 +65,10 @@ pub struct PeriodExtras {
     /// Each yielding thread's timeout at the end of the period, with the grows and shrinks in
     /// the period (empty without yielding threads).
     pub vcpus: Vec<VcpuTimeout>,
+    /// Every managed vCPU's idle counters in the period (the idle planner's input).
+    pub idle: Vec<VcpuIdle>,
+    /// Kernel polling in the period, all managed vCPUs (the POLL state's time), ns.
+    pub poll_ns: u64,
 }
 
 /// Samples the workload and the vCPUs once per period.
@@ -81,8 +86,13 @@ pub struct Sampler {
     /// Each yielding thread's schedstat, kept open the same way (by tid).
     yielder_files: HashMap<i32, SchedstatFile>,
     cpu_busy_ns: BTreeMap<u32, u64>,
+    cpu_idle_ns: BTreeMap<u32, u64>,
     yielder: HashMap<u32, YielderPrev>,
     idle_entries: BTreeMap<u32, u64>,
+    /// Cumulative POLL-state time per vCPU, ns.
+    poll_ns: BTreeMap<u32, u64>,
+    /// Every managed vCPU (the snapshot covers only the active ones).
+    managed: CpuSet,
     at: Instant,
 }
 
@@ -102,8 +112,11 @@ struct YielderPrev {
 impl Sampler {
     /// A sampler reading `procfs` and `sysfs`; the first [`Sampler::sample`] establishes the
     /// baseline (call [`Sampler::prime`] right after starting the workload).
-    pub fn new(procfs: Procfs, sysfs: Sysfs) -> Self {
+    pub fn new(procfs: Procfs, sysfs: Sysfs, managed: CpuSet) -> Self {
         Self {
+            managed,
+            cpu_idle_ns: BTreeMap::new(),
+            poll_ns: BTreeMap::new(),
             procfs,
             sysfs,
             threads: HashMap::new(),
@@ -171,11 +184,15 @@ impl Sampler {
         if stat.as_ref().is_some_and(Result::is_err) {
             self.stat = None;
         }
+        let mut idle_delta: BTreeMap<u32, u64> = BTreeMap::new();
         if let Some(Ok(stat)) = stat {
             for (&cpu, t) in &stat.cpus {
                 let ns = t.busy_ns(stat.clk_tck);
                 let prev = self.cpu_busy_ns.insert(cpu, ns).unwrap_or(ns);
                 busy_delta.insert(cpu, ns.saturating_sub(prev));
+                let ns = t.idle_ns(stat.clk_tck);
+                let prev = self.cpu_idle_ns.insert(cpu, ns).unwrap_or(ns);
+                idle_delta.insert(cpu, ns.saturating_sub(prev));
             }
         }
 
@@ -250,7 +267,8 @@ impl Sampler {
         // period's even right after the governor parked the yielding threads.
         let retaining = yielders.is_some_and(Yielders::retaining);
         let mut entries_delta: BTreeMap<u32, u64> = BTreeMap::new();
-        for cpu in cpus.iter() {
+        let mut poll_delta: BTreeMap<u32, u64> = BTreeMap::new();
+        for cpu in self.managed.iter() {
             let Ok(states) = self.sysfs.cpuidle_states(cpu) else { continue };
             if states.is_empty() {
                 continue;
@@ -258,7 +276,23 @@ impl Sampler {
             let usage: u64 = states.iter().map(|s| s.usage).sum();
             let prev = self.idle_entries.insert(cpu, usage).unwrap_or(usage);
             entries_delta.insert(cpu, usage.saturating_sub(prev));
+            // The POLL state's time is kernel polling: idle for /proc/stat, work for the bill.
+            let poll = states.iter().filter(|s| s.name == "POLL").map(|s| s.time_us.saturating_mul(1000)).sum::<u64>();
+            let prev = self.poll_ns.insert(cpu, poll).unwrap_or(poll);
+            poll_delta.insert(cpu, poll.saturating_sub(prev));
         }
+        extras.idle = self
+            .managed
+            .iter()
+            .map(|cpu| VcpuIdle {
+                cpu,
+                idle_ns: idle_delta.get(&cpu).copied().unwrap_or(0),
+                entries: entries_delta.get(&cpu).copied(),
+                poll_ns: poll_delta.get(&cpu).copied().unwrap_or(0),
+                yield_ns: ydelta.get(&cpu).map_or(0, |d| d.run_ns),
+            })
+            .collect();
+        extras.poll_ns = poll_delta.values().sum();
 
         // Distribute the exact total over the active vCPUs by their busy-minus-yielder time.
         let raw: Vec<(u32, u64)> = cpus
@@ -345,7 +379,7 @@ mod tests {
         fn new(cpuidle: bool) -> Self {
             let dir = tempfile::tempdir().unwrap();
             let f = Self { dir };
-            std::fs::write(f.proc().join("stat"), "cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\n")
+            std::fs::write(f.proc().join("stat"), "cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0 0 0\nctxt 0\nbtime 0\nprocesses 0\nprocs_running 1\nprocs_blocked 0\n")
                 .unwrap();
             for cpu in 0..2 {
                 let d = f.sys().join(format!("devices/system/cpu/cpu{cpu}"));
@@ -385,7 +419,7 @@ mod tests {
             }
         }
         fn sampler(&self) -> Sampler {
-            Sampler::new(Procfs::with_root(self.proc()), Sysfs::with_root(self.sys()))
+            Sampler::new(Procfs::with_root(self.proc()), Sysfs::with_root(self.sys()), CpuSet::parse("0-1").unwrap())
         }
     }
 
@@ -420,6 +454,33 @@ mod tests {
         // A thread no longer listed has its files closed.
         let (snap, _) = s.sample(&tids[..10], None, &cpus);
         assert_eq!((snap.s_work, s.files.len()), (0, 10));
+    }
+
+    #[test]
+    fn every_managed_vcpu_reports_its_idle_time_entries_and_kernel_polling() {
+        let f = Fixture::new(true);
+        for cpu in 0..2 {
+            let s = f.sys().join(format!("devices/system/cpu/cpu{cpu}/cpuidle/state1"));
+            std::fs::create_dir_all(&s).unwrap();
+            for (k, v) in [("name", "POLL"), ("usage", "0"), ("time", "100")] {
+                std::fs::write(s.join(k), format!("{v}\n")).unwrap();
+            }
+        }
+        let cpus = CpuSet::parse("0").unwrap();
+        let mut s = f.sampler();
+        s.prime(&[7], None, &cpus);
+        std::fs::write(f.sys().join("devices/system/cpu/cpu1/cpuidle/state1/time"), "2600\n").unwrap();
+        std::fs::write(f.proc().join("stat"), "cpu  0 0 0 50 0 0 0 0 0 0\ncpu0 0 0 0 20 0 0 0 0 0 0\ncpu1 0 0 0 30 0 0 0 0 0 0\nctxt 0\nbtime 0\nprocesses 0\nprocs_running 1\nprocs_blocked 0\n").unwrap();
+        f.set(0, 0, 5);
+        // The snapshot covers the active vCPU 0; the idle counters every managed vCPU.
+        let (snap, extras) = s.sample(&[7], None, &cpus);
+        assert_eq!(snap.vcpus.len(), 1);
+        assert_eq!(extras.idle.len(), 2);
+        // 20 and 30 ticks of idle time, whatever a tick is here.
+        let tick = extras.idle[0].idle_ns / 20;
+        assert!(tick > 0, "{:?}", extras.idle);
+        assert_eq!(extras.idle[1], VcpuIdle { cpu: 1, idle_ns: 30 * tick, entries: Some(5), poll_ns: 2_500_000, yield_ns: 0 });
+        assert_eq!((extras.idle[0].poll_ns, extras.poll_ns), (0, 2_500_000));
     }
 
     fn s_yields(cpuidle: bool) -> Vec<u64> {

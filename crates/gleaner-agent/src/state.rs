@@ -19,6 +19,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use anyhow::Context;
 use gleaner_os::cgroup::Cgroups;
 use gleaner_os::cpuset::CpuSet;
+use gleaner_os::idle::IdleKnobs;
 use gleaner_os::journal::{self, Journal, Undo};
 use gleaner_os::procfs::alive;
 use gleaner_os::OsError;
@@ -36,6 +37,50 @@ pub enum Change {
     SetCpus { path: PathBuf, original: String },
     /// We enabled the cpuset controller in `dir/cgroup.subtree_control` (cgroup v2).
     EnabledCpuset { dir: PathBuf },
+    /// We set a kernel module parameter (the guest haltpoll window); `original` goes back.
+    ModuleParam { module: String, name: String, original: String },
+    /// We set `cpu`'s resume latency limit (`pm_qos_resume_latency_us`); `original` as the
+    /// kernel showed it (`0`: no limit, `n/a`: 0 us), which writes back as it was.
+    ResumeLatency { cpu: u32, original: String },
+    /// We disabled (or enabled) idle state `state` of `cpu`; `original`: it was disabled.
+    IdleStateDisabled { cpu: u32, state: u32, original: bool },
+    /// We switched the cpuidle governor.
+    CpuidleGovernor { original: String },
+    /// We loaded the `cpuidle-haltpoll` driver; it is unloaded again.
+    LoadedHaltpollDriver,
+}
+
+impl Change {
+    /// True for the kernel idle knobs (not cgroups).
+    pub fn is_idle_knob(&self) -> bool {
+        matches!(
+            self,
+            Change::ModuleParam { .. }
+                | Change::ResumeLatency { .. }
+                | Change::IdleStateDisabled { .. }
+                | Change::CpuidleGovernor { .. }
+                | Change::LoadedHaltpollDriver
+        )
+    }
+}
+
+/// What undoing changes needs: the cgroup tree (`None` where there is no cpuset controller:
+/// a cgroup change then cannot be undone and says so) and the idle knobs' sysfs.
+#[derive(Debug)]
+pub struct UndoCx {
+    pub cgroups: Option<Cgroups>,
+    pub knobs: IdleKnobs,
+}
+
+impl UndoCx {
+    /// The real machine.
+    pub fn real() -> Self {
+        Self { cgroups: Cgroups::detect().ok(), knobs: IdleKnobs::new() }
+    }
+
+    fn cgroups(&self) -> anyhow::Result<&Cgroups> {
+        self.cgroups.as_ref().context("no cpuset cgroup controller to undo a cgroup change with")
+    }
 }
 
 /// The state file of one agent.
@@ -54,8 +99,17 @@ pub struct StateFile {
 impl StateFile {
     /// Creates `run_dir/agent-<pid>.json` (and `run_dir`, mode 0700).
     pub fn create(run_dir: &Path, agent_pid: i32) -> anyhow::Result<Self> {
+        Self::create_at(run_dir, state_path(run_dir, agent_pid), agent_pid)
+    }
+
+    /// Creates the journal of a calibration, `run_dir/calibrate-<pid>.json`: the knobs a
+    /// measurement turns for a moment, restored by the same means as an agent's.
+    pub fn create_for_calibration(run_dir: &Path, pid: i32) -> anyhow::Result<Self> {
+        Self::create_at(run_dir, run_dir.join(format!("{CALIBRATION_PREFIX}{pid}.json")), pid)
+    }
+
+    fn create_at(run_dir: &Path, path: PathBuf, agent_pid: i32) -> anyhow::Result<Self> {
         create_private_dir(run_dir)?;
-        let path = state_path(run_dir, agent_pid);
         let journal = Journal::create(&path, AgentState { agent_pid, changes: Vec::new() })
             .with_context(|| format!("writing the state file {}", path.display()))?;
         Ok(Self { journal })
@@ -79,8 +133,8 @@ impl StateFile {
     /// Undoes every recorded change (newest first) and removes the file. Errors are collected:
     /// one failed step does not stop the others. Killed half-way, the file (still naming every
     /// change) lets the guardian or `gleaner restore` finish: each step is idempotent.
-    pub fn undo(self, cgroups: &Cgroups) -> anyhow::Result<()> {
-        let errors = journal::undo_each(cgroups, self.state().changes.iter().rev(), |i| {
+    pub fn undo(self, cx: &UndoCx) -> anyhow::Result<()> {
+        let errors = journal::undo_each(cx, self.state().changes.iter().rev(), |i| {
             if i == 0 {
                 crate::seam::stop_at(crate::seam::MID_RESTORE);
             }
@@ -92,6 +146,15 @@ impl StateFile {
             anyhow::bail!("restore incomplete: {}", errors.join("; "))
         }
     }
+}
+
+/// The state file of a calibration starts with this (then the pid, `.json`).
+pub const CALIBRATION_PREFIX: &str = "calibrate-";
+
+/// The pid of a state file's name: `agent-<pid>.json` or `calibrate-<pid>.json`.
+fn state_file_pid(name: &str) -> Option<i32> {
+    let rest = name.strip_prefix("agent-").or_else(|| name.strip_prefix(CALIBRATION_PREFIX))?;
+    rest.strip_suffix(".json")?.parse().ok()
 }
 
 /// Where agent `pid` keeps its state file.
@@ -121,25 +184,25 @@ pub fn read_state(path: &Path) -> anyhow::Result<Option<AgentState>> {
 }
 
 /// Undoes `changes` newest first; returns the errors met (empty on success).
-pub fn undo_changes(cgroups: &Cgroups, changes: &[Change]) -> Vec<String> {
-    journal::undo_each(cgroups, changes.iter().rev(), |_| {})
+pub fn undo_changes(cx: &UndoCx, changes: &[Change]) -> Vec<String> {
+    journal::undo_each(cx, changes.iter().rev(), |_| {})
 }
 
 impl Undo for Change {
-    type Context = Cgroups;
+    type Context = UndoCx;
     type Error = anyhow::Error;
 
-    fn undo(&self, cgroups: &Cgroups) -> anyhow::Result<()> {
-        undo_one(cgroups, self)
+    fn undo(&self, cx: &UndoCx) -> anyhow::Result<()> {
+        undo_one(cx, self)
     }
 }
 
 /// Undoes one change. Idempotent: what is already undone (a group gone, a process moved
 /// back, cpus already at their original value) is left alone.
-fn undo_one(cgroups: &Cgroups, change: &Change) -> anyhow::Result<()> {
+fn undo_one(cx: &UndoCx, change: &Change) -> anyhow::Result<()> {
     match change {
         Change::SetCpus { path, original } => {
-            if let Some(cg) = cgroups.open_existing(path)? {
+            if let Some(cg) = cx.cgroups()?.open_existing(path)? {
                 let cpus = CpuSet::parse(original).map_err(|e| anyhow::anyhow!("recorded cpus '{original}': {e}"))?;
                 // Unchanged (a write refused, or undone before a kill): nothing to
                 // write, so a read-only cpuset.cpus is not a failed restore.
@@ -149,6 +212,7 @@ fn undo_one(cgroups: &Cgroups, change: &Change) -> anyhow::Result<()> {
             }
         }
         Change::MovedProcess { pid, from, to } => {
+            let cgroups = cx.cgroups()?;
             // Only move it back if it is still where we put it (and where it came from exists).
             if let (Some(src), Some(dest)) = (cgroups.open_existing(to)?, cgroups.open_existing(from)?) {
                 if src.procs().unwrap_or_default().contains(pid) {
@@ -165,6 +229,7 @@ fn undo_one(cgroups: &Cgroups, change: &Change) -> anyhow::Result<()> {
             }
         }
         Change::CreatedCgroup { path, fallback } => {
+            let cgroups = cx.cgroups()?;
             // Removed already (by us before a kill, or by someone else): nothing to undo.
             if let Some(cg) = cgroups.open_existing(path)? {
                 // Whatever is left goes back where the agent came from, or to the root.
@@ -178,6 +243,28 @@ fn undo_one(cgroups: &Cgroups, change: &Change) -> anyhow::Result<()> {
                 cg.remove()?;
             }
         }
+        Change::ModuleParam { module, name, original } => {
+            let sysfs = cx.knobs.sysfs();
+            // Already back (undone before a kill) or the module gone: nothing to write.
+            let now = sysfs.module_params(module)?;
+            if now.get(name).is_some_and(|v| v != original) {
+                sysfs.write_module_param(module, name, original)?;
+            }
+        }
+        Change::ResumeLatency { cpu, original } => {
+            if cx.knobs.resume_latency(*cpu)? != *original {
+                cx.knobs.set_resume_latency(*cpu, original)?;
+            }
+        }
+        Change::IdleStateDisabled { cpu, state, original } => {
+            cx.knobs.set_state_disabled(*cpu, *state, *original)?;
+        }
+        Change::CpuidleGovernor { original } => {
+            if cx.knobs.sysfs().cpuidle_governor()?.as_deref() != Some(original.as_str()) {
+                cx.knobs.set_governor(original)?;
+            }
+        }
+        Change::LoadedHaltpollDriver => cx.knobs.unload_haltpoll_driver()?,
     }
     Ok(())
 }
@@ -197,7 +284,7 @@ fn is_vanished(e: &gleaner_os::OsError) -> bool {
 
 /// Undoes what dead agents left: state files whose agent is gone, then `gleaner-agent-<pid>`
 /// cgroups of dead agents without a state file. Returns a line per thing restored.
-pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<String>> {
+pub fn restore_dead(run_dir: &Path, cx: &UndoCx) -> anyhow::Result<Vec<String>> {
     let mut done = Vec::new();
     let mut errors = Vec::new();
     if let Ok(entries) = std::fs::read_dir(run_dir) {
@@ -211,7 +298,7 @@ pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<Str
                 }
                 continue;
             }
-            let Some(pid) = name.strip_prefix("agent-").and_then(|s| s.strip_suffix(".json")).and_then(|s| s.parse::<i32>().ok()) else {
+            let Some(pid) = state_file_pid(&name) else {
                 continue;
             };
             if alive(pid) && pid != std::process::id().cast_signed() {
@@ -227,7 +314,7 @@ pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<Str
                     continue;
                 }
             };
-            let errs = undo_changes(cgroups, &state.changes);
+            let errs = undo_changes(cx, &state.changes);
             if errs.is_empty() {
                 let _ = std::fs::remove_file(&p);
                 done.push(format!("restored {} change(s) of dead agent {pid} ({})", state.changes.len(), p.display()));
@@ -236,7 +323,11 @@ pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<Str
             }
         }
     }
-    for cg in cgroups.list_gleaner_groups()? {
+    let groups = match &cx.cgroups {
+        Some(cgroups) => cgroups.list_gleaner_groups()?,
+        None => Vec::new(),
+    };
+    for cg in groups {
         let name = cg.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let Some(pid) = name.strip_prefix("gleaner-agent-").and_then(|s| s.parse::<i32>().ok()) else {
             continue;
@@ -245,7 +336,7 @@ pub fn restore_dead(run_dir: &Path, cgroups: &Cgroups) -> anyhow::Result<Vec<Str
             continue;
         }
         let parent = cg.parent().map(Path::to_path_buf).unwrap_or_default();
-        let errs = undo_changes(cgroups, &[Change::CreatedCgroup { path: cg.clone(), fallback: parent }]);
+        let errs = undo_changes(cx, &[Change::CreatedCgroup { path: cg.clone(), fallback: parent }]);
         if errs.is_empty() {
             done.push(format!("removed orphan cgroup {}", cg.display()));
         } else {
@@ -361,8 +452,7 @@ pub fn guardian_main(state_file: &Path) -> anyhow::Result<()> {
     let Some(state) = read_state(state_file)? else {
         return Ok(());
     };
-    let cgroups = Cgroups::detect()?;
-    let errors = undo_changes(&cgroups, &state.changes);
+    let errors = undo_changes(&UndoCx::real(), &state.changes);
     let _ = std::fs::remove_file(state_file);
     let _ = std::fs::remove_file(state_file.with_extension("sock"));
     if errors.is_empty() {

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use gleaner_policy::gleaner::{Decision, Metrics};
+use gleaner_policy::idle::{IdlePlan, Means, PlanConfig, TraceSource, WakeCurve, WakeSummary};
 use gleaner_policy::retention::{Comparison, EpochReading, GovernorState, ModeChange, RetentionMode};
 use serde::{Deserialize, Serialize};
 
@@ -35,7 +36,7 @@ pub struct VcpuTimeout {
 /// | event | fields |
 /// |---|---|
 /// | `consolidate`, `restore`, `reset`, `factor_change` | `decision` |
-/// | `period` (every period) | `count` (timeouts), `vcpus` (per-vCPU timeouts), `retention` (the mode it ran in), `reading` (what the governor read; its `comparison` if it made one) |
+/// | `period` (every period) | `count` (timeouts), `vcpus` (per-vCPU timeouts), `retention` (the mode it ran in), `reading` (what the governor read; its `comparison` if it made one), `wake` (the workload's wakeup latency, traced), `plan` (the idle plan applied next, when it changed) |
 /// | `retention` (start, and each change of mode) | `retention` (the new mode), `change` (none at start), `comparison`, `governor` |
 ///
 /// Every event has the time, the active CPUs after it and the controller's measurements.
@@ -79,6 +80,16 @@ pub struct EventRecord {
     /// since it started (`period` and `exit` events): what managing the workload costs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_cpu_ns: Option<u64>,
+    /// The workload's wakeup latency in the period, by target vCPU state (`period` events,
+    /// where the tracer ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake: Option<WakeSummary>,
+    /// The idle plan applied from the next period on (`period` events, when it changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<IdlePlan>,
+    /// Kernel polling in the period, ns (`period` events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_ns: Option<u64>,
 }
 
 impl EventRecord {
@@ -98,6 +109,9 @@ impl EventRecord {
             comparison: None,
             governor: None,
             agent_cpu_ns: None,
+            wake: None,
+            plan: None,
+            poll_ns: None,
         }
     }
 
@@ -144,6 +158,35 @@ impl std::fmt::Display for EventKind {
         let v = serde_json::to_value(self).map_err(|_| std::fmt::Error)?;
         f.write_str(v.as_str().unwrap_or("other"))
     }
+}
+
+/// The idle policy as it runs: what the machine offers, the curve, the plan, the tracer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct IdleStatus {
+    /// What the machine offers to keep idle vCPUs from halting (`None`: unreadable).
+    pub offer: Option<gleaner_os::idle::IdleOffer>,
+    /// What this agent uses of it.
+    pub means: Option<Means>,
+    /// This agent drives the kernel's idle knobs.
+    pub kernel: bool,
+    /// The wake-cost curve planned with.
+    pub curve: Option<WakeCurve>,
+    /// Budget and price.
+    pub plan_config: PlanConfig,
+    /// Each vCPU's budget now (tightened where polling or yielding ran over).
+    pub budget: Vec<(u32, f64)>,
+    /// The plan applied now (every vCPU halts while retention is off).
+    pub plan: Option<IdlePlan>,
+    /// What retention on means now.
+    pub planned: Option<IdlePlan>,
+    /// Where the idle periods come from (`bpf`, `estimated`).
+    pub gaps_from: Option<TraceSource>,
+    /// Why the tracer does not run, if it does not.
+    pub tracer_note: Option<String>,
+    /// The workload's wakeup latency in the last traced period.
+    pub wake: Option<WakeSummary>,
+    /// Kernel polling since start, ns.
+    pub poll_ns: u64,
 }
 
 /// The live state of one agent.
@@ -202,6 +245,9 @@ pub struct StatusReport {
     pub yielder_cpu_ns: u64,
     /// Workload threads seen in the last period.
     pub threads: usize,
+    /// The idle policy (`None`: retention off).
+    #[serde(default)]
+    pub idle: Option<IdleStatus>,
     pub recent: VecDeque<EventRecord>,
 }
 
@@ -253,6 +299,9 @@ impl StatusReport {
         self.noise_returns += extras.noise_returns;
         self.decisions += decisions;
         self.yielder_cpu_ns += extras.yielder_run_ns;
+        if let Some(i) = &mut self.idle {
+            i.poll_ns += extras.poll_ns;
+        }
         self.threads = extras.threads;
         let kept =
             |r: &EventRecord| r.decision.is_some() || r.change.is_some_and(|c| c.cause == gleaner_policy::retention::ChangeCause::Switch);

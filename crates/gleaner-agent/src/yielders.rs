@@ -3,7 +3,8 @@
 //! The decisions (idle or not, when to let the vCPU halt, how long to sleep, the per-vCPU
 //! adaptive timeout) are made by [`gleaner_policy::retention::IdleDetector`]; this module only
 //! runs the loop with a monotonic clock, publishes the detector's counters in atomics for the
-//! sampler, and parks threads of deactivated vCPUs, or all of them while retention is off
+//! sampler, and parks threads of deactivated vCPUs, of vCPUs the idle planner gives no window
+//! ([`Yielders::set_windows`]), or all of them while retention is off
 //! ([`Yielders::set_retention`], the governor's switch).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -73,6 +74,15 @@ pub struct Slot {
     pub tid: AtomicI32,
     pub counters: SlotCounters,
     active: AtomicBool,
+    /// The idle planner's window for this vCPU, ns: the detector's timeout cap (0 parks the
+    /// thread, `u64::MAX` never lets the vCPU halt).
+    window_ns: AtomicU64,
+}
+
+impl Slot {
+    fn parked(&self, shared: &Shared) -> bool {
+        !self.active.load(Ordering::Relaxed) || !shared.retain.load(Ordering::Relaxed) || self.window_ns.load(Ordering::Relaxed) == 0
+    }
 }
 
 #[derive(Debug)]
@@ -132,7 +142,13 @@ impl Yielders {
         let shared = Arc::new(Shared::new(online_cpus, retain));
         let mut me = Self { slots: Vec::new(), shared, threads: Vec::new() };
         for cpu in cpus.iter() {
-            let slot = Arc::new(Slot { cpu, tid: AtomicI32::new(0), counters: SlotCounters::default(), active: AtomicBool::new(true) });
+            let slot = Arc::new(Slot {
+                cpu,
+                tid: AtomicI32::new(0),
+                counters: SlotCounters::default(),
+                active: AtomicBool::new(true),
+                window_ns: AtomicU64::new(cfg.timeout_ns),
+            });
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let (s, sh) = (Arc::clone(&slot), Arc::clone(&me.shared));
             let handle = std::thread::Builder::new()
@@ -163,6 +179,17 @@ impl Yielders {
     pub fn set_active(&self, active: &CpuSet) {
         for s in &self.slots {
             s.active.store(active.contains(s.cpu), Ordering::Relaxed);
+        }
+        self.shared.notify();
+    }
+
+    /// Sets each vCPU's window (the detector's timeout cap; 0 parks its thread). vCPUs not
+    /// listed keep theirs.
+    pub fn set_windows(&self, windows: &[(u32, u64)]) {
+        for s in &self.slots {
+            if let Some(&(_, w)) = windows.iter().find(|(c, _)| *c == s.cpu) {
+                s.window_ns.store(w, Ordering::Relaxed);
+            }
         }
         self.shared.notify();
     }
@@ -313,19 +340,20 @@ fn yield_loop(slot: &Slot, shared: &Shared, cfg: RetentionConfig) {
     shared.runnable.fetch_add(1, Ordering::Relaxed);
     slot.counters.publish(&det.counters());
     while !shared.stop.load(Ordering::Relaxed) {
-        if !slot.active.load(Ordering::Relaxed) || !shared.retain.load(Ordering::Relaxed) {
+        if slot.parked(shared) {
             slot.counters.publish(&det.counters());
             shared.runnable.fetch_sub(1, Ordering::Relaxed);
             let g = shared.gate.lock().unwrap_or_else(|e| e.into_inner());
-            // Re-check under the lock: set_active/set_retention/stop notify while holding it.
-            let parked = !slot.active.load(Ordering::Relaxed) || !shared.retain.load(Ordering::Relaxed);
-            if parked && !shared.stop.load(Ordering::Relaxed) {
+            // Re-check under the lock: set_active/set_retention/set_windows/stop notify while
+            // holding it.
+            if slot.parked(shared) && !shared.stop.load(Ordering::Relaxed) {
                 let _ = shared.wake.wait_timeout(g, Duration::from_millis(500));
             }
             shared.runnable.fetch_add(1, Ordering::Relaxed);
             det.reset();
             continue;
         }
+        det.set_cap(slot.window_ns.load(Ordering::Relaxed));
         det.hold_at_cap(shared.hold.load(Ordering::Relaxed));
         let t0 = Instant::now();
         sched::yield_now();

@@ -989,16 +989,11 @@ fn calibration_notes(setup: &[SetupStep], notes: &mut Vec<String>) -> Vec<(Strin
     for st in setup.iter().filter(|s| s.step == "setup.calibrate" && s.rc == 0) {
         match serde_json::from_str::<gleaner_agent::CalibrateReport>(&st.stdout) {
             Ok(c) => {
-                let w = c.results.wakeup_costs;
                 notes.push(format!(
-                    "{}: the agent's calibration at boot (outside measured steps, {} ms): retention {:?} (wakeup mean {:.0} us busy vCPU, {:.0} us after {:.0} us idle, {:.0} us after a long idle gap)",
+                    "{}: the agent's calibration at boot (outside measured steps, {} ms): {}",
                     st.guest,
                     c.record.as_ref().map_or(0, |r| r.took_ms),
-                    c.results.verdict,
-                    w.busy_ns as f64 / 1e3,
-                    w.idle_at_timeout_ns as f64 / 1e3,
-                    c.results.timeout_ns as f64 / 1e3,
-                    w.idle_long_ns as f64 / 1e3
+                    gleaner_agent::agent::setup::describe_curve(&c.results.curve)
                 ));
                 calibrations.push((st.guest.clone(), c));
             }

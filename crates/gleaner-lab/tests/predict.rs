@@ -131,18 +131,22 @@ fn every_lab_policy_maps_to_a_simulator_variant() {
     assert_eq!((p.retention, p.verdict), (false, Some(RetentionVerdict::NoHaltPenalty)));
     // Results that record the agent's own calibration at boot are taken at their word.
     let mut c = cell();
-    let wakeup_costs = gleaner_policy::retention::WakeupCosts { busy_ns: 20_000, idle_long_ns: 90_000, idle_at_timeout_ns: 80_000 };
+    let pt = |gap_us: u64, mean_us: u64| gleaner_policy::idle::CurvePoint {
+        gap_ns: gap_us * 1000,
+        mean_ns: mean_us * 1000,
+        p50_ns: mean_us * 1000,
+    };
     c.calibrations = vec![(
         "lab-x-A".into(),
         gleaner_agent::cache::CalibrationResults {
-            wakeup_costs,
-            timeout_ns: 140_000,
+            // A halted vCPU 80-90 us, a busy one 20 us: yielding threads can pay.
+            curve: gleaner_policy::idle::WakeCurve::new(vec![pt(100, 80), pt(500, 90)], 20_000, None),
             idle_threshold_ns: 30_000,
-            verdict: RetentionVerdict::Pays,
+            polling: gleaner_agent::cache::PollingControl { halted: "as found".into(), poll: "not measured".into() },
         },
     )];
     let p = model::agent_plan(&c, "n/a");
-    assert!(p.retention && p.why.contains("calibrated it at boot"), "{}", p.why);
+    assert!(p.retention && p.why.contains("calibrated at boot"), "{}", p.why);
     assert_eq!((p.config.timeout_ns, p.config.idle_threshold_ns), (140_000, 30_000));
     assert_eq!(model::variant_for("gleaner", Policy::Gleaner, &p, false).guest, GuestPolicy::Gleaner);
 }

@@ -71,6 +71,10 @@ pub struct GuestConfig {
     pub governor: Option<GovernorConfig>,
     /// The governor's first mode.
     pub prior: RetentionMode,
+    /// A fixed yielding window for every vCPU instead of the planner's (`--timeout-us`: an
+    /// experiment; no governor then).
+    #[serde(default)]
+    pub fixed_yield_ns: Option<u64>,
 }
 
 impl GuestConfig {
@@ -79,15 +83,18 @@ impl GuestConfig {
     /// gap is probed late ([`PriorStrength::Unpromising`]).
     pub fn prior_strength(&self) -> PriorStrength {
         let Some(c) = &self.curve else { return PriorStrength::Plain };
-        if self.means.kernel_polling() && c.poll_ns.is_some() {
-            return PriorStrength::Plain;
+        if let (true, Some(p)) = (self.means.kernel_polling(), c.poll_ns) {
+            let long = c.halted.last().map_or(0, |x| x.mean_ns);
+            return if long.saturating_sub(p) >= crate::idle::curve::NOISE_NS.max(long / 4) {
+                PriorStrength::Confident
+            } else {
+                PriorStrength::Plain
+            };
         }
-        let long = c.halted.last().map_or(0, |p| p.mean_ns);
-        let gain = long.saturating_sub(c.busy_ns);
-        if gain < crate::idle::curve::NOISE_NS.max(long / 4) {
-            PriorStrength::Unpromising
-        } else {
+        if c.yielders_can_pay() {
             PriorStrength::Plain
+        } else {
+            PriorStrength::Unpromising
         }
     }
 }
@@ -115,7 +122,14 @@ pub struct GuestStep {
     pub gaps_from: Option<TraceSource>,
     /// Each vCPU's budget now (tightened where the realized cost ran over).
     pub budget: Vec<(u32, f64)>,
+    /// How long the next period should last, as a share of the configured period: a probe
+    /// of the other mode is short ([`PROBE_SHARE`]), since it runs in the mode believed worse.
+    pub next_period_share: f64,
 }
+
+/// A probe period lasts this share of a period: the comparison normalizes by time (rates) and
+/// by wakeup (latency), and a probe of "off" under a server costs its halted wakeups.
+pub const PROBE_SHARE: f64 = 0.25;
 
 /// The smoothed idle periods of one vCPU and the time they stand for.
 #[derive(Debug, Clone, Default)]
@@ -137,6 +151,9 @@ pub struct GuestController {
     mode: RetentionMode,
     /// The plan applied in the current period.
     applied: IdlePlan,
+    /// A tracer reported before: periods it skipped keep the smoothed idle periods as they
+    /// are instead of falling back to estimates.
+    traced_before: bool,
 }
 
 /// Realized retention cost over budget by more than this share tightens the budget.
@@ -147,10 +164,13 @@ impl GuestController {
         let consolidation = cfg.consolidation.clone().map(|p| Controller::new(cfg.cpus.clone(), p));
         let governor = cfg.governor.map(|g| RetentionGovernor::with_prior(g, cfg.prior, cfg.prior_strength()));
         let mode = governor.as_ref().map_or(cfg.prior, RetentionGovernor::mode);
+        let applied = match cfg.fixed_yield_ns {
+            Some(w) if mode.is_on() => IdlePlan::fixed_yield(cfg.cpus.iter().copied(), w),
+            _ => IdlePlan::halt(cfg.cpus.iter().copied()),
+        };
         let seen =
             cfg.cpus.iter().map(|&cpu| Seen { gaps: VcpuGaps { cpu, ..VcpuGaps::default() }, observed_ns: 0, budget_scale: 1.0 }).collect();
-        let applied = IdlePlan::halt(cfg.cpus.iter().copied());
-        Self { cfg, consolidation, governor, seen, mode, applied }
+        Self { cfg, consolidation, governor, seen, mode, applied, traced_before: false }
     }
 
     pub fn config(&self) -> &GuestConfig {
@@ -207,7 +227,7 @@ impl GuestController {
         let reading = epoch_reading(r, u32::try_from(active.len()).unwrap_or(u32::MAX));
         let governor = self.governor.as_mut().map(|g| g.step(&reading));
         self.mode = governor.map_or(self.mode, |g| g.mode);
-        let plan = if self.mode.is_on() { planned.clone() } else { IdlePlan::halt(self.cfg.cpus.iter().copied()) };
+        let plan = if self.mode.is_on() { planned.clone() } else { IdlePlan::off(self.cfg.cpus.iter().copied()) };
         self.applied = plan.clone();
         GuestStep {
             active,
@@ -220,6 +240,7 @@ impl GuestController {
             reading,
             gaps_from,
             budget: self.seen.iter().map(|s| (s.gaps.cpu, self.cfg.plan.budget * s.budget_scale)).collect(),
+            next_period_share: if self.probing() { PROBE_SHARE } else { 1.0 },
         }
     }
 
@@ -229,7 +250,12 @@ impl GuestController {
         let period_ns = r.snapshot.period_ns.max(1);
         let estimated;
         let (trace, observed_ns) = match &r.trace {
-            Some(t) if t.traced_ns > 0 => (t, t.traced_ns),
+            Some(t) if t.traced_ns > 0 => {
+                self.traced_before = true;
+                (t, t.traced_ns)
+            }
+            // A period the tracer skipped: the smoothed idle periods stand.
+            _ if self.traced_before => return None,
             _ => {
                 estimated = estimate_gaps(r);
                 (&estimated, period_ns)
@@ -263,6 +289,9 @@ impl GuestController {
 
     /// The planner on the smoothed idle periods.
     fn plan(&self) -> IdlePlan {
+        if let Some(w) = self.cfg.fixed_yield_ns {
+            return IdlePlan::fixed_yield(self.cfg.cpus.iter().copied(), w);
+        }
         let Some(curve) = &self.cfg.curve else { return IdlePlan::halt(self.cfg.cpus.iter().copied()) };
         let inputs: Vec<VcpuInput<'_>> = self
             .seen

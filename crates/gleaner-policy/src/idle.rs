@@ -15,4 +15,4 @@ pub mod trace;
 pub use curve::{CurvePoint, WakeCurve};
 pub use hist::Log2Hist;
 pub use plan::{IdlePlan, Means, Mechanism, PlanConfig, VcpuPlan};
-pub use trace::{TargetState, TraceSource, VcpuGaps, WakeLatency, WakeTrace};
+pub use trace::{LatencySummary, TargetState, TraceSource, VcpuGaps, WakeLatency, WakeSummary, WakeTrace};

@@ -445,6 +445,19 @@ impl IdleDetector {
         self.counters.timeout_ns = new;
     }
 
+    /// Sets the timeout's cap (the idle planner's window for this vCPU): a fixed timeout
+    /// becomes it, an adaptive one is lowered to it if above and adapts below it from then on.
+    pub fn set_cap(&mut self, cap_ns: u64) {
+        if cap_ns == self.cfg.timeout_ns {
+            return;
+        }
+        self.cfg.timeout_ns = cap_ns;
+        if !self.cfg.adapt || self.held || self.timeout_ns > cap_ns {
+            self.timeout_ns = cap_ns;
+        }
+        self.counters.timeout_ns = self.timeout_ns;
+    }
+
     /// Holds the timeout at the cap (`true`) or lets it adapt again from there (`false`).
     /// The governor holds it while it measures retention paying clearly: then spinning is
     /// worth its CPU, and shrinking risks a cascade in which the halts themselves lengthen the
@@ -744,6 +757,24 @@ mod tests {
     fn noise_never_steps_aside() {
         let mut d = IdleDetector::new(cfg());
         assert_eq!(d.on_yield_with(60_000, &mut FnProbe(|| false, || panic!("asked on noise"))), RetentionAction::KeepYielding);
+    }
+
+    #[test]
+    fn a_new_cap_fixes_a_fixed_timeout_and_bounds_an_adaptive_one() {
+        let mut d = IdleDetector::new(RetentionConfig { adapt: false, ..cfg() });
+        d.set_cap(30_000);
+        assert_eq!((d.timeout_ns(), d.counters().timeout_ns), (30_000, 30_000));
+        let mut a = IdleDetector::new(RetentionConfig { adapt: true, ..cfg() });
+        a.set_cap(1_000_000);
+        assert_eq!(a.timeout_ns(), 100_000, "an adaptive timeout below the new cap stays");
+        a.set_cap(40_000);
+        assert_eq!(a.timeout_ns(), 40_000);
+        // An idle period never timing out with an endless cap.
+        let mut n = IdleDetector::new(RetentionConfig { adapt: false, ..cfg() });
+        n.set_cap(u64::MAX);
+        for _ in 0..10_000 {
+            assert_eq!(n.on_yield(10_000), RetentionAction::KeepYielding);
+        }
     }
 
     #[test]

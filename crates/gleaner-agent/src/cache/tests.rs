@@ -21,12 +21,12 @@ fn write(root: &Path, rel: &str, text: &str) {
 }
 
 fn results() -> CalibrationResults {
-    let wakeup_costs = WakeupCosts { busy_ns: 9_000, idle_long_ns: 14_000, idle_at_timeout_ns: 10_000 };
+    use gleaner_policy::idle::CurvePoint;
+    let pt = |gap_us: u64, mean_us: u64| CurvePoint { gap_ns: gap_us * 1000, mean_ns: mean_us * 1000, p50_ns: mean_us * 1000 };
     CalibrationResults {
-        wakeup_costs,
-        timeout_ns: timeout_from_wakeup(14_000, 9_000),
+        curve: WakeCurve::new(vec![pt(10, 12), pt(1000, 14), pt(10_000, 40)], 9_000, Some(3_000)),
         idle_threshold_ns: 21_000,
-        verdict: retention_verdict(&wakeup_costs),
+        polling: PollingControl { halted: "guest_halt_poll_ns 0".into(), poll: "cpu1 resume latency limit 0 (n/a)".into() },
     }
 }
 
@@ -118,7 +118,7 @@ fn a_missing_record_is_measured_once_stored_and_then_reused() {
     assert_eq!(second.results, Ok(results()));
     assert_eq!(m.measurements(), 1);
     let rec: CalibrationRecord = serde_json::from_slice(&std::fs::read(m.record()).unwrap()).unwrap();
-    assert_eq!(rec.depends_on.haltpoll["guest_halt_poll_ns"], "200000");
+    assert_eq!(rec.depends_on.cpuidle_governor.as_deref(), Some("menu"));
     assert_eq!(rec.depends_on.cpuidle_driver, None, "'none' means no cpuidle driver");
     assert_eq!(std::fs::metadata(m.record()).unwrap().permissions().mode() & 0o777, 0o600);
 }
@@ -145,8 +145,6 @@ fn every_dependency_change_invalidates_the_record_and_is_named() {
         ("sys/devices/system/cpu/online", "0-3\n", "online CPUs"),
         ("sys/devices/system/cpu/cpuidle/current_driver", "haltpoll\n", "cpuidle driver"),
         ("sys/devices/system/cpu/cpuidle/current_governor", "haltpoll\n", "cpuidle governor"),
-        ("sys/module/haltpoll/parameters/guest_halt_poll_ns", "50000\n", "haltpoll parameter guest_halt_poll_ns"),
-        ("sys/module/cpuidle_haltpoll/parameters/force", "Y\n", "cpuidle_haltpoll parameter force"),
     ];
     for (file, value, name) in changes {
         let m = Machine::new();
@@ -160,6 +158,17 @@ fn every_dependency_change_invalidates_the_record_and_is_named() {
         assert!(why(&o).to_string().contains(name), "{}", why(&o));
         assert_eq!(m.measurements(), 2, "{file}");
     }
+}
+
+#[test]
+fn haltpoll_parameters_are_not_a_dependency_the_measurement_sets_them_itself() {
+    // Agents change guest_halt_poll_ns while they run, and the measurement turns kernel
+    // polling off and on itself: a changed parameter keeps the record.
+    let m = Machine::new();
+    m.obtain();
+    m.set("sys/module/haltpoll/parameters/guest_halt_poll_ns", "50000\n");
+    assert!(is_cached(&m.obtain()));
+    assert_eq!(m.measurements(), 1);
 }
 
 #[test]
@@ -229,7 +238,7 @@ fn a_missing_run_dir_is_created_private() {
 #[test]
 fn an_incomplete_measurement_is_used_but_not_stored() {
     let m = Machine::new();
-    let inc = Incomplete { timeout_ns: 100_000, idle_threshold_ns: 20_000, error: "one CPU".into() };
+    let inc = Incomplete { idle_threshold_ns: 20_000, error: "one CPU".into() };
     let expected = inc.clone();
     let o = obtain(&m.policy(), &m.world(), &CpuSet::parse("0-1").unwrap(), move || Err(inc));
     assert_eq!(o.results, Err(expected));
@@ -247,9 +256,25 @@ fn a_record_of_another_schema_or_policy_is_measured_again() {
     gleaner_os::private::write_private_atomic(&m.record(), &serde_json::to_vec(&rec).unwrap()).unwrap();
     assert!(matches!(why(&m.obtain()), Reason::Unusable { ref problem } if problem.contains("schema")));
     let mut rec: CalibrationRecord = serde_json::from_str(&text).unwrap();
-    rec.results.timeout_ns += 1;
+    rec.results.curve.halted.clear();
     gleaner_os::private::write_private_atomic(&m.record(), &serde_json::to_vec(&rec).unwrap()).unwrap();
-    assert!(matches!(why(&m.obtain()), Reason::Unusable { ref problem } if problem.contains("disagrees")));
+    assert!(matches!(why(&m.obtain()), Reason::Unusable { ref problem } if problem.contains("curve")));
+}
+
+#[test]
+fn a_record_of_schema_2_is_refused_by_its_schema_and_says_what_it_was() {
+    // What gleaner wrote before the wake-cost curve (three means and a timeout).
+    let m = Machine::new();
+    m.obtain();
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(m.record()).unwrap()).unwrap();
+    v["schema"] = 2.into();
+    v["results"] = serde_json::json!({"wakeup_costs": {"busy_ns": 13000, "idle_long_ns": 32000, "idle_at_timeout_ns": 7000},
+        "timeout_ns": 38000, "idle_threshold_ns": 12000, "verdict": "HostPolls"});
+    gleaner_os::private::write_private_atomic(&m.record(), &serde_json::to_vec(&v).unwrap()).unwrap();
+    let o = m.obtain();
+    let w = why(&o).to_string();
+    assert!(w.contains("schema 2 (three wakeup means and a retention timeout)") && w.contains("schema 3"), "{w}");
+    assert_eq!(m.measurements(), 2);
 }
 
 #[test]

@@ -132,7 +132,7 @@ pub fn from_results(file: &Path, r: &LabResults) -> anyhow::Result<LabCell> {
         wake_costs: r.wake_costs.clone(),
         modes,
         rows: r.rows.clone(),
-        calibrations: r.calibrations.iter().map(|(g, c)| (g.clone(), c.results)).collect(),
+        calibrations: r.calibrations.iter().map(|(g, c)| (g.clone(), c.results.clone())).collect(),
         notes,
     })
 }

@@ -453,21 +453,20 @@ pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
             .sum()
     });
     if let Some((guest, first)) = cell.calibrations.first() {
-        let agree = cell.calibrations.iter().all(|(_, c)| c.verdict == first.verdict);
-        let w = first.wakeup_costs;
-        let retention = first.verdict == RetentionVerdict::Pays;
+        let c = &first.curve;
+        let retention = c.yielders_can_pay();
+        let agree = cell.calibrations.iter().all(|(_, x)| x.curve.yielders_can_pay() == retention);
+        let long = c.halted.last().map_or(0, |p| p.mean_ns);
+        let timeout_ns = timeout_from_wakeup(long, c.busy_ns);
+        let verdict = if retention { RetentionVerdict::Pays } else { RetentionVerdict::NoHaltPenalty };
         let why = format!(
-            "{:?} as the agent calibrated it at boot ({guest}{}: B p50 {:.0} us, C p50 {:.0} us, {:.0} us after the {:.0} us timeout): retention {}",
-            first.verdict,
-            if agree { String::new() } else { format!("; {} boots, verdicts differ", cell.calibrations.len()) },
-            w.busy_ns as f64 / 1e3,
-            w.idle_long_ns as f64 / 1e3,
-            w.idle_at_timeout_ns as f64 / 1e3,
-            first.timeout_ns as f64 / 1e3,
-            if retention { "on" } else { "off" }
+            "the wake-cost curve the agent calibrated at boot ({guest}{}: {}): yielding threads {}",
+            if agree { String::new() } else { format!("; {} boots, curves disagree", cell.calibrations.len()) },
+            gleaner_agent::agent::setup::describe_curve(c),
+            if retention { "can pay" } else { "cannot pay" }
         );
-        let config = RetentionConfig { timeout_ns: first.timeout_ns.max(1), idle_threshold_ns: first.idle_threshold_ns, ..base };
-        return AgentPlan { retention, verdict: Some(first.verdict), config, why, lab_timeouts };
+        let config = RetentionConfig { timeout_ns: timeout_ns.max(1), idle_threshold_ns: first.idle_threshold_ns, ..base };
+        return AgentPlan { retention, verdict: Some(verdict), config, why, lab_timeouts };
     }
     let w = cell.wake_with_co_runner(hp).or(cell.wake_alone());
     let p50 = |s: Setting| w.and_then(|w| setting(w, s)).and_then(|r| r.p50_us);
@@ -519,7 +518,7 @@ pub fn variant_for(name: &str, policy: Policy, plan: &AgentPlan, halt_poll: bool
     let retention = if yielders {
         RetentionConfig { timeout_ns: NO_TIMEOUT_NS, adapt: false, ..RetentionConfig::default() }
     } else {
-        RetentionConfig { adapt: gleaner_agent::agent::governed(&cfg), ..plan.config }
+        RetentionConfig { adapt: cfg.adapt && cfg.timeout_us.is_none(), ..plan.config }
     };
     VariantCfg {
         name: name.into(),
@@ -531,7 +530,7 @@ pub fn variant_for(name: &str, policy: Policy, plan: &AgentPlan, halt_poll: bool
             yield_us: GleanerCfg::default().yield_us,
             params: cfg.controller.clone(),
             retention,
-            govern: !yielders && gleaner_agent::agent::governed(&cfg),
+            govern: !yielders && cfg.adapt && cfg.timeout_us.is_none(),
             governor: cfg.governor,
         },
         haltpoll: GuestHaltpollCfg::default(),

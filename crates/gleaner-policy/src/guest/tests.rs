@@ -24,6 +24,7 @@ fn cfg(means: Means) -> GuestConfig {
         curve: Some(curve()),
         governor: Some(GovernorConfig::default()),
         prior: RetentionMode::On,
+        fixed_yield_ns: None,
     }
 }
 
@@ -103,7 +104,8 @@ fn off_means_every_vcpu_halts_and_a_probe_keeps_consolidation_still() {
     c.consolidation = Some(Params::default());
     let mut g = GuestController::new(c);
     let mut probes = 0;
-    for _ in 0..12 {
+    // Kernel polling measured to gain a lot: the first probe comes after probe_every_max.
+    for _ in 0..40 {
         let probing = g.probing();
         let s = g.step(&server_period(0, 50_000));
         if s.mode == RetentionMode::Off {
@@ -114,6 +116,7 @@ fn off_means_every_vcpu_halts_and_a_probe_keeps_consolidation_still() {
             probes += 1;
             assert!(s.decisions.is_empty());
         }
+        assert_eq!(s.next_period_share, if g.probing() { PROBE_SHARE } else { 1.0 });
     }
     assert!(probes >= 1);
 }
@@ -121,7 +124,7 @@ fn off_means_every_vcpu_halts_and_a_probe_keeps_consolidation_still() {
 #[test]
 fn the_governor_keeps_polling_that_shortens_wakeups() {
     let mut g = GuestController::new(cfg(HALTPOLL));
-    for _ in 0..100 {
+    for _ in 0..200 {
         let poll = if g.mode().is_on() { PERIOD * 9 / 10 } else { 0 };
         let wake = if g.mode().is_on() { 6_000 } else { 50_000 };
         g.step(&server_period(poll, wake));
@@ -144,7 +147,11 @@ fn yielders_only_with_a_busy_vcpu_barely_faster_is_an_unpromising_prior() {
     let mut c = cfg(Means { poll_window: false, poll_always: false, yielders: true });
     c.curve = Some(WakeCurve::new(vec![pt(10, 60), pt(10_000, 65)], 55_000, None));
     assert_eq!(c.prior_strength(), PriorStrength::Unpromising);
-    assert_eq!(cfg(HALTPOLL).prior_strength(), PriorStrength::Plain);
+    // Kernel polling measured 7 us against 116 us halted: probed late too.
+    assert_eq!(cfg(HALTPOLL).prior_strength(), PriorStrength::Confident);
+    let mut flat = cfg(HALTPOLL);
+    flat.curve = Some(WakeCurve::new(vec![pt(10, 20), pt(10_000, 22)], 20_000, Some(19_000)));
+    assert_eq!(flat.prior_strength(), PriorStrength::Plain);
 }
 
 #[test]
@@ -154,4 +161,15 @@ fn the_same_readings_give_the_same_steps() {
         (0..50).map(|k| g.step(&server_period(k * 1000, 40_000 + k))).collect::<Vec<_>>()
     };
     assert_eq!(run(), run());
+}
+
+#[test]
+fn a_fixed_window_yields_on_every_vcpu_from_the_start() {
+    let mut c = cfg(HALTPOLL);
+    c.governor = None;
+    c.fixed_yield_ns = Some(100_000);
+    let mut g = GuestController::new(c);
+    assert!(g.applied().vcpus.iter().all(|v| v.mechanism == Mechanism::Yield && v.window_ns == 100_000));
+    let s = g.step(&server_period(0, 50_000));
+    assert_eq!(s.plan, IdlePlan::fixed_yield([0, 1], 100_000));
 }

@@ -156,6 +156,11 @@ pub enum PlanReason {
     NoMechanism,
     /// The shared kernel polling window other vCPUs chose applies here too.
     SharedWindow,
+    /// Set by the configuration (`--timeout-us`), not planned.
+    Configured,
+    /// Retention is off (the governor's mode, or a probe of it): the machine's own idle
+    /// policy runs.
+    RetentionOff,
 }
 
 /// The plan of every vCPU, and the kernel settings it maps to.
@@ -180,6 +185,24 @@ impl IdlePlan {
                 estimate: Estimate::default(),
                 why: PlanReason::NothingPays,
             })
+            .collect();
+        Self { vcpus, poll_window_ns: 0, poll_always: Vec::new() }
+    }
+
+    /// Retention off: every vCPU as the machine leaves it.
+    pub fn off(cpus: impl IntoIterator<Item = u32>) -> Self {
+        let mut p = Self::halt(cpus);
+        for v in &mut p.vcpus {
+            v.why = PlanReason::RetentionOff;
+        }
+        p
+    }
+
+    /// Every vCPU yields with the same fixed window (`--timeout-us`).
+    pub fn fixed_yield(cpus: impl IntoIterator<Item = u32>, window_ns: u64) -> Self {
+        let vcpus = cpus
+            .into_iter()
+            .map(|cpu| VcpuPlan { cpu, mechanism: Mechanism::Yield, window_ns, estimate: Estimate::default(), why: PlanReason::Configured })
             .collect();
         Self { vcpus, poll_window_ns: 0, poll_always: Vec::new() }
     }

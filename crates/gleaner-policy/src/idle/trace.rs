@@ -109,6 +109,50 @@ impl WakeLatency {
     }
 }
 
+/// A latency distribution in four numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub mean_ns: f64,
+    pub p50_ns: f64,
+    pub p99_ns: f64,
+}
+
+impl LatencySummary {
+    #[must_use]
+    pub fn of(h: &Log2Hist) -> Self {
+        Self {
+            count: h.count(),
+            mean_ns: h.mean_ns().unwrap_or(0.0),
+            p50_ns: h.quantile_ns(0.5).unwrap_or(0.0),
+            p99_ns: h.quantile_ns(0.99).unwrap_or(0.0),
+        }
+    }
+}
+
+/// [`WakeLatency`] summarized: every wakeup, and by target state (status, events).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct WakeSummary {
+    pub all: LatencySummary,
+    pub busy: LatencySummary,
+    pub poll: LatencySummary,
+    pub halt: LatencySummary,
+    pub idle: LatencySummary,
+}
+
+impl WakeSummary {
+    #[must_use]
+    pub fn of(l: &WakeLatency) -> Self {
+        Self {
+            all: LatencySummary::of(&l.all()),
+            busy: LatencySummary::of(&l.busy),
+            poll: LatencySummary::of(&l.poll),
+            halt: LatencySummary::of(&l.halt),
+            idle: LatencySummary::of(&l.idle),
+        }
+    }
+}
+
 /// One vCPU's idle periods (the idle task held it), by how they ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VcpuGaps {

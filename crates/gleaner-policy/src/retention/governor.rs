@@ -89,6 +89,10 @@ pub enum PriorStrength {
     /// a quarter faster than a halted one, or slower): probe late and rarely from the start, so
     /// short runs never pay for a probe that cannot win.
     Unpromising,
+    /// Retention measured to gain a lot (a polling vCPU wakes several times faster than a
+    /// halted one) and planned from traced idle periods: a probe of "off" costs a period of
+    /// halted wakeups, so it comes late and rarely from the start too.
+    Confident,
 }
 
 impl PriorStrength {
@@ -321,7 +325,7 @@ impl RetentionGovernor {
     pub fn with_prior(cfg: GovernorConfig, prior: RetentionMode, strength: PriorStrength) -> Self {
         let every = match strength {
             PriorStrength::Plain => cfg.probe_every_min.max(1),
-            PriorStrength::Unpromising => cfg.probe_every_max.max(cfg.probe_every_min).max(1),
+            PriorStrength::Unpromising | PriorStrength::Confident => cfg.probe_every_max.max(cfg.probe_every_min).max(1),
         };
         Self {
             state: GovernorState {

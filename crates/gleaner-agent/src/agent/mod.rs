@@ -1,0 +1,610 @@
+//! The agent: set up the target, then once per period sample, let the guest loop decide
+//! ([`GuestController`], pure, shared with the simulator), apply; on any exit path undo every
+//! change.
+//!
+//! ```text
+//!   setup:  journal + guardian (root) -> idle knobs (lock, writer) -> calibration (curve)
+//!           -> IdleSetup (GuestConfig) -> cgroup -> yielding threads (no kernel polling)
+//!           -> tracer -> guardian armed -> workload started -> status, metrics, events
+//!   period: wait_period -> sample (Sampler: snapshot + per-vCPU idle counters; tracer delta)
+//!           -> GuestController::step -> apply (cpuset.cpus, idle knobs, yielder windows)
+//!           -> publish (events, status)
+//!   exit:   yielders stop -> journal undone -> guardian finishes -> servers stop
+//! ```
+//!
+//! Modules: [`setup`] (what the run starts with), [`session`] (what it holds and undoes),
+//! [`apply`] (idle plans onto the knobs and threads), [`target`] (the workload's cgroup),
+//! [`child`] (the workload as a process), [`trace`] (the eBPF tracer, duty-cycled).
+
+pub mod apply;
+pub mod child;
+pub mod session;
+pub mod setup;
+pub mod target;
+pub mod trace;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gleaner_os::cgroup::Cgroups;
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::idle::IdleKnobs;
+use gleaner_os::procfs::Procfs;
+use gleaner_os::rusage::Rusage;
+use gleaner_os::sysfs::Sysfs;
+use gleaner_os::BadInput;
+use gleaner_policy::gleaner::Decision;
+use gleaner_policy::guest::{GuestController, GuestReading, GuestStep};
+use gleaner_policy::idle::WakeSummary;
+use gleaner_policy::retention::{ChangeCause, GovernorStep, RetentionMode};
+use tracing::info;
+
+pub use self::child::check_program;
+use self::child::{self_cpu_ns, wait_period, ChildWaiter};
+use self::session::{serve_status, Session};
+use self::setup::{describe_curve, Offered};
+pub use self::setup::{Calibrated, IdleSetup};
+use self::target::{consolidation_blocker, refuse_if_managed, Managed};
+use crate::config::AgentConfig;
+use crate::sampler::{PeriodExtras, Sampler};
+use crate::server;
+use crate::status::{EventKind, EventLog, EventRecord, IdleStatus, SharedStatus, StatusReport};
+use crate::yielders::Yielders;
+
+/// What the agent manages.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// Start this command (argv) in a new cgroup and manage it until it exits.
+    Command(Vec<String>),
+    /// Move this process (and its descendants) into a new cgroup.
+    Pid(i32),
+    /// Manage the `cpuset.cpus` of this existing cgroup.
+    Cgroup(PathBuf),
+    /// No workload: keep retention on every managed vCPU until a signal (daemon without targets).
+    System,
+}
+
+impl Target {
+    fn describe(&self) -> String {
+        match self {
+            Target::Command(argv) => format!("command {}", argv.join(" ")),
+            Target::Pid(p) => format!("pid {p}"),
+            Target::Cgroup(p) => format!("cgroup {}", p.display()),
+            Target::System => "system (retention only)".into(),
+        }
+    }
+}
+
+/// How a managed run ended.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Outcome {
+    /// Exit code of the workload (`128+signal` if killed); `None` for attach targets.
+    pub exit_code: Option<i32>,
+    /// Resource usage of the workload's process tree (command targets only).
+    pub rusage: Option<Rusage>,
+    /// Wall time of the agent, setup and cleanup included.
+    pub wall_ns: u64,
+    /// Wall time of the workload alone: from its start to its exit (command targets).
+    pub workload_wall_ns: u64,
+    /// CPU time of the agent process, yielding threads included.
+    pub agent_cpu_ns: u64,
+    /// Peak resident memory of the agent process (this process: with `compare`, compare's).
+    pub agent_maxrss_kib: u64,
+    /// CPU time of the yielding threads alone.
+    pub yielder_cpu_ns: u64,
+    /// Kernel polling on the managed vCPUs while the agent ran (the POLL state's time).
+    pub poll_ns: u64,
+    pub decisions: u64,
+    pub timeouts: u64,
+    /// Control periods, and how many of them ran with retention on.
+    pub periods: u64,
+    pub retention_on_periods: u64,
+    /// The workload's traced wakeups (every period the tracer ran), summarized at the end.
+    pub wake: Option<WakeSummary>,
+    /// CPU time of the eBPF tracer's programs (`None`: no tracer), and periods traced.
+    pub tracer_cpu_ns: Option<u64>,
+    pub traced_periods: u64,
+    /// The signal that stopped the agent, if any.
+    pub signal: Option<i32>,
+    /// Management ended before the workload did because someone else took the target away
+    /// (its cgroup removed): what happened, for the front end to print and exit with 1.
+    pub lost: Option<String>,
+    pub final_status: StatusReport,
+}
+
+/// Options that are not configuration (set by the command, not the user's file).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Print nothing on stderr except errors (used by `compare`).
+    pub quiet: bool,
+    /// Send the workload's stdout here instead of passing it through.
+    pub stdout_to: Option<PathBuf>,
+    /// Send the workload's stderr here instead of passing it through.
+    pub stderr_to: Option<PathBuf>,
+    /// Serve the status socket.
+    pub status_socket: bool,
+    /// The calibration, already obtained (`compare` calibrates once for all its runs);
+    /// `None` obtains it at start.
+    pub calibration: Option<Calibrated>,
+}
+
+/// Catches SIGINT, SIGTERM and SIGHUP as a flag (`gleaner_os::signal`), without SA_RESTART so
+/// the blocking wait on the workload returns as soon as one arrives.
+pub fn install_signal_handlers() -> anyhow::Result<()> {
+    gleaner_os::signal::catch_stop_signals(gleaner_os::signal::InterruptedCalls::Return).context("installing signal handlers")
+}
+
+/// The signal received since start, if any.
+pub fn pending_signal() -> Option<i32> {
+    gleaner_os::signal::received()
+}
+
+/// Resolves the CPUs to manage: the configured list (must be online) or every online CPU.
+pub fn managed_cpus(cfg: &AgentConfig, sysfs: &Sysfs) -> anyhow::Result<CpuSet> {
+    let online = sysfs.online_cpus().context("reading online CPUs")?;
+    let Some(list) = &cfg.cpus else {
+        return Ok(online);
+    };
+    let want = CpuSet::parse(list).map_err(|_| BadInput::new("cpus", list, "a CPU list such as 0-3"))?;
+    if want.is_empty() || !want.iter().all(|c| online.contains(c)) {
+        return Err(BadInput::new("cpus", list, format!("a non-empty subset of the online CPUs {online}")).into());
+    }
+    Ok(want)
+}
+
+/// Runs the agent on `target` until the workload exits (command), vanishes (pid), empties
+/// (cgroup) or a signal arrives. Every change is undone before returning, also on error.
+pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Result<Outcome> {
+    cfg.validate()?;
+    if let Target::Command(argv) = &target {
+        check_program(argv)?;
+    }
+    let procfs = Procfs::new();
+    let sysfs = Sysfs::new();
+    let cpus = managed_cpus(cfg, &sysfs)?;
+    if let Target::Pid(pid) = &target {
+        if *pid <= 0 || !gleaner_os::procfs::alive(*pid) {
+            return Err(BadInput::new("--pid", pid, "the pid of a running process").into());
+        }
+    }
+    install_signal_handlers()?;
+    let start = Instant::now();
+    let agent_pid = std::process::id().cast_signed();
+
+    let cgroups = Cgroups::detect();
+    if let (Target::Pid(pid), Ok(cg)) = (&target, &cgroups) {
+        refuse_if_managed(cg, &procfs, *pid)?;
+    }
+    let mut note = None;
+    let consolidation = cfg.consolidation && !matches!(target, Target::System) && {
+        note = consolidation_blocker(&cgroups);
+        note.is_none()
+    };
+    if let Some(n) = &note {
+        if cfg.consolidation && !opts.quiet {
+            eprintln!("gleaner: consolidation disabled: {n}; running with retention only");
+        }
+    }
+    if matches!(target, Target::Cgroup(_)) && !consolidation {
+        return Err(anyhow::anyhow!(
+            "attaching to a cgroup needs consolidation ({})",
+            note.unwrap_or_else(|| "disabled by configuration".into())
+        ));
+    }
+    let status: SharedStatus = Arc::new(Mutex::new(StatusReport {
+        agent_pid,
+        target: target.describe(),
+        consolidation,
+        note: note.clone(),
+        all_cpus: cpus.to_string(),
+        active_cpus: cpus.to_string(),
+        period_ms: cfg.period_ms,
+        ..StatusReport::default()
+    }));
+
+    // Everything from here on is undone by `Session::finish`.
+    let mut session = Session::new(cgroups.ok());
+    let ctx = RunContext { target: &target, cfg, opts, cpus: &cpus, status: &status, procfs: &procfs, sysfs: &sysfs, start };
+    let result = session.run_inner(&ctx, consolidation);
+    let finish = session.finish();
+    let mut outcome = result?;
+    finish?;
+    outcome.wall_ns = child::duration_ns(start.elapsed());
+    outcome.agent_cpu_ns = self_cpu_ns().unwrap_or(0);
+    outcome.agent_maxrss_kib = gleaner_os::rusage::self_rusage().map(|r| r.maxrss_kib).unwrap_or(0);
+    outcome.final_status = status.lock().map(|s| s.clone()).unwrap_or_default();
+    let f = &outcome.final_status;
+    info!(
+        "done: {} periods, {} decisions, {} yields, {} timeouts, yielders {} ms CPU, kernel polling {} ms",
+        f.periods,
+        f.decisions,
+        f.yields,
+        f.timeouts,
+        f.yielder_cpu_ns / 1_000_000,
+        outcome.poll_ns / 1_000_000
+    );
+    Ok(outcome)
+}
+
+/// What every phase of a run reads: the target, configuration and the shared status.
+#[derive(Clone, Copy)]
+pub(crate) struct RunContext<'a> {
+    pub(crate) target: &'a Target,
+    pub(crate) cfg: &'a AgentConfig,
+    pub(crate) opts: &'a RunOptions,
+    pub(crate) cpus: &'a CpuSet,
+    pub(crate) status: &'a SharedStatus,
+    pub(crate) procfs: &'a Procfs,
+    pub(crate) sysfs: &'a Sysfs,
+    pub(crate) start: Instant,
+}
+
+/// What a period ended with, for [`Session::publish`].
+struct PeriodEnd {
+    t_ms: u64,
+    step: GuestStep,
+    extras: PeriodExtras,
+    /// The retention mode the period ran in.
+    ran: RetentionMode,
+    /// The period's traced wakeups, if traced.
+    wake: Option<WakeSummary>,
+    /// The plan applied from the next period on changed.
+    plan_changed: bool,
+}
+
+impl Session {
+    /// Set-up, then the control loop until the workload ends, a signal arrives or the target
+    /// is taken away (module documentation).
+    fn run_inner(&mut self, ctx: &RunContext<'_>, mut consolidation: bool) -> anyhow::Result<Outcome> {
+        let RunContext { target, cfg, opts, cpus, status, procfs, sysfs, start } = *ctx;
+        let root = nix::unistd::geteuid().is_root();
+
+        // The journal first (root): from here a kill -9 is covered. The status socket right
+        // after, so the guardian removes it too; without a journal, right away.
+        if root {
+            self.open_journal(cfg, status, opts.status_socket)?;
+        } else if opts.status_socket {
+            self.servers.push(serve_status(cfg, status)?);
+        }
+        if let Some(addr) = &cfg.metrics_addr {
+            self.servers.push(server::serve_metrics(addr, Arc::clone(status))?);
+        }
+
+        // What the machine offers, the curve, and the guest loop's configuration.
+        let offer = IdleKnobs::new().offer(cpus).ok();
+        let no_knobs = if cfg.retention && cfg.kernel_polling && cfg.timeout_us.is_none() {
+            self.take_idle_knobs(cfg, cpus).err()
+        } else {
+            Some("not asked for".into())
+        };
+        let calibrated = match &opts.calibration {
+            Some(c) => c.clone(),
+            None if cfg.retention => {
+                let control = match (self.knobs.as_mut(), self.state.as_mut()) {
+                    (Some(k), Some(j)) => Some((k.writer_mut(), j)),
+                    _ => None,
+                };
+                setup::calibration(cfg, cpus, control)
+            }
+            None => Calibrated { results: Err("retention off".into()), source: None },
+        };
+        let workload = !matches!(target, Target::System);
+        let idle = IdleSetup::decide(cfg, cpus, &calibrated, &Offered { offer: offer.as_ref(), no_knobs }, workload);
+        if !idle.kernel {
+            // Not ours to turn: let another agent take them.
+            self.knobs = None;
+            self.locks.clear();
+        }
+        self.say_idle_setup(ctx, &idle, &calibrated);
+        if let Ok(mut st) = status.lock() {
+            st.retention = cfg.retention && (idle.kernel || idle.yielders.is_some());
+            st.retention_note = idle.note.clone();
+            st.calibration = calibrated.source.clone();
+            st.idle = cfg.retention.then(|| IdleStatus {
+                offer: offer.clone(),
+                means: Some(idle.guest.means),
+                kernel: idle.kernel,
+                curve: idle.guest.curve.clone(),
+                plan_config: idle.guest.plan,
+                ..IdleStatus::default()
+            });
+            st.idle_threshold_us = idle.yielders.map_or(0, |y| y.idle_threshold_ns / 1000);
+        }
+
+        let mut guest_cfg = idle.guest.clone();
+        if consolidation {
+            guest_cfg.consolidation = Some(cfg.controller.clone());
+        }
+        let mut guest = GuestController::new(guest_cfg);
+        let mut managed = if consolidation { self.take_target(ctx)? } else { Managed { cgroup: None, root_pid: None } };
+
+        // Yielding threads before the workload, so it has them from its first instruction
+        // (parked until the plan gives their vCPU a window).
+        if let Some(r) = idle.yielders {
+            let y = Yielders::start(cpus, r, guest.mode().is_on())?;
+            apply::apply_yielders(&y, guest.applied(), guest.mode().is_on());
+            self.yielders = Some(y);
+        }
+        let mut tracing = trace::Tracing::start(cfg, cpus, offer.as_ref(), root);
+        if let Ok(mut st) = status.lock() {
+            if let Some(i) = &mut st.idle {
+                i.tracer_note = tracing.note().map(str::to_string);
+            }
+        }
+        self.guardian_armed()?;
+        let mut child_pid = None;
+        let mut workload_start = Instant::now();
+        if let Target::Command(argv) = target {
+            workload_start = Instant::now();
+            let pid = child::spawn_command(argv, managed.cgroup.as_ref(), opts)?;
+            child_pid = Some(pid);
+            managed.root_pid = Some(pid);
+        } else if let Target::Pid(pid) = target {
+            managed.root_pid = Some(*pid);
+        }
+
+        let mut events = cfg.events.as_deref().map(EventLog::open).transpose()?;
+        if !opts.quiet {
+            info!("managing {} on CPUs {cpus}", target.describe());
+        }
+        if let Some(log) = &mut events {
+            let first = EventRecord {
+                retention: Some(guest.mode()),
+                governor: guest.governor_state(),
+                ..EventRecord::new(0, EventKind::Retention, cpus.to_string(), Default::default())
+            };
+            log.write(&first)?;
+        }
+
+        let mut sampler = Sampler::new(procfs.clone(), sysfs.clone(), cpus.clone());
+        sampler.prime(&managed.tids(procfs), self.yielders.as_ref(), cpus);
+        tracing.arm_next(&managed.pids(procfs), workload);
+        let waiter = child_pid.map(ChildWaiter::new).transpose()?;
+        let full_period = Duration::from_millis(cfg.period_ms);
+        let mut period = full_period;
+        let mut outcome = Outcome::default();
+        let mut all_wakes = gleaner_policy::idle::WakeLatency::default();
+
+        loop {
+            // The tracer watches the first slice of the period (its cost bounded), then waits
+            // detached for the rest.
+            let slice = tracing.slice(period);
+            let mut ended = false;
+            let mut rest = period;
+            if !slice.is_zero() && slice < period {
+                ended = wait_period(waiter.as_ref(), slice, child_pid, workload_start, &mut outcome)?;
+                tracing.end_slice();
+                rest = period - slice;
+            }
+            if ended || wait_period(waiter.as_ref(), rest, child_pid, workload_start, &mut outcome)? || managed.workload_gone(target) {
+                break;
+            }
+            // Someone else removed the cgroup we manage (they had to move the workload out
+            // first): there is nothing left to consolidate.
+            if let Some(gone) = managed.cgroup.as_ref().filter(|c| !c.exists()).map(|c| c.path().to_path_buf()) {
+                let what = format!("the workload's cgroup {} was removed by someone else", gone.display());
+                if !matches!(target, Target::Command(_)) {
+                    outcome.lost = Some(what);
+                    break;
+                }
+                // A `run` workload is ours to wait for: it runs on, unmanaged, and its exit
+                // status stays the run's.
+                managed.cgroup = None;
+                stop_consolidation(&mut guest, &mut consolidation, status, what, ", the workload runs on where it was moved");
+                if let Some(y) = &self.yielders {
+                    y.set_active(cpus);
+                }
+            }
+
+            // Sample.
+            let active_before = CpuSet::from_iter(guest.active());
+            let ran = guest.mode();
+            let (snapshot, extras) = sampler.sample(&managed.tids(procfs), self.yielders.as_ref(), &active_before);
+            let traced = tracing.read_period();
+            if let Some(t) = &traced {
+                all_wakes.merge(&t.latency);
+            }
+            let wake = traced.as_ref().filter(|t| t.latency.all().count() > 0).map(|t| WakeSummary::of(&t.latency));
+            let reading = GuestReading { snapshot, idle: extras.idle.clone(), trace: traced };
+            // Decide.
+            let before = guest.applied().clone();
+            let step = guest.step(&reading);
+            tracing.arm_next(&managed.pids(procfs), workload);
+            // Apply.
+            let active = CpuSet::from_iter(step.active.iter().copied());
+            if active != active_before {
+                if let Err(what) = managed.apply(&active, &active_before, cpus) {
+                    // Refused (a read-only file, a security module, a cpuset rule of the
+                    // parent): stop consolidating rather than retrying every period.
+                    let then = format!(" for the rest of this run, the workload keeps CPUs {cpus}");
+                    stop_consolidation(&mut guest, &mut consolidation, status, what, &then);
+                }
+                if let Some(y) = &self.yielders {
+                    y.set_active(&CpuSet::from_iter(guest.active()));
+                }
+            }
+            self.apply_idle(&step, status);
+            period = full_period.mul_f64(step.next_period_share.clamp(0.05, 1.0));
+            // Publish.
+            let ended = PeriodEnd {
+                t_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                plan_changed: step.plan != before,
+                step,
+                extras,
+                ran,
+                wake,
+            };
+            self.publish(ctx, ended, &guest, events.as_mut(), &mut outcome)?;
+        }
+        outcome.wake = (all_wakes.all().count() > 0).then(|| WakeSummary::of(&all_wakes));
+        // The last, partial period: what the run ended with and what the agent cost in all.
+        if let Some(log) = &mut events {
+            let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            log.write(&EventRecord {
+                agent_cpu_ns: self_cpu_ns(),
+                ..EventRecord::new(t_ms, EventKind::Exit, CpuSet::from_iter(guest.active()).to_string(), guest.metrics())
+            })?;
+        }
+        tracing.stop();
+        let (cost, traced) = tracing.cost();
+        outcome.tracer_cpu_ns = tracing.note().is_none().then_some(cost);
+        outcome.traced_periods = traced;
+        Ok(outcome)
+    }
+
+    /// Says once, on stderr, how retention runs (unless quiet).
+    fn say_idle_setup(&self, ctx: &RunContext<'_>, idle: &IdleSetup, calibrated: &Calibrated) {
+        if ctx.opts.quiet || !ctx.cfg.retention {
+            return;
+        }
+        let from = calibrated.source.as_ref().map_or(String::new(), |s| format!(" [calibration {}]", s.describe()));
+        if let Some(n) = &idle.note {
+            eprintln!("gleaner: {n}{from}");
+        }
+        if let Some(c) = &idle.guest.curve {
+            let how = if idle.kernel {
+                "kernel polling"
+            } else if idle.guest.means.yielders {
+                "yielding threads"
+            } else {
+                "nothing"
+            };
+            eprintln!(
+                "gleaner: idle policy: {how}, planned per vCPU (budget {:.2} of a vCPU); {}{from}",
+                ctx.cfg.budget,
+                describe_curve(c)
+            );
+        }
+    }
+
+    /// Applies the period's idle plan: the kernel knobs (a refused write stops kernel polling
+    /// for the rest of the run, and says so) and the yielding threads' windows.
+    fn apply_idle(&mut self, step: &GuestStep, status: &SharedStatus) {
+        let on = step.mode.is_on();
+        if let (Some(k), Some(j)) = (self.knobs.as_mut(), self.state.as_mut()) {
+            if let Err(e) = k.apply(j, &step.plan, on) {
+                let why = format!("changing the idle knobs failed ({e:#}); kernel polling stopped for the rest of this run");
+                eprintln!("gleaner: {why}");
+                let _ = k.stock();
+                self.knobs = None;
+                if let Ok(mut st) = status.lock() {
+                    st.retention_note = Some(why);
+                    if let Some(i) = &mut st.idle {
+                        i.kernel = false;
+                    }
+                }
+            }
+        }
+        if let Some(y) = &self.yielders {
+            y.set_retention(on);
+            apply::apply_yielders(y, &step.plan, on);
+        }
+    }
+
+    /// Publishes a period: its events (decisions, the period, a retention change) to the log,
+    /// its counts to the outcome, and the live status.
+    fn publish(
+        &self,
+        ctx: &RunContext<'_>,
+        p: PeriodEnd,
+        guest: &GuestController,
+        events: Option<&mut EventLog>,
+        outcome: &mut Outcome,
+    ) -> anyhow::Result<()> {
+        let metrics = guest.metrics();
+        let active = CpuSet::from_iter(p.step.active.iter().copied()).to_string();
+        let event = |kind: EventKind| EventRecord::new(p.t_ms, kind, active.clone(), metrics);
+        let mut records: Vec<EventRecord> =
+            p.step.decisions.iter().map(|d| EventRecord { decision: Some(d.clone()), ..event(EventRecord::kind_of(d)) }).collect();
+        let gov = p.step.governor;
+        records.push(EventRecord {
+            count: Some(p.extras.timeouts),
+            vcpus: self.yielders.as_ref().map(|_| p.extras.vcpus.clone()),
+            retention: Some(p.ran),
+            reading: Some(p.step.reading),
+            comparison: gov.and_then(|s| s.comparison),
+            agent_cpu_ns: self_cpu_ns(),
+            wake: p.wake,
+            plan: p.plan_changed.then(|| p.step.plan.clone()),
+            poll_ns: Some(p.extras.poll_ns),
+            ..event(EventKind::Period)
+        });
+        if let Some(GovernorStep { mode, change: Some(change), comparison, .. }) = gov {
+            records.push(EventRecord {
+                retention: Some(mode),
+                change: Some(change),
+                comparison,
+                governor: guest.governor_state(),
+                ..event(EventKind::Retention)
+            });
+            if change.cause == ChangeCause::Switch && !ctx.opts.quiet {
+                let why = comparison.map(|c| match (c.on_wake_ns, c.off_wake_ns) {
+                    (Some(on), Some(off)) => {
+                        format!(" (wakeup {:.1} us on vs {:.1} us off, {:.2} vCPU spent)", on / 1e3, off / 1e3, c.burn_vcpus)
+                    }
+                    _ => format!(" (sync points/s {:.0} on vs {:.0} off, {:.2} vCPU spent)", c.on_rate, c.off_rate, c.burn_vcpus),
+                });
+                info!("retention {:?} -> {:?}{}", change.from, change.to, why.unwrap_or_default());
+            }
+        }
+        if !ctx.opts.quiet {
+            for d in &p.step.decisions {
+                info!("{}", describe(d));
+            }
+        }
+        if let Some(log) = events {
+            for r in &records {
+                log.write(r)?;
+            }
+        }
+        let n = p.step.decisions.len() as u64;
+        outcome.decisions += n;
+        outcome.timeouts += p.extras.timeouts;
+        outcome.yielder_cpu_ns += p.extras.yielder_run_ns;
+        outcome.poll_ns += p.extras.poll_ns;
+        outcome.periods += 1;
+        outcome.retention_on_periods += u64::from(p.ran.is_on());
+        if let Ok(mut s) = ctx.status.lock() {
+            s.retention_mode = Some(guest.mode());
+            s.governor = guest.governor_state();
+            s.active_cpus = active;
+            s.metrics = metrics;
+            s.uptime_s = ctx.start.elapsed().as_secs_f64();
+            if let Some(i) = &mut s.idle {
+                i.plan = Some(p.step.plan.clone());
+                i.planned = Some(p.step.planned.clone());
+                i.budget = p.step.budget.clone();
+                i.gaps_from = p.step.gaps_from;
+                if p.wake.is_some() {
+                    i.wake = p.wake;
+                }
+            }
+            s.add_period(&p.extras, n, records);
+        }
+        Ok(())
+    }
+}
+
+/// Consolidation is off for the rest of the run: said once on stderr (`why`, then what happens
+/// to the workload), every vCPU back, and the status says why.
+fn stop_consolidation(guest: &mut GuestController, consolidation: &mut bool, status: &SharedStatus, why: String, then: &str) {
+    eprintln!("gleaner: {why}; consolidation stopped{then}");
+    guest.stop_consolidation();
+    *consolidation = false;
+    if let Ok(mut st) = status.lock() {
+        st.consolidation = false;
+        st.note = Some(why);
+    }
+}
+
+fn describe(d: &Decision) -> String {
+    match d {
+        Decision::Deactivate { cpu } => format!("consolidate: vCPU {cpu} deactivated"),
+        Decision::Restore { cpu } => format!("restore: vCPU {cpu} given back"),
+        Decision::ResetAll { reason } => format!("reset to all vCPUs ({reason:?})"),
+        Decision::SetRho { from, to } => format!("rho {from:.3} -> {to:.3}"),
+        Decision::SetEta { from, to } => format!("eta {from:.3} -> {to:.3}"),
+    }
+}

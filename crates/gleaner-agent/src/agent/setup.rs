@@ -1,0 +1,286 @@
+//! What the agent starts with, decided once: the calibration (the wake-cost curve, from the
+//! run dir's record or measured now), what the machine offers to keep idle vCPUs from halting,
+//! and from those the guest loop's configuration ([`GuestConfig`]).
+//!
+//! ```text
+//!  IdleKnobs::offer (POLL state? haltpoll window? per-CPU resume latency?)
+//!  + the idle-knob lock (one agent drives them)      --> Means { poll_window, poll_always, yielders }
+//!  cache::obtain (record, or calibrate::measure)     --> WakeCurve (C by gap, B, P)
+//!  flags (--budget, --timeout-us, --no-adapt, ...)   --> GuestConfig for GuestController::new
+//! ```
+
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::idle::IdleOffer;
+use gleaner_policy::guest::GuestConfig;
+use gleaner_policy::idle::{Means, WakeCurve};
+use gleaner_policy::retention::{RetentionConfig, RetentionMode};
+
+use crate::cache::{CalibrationResults, CalibrationSource};
+use crate::calibrate::Control;
+use crate::config::{AgentConfig, RetentionStart};
+
+/// The calibration an agent starts from, and where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calibrated {
+    /// The numbers, or why there are none (retention then has no curve to plan from).
+    pub results: Result<CalibrationResults, String>,
+    /// `None`: nothing was calibrated (`--timeout-us` with `--idle-threshold-us`, or no
+    /// retention).
+    pub source: Option<CalibrationSource>,
+}
+
+impl Calibrated {
+    pub fn curve(&self) -> Option<&WakeCurve> {
+        self.results.as_ref().ok().map(|r| &r.curve)
+    }
+}
+
+/// The calibration for `cpus`: the run dir's record when valid, else measured now with the
+/// idle knobs under `control` (and stored). With `--timeout-us` only the idle threshold is
+/// needed (from a valid record, or sampled now).
+pub fn calibration(cfg: &AgentConfig, cpus: &CpuSet, control: Control<'_>) -> Calibrated {
+    let policy = cfg.cache_policy();
+    let world = crate::cache::World::real();
+    if cfg.timeout_us.is_some() {
+        let (idle, source) = match cfg.idle_threshold_us {
+            Some(t) => (t * 1000, None),
+            None => {
+                let (v, s) = crate::cache::idle_threshold(&policy, &world, cpus, crate::calibrate::idle_threshold_now);
+                (v, Some(s))
+            }
+        };
+        let results = Err(format!("--timeout-us given: yielding threads with a fixed window, idle threshold {} us", idle / 1000));
+        return Calibrated { results, source };
+    }
+    let got = crate::cache::obtain(&policy, &world, cpus, || crate::calibrate::measure(cpus, control));
+    Calibrated { results: got.results.map_err(|inc| inc.error), source: Some(got.source) }
+}
+
+/// The idle threshold a calibration gives the yielding threads (configured, measured, or the
+/// default when nothing was).
+pub fn idle_threshold_ns(cfg: &AgentConfig, calibrated: &Calibrated) -> u64 {
+    if let Some(t) = cfg.idle_threshold_us {
+        return t * 1000;
+    }
+    match &calibrated.results {
+        Ok(r) => r.idle_threshold_ns,
+        Err(_) => RetentionConfig::default().idle_threshold_ns,
+    }
+}
+
+/// The wake-cost curve in one phrase, for people.
+pub fn describe_curve(c: &WakeCurve) -> String {
+    let us = |ns: u64| format!("{:.0}", ns as f64 / 1000.0);
+    let halted = match c.halted_range_ns() {
+        Some((lo, hi)) => format!("{}..{} us halted", us(lo), us(hi)),
+        None => "no halted points".into(),
+    };
+    let window = c.host_poll_window_ns().map_or(String::new(), |w| format!(" (cheap up to {} us idle)", us(w)));
+    let poll = c.poll_ns.map_or(", no POLL state".to_string(), |p| format!(", {} us polling", us(p)));
+    format!("wake cost {halted}{window}, {} us kept busy{poll}", us(c.busy_ns))
+}
+
+/// What the agent runs its idle policy with.
+#[derive(Debug, Clone)]
+pub struct IdleSetup {
+    /// The guest loop's configuration.
+    pub guest: GuestConfig,
+    /// The yielding threads' configuration (`None`: none are started: kernel polling serves,
+    /// or no retention).
+    pub yielders: Option<RetentionConfig>,
+    /// This agent drives the kernel's idle knobs.
+    pub kernel: bool,
+    /// Why retention is off, or why kernel polling is not used although offered.
+    pub note: Option<String>,
+}
+
+/// Inputs of [`IdleSetup::decide`] the agent gathered.
+#[derive(Debug, Clone)]
+pub struct Offered<'a> {
+    /// What the machine offers (`None`: unreadable).
+    pub offer: Option<&'a IdleOffer>,
+    /// Why this agent may not turn the kernel's idle knobs (`None`: it may).
+    pub no_knobs: Option<String>,
+}
+
+impl IdleSetup {
+    /// Decides the idle policy's configuration (module documentation). `workload`: there is
+    /// a workload whose progress the governor can read (the daemon without targets has none).
+    pub fn decide(cfg: &AgentConfig, cpus: &CpuSet, calibrated: &Calibrated, offered: &Offered<'_>, workload: bool) -> Self {
+        let off = Means { poll_window: false, poll_always: false, yielders: false };
+        let mut guest = GuestConfig {
+            cpus: cpus.iter().collect(),
+            consolidation: None,
+            plan: cfg.plan_config(),
+            means: off,
+            curve: calibrated.curve().cloned(),
+            governor: None,
+            prior: RetentionMode::On,
+            fixed_yield_ns: None,
+        };
+        let yielder_cfg = |timeout_ns| RetentionConfig {
+            idle_threshold_ns: idle_threshold_ns(cfg, calibrated),
+            timeout_ns,
+            max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
+            step_aside_ns: cfg.step_aside_us * 1_000,
+            adapt: false,
+            ..RetentionConfig::default()
+        };
+        if !cfg.retention {
+            return Self { guest, yielders: None, kernel: false, note: None };
+        }
+        if let Some(us) = cfg.timeout_us {
+            guest.means = Means { yielders: true, ..off };
+            guest.fixed_yield_ns = Some(us * 1000);
+            return Self { guest, yielders: Some(yielder_cfg(us * 1000)), kernel: false, note: None };
+        }
+        let Some(curve) = calibrated.curve() else {
+            let why = calibrated.results.as_ref().err().cloned().unwrap_or_default();
+            return Self { guest, yielders: None, kernel: false, note: Some(format!("retention off: no wake-cost curve ({why})")) };
+        };
+        let mut note = None;
+        let kernel = match (offered.offer, &offered.no_knobs) {
+            (_, _) if !cfg.kernel_polling => false,
+            (Some(o), None) => o.kernel_polling() && curve.poll_ns.is_some(),
+            (Some(o), Some(why)) if o.kernel_polling() => {
+                note = Some(format!("kernel polling not used: {why}; yielding threads instead"));
+                false
+            }
+            _ => false,
+        };
+        guest.means = match offered.offer.filter(|_| kernel) {
+            Some(o) => Means { poll_window: o.poll_window(), poll_always: o.poll_always(), yielders: false },
+            None => Means { yielders: true, ..off },
+        };
+        if workload && cfg.adapt {
+            guest.governor = Some(cfg.governor);
+        }
+        guest.prior = match cfg.retention_start {
+            RetentionStart::On => RetentionMode::On,
+            RetentionStart::Off => RetentionMode::Off,
+            // Kernel polling is planned per period and rarely costs more than its budget; a
+            // yielder pays only where a busy vCPU wakes clearly faster than a halted one.
+            RetentionStart::Calibrated if kernel => RetentionMode::On,
+            RetentionStart::Calibrated if curve.yielders_can_pay() => RetentionMode::On,
+            RetentionStart::Calibrated => {
+                note.get_or_insert_with(|| {
+                    format!("retention starts off: a busy vCPU wakes barely faster than a halted one ({})", describe_curve(curve))
+                });
+                RetentionMode::Off
+            }
+        };
+        // Yielding threads start parked; the plan gives each vCPU its window.
+        let yielders = (!kernel).then(|| yielder_cfg(0));
+        Self { guest, yielders, kernel, note }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gleaner_os::idle::ModuleState;
+    use gleaner_policy::idle::CurvePoint;
+
+    use super::*;
+    use crate::cache::PollingControl;
+
+    fn curve(poll: Option<u64>, busy_us: u64) -> WakeCurve {
+        let pt = |g: u64, m: u64| CurvePoint { gap_ns: g * 1000, mean_ns: m * 1000, p50_ns: m * 1000 };
+        WakeCurve::new(vec![pt(10, 49), pt(1000, 58), pt(10_000, 116)], busy_us * 1000, poll)
+    }
+
+    fn calibrated(c: WakeCurve) -> Calibrated {
+        let polling = PollingControl { halted: "test".into(), poll: "test".into() };
+        Calibrated { results: Ok(CalibrationResults { curve: c, idle_threshold_ns: 12_000, polling }), source: None }
+    }
+
+    fn haltpoll_offer() -> IdleOffer {
+        IdleOffer {
+            driver: Some("haltpoll".into()),
+            governor: Some("haltpoll".into()),
+            governors: vec!["menu".into(), "haltpoll".into()],
+            governor_switchable: true,
+            poll_state: Some(0),
+            haltpoll_params: true,
+            resume_latency: true,
+            haltpoll_driver: ModuleState::Builtin,
+        }
+    }
+
+    fn cpus() -> CpuSet {
+        CpuSet::parse("0-1").unwrap()
+    }
+
+    #[test]
+    fn a_haltpoll_guest_polls_in_the_kernel_without_yielding_threads() {
+        let o = haltpoll_offer();
+        let s = IdleSetup::decide(
+            &AgentConfig::default(),
+            &cpus(),
+            &calibrated(curve(Some(7_000), 40)),
+            &Offered { offer: Some(&o), no_knobs: None },
+            true,
+        );
+        assert!(s.kernel && s.yielders.is_none(), "{s:?}");
+        assert!(s.guest.means.poll_window && s.guest.means.poll_always && !s.guest.means.yielders);
+        assert_eq!(s.guest.prior, RetentionMode::On);
+        assert!(s.guest.governor.is_some());
+    }
+
+    #[test]
+    fn without_a_poll_state_yielding_threads_serve_and_start_parked() {
+        let s = IdleSetup::decide(
+            &AgentConfig::default(),
+            &cpus(),
+            &calibrated(curve(None, 40)),
+            &Offered { offer: None, no_knobs: None },
+            true,
+        );
+        assert!(!s.kernel && s.guest.means.yielders);
+        assert_eq!(s.yielders.map(|y| y.timeout_ns), Some(0));
+        assert_eq!(s.yielders.map(|y| y.idle_threshold_ns), Some(12_000));
+    }
+
+    #[test]
+    fn another_agent_on_the_knobs_means_yielders_and_a_note() {
+        let o = haltpoll_offer();
+        let off = Offered { offer: Some(&o), no_knobs: Some("another agent drives the idle knobs".into()) };
+        let s = IdleSetup::decide(&AgentConfig::default(), &cpus(), &calibrated(curve(Some(7_000), 40)), &off, true);
+        assert!(!s.kernel && s.guest.means.yielders);
+        assert!(s.note.unwrap().contains("another agent"));
+        // --no-kernel-polling: the same, without a note.
+        let cfg = AgentConfig { kernel_polling: false, ..AgentConfig::default() };
+        let s = IdleSetup::decide(&cfg, &cpus(), &calibrated(curve(Some(7_000), 40)), &Offered { offer: Some(&o), no_knobs: None }, true);
+        assert!(!s.kernel && s.note.is_none());
+    }
+
+    #[test]
+    fn yielders_that_barely_beat_a_halt_start_off() {
+        let s = IdleSetup::decide(
+            &AgentConfig::default(),
+            &cpus(),
+            &calibrated(curve(None, 110)),
+            &Offered { offer: None, no_knobs: None },
+            true,
+        );
+        assert_eq!(s.guest.prior, RetentionMode::Off);
+        assert!(s.note.unwrap().contains("starts off"));
+    }
+
+    #[test]
+    fn a_fixed_timeout_yields_with_it_and_no_curve_means_no_retention() {
+        let cfg = AgentConfig { timeout_us: Some(100), ..AgentConfig::default() };
+        let none = Calibrated { results: Err("one CPU".into()), source: None };
+        let s = IdleSetup::decide(&cfg, &cpus(), &none, &Offered { offer: None, no_knobs: None }, true);
+        assert_eq!(s.guest.fixed_yield_ns, Some(100_000));
+        assert_eq!(s.yielders.map(|y| y.timeout_ns), Some(100_000));
+        let s = IdleSetup::decide(&AgentConfig::default(), &cpus(), &none, &Offered { offer: None, no_knobs: None }, true);
+        assert!(s.yielders.is_none() && !s.kernel);
+        assert!(s.note.unwrap().contains("one CPU"));
+    }
+
+    #[test]
+    fn the_curve_reads_in_one_phrase() {
+        let d = describe_curve(&curve(Some(7_000), 40));
+        assert_eq!(d, "wake cost 49..116 us halted (cheap up to 1000 us idle), 40 us kept busy, 7 us polling");
+    }
+}

@@ -1,0 +1,316 @@
+//! The kernel idle knobs as the agent changes them: every knob's original value is written to
+//! the agent's journal (its state file) *before* the knob is first changed, so the agent on
+//! exit, its guardian after `kill -9`, or `gleaner restore` puts it back
+//! ([`crate::state::Change`]).
+//!
+//! ```text
+//!  KnobWriter::set_poll_window(journal, ns)   guest_halt_poll_ns (+ governor -> haltpoll)
+//!  KnobWriter::set_poll_always(journal, cpu)  cpuN pm_qos_resume_latency_us = n/a
+//!  KnobWriter::set_state_disabled(...)        cpuN stateK/disable (menu, ladder)
+//!      first change of a knob: journal.record(Change{original}) -> write
+//!  KnobWriter::restore_now()                  originals back now (after a calibration);
+//!                                             the records stay: undoing twice is harmless
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Context;
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::idle::{IdleKnobs, IdleOffer, HALTPOLL_MODULE, HALTPOLL_WINDOW_PARAM, RESUME_LATENCY_NONE, RESUME_LATENCY_POLL};
+
+use crate::state::{Change, Guardian, StateFile, UndoCx};
+
+/// The directory whose lock says "an agent drives the kernel idle knobs": they are global
+/// (the haltpoll window) or per CPU, and two agents turning them would undo each other.
+pub const KNOB_LOCK_DIR: &str = "idle-knobs";
+
+/// Takes the idle-knob lock in `run_dir` (`None`: another agent holds it).
+pub fn try_lock_knobs(run_dir: &Path) -> anyhow::Result<Option<gleaner_os::private::DirLock>> {
+    let dir = run_dir.join(KNOB_LOCK_DIR);
+    gleaner_os::private::create_private_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(gleaner_os::private::try_lock_dir(&dir)?)
+}
+
+/// Runs `f` with control of the idle knobs of `cpus` under a journal of its own
+/// (`RUN_DIR/calibrate-<pid>.json`, watched by a guardian), which is undone and removed when
+/// `f` returns; `f(None)` where that cannot be had (not root, no usable run dir, another
+/// agent drives the knobs: `why` says which). For a calibration outside an agent's run.
+pub fn with_knob_journal<T>(run_dir: &Path, cpus: &CpuSet, f: impl FnOnce(crate::calibrate::Control<'_>, Option<String>) -> T) -> T {
+    if !nix::unistd::geteuid().is_root() {
+        return f(None, Some("not root".into()));
+    }
+    let setup = || -> anyhow::Result<Option<(gleaner_os::private::DirLock, StateFile, Guardian, KnobWriter)>> {
+        let Some(lock) = try_lock_knobs(run_dir)? else { return Ok(None) };
+        let knobs = IdleKnobs::new();
+        let offer = knobs.offer(cpus)?;
+        let journal = StateFile::create_for_calibration(run_dir, std::process::id().cast_signed())?;
+        let mut guardian = Guardian::spawn(journal.path())?;
+        guardian.wait_armed(std::time::Duration::from_secs(5))?;
+        Ok(Some((lock, journal, guardian, KnobWriter::new(knobs, offer))))
+    };
+    match setup() {
+        Ok(Some((lock, mut journal, guardian, mut writer))) => {
+            let out = f(Some((&mut writer, &mut journal)), None);
+            let undone = journal.undo(&UndoCx { cgroups: None, knobs: writer.knobs().clone() });
+            guardian.dismiss();
+            drop(lock);
+            if let Err(e) = undone {
+                tracing::error!("restoring the idle knobs after a calibration: {e:#}");
+            }
+            out
+        }
+        Ok(None) => f(None, Some("another agent drives the idle knobs".into())),
+        Err(e) => f(None, Some(format!("{e:#}"))),
+    }
+}
+
+/// One knob, for "recorded already".
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Key {
+    Param(String),
+    Latency(u32),
+    State(u32, u32),
+    Governor,
+}
+
+/// Changes the idle knobs under a journal (module documentation).
+#[derive(Debug)]
+pub struct KnobWriter {
+    knobs: IdleKnobs,
+    offer: IdleOffer,
+    /// Knobs changed, with the change that restores each (in the order first changed).
+    changed: BTreeMap<Key, (usize, Change)>,
+}
+
+impl KnobWriter {
+    pub fn new(knobs: IdleKnobs, offer: IdleOffer) -> Self {
+        Self { knobs, offer, changed: BTreeMap::new() }
+    }
+
+    pub fn offer(&self) -> &IdleOffer {
+        &self.offer
+    }
+
+    pub fn knobs(&self) -> &IdleKnobs {
+        &self.knobs
+    }
+
+    /// Records `change` (the knob's original) the first time `key` is changed.
+    fn record(&mut self, journal: &mut StateFile, key: Key, change: Change) -> anyhow::Result<()> {
+        if !self.changed.contains_key(&key) {
+            journal.record(change.clone())?;
+            let n = self.changed.len();
+            self.changed.insert(key, (n, change));
+        }
+        Ok(())
+    }
+
+    /// Sets the haltpoll governor's window cap (ns), switching the governor to `haltpoll`
+    /// first where the haltpoll driver runs under another one.
+    pub fn set_poll_window(&mut self, journal: &mut StateFile, ns: u64) -> anyhow::Result<()> {
+        if !self.offer.poll_window() {
+            anyhow::bail!("this machine offers no haltpoll window ({})", self.offer.describe());
+        }
+        if ns > 0 && self.offer.governor.as_deref() != Some("haltpoll") {
+            let original = self.offer.governor.clone().context("no cpuidle governor to switch from")?;
+            self.record(journal, Key::Governor, Change::CpuidleGovernor { original })?;
+            self.knobs.set_governor("haltpoll")?;
+            self.offer.governor = Some("haltpoll".into());
+        }
+        self.set_haltpoll_param(journal, HALTPOLL_WINDOW_PARAM, &ns.to_string())
+    }
+
+    /// Sets one haltpoll module parameter.
+    pub fn set_haltpoll_param(&mut self, journal: &mut StateFile, name: &str, value: &str) -> anyhow::Result<()> {
+        let now = self.knobs.haltpoll_params()?;
+        let original = now.get(name).cloned().with_context(|| format!("haltpoll parameter {name} is missing"))?;
+        if original == value && !self.changed.contains_key(&Key::Param(name.into())) {
+            return Ok(());
+        }
+        self.record(journal, Key::Param(name.into()), Change::ModuleParam { module: HALTPOLL_MODULE.into(), name: name.into(), original })?;
+        self.knobs.set_haltpoll_param(name, value)?;
+        Ok(())
+    }
+
+    /// Keeps `cpu` polling until work arrives (`true`) or lifts the limit (`false`).
+    pub fn set_poll_always(&mut self, journal: &mut StateFile, cpu: u32, on: bool) -> anyhow::Result<()> {
+        let original = self.knobs.resume_latency(cpu)?;
+        let want = if on { RESUME_LATENCY_POLL } else { RESUME_LATENCY_NONE };
+        if original == want && !self.changed.contains_key(&Key::Latency(cpu)) {
+            return Ok(());
+        }
+        self.record(journal, Key::Latency(cpu), Change::ResumeLatency { cpu, original })?;
+        self.knobs.set_resume_latency(cpu, want)?;
+        Ok(())
+    }
+
+    /// Disables (or enables) idle state `state` of `cpu`.
+    pub fn set_state_disabled(&mut self, journal: &mut StateFile, cpu: u32, state: u32, disabled: bool) -> anyhow::Result<()> {
+        let now = self.knobs.sysfs().cpuidle_states(cpu)?;
+        let original =
+            now.iter().find(|s| s.index == state).map(|s| s.disabled).with_context(|| format!("cpu{cpu} has no idle state {state}"))?;
+        if original == disabled && !self.changed.contains_key(&Key::State(cpu, state)) {
+            return Ok(());
+        }
+        self.record(journal, Key::State(cpu, state), Change::IdleStateDisabled { cpu, state, original })?;
+        self.knobs.set_state_disabled(cpu, state, disabled)?;
+        Ok(())
+    }
+
+    /// Keeps `cpu` from polling in the kernel for a measurement of halted wakeups: the
+    /// haltpoll window to 0 (every CPU), no resume latency limit on `cpu`, and, under a
+    /// governor that honours it, the POLL state disabled there. Returns what it did.
+    pub fn polling_off(&mut self, journal: &mut StateFile, cpu: u32) -> anyhow::Result<String> {
+        let mut did = Vec::new();
+        if self.offer.haltpoll_params && self.knobs.haltpoll_params()?.get(HALTPOLL_WINDOW_PARAM).is_some_and(|v| v != "0") {
+            self.set_haltpoll_param(journal, HALTPOLL_WINDOW_PARAM, "0")?;
+            did.push(format!("{HALTPOLL_WINDOW_PARAM} 0"));
+        }
+        if self.offer.resume_latency && self.knobs.resume_latency(cpu)? == RESUME_LATENCY_POLL {
+            self.set_poll_always(journal, cpu, false)?;
+            did.push(format!("cpu{cpu} resume latency limit lifted"));
+        }
+        if let Some(poll) = self.offer.poll_state {
+            if self.offer.governor.as_deref().is_some_and(|g| g != "haltpoll") {
+                self.set_state_disabled(journal, cpu, poll, true)?;
+                did.push(format!("cpu{cpu} state{poll} (POLL) disabled"));
+            }
+        }
+        Ok(if did.is_empty() { "kernel polling already off".into() } else { did.join(", ") })
+    }
+
+    /// Makes `cpu` poll until work arrives, for a measurement of polled wakeups (`None`: the
+    /// machine cannot: no POLL state or no resume latency file).
+    pub fn polling_on(&mut self, journal: &mut StateFile, cpu: u32) -> anyhow::Result<Option<String>> {
+        if !self.offer.poll_always() {
+            return Ok(None);
+        }
+        if let Some(poll) = self.offer.poll_state {
+            if self.changed.contains_key(&Key::State(cpu, poll)) {
+                self.set_state_disabled(journal, cpu, poll, false)?;
+            }
+        }
+        self.set_poll_always(journal, cpu, true)?;
+        Ok(Some(format!("cpu{cpu} resume latency limit 0 (n/a)")))
+    }
+
+    /// Writes back the original of every knob changed so far, newest first (the journal keeps
+    /// the records: the final undo finds them restored already). Errors are collected.
+    pub fn restore_now(&mut self) -> Vec<String> {
+        let mut changes: Vec<(usize, Change)> = self.changed.values().cloned().collect();
+        changes.sort_by_key(|(i, _)| *i);
+        let list: Vec<Change> = changes.into_iter().map(|(_, c)| c).collect();
+        // `undo_changes` takes them in the order made and undoes the newest first.
+        let errors = crate::state::undo_changes(&UndoCx { cgroups: None, knobs: self.knobs.clone() }, &list);
+        if let Ok(offer) = self.knobs.offer(&gleaner_os::cpuset::CpuSet::from_iter(std::iter::empty::<u32>())) {
+            self.offer.governor = offer.governor;
+        }
+        errors
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::path::Path;
+
+    use gleaner_os::cpuset::CpuSet;
+    use gleaner_os::sysfs::Sysfs;
+
+    use super::*;
+
+    fn fixture(root: &Path, governor: &str) {
+        let cpu = root.join("devices/system/cpu");
+        fs::create_dir_all(cpu.join("cpuidle")).unwrap();
+        fs::write(cpu.join("cpuidle/current_driver"), "haltpoll\n").unwrap();
+        fs::write(cpu.join("cpuidle/current_governor"), format!("{governor}\n")).unwrap();
+        fs::write(cpu.join("cpuidle/available_governors"), "ladder menu haltpoll\n").unwrap();
+        for c in 0..2 {
+            for (k, name) in [(0, "POLL"), (1, "haltpoll idle")] {
+                let s = cpu.join(format!("cpu{c}/cpuidle/state{k}"));
+                fs::create_dir_all(&s).unwrap();
+                for (f, v) in [("name", name), ("usage", "1"), ("time", "1"), ("disable", "0")] {
+                    fs::write(s.join(f), format!("{v}\n")).unwrap();
+                }
+            }
+            fs::create_dir_all(cpu.join(format!("cpu{c}/power"))).unwrap();
+            fs::write(cpu.join(format!("cpu{c}/power/pm_qos_resume_latency_us")), "0\n").unwrap();
+        }
+        let hp = root.join("module/haltpoll/parameters");
+        fs::create_dir_all(&hp).unwrap();
+        fs::write(hp.join("guest_halt_poll_ns"), "200000\n").unwrap();
+    }
+
+    fn writer(root: &Path) -> KnobWriter {
+        let knobs = IdleKnobs::with_roots(Sysfs::with_root(root), root.join("mods"));
+        let offer = knobs.offer(&CpuSet::parse("0-1").unwrap()).unwrap();
+        KnobWriter::new(knobs, offer)
+    }
+
+    fn read(root: &Path, rel: &str) -> String {
+        fs::read_to_string(root.join(rel)).unwrap().trim().to_string()
+    }
+
+    #[test]
+    fn each_knob_is_journaled_once_before_it_changes_and_undone_from_the_journal() {
+        let d = tempfile::tempdir().unwrap();
+        fixture(d.path(), "haltpoll");
+        let run = d.path().join("run");
+        let mut journal = StateFile::create(&run, 4242).unwrap();
+        let mut w = writer(d.path());
+        w.set_poll_window(&mut journal, 1_000_000).unwrap();
+        w.set_poll_window(&mut journal, 2_000_000).unwrap();
+        w.set_poll_always(&mut journal, 1, true).unwrap();
+        assert_eq!(read(d.path(), "module/haltpoll/parameters/guest_halt_poll_ns"), "2000000");
+        assert_eq!(read(d.path(), "devices/system/cpu/cpu1/power/pm_qos_resume_latency_us"), "n/a");
+        let changes = journal.state().changes.clone();
+        assert_eq!(
+            changes,
+            vec![
+                Change::ModuleParam { module: "haltpoll".into(), name: "guest_halt_poll_ns".into(), original: "200000".into() },
+                Change::ResumeLatency { cpu: 1, original: "0".into() },
+            ]
+        );
+        let cx = UndoCx { cgroups: None, knobs: w.knobs().clone() };
+        journal.undo(&cx).unwrap();
+        assert_eq!(read(d.path(), "module/haltpoll/parameters/guest_halt_poll_ns"), "200000");
+        assert_eq!(read(d.path(), "devices/system/cpu/cpu1/power/pm_qos_resume_latency_us"), "0");
+    }
+
+    #[test]
+    fn a_measurement_turns_polling_off_then_on_and_restores_now() {
+        let d = tempfile::tempdir().unwrap();
+        fixture(d.path(), "menu");
+        let mut journal = StateFile::create(&d.path().join("run"), 7).unwrap();
+        let mut w = writer(d.path());
+        let did = w.polling_off(&mut journal, 1).unwrap();
+        assert!(did.contains("guest_halt_poll_ns 0") && did.contains("state0 (POLL) disabled"), "{did}");
+        assert_eq!(read(d.path(), "devices/system/cpu/cpu1/cpuidle/state0/disable"), "1");
+        let on = w.polling_on(&mut journal, 1).unwrap().unwrap();
+        assert!(on.contains("cpu1"), "{on}");
+        assert_eq!(read(d.path(), "devices/system/cpu/cpu1/cpuidle/state0/disable"), "0");
+        assert_eq!(read(d.path(), "devices/system/cpu/cpu1/power/pm_qos_resume_latency_us"), "n/a");
+        assert!(w.restore_now().is_empty());
+        assert_eq!(read(d.path(), "module/haltpoll/parameters/guest_halt_poll_ns"), "200000");
+        assert_eq!(read(d.path(), "devices/system/cpu/cpu1/power/pm_qos_resume_latency_us"), "0");
+        assert_eq!(read(d.path(), "devices/system/cpu/cpu1/cpuidle/state0/disable"), "0");
+        // The journal still names every knob: a second undo finds them back and writes nothing.
+        let cx = UndoCx { cgroups: None, knobs: w.knobs().clone() };
+        journal.undo(&cx).unwrap();
+    }
+
+    #[test]
+    fn a_window_under_another_governor_switches_to_haltpoll_and_back() {
+        let d = tempfile::tempdir().unwrap();
+        fixture(d.path(), "menu");
+        let mut journal = StateFile::create(&d.path().join("run"), 8).unwrap();
+        let mut w = writer(d.path());
+        w.set_poll_window(&mut journal, 100_000).unwrap();
+        assert_eq!(read(d.path(), "devices/system/cpu/cpuidle/current_governor"), "haltpoll");
+        assert!(matches!(journal.state().changes[0], Change::CpuidleGovernor { ref original } if original == "menu"));
+        let cx = UndoCx { cgroups: None, knobs: w.knobs().clone() };
+        journal.undo(&cx).unwrap();
+        assert_eq!(read(d.path(), "devices/system/cpu/cpuidle/current_governor"), "menu");
+    }
+}
