@@ -55,6 +55,26 @@ enum Command {
     },
 }
 
+/// `gleaner compare`, with its `--plot` drawn here: the agent does not link plotting.
+fn compare(a: &gleaner_agent::compare::CompareArgs) -> anyhow::Result<ExitCode> {
+    if let Some(p) = &a.plot {
+        gleaner_bench::plot::check_path(p)?;
+    }
+    let doc = gleaner_agent::compare::run_doc(a)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        gleaner_agent::compare::print_table(&doc);
+    }
+    if let Some(p) = &a.plot {
+        gleaner_bench::plot::latency_cpu(p, &doc)?;
+        if !a.json {
+            println!("  plot: {}", p.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -66,6 +86,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(a) => gleaner_bench::run_bench(a),
         Command::Diagnose(a) => gleaner_bench::run_diagnose(a),
+        Command::Agent(gleaner_agent::AgentCommand::Compare(a)) => compare(&a),
         Command::Agent(c) => gleaner_agent::run(c),
         Command::Sim(a) => gleaner_sim::run(a),
         Command::Host(a) => gleaner_host::run(a),

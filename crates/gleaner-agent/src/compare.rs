@@ -1,234 +1,367 @@
-//! `gleaner compare`: the main job. Runs a workload alternately stock and under Gleaner and
-//! reports medians, spread (min..max) and the ratio, measured in the same invocation.
+//! `gleaner compare`: the main job. Runs a workload under each idle policy a tenant can pick
+//! (stock and Gleaner by default; the kernel's guest haltpoll and naive yielders on request),
+//! in turn, N times each, and reports medians, spread (min..max), ratios to stock and the CPU
+//! each policy took, kernel polling counted, all measured in the same invocation.
+//!
+//! ```text
+//!  round i: policies in a rotated order (each policy in each position as often)
+//!    stock     the command, as the machine is
+//!    haltpoll  guest_halt_poll_ns 200000, grow 2 from 50000, shrink 2 (journaled, put back)
+//!    naive     a SCHED_IDLE yielding thread on every vCPU that never sleeps
+//!    gleaner   `gleaner run` with the given flags
+//!  each run: SystemMeter (busy, idle, steal) + POLL-state time + compare's own CPU (the
+//!            yielders or the agent) + the workload's own document when it prints one
+//!            (`gleaner bench workload ... --json`: items, throughput, latency)
+//! ```
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
+use gleaner_measure::compare::{summarize, CompareDoc, Policy, PolicyRun};
 use gleaner_measure::measure::{self, SystemMeter};
+use gleaner_measure::report::BenchDoc;
 use gleaner_measure::RunMetrics;
 use gleaner_os::cpuset::CpuSet;
+use gleaner_os::idle::{IdleKnobs, IdleOffer, HALTPOLL_WINDOW_PARAM};
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
+use gleaner_policy::retention::RetentionConfig;
 use gleaner_policy::stats::Summary;
-use serde::{Deserialize, Serialize};
 
 use crate::agent::{self, RunOptions, Target};
-use crate::cache::CalibrationSource;
+use crate::knobs::KnobWriter;
+use crate::state::{Guardian, StateFile, UndoCx};
+use crate::yielders::Yielders;
 use crate::AgentFlags;
 
-/// `gleaner compare [--runs N] [-- CMD ...]`
+/// `gleaner compare [--runs N] [--policies LIST] [-- CMD ...]`
 #[derive(Debug, Clone, clap::Args)]
 pub struct CompareArgs {
-    /// Runs of each configuration (they alternate: stock, gleaner, stock, ...).
+    /// Runs of each policy (1..=1000); each round runs every policy once, in a rotated order.
     #[arg(long, default_value_t = 5, value_name = "N")]
     pub runs: u32,
+    /// Idle policies to compare, comma-separated: stock (the machine as found), haltpoll (the
+    /// kernel's guest halt polling, upstream defaults: 200 us cap), naive (a never-sleeping
+    /// SCHED_IDLE yielding thread per vCPU), gleaner (`gleaner run` with these flags).
+    #[arg(long, value_delimiter = ',', default_value = "stock,gleaner", value_name = "LIST")]
+    pub policies: Vec<Policy>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also draw latency (or wall time) against the CPU each run took, one point per run, to
+    /// FILE (.png or .svg).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub flags: AgentFlags,
     /// Command to measure instead of the built-in pipeline workload. Its output is captured
-    /// and shown only if it fails.
+    /// and shown only if it fails; a `gleaner bench workload ... --json` document in it gives
+    /// the runs their items, throughput and latency.
     #[arg(last = true, value_name = "CMD")]
     pub cmd: Vec<String>,
 }
 
-/// How a run was made: alone, or under the agent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    Stock,
-    Gleaner,
-}
+/// The upstream defaults of the haltpoll module (Documentation/virt/guest-halt-polling.rst).
+const HALTPOLL_DEFAULTS: [(&str, &str); 5] = [
+    (HALTPOLL_WINDOW_PARAM, "200000"),
+    ("guest_halt_poll_grow", "2"),
+    ("guest_halt_poll_grow_start", "50000"),
+    ("guest_halt_poll_shrink", "2"),
+    ("guest_halt_poll_allow_shrink", "Y"),
+];
 
-impl Mode {
-    /// The order runs alternate in.
-    pub const ALL: [Mode; 2] = [Mode::Stock, Mode::Gleaner];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Stock => "stock",
-            Mode::Gleaner => "gleaner",
-        }
-    }
-}
-
-impl std::fmt::Display for Mode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One measured run: the workload's [`RunMetrics`] (the record `gleaner bench` writes) and
-/// what the agent cost in Gleaner runs.
-#[derive(Debug, Clone, Serialize)]
-pub struct Sample {
-    pub mode: Mode,
-    #[serde(flatten)]
-    pub metrics: RunMetrics,
-    /// User + system CPU time of the workload, ns ([`RunMetrics::cpu_ns`]).
-    pub cpu_ns: u64,
-    pub agent_cpu_ns: Option<u64>,
-    /// Peak resident memory of the agent process (KiB) after the run.
-    pub agent_maxrss_kib: Option<u64>,
-    pub decisions: Option<u64>,
-    /// Share of the agent's control periods that ran with retention on.
-    pub retention_on_share: Option<f64>,
-}
-
-impl Sample {
-    /// A run without the agent.
-    fn stock(metrics: RunMetrics) -> Sample {
-        Sample {
-            mode: Mode::Stock,
-            cpu_ns: metrics.cpu_ns(),
-            metrics,
-            agent_cpu_ns: None,
-            agent_maxrss_kib: None,
-            decisions: None,
-            retention_on_share: None,
-        }
-    }
-
-    /// The workload's exit status (a run always has one here: both modes start a command).
-    fn exit_code(&self) -> i32 {
-        self.metrics.exit_code.unwrap_or(1)
-    }
-}
-
-/// What the one start-up calibration of `compare` found.
-#[derive(Debug, Default)]
-struct Calibration {
-    retention_note: Option<String>,
-    curve: Option<gleaner_policy::idle::WakeCurve>,
-    source: Option<CalibrationSource>,
-    governed: bool,
-}
-
-/// The result of `gleaner compare`.
-#[derive(Debug, Clone, Serialize)]
-pub struct CompareReport {
-    pub command: Vec<String>,
-    pub runs: u32,
-    pub cpus: String,
-    /// Retention on at start (the start-up verdict, or forced by `--timeout-us`).
-    pub retention: bool,
-    /// Why retention started off although it was asked for (measured not to pay here).
-    pub retention_note: Option<String>,
-    /// The governor re-decided retention while running (per-vCPU timeouts adapt).
-    pub governed: bool,
-    /// How the governor's first mode was chosen (`calibrated`: `retention`).
-    pub retention_start: Option<crate::config::RetentionStart>,
-    /// The wake-cost curve retention was planned from (`None` when `--timeout-us` was given).
-    pub curve: Option<gleaner_policy::idle::WakeCurve>,
-    /// Where the calibration came from: a cached record (path, age) or measured now (why).
-    /// `None` when nothing was calibrated (retention off, or timeout and threshold given).
-    pub calibration: Option<CalibrationSource>,
-    pub consolidation: bool,
-    pub timeout_us: Option<u64>,
-    pub samples: Vec<Sample>,
-    pub stock_wall_s: Summary,
-    pub gleaner_wall_s: Summary,
-    /// Stock median wall time over Gleaner median wall time (> 1: Gleaner is faster).
-    pub speedup: f64,
-    pub stock_cpu_s: Summary,
-    pub gleaner_cpu_s: Summary,
-    pub stock_idle_entries: Option<Summary>,
-    pub gleaner_idle_entries: Option<Summary>,
-    pub gleaner_agent_cpu_s: Option<Summary>,
-    /// Share of the Gleaner runs' control periods with retention on.
-    pub gleaner_retention_on_share: Option<Summary>,
-    /// Peak resident memory of the agent (MiB).
-    pub agent_maxrss_mib: Option<f64>,
-}
-
+/// Runs the comparison and prints it (`--plot` is drawn by the binary, which links plotting).
 pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
+    let doc = run_doc(&args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print_table(&doc);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the comparison (module documentation) and returns its document.
+pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
     if !(1..=1000).contains(&args.runs) {
         return Err(BadInput::new("--runs", args.runs, "1..=1000").into());
+    }
+    let mut policies: Vec<Policy> = Vec::new();
+    for p in &args.policies {
+        if !policies.contains(p) {
+            policies.push(*p);
+        }
+    }
+    if policies.is_empty() {
+        return Err(BadInput::new("--policies", "(none)", "one or more of stock, haltpoll, naive, gleaner").into());
     }
     let cfg = args.flags.resolve()?;
     let sysfs = Sysfs::new();
     let cpus = agent::managed_cpus(&cfg, &sysfs)?;
-    let builtin = args.cmd.is_empty();
-    let command = if builtin {
+    let command = if args.cmd.is_empty() {
         let exe = std::env::current_exe().context("locating the gleaner binary")?;
         vec![exe.display().to_string(), "bench".into(), "workload".into(), "pipeline".into(), "--json".into()]
     } else {
         args.cmd.clone()
     };
     agent::check_program(&command)?;
+    let knobs = IdleKnobs::new();
+    let offer = knobs.offer(&cpus).ok();
+    let root = nix::unistd::geteuid().is_root();
+    if policies.contains(&Policy::Haltpoll) {
+        let why = match (&offer, root) {
+            (_, false) => Some("it changes the kernel's idle knobs, which needs root".to_string()),
+            (Some(o), true) if o.poll_window() => None,
+            (Some(o), true) => Some(format!("this machine has no haltpoll cpuidle driver and governor ({})", o.describe())),
+            (None, true) => Some("the cpuidle settings cannot be read".to_string()),
+        };
+        if let Some(why) = why {
+            let others: Vec<&str> = Policy::ALL.iter().filter(|p| **p != Policy::Haltpoll).map(|p| p.name()).collect();
+            return Err(BadInput::new("--policies", "haltpoll", format!("{} (haltpoll: {why})", others.join(", "))).into());
+        }
+    }
+    let mut notes = Vec::new();
     // Calibrate once, so every Gleaner run plans from the same wake-cost curve.
-    let mut calibration = Calibration::default();
-    let mut calibrated = None;
-    if cfg.retention {
-        let c = if cfg.timeout_us.is_some() {
+    let calibration = (policies.contains(&Policy::Gleaner) && cfg.retention).then(|| {
+        if cfg.timeout_us.is_some() {
             agent::setup::calibration(&cfg, &cpus, None)
         } else {
-            let policy = cfg.cache_policy();
-            let got = crate::cache::obtain(&policy, &crate::cache::World::real(), &cpus, || {
+            let got = crate::cache::obtain(&cfg.cache_policy(), &crate::cache::World::real(), &cpus, || {
                 crate::calibrate::measure_journaled(&cfg.run_dir, &cpus)
             });
             agent::Calibrated { results: got.results.map_err(|i| i.error), source: Some(got.source) }
-        };
-        calibration.source = c.source.clone();
-        calibration.curve = c.curve().cloned();
-        if let Err(e) = &c.results {
-            calibration.retention_note = Some(e.clone());
         }
-        calibrated = Some(c);
+    });
+    if let Some(Err(e)) = calibration.as_ref().map(|c| &c.results) {
+        notes.push(format!("gleaner runs without a wake-cost curve: {e}"));
     }
-    let governed = cfg.retention && cfg.adapt && cfg.timeout_us.is_none();
     let out_dir = tempfile::tempdir().context("creating a temp dir for workload output")?;
-    calibration.governed = governed;
     let opts = RunOptions {
         quiet: true,
         stdout_to: Some(out_dir.path().join("out.txt")),
         stderr_to: Some(out_dir.path().join("err.txt")),
         status_socket: false,
-        calibration: calibrated,
+        calibration: calibration.clone(),
     };
-    let total = args.runs * 2;
+    let mut runner = Runner::new(&cfg, &cpus, offer.clone(), &policies, root)?;
+    let total = args.runs * u32::try_from(policies.len()).unwrap_or(u32::MAX);
     let mut samples = Vec::new();
     let t0 = Instant::now();
-    for i in 0..args.runs {
-        for mode in Mode::ALL {
-            let n = u32::try_from(samples.len()).map_or(u32::MAX, |done| done + 1);
-            if !args.json {
-                let eta = if n > 1 {
-                    format!(", ~{:.0} s left", t0.elapsed().as_secs_f64() / f64::from(n - 1) * f64::from(total - n + 1))
-                } else {
-                    String::new()
-                };
-                eprint!("\rgleaner compare: run {n}/{total} ({mode}, round {}){eta}    ", i + 1);
+    let result = (|| -> anyhow::Result<()> {
+        for i in 0..args.runs {
+            let k = usize::try_from(i).unwrap_or(0) % policies.len();
+            for &p in policies[k..].iter().chain(&policies[..k]) {
+                let n = u32::try_from(samples.len()).map_or(u32::MAX, |done| done + 1);
+                if !args.json {
+                    let eta = if n > 1 {
+                        format!(", ~{:.0} s left", t0.elapsed().as_secs_f64() / f64::from(n - 1) * f64::from(total - n + 1))
+                    } else {
+                        String::new()
+                    };
+                    eprint!("\rgleaner compare: run {n}/{total} ({p}, round {}){eta}    ", i + 1);
+                }
+                let s = runner.run(p, &command, &cfg, &opts)?;
+                if s.metrics.exit_code.unwrap_or(1) != 0 {
+                    let err = std::fs::read_to_string(out_dir.path().join("err.txt")).unwrap_or_default();
+                    anyhow::bail!(
+                        "the workload failed in a {p} run (exit status {}): {}{}",
+                        s.metrics.exit_code.unwrap_or(1),
+                        command.join(" "),
+                        if err.is_empty() { String::new() } else { format!(": {}", err.trim()) }
+                    );
+                }
+                samples.push(s);
             }
-            let s = match mode {
-                Mode::Stock => run_stock(&command, &cpus, &sysfs, &opts)?,
-                Mode::Gleaner => run_gleaner(&command, &cfg, &cpus, &sysfs, &opts)?,
-            };
-            if s.exit_code() != 0 {
-                let err = std::fs::read_to_string(out_dir.path().join("err.txt")).unwrap_or_default();
-                anyhow::bail!(
-                    "the workload failed in a {mode} run (exit status {}): {}{}",
-                    s.exit_code(),
-                    command.join(" "),
-                    if err.is_empty() { String::new() } else { format!(": {}", err.trim()) }
-                );
-            }
-            samples.push(s);
         }
-    }
+        Ok(())
+    })();
+    let finished = runner.finish();
+    result?;
+    finished?;
     if !args.json {
         eprintln!();
     }
-    let report = summarize(command, args.runs, &cpus, &cfg, calibration, samples);
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report);
+    let (summaries, vs_stock) = summarize(&policies, &samples);
+    Ok(CompareDoc {
+        command,
+        runs: args.runs,
+        cpus: cpus.to_string(),
+        policies,
+        machine: offer.map_or_else(|| "cpuidle settings unreadable".into(), |o| o.describe()),
+        calibration: calibration.and_then(|c| c.source).map(|s| s.describe()),
+        notes,
+        samples,
+        summaries,
+        vs_stock,
+    })
+}
+
+/// What the runs of one comparison share: the meters, the naive yielders' configuration, and
+/// for haltpoll a journal of the knobs it turns.
+struct Runner {
+    procfs: Procfs,
+    sysfs: Sysfs,
+    cpus: CpuSet,
+    knobs: IdleKnobs,
+    poll_state: Option<u32>,
+    naive: RetentionConfig,
+    /// Journal and guardian of the haltpoll runs' knobs (root, haltpoll asked for).
+    journal: Option<(StateFile, Guardian, KnobWriter)>,
+    run_dir: PathBuf,
+}
+
+impl Runner {
+    fn new(
+        cfg: &crate::config::AgentConfig,
+        cpus: &CpuSet,
+        offer: Option<IdleOffer>,
+        policies: &[Policy],
+        root: bool,
+    ) -> anyhow::Result<Self> {
+        let knobs = IdleKnobs::new();
+        let journal = match (policies.contains(&Policy::Haltpoll) && root, offer.clone()) {
+            (true, Some(o)) => {
+                let state = StateFile::create_for_knobs(&cfg.run_dir, std::process::id().cast_signed())?;
+                let mut guardian = Guardian::spawn(state.path())?;
+                guardian.wait_armed(std::time::Duration::from_secs(5))?;
+                Some((state, guardian, KnobWriter::new(knobs.clone(), o)))
+            }
+            _ => None,
+        };
+        Ok(Self {
+            procfs: Procfs::new(),
+            sysfs: Sysfs::new(),
+            cpus: cpus.clone(),
+            knobs,
+            poll_state: offer.and_then(|o| o.poll_state),
+            naive: RetentionConfig { timeout_ns: u64::MAX, adapt: false, step_aside_ns: 0, ..RetentionConfig::default() },
+            journal,
+            run_dir: cfg.run_dir.clone(),
+        })
     }
-    Ok(ExitCode::SUCCESS)
+
+    /// Kernel polling of the managed vCPUs so far, ns (0 without a POLL state).
+    fn poll_ns(&self) -> u64 {
+        self.poll_state
+            .and_then(|s| self.knobs.state_time_us(&self.cpus, s).ok())
+            .map_or(0, |v| v.iter().map(|(_, us)| us.saturating_mul(1000)).sum())
+    }
+
+    fn self_cpu_ns() -> anyhow::Result<u64> {
+        let r = gleaner_os::rusage::self_rusage()?;
+        Ok(r.user_ns + r.sys_ns)
+    }
+
+    /// One run of `command` under `policy`.
+    fn run(
+        &mut self,
+        policy: Policy,
+        command: &[String],
+        cfg: &crate::config::AgentConfig,
+        opts: &RunOptions,
+    ) -> anyhow::Result<PolicyRun> {
+        let poll0 = self.poll_ns();
+        let self0 = Self::self_cpu_ns()?;
+        let (metrics, out) = match policy {
+            Policy::Stock => (self.run_child(command, opts)?, None),
+            Policy::Haltpoll => {
+                let _lock = crate::knobs::try_lock_knobs(&self.run_dir)?.context("another agent drives the idle knobs")?;
+                let (state, _, writer) = self.journal.as_mut().context("haltpoll runs need the knob journal")?;
+                for (name, value) in HALTPOLL_DEFAULTS {
+                    if name == HALTPOLL_WINDOW_PARAM {
+                        writer.set_poll_window(state, value.parse().unwrap_or(200_000))?;
+                    } else if writer.knobs().haltpoll_params()?.contains_key(name) {
+                        writer.set_haltpoll_param(state, name, value)?;
+                    }
+                }
+                let m = run_child(&self.procfs, &self.sysfs, &self.cpus, command, opts);
+                let errors = writer.restore_now();
+                let m = m?;
+                if !errors.is_empty() {
+                    anyhow::bail!("restoring the idle knobs after a haltpoll run: {}", errors.join("; "));
+                }
+                (m, None)
+            }
+            Policy::Naive => {
+                let y = Yielders::start(&self.cpus, self.naive, true)?;
+                y.set_windows(&self.cpus.iter().map(|c| (c, u64::MAX)).collect::<Vec<_>>());
+                let m = self.run_child(command, opts);
+                drop(y);
+                (m?, None)
+            }
+            Policy::Gleaner => {
+                let meter = SystemMeter::start(&self.procfs, &self.sysfs, &self.cpus)?;
+                let out = agent::run(Target::Command(command.to_vec()), cfg, opts)?;
+                // The system counters cover the agent's set-up and clean-up too; the wall time
+                // is the workload's own, from its start to its exit.
+                let system = measure::SystemDelta { wall_ns: out.workload_wall_ns, ..meter.stop()? };
+                let mut m = measure::metrics(&out.rusage.clone().unwrap_or_default(), &system, cpu_count(&self.cpus));
+                m.exit_code = Some(out.exit_code.unwrap_or(1));
+                (m, Some(out))
+            }
+        };
+        let metrics = with_document(metrics, opts.stdout_to.as_deref());
+        let poll_ns = self.poll_ns().saturating_sub(poll0);
+        let policy_cpu_ns = Self::self_cpu_ns()?.saturating_sub(self0);
+        Ok(PolicyRun {
+            policy,
+            cpu_ns: metrics.cpu_ns(),
+            poll_ns,
+            policy_cpu_ns,
+            total_cpu_ns: metrics.busy_ns.saturating_add(poll_ns),
+            agent_cpu_ns: out.as_ref().map(|_| policy_cpu_ns),
+            agent_maxrss_kib: None,
+            decisions: out.as_ref().map(|o| o.decisions),
+            retention_on_share: out.as_ref().filter(|o| o.periods > 0).map(|o| o.retention_on_periods as f64 / o.periods as f64),
+            wake: out.as_ref().and_then(|o| o.wake),
+            tracer_cpu_ns: out.as_ref().and_then(|o| o.tracer_cpu_ns),
+            metrics,
+        })
+    }
+
+    fn run_child(&self, command: &[String], opts: &RunOptions) -> anyhow::Result<RunMetrics> {
+        run_child(&self.procfs, &self.sysfs, &self.cpus, command, opts)
+    }
+
+    /// Undoes the haltpoll runs' journal and dismisses its guardian.
+    fn finish(&mut self) -> anyhow::Result<()> {
+        let Some((state, guardian, writer)) = self.journal.take() else { return Ok(()) };
+        let r = state.undo(&UndoCx { cgroups: None, knobs: writer.knobs().clone() });
+        guardian.dismiss();
+        r
+    }
+}
+
+/// Runs `command` as a child of compare and measures it.
+fn run_child(procfs: &Procfs, sysfs: &Sysfs, cpus: &CpuSet, command: &[String], opts: &RunOptions) -> anyhow::Result<RunMetrics> {
+    {
+        let mut cmd = std::process::Command::new(&command[0]);
+        cmd.args(&command[1..]);
+        if let Some(p) = &opts.stdout_to {
+            cmd.stdout(std::fs::File::create(p)?);
+        }
+        if let Some(p) = &opts.stderr_to {
+            cmd.stderr(std::fs::File::create(p)?);
+        }
+        let meter = SystemMeter::start(procfs, sysfs, cpus)?;
+        let child = cmd.spawn().map_err(|e| BadInput::new("command", &command[0], format!("a program that can be started ({e})")))?;
+        measure::measure_child(child, meter)
+    }
+}
+
+/// The run's items, throughput and latency from the workload's own document, when it printed
+/// one (`gleaner bench workload ... --json`: the same typed record `bench` writes).
+fn with_document(mut m: RunMetrics, stdout: Option<&Path>) -> RunMetrics {
+    let Some(text) = stdout.and_then(|p| std::fs::read_to_string(p).ok()) else { return m };
+    let Ok(doc) = gleaner_measure::report::from_output::<BenchDoc>(&text) else { return m };
+    let Some(run) = doc.runs.first() else { return m };
+    m.items = run.items.or(m.items);
+    m.throughput = run.throughput.or(m.throughput);
+    m.latency = run.latency.clone().or(m.latency);
+    m
 }
 
 /// The number of CPUs in `cpus` as [`RunMetrics::cpus_available`] counts them.
@@ -236,146 +369,66 @@ fn cpu_count(cpus: &CpuSet) -> u32 {
     u32::try_from(cpus.len()).unwrap_or(u32::MAX)
 }
 
-fn run_stock(command: &[String], cpus: &CpuSet, sysfs: &Sysfs, opts: &RunOptions) -> anyhow::Result<Sample> {
-    let mut cmd = std::process::Command::new(&command[0]);
-    cmd.args(&command[1..]);
-    if let Some(p) = &opts.stdout_to {
-        cmd.stdout(std::fs::File::create(p)?);
+/// The comparison as a table, for people.
+pub fn print_table(d: &CompareDoc) {
+    println!("gleaner compare: {}", d.command.join(" "));
+    println!("  {} runs of each policy, rotating; CPUs {}; {}", d.runs, d.cpus, d.machine);
+    if let Some(c) = &d.calibration {
+        println!("  calibration: {c}");
     }
-    if let Some(p) = &opts.stderr_to {
-        cmd.stderr(std::fs::File::create(p)?);
+    for n in &d.notes {
+        println!("  note: {n}");
     }
-    let meter = SystemMeter::start(&Procfs::new(), sysfs, cpus)?;
-    let child = cmd.spawn().map_err(|e| BadInput::new("command", &command[0], format!("a program that can be started ({e})")))?;
-    Ok(Sample::stock(measure::measure_child(child, meter)?))
-}
-
-fn run_gleaner(
-    command: &[String],
-    cfg: &crate::config::AgentConfig,
-    cpus: &CpuSet,
-    sysfs: &Sysfs,
-    opts: &RunOptions,
-) -> anyhow::Result<Sample> {
-    let meter = SystemMeter::start(&Procfs::new(), sysfs, cpus)?;
-    let before = gleaner_os::rusage::self_rusage()?;
-    let out = agent::run(Target::Command(command.to_vec()), cfg, opts)?;
-    let after = gleaner_os::rusage::self_rusage()?;
-    // The system counters cover the agent's set-up and clean-up too; the wall time is the
-    // workload's own, from its start to its exit.
-    let system = measure::SystemDelta { wall_ns: out.workload_wall_ns, ..meter.stop()? };
-    let mut metrics = measure::metrics(&out.rusage.unwrap_or_default(), &system, cpu_count(cpus));
-    metrics.exit_code = Some(out.exit_code.unwrap_or(1));
-    Ok(Sample {
-        mode: Mode::Gleaner,
-        cpu_ns: metrics.cpu_ns(),
-        metrics,
-        agent_cpu_ns: Some((after.user_ns + after.sys_ns).saturating_sub(before.user_ns + before.sys_ns)),
-        agent_maxrss_kib: Some(after.maxrss_kib),
-        decisions: Some(out.decisions),
-        retention_on_share: (out.periods > 0).then(|| out.retention_on_periods as f64 / out.periods as f64),
-    })
-}
-
-fn summarize(
-    command: Vec<String>,
-    runs: u32,
-    cpus: &CpuSet,
-    cfg: &crate::config::AgentConfig,
-    calibration: Calibration,
-    samples: Vec<Sample>,
-) -> CompareReport {
-    let pick =
-        |mode: Mode, f: &dyn Fn(&Sample) -> Option<f64>| -> Vec<f64> { samples.iter().filter(|s| s.mode == mode).filter_map(f).collect() };
-    let secs = |ns: u64| ns as f64 / 1e9;
-    let wall = |m| Summary::of(&pick(m, &|s| Some(secs(s.metrics.wall_ns)))).expect("runs >= 1");
-    let cpu = |m| Summary::of(&pick(m, &|s| Some(secs(s.cpu_ns)))).expect("runs >= 1");
-    let idle = |m| Summary::of(&pick(m, &|s| s.metrics.idle_entries.map(|v| v as f64))).ok();
-    let stock_wall_s = wall(Mode::Stock);
-    let gleaner_wall_s = wall(Mode::Gleaner);
-    CompareReport {
-        command,
-        runs,
-        cpus: cpus.to_string(),
-        retention: cfg.retention,
-        retention_note: calibration.retention_note,
-        governed: calibration.governed,
-        curve: calibration.curve,
-        calibration: calibration.source,
-        consolidation: cfg.consolidation,
-        timeout_us: cfg.timeout_us.filter(|_| cfg.retention),
-        retention_start: calibration.governed.then_some(cfg.retention_start),
-        speedup: stock_wall_s.p50 / gleaner_wall_s.p50,
-        stock_wall_s,
-        gleaner_wall_s,
-        stock_cpu_s: cpu(Mode::Stock),
-        gleaner_cpu_s: cpu(Mode::Gleaner),
-        stock_idle_entries: idle(Mode::Stock),
-        gleaner_idle_entries: idle(Mode::Gleaner),
-        gleaner_agent_cpu_s: Summary::of(&pick(Mode::Gleaner, &|s| s.agent_cpu_ns.map(secs))).ok(),
-        gleaner_retention_on_share: Summary::of(&pick(Mode::Gleaner, &|s| s.retention_on_share)).ok(),
-        agent_maxrss_mib: samples.iter().filter_map(|s| s.agent_maxrss_kib).max().map(|k| k as f64 / 1024.0),
-        samples,
-    }
-}
-
-fn print_table(r: &CompareReport) {
-    let mode = match (r.retention || r.governed, r.consolidation) {
-        (true, true) => "retention + consolidation",
-        (true, false) => "retention only",
-        (false, true) => "consolidation only",
-        (false, false) => "no mechanism (control run)",
+    let f = |s: Option<&Summary>, digits: usize| {
+        s.map(|s| format!("{:.d$} [{:.d$}..{:.d$}]", s.p50, s.min, s.max, d = digits)).unwrap_or_else(|| "-".into())
     };
-    let governed =
-        if r.governed { format!("; retention governed, starting {}", if r.retention { "on" } else { "off" }) } else { String::new() };
-    println!("gleaner compare: {}", r.command.join(" "));
+    println!("  median [min..max]");
     println!(
-        "  {} runs each, alternating; CPUs {}; {}{}{}",
-        r.runs,
-        r.cpus,
-        mode,
-        governed,
-        r.timeout_us.map(|t| format!("; retention timeout {t} us")).unwrap_or_default()
+        "  {:<9} {:>24} {:>24} {:>22} {:>22} {:>22} {:>18}",
+        "policy", "wall s", "items/s", "latency p50 us", "latency p99 us", "CPU vCPUs (polling)", "CPU us/item"
     );
-    if let Some(n) = &r.retention_note {
-        println!("  retention off{}: {n}", if r.governed { " at start" } else { "" });
+    for s in &d.summaries {
+        let cpu = format!("{:.2} ({:.2})", s.total_vcpus.p50, s.poll_vcpus.p50);
+        println!(
+            "  {:<9} {:>24} {:>24} {:>22} {:>22} {:>22} {:>18}",
+            s.policy.name(),
+            f(Some(&s.wall_s), 3),
+            f(s.throughput.as_ref(), 0),
+            f(s.latency_p50_us.as_ref(), 1),
+            f(s.latency_p99_us.as_ref(), 1),
+            cpu,
+            s.total_cpu_per_item_us.as_ref().map_or("-".into(), |x| format!("{:.1}", x.p50)),
+        );
     }
-    if let Some(c) = &r.calibration {
-        println!("  calibration: {}", c.describe());
-    }
-    println!("  {:<22} {:>26} {:>26}", "median [min..max]", "stock", "gleaner");
-    let row = |name: &str, a: Option<Summary>, b: Option<Summary>, digits: usize| {
-        let f = |s: Option<Summary>| {
-            s.map(|s| format!("{:.d$} [{:.d$}..{:.d$}]", s.p50, s.min, s.max, d = digits)).unwrap_or_else(|| "-".into())
+    let stock = d.summary(Policy::Stock);
+    for v in &d.vs_stock {
+        let (Some(st), Some(s)) = (stock, d.summary(v.policy)) else { continue };
+        let lat = v.latency_p50.map_or(String::new(), |r| {
+            format!(", latency p50 {:.2}x{}", r, v.latency_p99.map_or(String::new(), |r99| format!(" and p99 {r99:.2}x")))
+        });
+        // A latency kernel runs for a fixed time: its wall time says nothing.
+        let wall = if s.latency_p50_us.is_some() {
+            String::new()
+        } else {
+            format!(" wall {:.2}x ({});", v.speedup, verdict(&st.wall_s, &s.wall_s, v.policy.name()))
         };
-        println!("  {:<22} {:>26} {:>26}", name, f(a), f(b));
-    };
-    row("wall time (s)", Some(r.stock_wall_s), Some(r.gleaner_wall_s), 3);
-    row("workload CPU time (s)", Some(r.stock_cpu_s), Some(r.gleaner_cpu_s), 3);
-    row("vCPU idle entries", r.stock_idle_entries, r.gleaner_idle_entries, 0);
-    row("agent CPU time (s)", None, r.gleaner_agent_cpu_s, 3);
-    if r.governed {
-        row("periods retention on", None, r.gleaner_retention_on_share, 2);
+        println!("  {} vs stock:{wall}{lat}; CPU {:.2}x", v.policy, v.cpu);
     }
-    if let Some(m) = r.agent_maxrss_mib {
-        println!("  {:<22} {:>26} {:>26}", "agent peak RSS (MiB)", "-", format!("{m:.1}"));
-    }
-    println!("  speedup (stock median / gleaner median wall time): {:.2}x ({})", r.speedup, verdict(&r.stock_wall_s, &r.gleaner_wall_s));
 }
 
 /// Says "faster"/"slower" only when the runs do not overlap: a median ahead by less than
 /// the run-to-run spread is no result.
-fn verdict(stock: &Summary, gleaner: &Summary) -> &'static str {
-    if gleaner.max < stock.min {
-        "faster under Gleaner in every run"
-    } else if gleaner.min > stock.max {
-        "slower under Gleaner in every run"
-    } else if gleaner.p50 < stock.p50 {
-        "median faster under Gleaner, within the run-to-run spread"
-    } else if gleaner.p50 > stock.p50 {
-        "median slower under Gleaner, within the run-to-run spread"
+fn verdict(stock: &Summary, other: &Summary, name: &str) -> String {
+    if other.max < stock.min {
+        format!("faster under {name} in every run")
+    } else if other.min > stock.max {
+        format!("slower under {name} in every run")
+    } else if other.p50 < stock.p50 {
+        format!("median faster under {name}, within the run-to-run spread")
+    } else if other.p50 > stock.p50 {
+        format!("median slower under {name}, within the run-to-run spread")
     } else {
-        "same median"
+        "same median".into()
     }
 }
 
@@ -387,45 +440,40 @@ mod tests {
         Summary::of(v).unwrap()
     }
 
-    /// `gleaner compare --json` keeps every key a sample had before it was built on
-    /// `RunMetrics`, with the mode as the same lowercase word.
     #[test]
-    fn a_sample_keeps_its_json_keys_and_lowercase_mode() {
-        let metrics = RunMetrics { wall_ns: 10, user_ns: 3, sys_ns: 4, exit_code: Some(0), idle_entries: Some(2), ..Default::default() };
-        let stock = serde_json::to_value(Sample::stock(metrics.clone())).unwrap();
-        let gleaner = serde_json::to_value(Sample { mode: Mode::Gleaner, decisions: Some(1), ..Sample::stock(metrics) }).unwrap();
-        for key in [
-            "mode",
-            "wall_ns",
-            "cpu_ns",
-            "vcsw",
-            "nivcsw",
-            "idle_entries",
-            "agent_cpu_ns",
-            "agent_maxrss_kib",
-            "decisions",
-            "retention_on_share",
-            "exit_code",
-        ] {
-            assert!(stock.get(key).is_some(), "no {key} in {stock}");
-        }
-        assert_eq!((&stock["mode"], &gleaner["mode"]), (&"stock".into(), &"gleaner".into()));
-        assert_eq!((&stock["cpu_ns"], &stock["exit_code"], &stock["idle_entries"]), (&7.into(), &0.into(), &2.into()));
-        assert_eq!(Mode::ALL.map(|m| m.to_string()), ["stock", "gleaner"]);
+    fn a_verdict_needs_runs_that_do_not_overlap() {
+        assert_eq!(verdict(&runs(&[2.0, 2.1]), &runs(&[1.0, 1.1]), "gleaner"), "faster under gleaner in every run");
+        assert_eq!(verdict(&runs(&[1.0, 1.1]), &runs(&[2.0, 2.1]), "naive"), "slower under naive in every run");
+        assert_eq!(
+            verdict(&runs(&[1.9, 2.0, 2.1]), &runs(&[1.85, 1.95, 2.2]), "gleaner"),
+            "median faster under gleaner, within the run-to-run spread"
+        );
+        assert_eq!(
+            verdict(&runs(&[1.9, 2.0, 2.1]), &runs(&[1.95, 2.05, 2.08]), "gleaner"),
+            "median slower under gleaner, within the run-to-run spread"
+        );
+        assert_eq!(verdict(&runs(&[1.0]), &runs(&[1.0]), "gleaner"), "same median");
     }
 
     #[test]
-    fn a_verdict_needs_runs_that_do_not_overlap() {
-        assert_eq!(verdict(&runs(&[2.0, 2.1]), &runs(&[1.0, 1.1])), "faster under Gleaner in every run");
-        assert_eq!(verdict(&runs(&[1.0, 1.1]), &runs(&[2.0, 2.1])), "slower under Gleaner in every run");
-        assert_eq!(
-            verdict(&runs(&[1.9, 2.0, 2.1]), &runs(&[1.85, 1.95, 2.2])),
-            "median faster under Gleaner, within the run-to-run spread"
-        );
-        assert_eq!(
-            verdict(&runs(&[1.9, 2.0, 2.1]), &runs(&[1.95, 2.05, 2.08])),
-            "median slower under Gleaner, within the run-to-run spread"
-        );
-        assert_eq!(verdict(&runs(&[1.0]), &runs(&[1.0])), "same median");
+    fn a_workloads_document_gives_its_run_items_and_latency() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.txt");
+        let run = RunMetrics {
+            items: Some(7),
+            throughput: Some(3.5),
+            latency: Some(gleaner_measure::LatencySummary { samples: 7, p50_ns: 4000.0, ..Default::default() }),
+            ..Default::default()
+        };
+        let doc = serde_json::json!({"kind": "workload", "name": "pingpong", "params": {}, "runs": [run],
+            "summary": serde_json::to_value(gleaner_measure::report::RunSummary::of(std::slice::from_ref(&run)).unwrap()).unwrap(),
+            "host": serde_json::to_value(gleaner_measure::report::HostInfo::default()).unwrap()});
+        std::fs::write(&p, format!("some text first\n{doc}\n")).unwrap();
+        let m = with_document(RunMetrics { wall_ns: 5, ..Default::default() }, Some(&p));
+        assert_eq!((m.items, m.wall_ns), (Some(7), 5));
+        assert_eq!(m.latency.unwrap().p50_ns, 4000.0);
+        // No document: the run as measured.
+        std::fs::write(&p, "sockperf: avg-latency=4.2\n").unwrap();
+        assert_eq!(with_document(RunMetrics::default(), Some(&p)).items, None);
     }
 }

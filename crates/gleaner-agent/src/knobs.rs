@@ -33,7 +33,7 @@ pub fn try_lock_knobs(run_dir: &Path) -> anyhow::Result<Option<gleaner_os::priva
 }
 
 /// Runs `f` with control of the idle knobs of `cpus` under a journal of its own
-/// (`RUN_DIR/calibrate-<pid>.json`, watched by a guardian), which is undone and removed when
+/// (`RUN_DIR/knobs-<pid>.json`, watched by a guardian), which is undone and removed when
 /// `f` returns; `f(None)` where that cannot be had (not root, no usable run dir, another
 /// agent drives the knobs: `why` says which). For a calibration outside an agent's run.
 pub fn with_knob_journal<T>(run_dir: &Path, cpus: &CpuSet, f: impl FnOnce(crate::calibrate::Control<'_>, Option<String>) -> T) -> T {
@@ -44,7 +44,7 @@ pub fn with_knob_journal<T>(run_dir: &Path, cpus: &CpuSet, f: impl FnOnce(crate:
         let Some(lock) = try_lock_knobs(run_dir)? else { return Ok(None) };
         let knobs = IdleKnobs::new();
         let offer = knobs.offer(cpus)?;
-        let journal = StateFile::create_for_calibration(run_dir, std::process::id().cast_signed())?;
+        let journal = StateFile::create_for_knobs(run_dir, std::process::id().cast_signed())?;
         let mut guardian = Guardian::spawn(journal.path())?;
         guardian.wait_armed(std::time::Duration::from_secs(5))?;
         Ok(Some((lock, journal, guardian, KnobWriter::new(knobs, offer))))

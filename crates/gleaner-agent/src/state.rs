@@ -102,10 +102,11 @@ impl StateFile {
         Self::create_at(run_dir, state_path(run_dir, agent_pid), agent_pid)
     }
 
-    /// Creates the journal of a calibration, `run_dir/calibrate-<pid>.json`: the knobs a
-    /// measurement turns for a moment, restored by the same means as an agent's.
-    pub fn create_for_calibration(run_dir: &Path, pid: i32) -> anyhow::Result<Self> {
-        Self::create_at(run_dir, run_dir.join(format!("{CALIBRATION_PREFIX}{pid}.json")), pid)
+    /// Creates the journal of idle knobs turned outside an agent's run (a calibration, the
+    /// haltpoll runs of `compare`), `run_dir/knobs-<pid>.json`: restored by the same means as
+    /// an agent's.
+    pub fn create_for_knobs(run_dir: &Path, pid: i32) -> anyhow::Result<Self> {
+        Self::create_at(run_dir, run_dir.join(format!("{KNOBS_PREFIX}{pid}.json")), pid)
     }
 
     fn create_at(run_dir: &Path, path: PathBuf, agent_pid: i32) -> anyhow::Result<Self> {
@@ -148,12 +149,12 @@ impl StateFile {
     }
 }
 
-/// The state file of a calibration starts with this (then the pid, `.json`).
-pub const CALIBRATION_PREFIX: &str = "calibrate-";
+/// The state file of knobs turned outside an agent's run starts with this (then the pid).
+pub const KNOBS_PREFIX: &str = "knobs-";
 
-/// The pid of a state file's name: `agent-<pid>.json` or `calibrate-<pid>.json`.
+/// The pid of a state file's name: `agent-<pid>.json` or `knobs-<pid>.json`.
 fn state_file_pid(name: &str) -> Option<i32> {
-    let rest = name.strip_prefix("agent-").or_else(|| name.strip_prefix(CALIBRATION_PREFIX))?;
+    let rest = name.strip_prefix("agent-").or_else(|| name.strip_prefix(KNOBS_PREFIX))?;
     rest.strip_suffix(".json")?.parse().ok()
 }
 

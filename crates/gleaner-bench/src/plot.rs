@@ -129,3 +129,86 @@ pub fn wakeup_cdf(path: &Path, results: &[SettingResult]) -> anyhow::Result<()> 
         .collect();
     cdf(path, "Blocked-waiter wakeup latency", "wakeup latency (us, log scale)", &curves)
 }
+
+/// One point per run of `gleaner compare`: what the run cost (vCPUs busy or polling, on the x
+/// axis) against what it gave (the latency kernels' p50 and p99 in µs, log scale; wall time in
+/// s for other workloads), one color per policy. Medians are drawn larger.
+pub fn latency_cpu(path: &Path, doc: &gleaner_measure::compare::CompareDoc) -> anyhow::Result<()> {
+    let fmt = format_of(path)?;
+    register_font()?;
+    let size = (900, 560);
+    match fmt {
+        Format::Png => draw_latency_cpu(BitMapBackend::new(path, size).into_drawing_area(), doc),
+        Format::Svg => draw_latency_cpu(SVGBackend::new(path, size).into_drawing_area(), doc),
+    }
+    .with_context(|| format!("drawing {}", path.display()))
+}
+
+/// (x = vCPUs, y = latency p50, p99 (µs) or wall time (s)) of each run.
+fn run_points(r: &gleaner_measure::compare::PolicyRun) -> (f64, f64, Option<f64>) {
+    let wall = r.metrics.wall_ns.max(1) as f64;
+    let x = r.total_cpu_ns as f64 / wall;
+    match &r.metrics.latency {
+        Some(l) => (x, l.p50_ns / 1e3, Some(l.p99_ns / 1e3)),
+        None => (x, wall / 1e9, None),
+    }
+}
+
+fn draw_latency_cpu<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    doc: &gleaner_measure::compare::CompareDoc,
+) -> anyhow::Result<()> {
+    let e = |e: &dyn std::fmt::Debug| anyhow::anyhow!("{e:?}");
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let pts: Vec<_> = doc.samples.iter().map(run_points).collect();
+    let latency = pts.iter().any(|p| p.2.is_some());
+    let ys = pts.iter().flat_map(|p| std::iter::once(p.1).chain(p.2)).filter(|v| v.is_finite() && *v > 0.0);
+    let (lo, hi) = ys.fold((f64::MAX, 0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (ymin, ymax) = if hi > 0.0 { ((lo * 0.7).max(1e-3), hi * 1.4) } else { (0.1, 10.0) };
+    let xmax = pts.iter().map(|p| p.0).fold(0f64, f64::max).max(0.1) * 1.15;
+    let mut words: Vec<String> = doc.command.iter().map(|w| w.rsplit('/').next().unwrap_or(w).to_string()).collect();
+    words.retain(|w| w != "--json");
+    let mut what = words.join(" ");
+    if what.chars().count() > 60 {
+        what = what.chars().take(57).collect::<String>() + "...";
+    }
+    let title = format!("{what} ({} runs per policy, CPUs {})", doc.runs, doc.cpus);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..xmax, (ymin..ymax).log_scale())
+        .map_err(|x| e(&x))?;
+    chart
+        .configure_mesh()
+        .x_desc("CPU taken from the vCPUs: busy + kernel polling (vCPUs)")
+        .y_desc(if latency { "latency (µs): p50 filled, p99 hollow" } else { "wall time (s)" })
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|x| e(&x))?;
+    for (i, &p) in doc.policies.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let mine: Vec<_> = doc.samples.iter().zip(&pts).filter(|(s, _)| s.policy == p).map(|(_, q)| *q).collect();
+        chart
+            .draw_series(mine.iter().map(|&(x, y, _)| Circle::new((x, y.clamp(ymin, ymax)), 5, color.filled())))
+            .map_err(|x| e(&x))?
+            .label(p.name())
+            .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
+        chart
+            .draw_series(
+                mine.iter().filter_map(|&(x, _, p99)| p99.map(|y| Circle::new((x, y.clamp(ymin, ymax)), 5, color.stroke_width(2)))),
+            )
+            .map_err(|x| e(&x))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|x| e(&x))?;
+    root.present().map_err(|x| e(&x))?;
+    Ok(())
+}

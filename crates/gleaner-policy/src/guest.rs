@@ -18,8 +18,11 @@
 //!  GuestStep: active vCPUs + decisions, the plan to apply, the governor's step
 //! ```
 //!
-//! The first period has seen nothing yet: every vCPU halts until the planner has idle
-//! periods to plan from.
+//! The first period has seen nothing yet. Where the haltpoll governor's window is offered
+//! (and polling measured cheaper than a halt), it starts with the kernel's own upstream cap
+//! ([`INITIAL_POLL_WINDOW_NS`]: the guest haltpoll policy a tenant could pick, which adapts
+//! each CPU's window below it); elsewhere every vCPU halts. The planner takes over after the
+//! first period, which the adapters keep short ([`FIRST_PERIOD_SHARE`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -127,6 +130,13 @@ pub struct GuestStep {
     pub next_period_share: f64,
 }
 
+/// The haltpoll module's default `guest_halt_poll_ns`: the window a run starts with before it
+/// has seen any idle period.
+pub const INITIAL_POLL_WINDOW_NS: u64 = 200_000;
+
+/// The first period lasts this share of a period: the plan follows it.
+pub const FIRST_PERIOD_SHARE: f64 = 0.25;
+
 /// A probe period lasts this share of a period: the comparison normalizes by time (rates) and
 /// by wakeup (latency), and a probe of "off" under a server costs its halted wakeups.
 pub const PROBE_SHARE: f64 = 0.25;
@@ -164,8 +174,12 @@ impl GuestController {
         let consolidation = cfg.consolidation.clone().map(|p| Controller::new(cfg.cpus.clone(), p));
         let governor = cfg.governor.map(|g| RetentionGovernor::with_prior(g, cfg.prior, cfg.prior_strength()));
         let mode = governor.as_ref().map_or(cfg.prior, RetentionGovernor::mode);
+        let polls_cheaper = cfg.curve.as_ref().is_some_and(|c| c.poll_ns.is_some_and(|p| c.halted.iter().any(|h| h.mean_ns > p)));
         let applied = match cfg.fixed_yield_ns {
             Some(w) if mode.is_on() => IdlePlan::fixed_yield(cfg.cpus.iter().copied(), w),
+            None if mode.is_on() && cfg.means.poll_window && polls_cheaper => {
+                IdlePlan::initial_poll(cfg.cpus.iter().copied(), INITIAL_POLL_WINDOW_NS)
+            }
             _ => IdlePlan::halt(cfg.cpus.iter().copied()),
         };
         let seen =

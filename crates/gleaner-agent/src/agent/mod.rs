@@ -39,7 +39,7 @@ use gleaner_policy::gleaner::Decision;
 use gleaner_policy::guest::{GuestController, GuestReading, GuestStep};
 use gleaner_policy::idle::WakeSummary;
 use gleaner_policy::retention::{ChangeCause, GovernorStep, RetentionMode};
-use tracing::info;
+use tracing::{info, warn};
 
 pub use self::child::check_program;
 use self::child::{self_cpu_ns, wait_period, ChildWaiter};
@@ -318,6 +318,13 @@ impl Session {
             guest_cfg.consolidation = Some(cfg.controller.clone());
         }
         let mut guest = GuestController::new(guest_cfg);
+        // The first plan (the kernel's upstream haltpoll window where it is offered) before
+        // the workload starts.
+        if let (Some(k), Some(j)) = (self.knobs.as_mut(), self.state.as_mut()) {
+            if let Err(e) = k.apply(j, guest.applied(), guest.mode().is_on()) {
+                warn!("applying the first idle plan: {e:#}");
+            }
+        }
         let mut managed = if consolidation { self.take_target(ctx)? } else { Managed { cgroup: None, root_pid: None } };
 
         // Yielding threads before the workload, so it has them from its first instruction
@@ -363,7 +370,7 @@ impl Session {
         tracing.arm_next(&managed.pids(procfs), workload);
         let waiter = child_pid.map(ChildWaiter::new).transpose()?;
         let full_period = Duration::from_millis(cfg.period_ms);
-        let mut period = full_period;
+        let mut period = full_period.mul_f64(gleaner_policy::guest::FIRST_PERIOD_SHARE);
         let mut outcome = Outcome::default();
         let mut all_wakes = gleaner_policy::idle::WakeLatency::default();
 

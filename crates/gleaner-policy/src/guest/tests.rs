@@ -54,7 +54,10 @@ fn server_period(poll_ns: u64, wake_ns: u64) -> GuestReading {
 #[test]
 fn a_traced_server_gets_kernel_polling_covering_its_idle_periods() {
     let mut g = GuestController::new(cfg(HALTPOLL));
-    assert!(!g.applied().retains(), "nothing is retained before anything was seen");
+    // Before anything was seen: the kernel's upstream haltpoll window.
+    assert_eq!(g.applied(), &IdlePlan::initial_poll([0, 1], INITIAL_POLL_WINDOW_NS));
+    let yielders = GuestController::new(cfg(Means { poll_window: false, poll_always: false, yielders: true }));
+    assert!(!yielders.applied().retains(), "yielders wait for the plan");
     let s = g.step(&server_period(0, 50_000));
     assert_eq!(s.gaps_from, Some(TraceSource::Bpf));
     let v = s.plan.of(1).unwrap();

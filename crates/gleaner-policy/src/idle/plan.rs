@@ -161,6 +161,8 @@ pub enum PlanReason {
     /// Retention is off (the governor's mode, or a probe of it): the machine's own idle
     /// policy runs.
     RetentionOff,
+    /// Nothing seen yet: the kernel's upstream haltpoll window, until the first plan.
+    Initial,
 }
 
 /// The plan of every vCPU, and the kernel settings it maps to.
@@ -187,6 +189,15 @@ impl IdlePlan {
             })
             .collect();
         Self { vcpus, poll_window_ns: 0, poll_always: Vec::new() }
+    }
+
+    /// Before anything was seen: every vCPU polls with the shared window `window_ns`.
+    pub fn initial_poll(cpus: impl IntoIterator<Item = u32>, window_ns: u64) -> Self {
+        let vcpus = cpus
+            .into_iter()
+            .map(|cpu| VcpuPlan { cpu, mechanism: Mechanism::Poll, window_ns, estimate: Estimate::default(), why: PlanReason::Initial })
+            .collect();
+        Self { vcpus, poll_window_ns: window_ns, poll_always: Vec::new() }
     }
 
     /// Retention off: every vCPU as the machine leaves it.

@@ -1,0 +1,265 @@
+//! The document of `gleaner compare`: a workload run under each idle policy a tenant can pick,
+//! in turn, with what each run cost in CPU counted honestly, and the summaries per policy.
+//! `gleaner-agent` writes it; `gleaner-bench` plots it (latency against CPU); both read it as
+//! these types.
+//!
+//! ```text
+//!  CPU of a run = busy time of the managed vCPUs (/proc/stat: the workload, yielding threads,
+//!                 the agent, anything else running there)
+//!               + kernel polling (the cpuidle POLL state's time, which /proc/stat counts idle)
+//!  retention CPU = polling + the yielding threads' (naive) or the agent's own CPU (gleaner)
+//! ```
+
+use gleaner_policy::idle::WakeSummary;
+use gleaner_policy::stats::Summary;
+use serde::{Deserialize, Serialize};
+
+use crate::measure::RunMetrics;
+
+/// An idle policy a tenant can pick for a VM's idle vCPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// The machine as found: its own cpuidle settings.
+    Stock,
+    /// The kernel's guest halt polling with the upstream defaults: `guest_halt_poll_ns`
+    /// 200000, grow 2 from 50000, shrink 2 (needs the haltpoll cpuidle driver).
+    Haltpoll,
+    /// A `SCHED_IDLE` thread calling `sched_yield()` on every vCPU, never sleeping.
+    Naive,
+    /// `gleaner run` with the given flags (none: its defaults).
+    Gleaner,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 4] = [Policy::Stock, Policy::Haltpoll, Policy::Naive, Policy::Gleaner];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Stock => "stock",
+            Policy::Haltpoll => "haltpoll",
+            Policy::Naive => "naive",
+            Policy::Gleaner => "gleaner",
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One measured run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyRun {
+    /// The policy (the key `mode`, as compare wrote it when it knew only stock and gleaner).
+    #[serde(rename = "mode")]
+    pub policy: Policy,
+    #[serde(flatten)]
+    pub metrics: RunMetrics,
+    /// User + system CPU time of the workload, ns.
+    pub cpu_ns: u64,
+    /// Kernel polling on the managed vCPUs during the run (the POLL state's time), ns.
+    pub poll_ns: u64,
+    /// CPU time of the policy's own threads: the yielding threads (naive) or the agent with
+    /// its yielding threads (gleaner), ns.
+    pub policy_cpu_ns: u64,
+    /// Busy time of the managed vCPUs plus their kernel polling, ns: everything the run
+    /// took from the vCPUs.
+    pub total_cpu_ns: u64,
+    pub agent_cpu_ns: Option<u64>,
+    /// Peak resident memory of the agent: `None`, since the agent runs inside compare and
+    /// the process's peak is compare's own (its calibration and workload output buffers).
+    pub agent_maxrss_kib: Option<u64>,
+    pub decisions: Option<u64>,
+    /// Share of the agent's control periods that ran with retention on.
+    pub retention_on_share: Option<f64>,
+    /// The workload's wakeups as the agent's tracer saw them (gleaner runs).
+    #[serde(default)]
+    pub wake: Option<WakeSummary>,
+    /// CPU time of the agent's eBPF programs (gleaner runs with the tracer).
+    #[serde(default)]
+    pub tracer_cpu_ns: Option<u64>,
+}
+
+/// The runs of one policy, summarized (medians with min..max and the rest in `Summary`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicySummary {
+    pub policy: Policy,
+    pub runs: usize,
+    pub wall_s: Summary,
+    /// Items per second (built-in kernels).
+    pub throughput: Option<Summary>,
+    /// The latency kernels' own latency, us.
+    pub latency_p50_us: Option<Summary>,
+    pub latency_p99_us: Option<Summary>,
+    pub latency_mean_us: Option<Summary>,
+    /// vCPUs busy, polling and in total over the run's wall time.
+    pub busy_vcpus: Summary,
+    pub poll_vcpus: Summary,
+    pub total_vcpus: Summary,
+    /// The policy's own threads, in vCPUs.
+    pub policy_vcpus: Summary,
+    /// Everything the run took from the vCPUs per item, us (built-in kernels).
+    pub total_cpu_per_item_us: Option<Summary>,
+}
+
+/// Medians of a policy against stock's: > 1 is better than stock for speedup (wall time)
+/// and for the latency ratios (stock latency / policy latency).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct VsStock {
+    pub policy: Policy,
+    pub speedup: f64,
+    pub latency_p50: Option<f64>,
+    pub latency_p99: Option<f64>,
+    /// Total CPU per item (or per second) relative to stock's (> 1: more CPU).
+    pub cpu: f64,
+}
+
+/// `gleaner compare --json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareDoc {
+    pub command: Vec<String>,
+    /// Runs of each policy.
+    pub runs: u32,
+    pub cpus: String,
+    pub policies: Vec<Policy>,
+    /// What the machine offers to keep idle vCPUs from halting, in one line.
+    pub machine: String,
+    /// Where the agent's calibration came from, in one line.
+    pub calibration: Option<String>,
+    /// Why a policy ran differently than asked, or a note about the measurement.
+    pub notes: Vec<String>,
+    pub samples: Vec<PolicyRun>,
+    pub summaries: Vec<PolicySummary>,
+    pub vs_stock: Vec<VsStock>,
+}
+
+impl CompareDoc {
+    /// The summary of `p`.
+    pub fn summary(&self, p: Policy) -> Option<&PolicySummary> {
+        self.summaries.iter().find(|s| s.policy == p)
+    }
+}
+
+fn summary(v: &[f64]) -> Option<Summary> {
+    Summary::of(v).ok()
+}
+
+/// Summarizes the runs of each policy, in the order given.
+pub fn summarize(policies: &[Policy], samples: &[PolicyRun]) -> (Vec<PolicySummary>, Vec<VsStock>) {
+    let mut out = Vec::new();
+    for &p in policies {
+        let runs: Vec<&PolicyRun> = samples.iter().filter(|s| s.policy == p).collect();
+        if runs.is_empty() {
+            continue;
+        }
+        let pick = |f: &dyn Fn(&PolicyRun) -> Option<f64>| -> Vec<f64> { runs.iter().filter_map(|r| f(r)).collect() };
+        let wall = |r: &PolicyRun| r.metrics.wall_ns.max(1) as f64;
+        let vcpus = |ns: u64, r: &PolicyRun| ns as f64 / wall(r);
+        let lat = |f: fn(&crate::measure::LatencySummary) -> f64| summary(&pick(&|r| r.metrics.latency.as_ref().map(|l| f(l) / 1e3)));
+        let Some(wall_s) = summary(&pick(&|r| Some(wall(r) / 1e9))) else { continue };
+        out.push(PolicySummary {
+            policy: p,
+            runs: runs.len(),
+            wall_s,
+            throughput: summary(&pick(&|r| r.metrics.throughput)),
+            latency_p50_us: lat(|l| l.p50_ns),
+            latency_p99_us: lat(|l| l.p99_ns),
+            latency_mean_us: lat(|l| l.mean_ns),
+            busy_vcpus: summary(&pick(&|r| Some(vcpus(r.metrics.busy_ns, r)))).unwrap_or(wall_s),
+            poll_vcpus: summary(&pick(&|r| Some(vcpus(r.poll_ns, r)))).unwrap_or(wall_s),
+            total_vcpus: summary(&pick(&|r| Some(vcpus(r.total_cpu_ns, r)))).unwrap_or(wall_s),
+            policy_vcpus: summary(&pick(&|r| Some(vcpus(r.policy_cpu_ns, r)))).unwrap_or(wall_s),
+            total_cpu_per_item_us: summary(&pick(&|r| r.metrics.items.filter(|&i| i > 0).map(|i| r.total_cpu_ns as f64 / 1e3 / i as f64))),
+        });
+    }
+    let stock = out.iter().find(|s| s.policy == Policy::Stock).cloned();
+    let vs = match stock {
+        None => Vec::new(),
+        Some(st) => out
+            .iter()
+            .filter(|s| s.policy != Policy::Stock)
+            .map(|s| {
+                let ratio = |a: Option<&Summary>, b: Option<&Summary>| match (a, b) {
+                    (Some(a), Some(b)) if b.p50 > 0.0 => Some(a.p50 / b.p50),
+                    _ => None,
+                };
+                let cpu = match (&s.total_cpu_per_item_us, &st.total_cpu_per_item_us) {
+                    (Some(a), Some(b)) if b.p50 > 0.0 => a.p50 / b.p50,
+                    _ => s.total_vcpus.p50 * s.wall_s.p50 / (st.total_vcpus.p50 * st.wall_s.p50).max(f64::MIN_POSITIVE),
+                };
+                VsStock {
+                    policy: s.policy,
+                    speedup: st.wall_s.p50 / s.wall_s.p50,
+                    latency_p50: ratio(st.latency_p50_us.as_ref(), s.latency_p50_us.as_ref()),
+                    latency_p99: ratio(st.latency_p99_us.as_ref(), s.latency_p99_us.as_ref()),
+                    cpu,
+                }
+            })
+            .collect(),
+    };
+    (out, vs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::LatencySummary;
+
+    fn run(policy: Policy, wall_ms: u64, p50_us: f64, busy_ms: u64, poll_ms: u64) -> PolicyRun {
+        let latency =
+            Some(LatencySummary { samples: 100, p50_ns: p50_us * 1e3, p99_ns: p50_us * 2e3, mean_ns: p50_us * 1e3, ..Default::default() });
+        PolicyRun {
+            policy,
+            metrics: RunMetrics {
+                wall_ns: wall_ms * 1_000_000,
+                busy_ns: busy_ms * 1_000_000,
+                items: Some(1000),
+                latency,
+                ..Default::default()
+            },
+            cpu_ns: 0,
+            poll_ns: poll_ms * 1_000_000,
+            policy_cpu_ns: 0,
+            total_cpu_ns: (busy_ms + poll_ms) * 1_000_000,
+            agent_cpu_ns: None,
+            agent_maxrss_kib: None,
+            decisions: None,
+            retention_on_share: None,
+            wake: None,
+            tracer_cpu_ns: None,
+        }
+    }
+
+    #[test]
+    fn summaries_count_polling_as_cpu_and_compare_with_stock() {
+        let samples = vec![
+            run(Policy::Stock, 1000, 40.0, 300, 0),
+            run(Policy::Haltpoll, 1000, 5.0, 400, 600),
+            run(Policy::Stock, 1000, 42.0, 300, 0),
+            run(Policy::Haltpoll, 1000, 4.0, 400, 600),
+        ];
+        let (s, vs) = summarize(&[Policy::Stock, Policy::Haltpoll], &samples);
+        assert_eq!(s.len(), 2);
+        let h = &s[1];
+        assert!((h.total_vcpus.p50 - 1.0).abs() < 1e-9 && (h.poll_vcpus.p50 - 0.6).abs() < 1e-9);
+        assert!((h.total_cpu_per_item_us.unwrap().p50 - 1000.0).abs() < 1e-9);
+        assert_eq!(vs.len(), 1);
+        assert!((vs[0].latency_p50.unwrap() - 41.0 / 4.5).abs() < 1e-9, "{vs:?}");
+        assert!((vs[0].cpu - 1000.0 / 300.0).abs() < 1e-9);
+        assert!((vs[0].speedup - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_run_keeps_the_mode_key_and_policies_their_names() {
+        let v = serde_json::to_value(run(Policy::Naive, 1, 1.0, 1, 0)).unwrap();
+        assert_eq!(v["mode"], "naive");
+        assert!(v.get("wall_ns").is_some() && v.get("total_cpu_ns").is_some());
+        assert_eq!(Policy::ALL.map(Policy::name), ["stock", "haltpoll", "naive", "gleaner"]);
+        let back: PolicyRun = serde_json::from_value(v).unwrap();
+        assert_eq!(back.policy, Policy::Naive);
+    }
+}
