@@ -298,7 +298,7 @@ impl Runner {
                 // The system counters cover the agent's set-up and clean-up too; the wall time
                 // is the workload's own, from its start to its exit.
                 let system = measure::SystemDelta { wall_ns: out.workload_wall_ns, ..meter.stop()? };
-                let mut m = measure::metrics(&out.rusage.clone().unwrap_or_default(), &system, cpu_count(&self.cpus));
+                let mut m = measure::metrics(&out.rusage.unwrap_or_default(), &system, cpu_count(&self.cpus));
                 m.exit_code = Some(out.exit_code.unwrap_or(1));
                 (m, Some(out))
             }

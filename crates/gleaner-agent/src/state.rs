@@ -250,6 +250,11 @@ fn undo_one(cx: &UndoCx, change: &Change) -> anyhow::Result<()> {
             let now = sysfs.module_params(module)?;
             if now.get(name).is_some_and(|v| v != original) {
                 sysfs.write_module_param(module, name, original)?;
+                if module == gleaner_os::idle::HALTPOLL_MODULE && name == gleaner_os::idle::HALTPOLL_WINDOW_PARAM {
+                    // Each CPU's own window, grown under ours, back to 0 (the cap alone
+                    // would leave them polling where idle periods stay short).
+                    cx.knobs.reset_poll_windows()?;
+                }
             }
         }
         Change::ResumeLatency { cpu, original } => {

@@ -90,6 +90,9 @@ pub struct EventRecord {
     /// Kernel polling in the period, ns (`period` events).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_ns: Option<u64>,
+    /// Each vCPU's budget after the period (`period` events with an idle policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Vec<(u32, f64)>>,
 }
 
 impl EventRecord {
@@ -112,6 +115,7 @@ impl EventRecord {
             wake: None,
             plan: None,
             poll_ns: None,
+            budget: None,
         }
     }
 

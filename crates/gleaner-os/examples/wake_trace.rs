@@ -111,6 +111,7 @@ fn main() -> anyhow::Result<()> {
     for g in &trace.vcpus {
         println!("  cpu{} woken {}", g.cpu, describe(&g.woken));
         println!("  cpu{} other {}", g.cpu, describe(&g.other));
+        println!("  cpu{} local {}", g.cpu, describe(&g.local));
     }
     println!("\nall latencies, log2 buckets [2^i, 2^(i+1)) ns: bucket count mean_us");
     for (i, c, sum) in trace.latency.all().iter() {

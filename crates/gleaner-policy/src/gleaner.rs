@@ -164,6 +164,10 @@ pub enum ResetReason {
     UtilizationChange,
     BusyVcpu,
     GranularityChange,
+    /// The guest loop keeps every vCPU while idle vCPUs poll in the kernel (see
+    /// `crate::guest`): a wakeup of a polling vCPU is cheap, and sharing fewer vCPUs would
+    /// only queue the workload's threads.
+    KernelPolling,
 }
 
 /// The controller's view of the last period, for status and events.
@@ -323,6 +327,17 @@ impl Controller {
             }
         }
         out
+    }
+
+    /// Gives every vCPU back, saying so when some were taken (the guest loop's reason).
+    pub fn reset_with(&mut self, reason: ResetReason) -> Vec<Decision> {
+        let had = !self.deactivated.is_empty();
+        self.reset();
+        if had {
+            vec![Decision::ResetAll { reason }]
+        } else {
+            Vec::new()
+        }
     }
 
     /// Gives every vCPU back (used when the environment resets on its own, e.g. on error).

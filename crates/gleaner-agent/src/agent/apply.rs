@@ -48,6 +48,11 @@ impl IdleActuator {
         let offer = self.writer.offer().clone();
         if offer.poll_window() && self.window_ns != Some(plan.poll_window_ns) {
             self.writer.set_poll_window(journal, plan.poll_window_ns)?;
+            // A CPU's own window shrinks only after it halts: one whose idle periods stay
+            // below its window would go on polling past a lowered cap.
+            if self.window_ns.is_some_and(|w| plan.poll_window_ns < w) {
+                self.writer.knobs().reset_poll_windows()?;
+            }
             self.window_ns = Some(plan.poll_window_ns);
         }
         if offer.poll_always() {

@@ -367,16 +367,20 @@ impl Session {
 
         let mut sampler = Sampler::new(procfs.clone(), sysfs.clone(), cpus.clone());
         sampler.prime(&managed.tids(procfs), self.yielders.as_ref(), cpus);
-        tracing.arm_next(&managed.pids(procfs), workload);
+        tracing.arm_next(&managed.pids(procfs), workload, true);
         let waiter = child_pid.map(ChildWaiter::new).transpose()?;
         let full_period = Duration::from_millis(cfg.period_ms);
         let mut period = full_period.mul_f64(gleaner_policy::guest::FIRST_PERIOD_SHARE);
         let mut outcome = Outcome::default();
         let mut all_wakes = gleaner_policy::idle::WakeLatency::default();
+        // Every period's reading as the guest loop took it, for replaying it offline
+        // (`cargo run -p gleaner-policy --example replay -- FILE`): a development aid.
+        let mut dump =
+            std::env::var_os("GLEANER_DUMP_READINGS").map(std::fs::File::create).transpose().context("GLEANER_DUMP_READINGS")?;
 
         loop {
-            // The tracer watches the first slice of the period (its cost bounded), then waits
-            // detached for the rest.
+            // A traced period is traced for its first slice (the tracer's cost bounded), then
+            // the rest is waited detached.
             let slice = tracing.slice(period);
             let mut ended = false;
             let mut rest = period;
@@ -415,10 +419,14 @@ impl Session {
             }
             let wake = traced.as_ref().filter(|t| t.latency.all().count() > 0).map(|t| WakeSummary::of(&t.latency));
             let reading = GuestReading { snapshot, idle: extras.idle.clone(), trace: traced };
+            if let Some(f) = &mut dump {
+                use std::io::Write;
+                writeln!(f, "{}", serde_json::to_string(&reading)?)?;
+            }
             // Decide.
             let before = guest.applied().clone();
             let step = guest.step(&reading);
-            tracing.arm_next(&managed.pids(procfs), workload);
+            tracing.arm_next(&managed.pids(procfs), workload, guest.wants_trace());
             // Apply.
             let active = CpuSet::from_iter(step.active.iter().copied());
             if active != active_before {
@@ -536,6 +544,7 @@ impl Session {
             wake: p.wake,
             plan: p.plan_changed.then(|| p.step.plan.clone()),
             poll_ns: Some(p.extras.poll_ns),
+            budget: Some(p.step.budget.clone()),
             ..event(EventKind::Period)
         });
         if let Some(GovernorStep { mode, change: Some(change), comparison, .. }) = gov {

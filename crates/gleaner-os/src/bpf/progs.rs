@@ -8,7 +8,8 @@
 //!   1. commit   cpu.pend_task == prev (the task switched in last time, current now, so its
 //!               tgid is known): managed (cfg.track_all or tgid in `managed`)?
 //!                 yes: lat[pend_state] += pend_lat; the idle gap that ended then (if any)
-//!                      -> gaps[c][woken] if the waker was another CPU, else gaps[c][other]
+//!                      -> gaps[c][woken] if the waker was another CPU, else gaps[c][local]
+//!                         (a timer or an interrupt on c woke it)
 //!                 no:  the gap -> gaps[c][other]
 //!   2. forget   prev stays runnable (preempted or prev_state == TASK_RUNNING) or exits
 //!               (TASK_DEAD): delete wake[prev], so a wakeup that found it running never
@@ -71,7 +72,12 @@ pub mod hist {
 /// Gap kinds: `gl_gaps` is indexed `(cpu * KINDS + kind) * BUCKETS + bucket`.
 pub const KIND_WOKEN: i32 = 0;
 pub const KIND_OTHER: i32 = 1;
-pub const KINDS: u32 = 2;
+/// Ended by a managed task woken from this CPU (a timer, an interrupt handled here).
+pub const KIND_LOCAL: i32 = 2;
+pub const KINDS: u32 = 3;
+/// [`KINDS`] as the programs' immediate.
+const KINDS_IMM: i32 = 3;
+const _: () = assert!(KINDS_IMM as u32 == KINDS);
 
 /// Target states: `gl_lat` is indexed `state * BUCKETS + bucket`, states in the order of
 /// `gleaner_policy::idle::TargetState::ALL`.
@@ -158,7 +164,7 @@ fn emit_gap_add(a: &mut Asm, m: &MapFds, kind: i32) {
     emit_bucket(a, R2, R1, R3);
     a.emit(&[
         insn::ldx(op::DW, R1, R10, CPU),
-        insn::alu64_imm(op::MUL, R1, 2),
+        insn::alu64_imm(op::MUL, R1, KINDS_IMM),
         insn::alu64_imm(op::ADD, R1, kind),
         insn::alu64_imm(op::MUL, R1, NBUCKETS),
         insn::alu64_reg(op::ADD, R1, R2),
@@ -242,6 +248,7 @@ fn emit_commit(a: &mut Asm, m: &MapFds) {
     let unmanaged = a.label();
     let check_set = a.label();
     let other = a.label();
+    let local = a.label();
 
     a.emit(&[insn::ldx(op::DW, R1, R8, PEND_TASK)]);
     a.jmp_imm(op::JEQ, R1, 0, done);
@@ -269,8 +276,12 @@ fn emit_commit(a: &mut Asm, m: &MapFds) {
     a.emit(&[insn::ldx(op::W, R1, R8, PEND_FLAGS), insn::mov64_reg(R2, R1), insn::alu64_imm(op::AND, R2, FLAG_GAP)]);
     a.jmp_imm(op::JEQ, R2, 0, done);
     a.emit(&[insn::alu64_imm(op::AND, R1, FLAG_CROSS)]);
-    a.jmp_imm(op::JEQ, R1, 0, other); // woken from this CPU: not a wakeup a busy vCPU speeds up
+    a.jmp_imm(op::JEQ, R1, 0, local); // woken from this CPU: a timer or an interrupt here
     emit_gap_add(a, m, KIND_WOKEN);
+    a.goto(done);
+
+    a.bind(local);
+    emit_gap_add(a, m, KIND_LOCAL);
     a.goto(done);
 
     a.bind(unmanaged);

@@ -210,6 +210,41 @@ fn woken(t: &WakeTrace) -> (u64, u64) {
     t.vcpus.iter().fold((0, 0), |(c, s), g| (c + g.woken.count(), s + g.woken.sum_ns()))
 }
 
+/// Regression: the gap kinds are laid out per CPU as `(cpu * KINDS + kind)`; the programs once
+/// multiplied by a literal 2 after a third kind was added, and every CPU but the first read
+/// another CPU's rows (the server vCPU of `openloop` showed no idle period at all).
+#[test]
+#[serial_test::serial(host)]
+fn a_workload_timer_on_the_last_vcpu_ends_local_idle_periods_there() {
+    let mut t = load("tracing timer sleeps");
+    let cpus = Sysfs::new().online_cpus().unwrap();
+    let cpu = cpus.last().unwrap();
+    assert!(cpu > 0, "needs two CPUs: online {cpus}");
+    t.set_managed(&[me()]).unwrap();
+    t.attach().unwrap();
+    let before = t.read().unwrap();
+    let sleeps = 300u32;
+    std::thread::spawn(move || {
+        sched::set_affinity(0, &CpuSet::parse(&cpu.to_string()).unwrap()).unwrap();
+        for _ in 0..sleeps {
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    })
+    .join()
+    .unwrap();
+    let d = t.read().unwrap().delta_since(&before);
+    t.detach();
+    let g = d.gaps(cpu).unwrap();
+    // Most sleeps end an idle period of the vCPU by a timer handled there: local, this
+    // process's. (Another task may have run there meanwhile: not every sleep is counted.)
+    assert!(g.local.count() >= u64::from(sleeps) / 2, "local idle periods on cpu{cpu}: {g:?} (load {})", loadavg());
+    assert!(g.local.count() <= u64::from(sleeps) + 10, "{g:?}");
+    let mean = g.local.mean_ns().unwrap_or(0.0);
+    assert!((300_000.0..20_000_000.0).contains(&mean), "a 500 us sleep's idle period, measured {mean} ns");
+    let others: u64 = d.vcpus.iter().filter(|x| x.cpu != cpu).map(|x| x.local.count()).sum();
+    assert!(others < g.local.count() / 4, "the other vCPUs saw no such timers: {d:?}");
+}
+
 #[test]
 #[serial_test::serial(host)]
 fn real_ping_pong_is_traced() {

@@ -365,13 +365,21 @@ impl WakeTracer {
             *latency.of_mut(s) = hist_at(&raw, i * BUCKETS);
         }
         let raw = self.maps.gaps.lookup_array(self.cpu_ids * progs::KINDS * nb).map_err(|e| sys_err("BPF_MAP_LOOKUP_BATCH gl_gaps", e))?;
-        let kinds = usize::try_from(progs::KINDS).unwrap_or(2);
+        let kinds = usize::try_from(progs::KINDS).unwrap_or(3);
         let at = |cpu: u32, kind: i32| {
             let kind = usize::try_from(kind).unwrap_or(0);
             hist_at(&raw, (usize::try_from(cpu).unwrap_or(usize::MAX) * kinds + kind) * BUCKETS)
         };
-        let vcpus =
-            self.cpus.iter().map(|cpu| VcpuGaps { cpu, woken: at(cpu, progs::KIND_WOKEN), other: at(cpu, progs::KIND_OTHER) }).collect();
+        let vcpus = self
+            .cpus
+            .iter()
+            .map(|cpu| VcpuGaps {
+                cpu,
+                woken: at(cpu, progs::KIND_WOKEN),
+                other: at(cpu, progs::KIND_OTHER),
+                local: at(cpu, progs::KIND_LOCAL),
+            })
+            .collect();
         let traced_ns = u64::try_from(self.traced().as_nanos()).unwrap_or(u64::MAX);
         Ok(WakeTrace { source: TraceSource::Bpf, traced_ns, latency, vcpus })
     }

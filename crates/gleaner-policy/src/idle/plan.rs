@@ -4,7 +4,8 @@
 //! they measured and apply what it returns.
 //!
 //! ```text
-//!  per vCPU, gaps: idle periods ended by a remote wakeup of the workload (woken) + all others
+//!  per vCPU, gaps: idle periods ended by a wakeup of the workload (from another CPU, or a
+//!  timer or interrupt on this one) + all others
 //!  for a window W (2^k ns, 16 us .. 16.8 ms, or ALWAYS):
 //!     cost(W)   = sum over every gap g of min(g, W)                 CPU spent polling/yielding
 //!     saving(W) = sum over woken gaps g <= W of C(g) - caught       the halt never happened
@@ -257,7 +258,8 @@ fn caught_cost(curve: &WakeCurve, m: Mechanism) -> Option<f64> {
 /// What window `w` does on one vCPU under mechanism `m` (module documentation).
 pub fn estimate(curve: &WakeCurve, m: Mechanism, gaps: &VcpuGaps, observed_ns: u64, w: u64) -> Estimate {
     let secs = observed_ns.max(1) as f64 / 1e9;
-    let woken = gaps.woken.count();
+    let workload = gaps.workload();
+    let woken = workload.count();
     let mut e = Estimate { woken_per_s: woken as f64 / secs, ..Estimate::default() };
     let Some(caught) = caught_cost(curve, m) else { return e };
     if w == 0 {
@@ -267,8 +269,8 @@ pub fn estimate(curve: &WakeCurve, m: Mechanism, gaps: &VcpuGaps, observed_ns: u
     let cost_ns = if w == ALWAYS { all.sum_ns() as f64 } else { all.sum_min_ns(w) };
     e.cost_share = cost_ns / observed_ns.max(1) as f64;
     let (mut saving, mut caught_n) = (0.0, 0u64);
-    for (i, c, _) in gaps.woken.iter() {
-        let g = gaps.woken.bucket_mean_ns(i);
+    for (i, c, _) in workload.iter() {
+        let g = workload.bucket_mean_ns(i);
         let halted = curve.halt_cost_ns(g);
         let hi = if i + 1 >= super::hist::BUCKETS { u64::MAX } else { super::hist::bucket_lo(i + 1) };
         let per = if w == ALWAYS || hi <= w || g <= w as f64 {
@@ -298,7 +300,7 @@ fn plan_of(cpu: u32, mechanism: Mechanism, window_ns: u64, estimate: Estimate, w
 fn best_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &VcpuInput<'_>, finite: bool, always: bool) -> VcpuPlan {
     let cpu = input.gaps.cpu;
     let none = estimate(curve, m, input.gaps, input.observed_ns, 0);
-    if input.gaps.woken.count() < cfg.min_woken {
+    if input.gaps.workload().count() < cfg.min_woken {
         return plan_of(cpu, Mechanism::Halt, 0, none, PlanReason::TooFewWakeups);
     }
     let mut best: Option<(f64, u64, Estimate)> = None;
@@ -365,7 +367,7 @@ fn plan_polling(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[Vc
                 total += capped_value;
                 let why = if cap == 0 {
                     own.why
-                } else if input.gaps.woken.count() < cfg.min_woken || capped_value <= 0.0 {
+                } else if input.gaps.workload().count() < cfg.min_woken || capped_value <= 0.0 {
                     PlanReason::SharedWindow
                 } else {
                     PlanReason::BestValue

@@ -13,7 +13,8 @@
 //!          c was idle: its last state     -> poll / halt (idle: none seen)
 //!  the next switch away from task (it is current then: its pid and tgid are known):
 //!       task is the managed workload's -> commit the latency, and the gap as `woken` if the
-//!       wakeup came from another CPU, else `other`
+//!       wakeup came from another CPU, `local` if from this one (a timer, an interrupt);
+//!       any other task's -> `other`
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -160,8 +161,13 @@ pub struct VcpuGaps {
     /// Ended by a wakeup of a managed task issued from another CPU: the wakeups a vCPU kept
     /// from halting makes cheaper.
     pub woken: Log2Hist,
-    /// Ended otherwise: a timer, an interrupt, a wakeup from this CPU, another process.
+    /// Ended otherwise: another process's task, or nothing woken (an interrupt alone).
     pub other: Log2Hist,
+    /// Ended by a wakeup of a managed task issued on this CPU: a timer of the workload's (a
+    /// sleep, a timeout) or an interrupt handled here. A polling vCPU takes the timer without
+    /// being woken by the host too.
+    #[serde(default)]
+    pub local: Log2Hist,
 }
 
 impl VcpuGaps {
@@ -170,17 +176,39 @@ impl VcpuGaps {
     pub fn all(&self) -> Log2Hist {
         let mut h = self.woken.clone();
         h.merge(&self.other);
+        h.merge(&self.local);
+        h
+    }
+
+    /// The idle periods that ended with the workload woken (from another CPU or this one):
+    /// the wakeups a vCPU kept from halting makes cheaper.
+    #[must_use]
+    pub fn workload(&self) -> Log2Hist {
+        let mut h = self.woken.clone();
+        h.merge(&self.local);
         h
     }
 
     #[must_use]
     pub fn delta_since(&self, earlier: &Self) -> Self {
-        Self { cpu: self.cpu, woken: self.woken.delta_since(&earlier.woken), other: self.other.delta_since(&earlier.other) }
+        Self {
+            cpu: self.cpu,
+            woken: self.woken.delta_since(&earlier.woken),
+            other: self.other.delta_since(&earlier.other),
+            local: self.local.delta_since(&earlier.local),
+        }
     }
 
     pub fn merge(&mut self, other: &Self) {
         self.woken.merge(&other.woken);
         self.other.merge(&other.other);
+        self.local.merge(&other.local);
+    }
+
+    /// Every kind scaled by `num / den` in count (an exponential decay of the past).
+    #[must_use]
+    pub fn scaled(&self, num: u64, den: u64) -> Self {
+        Self { cpu: self.cpu, woken: self.woken.scaled(num, den), other: self.other.scaled(num, den), local: self.local.scaled(num, den) }
     }
 }
 

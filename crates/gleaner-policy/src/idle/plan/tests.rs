@@ -93,13 +93,26 @@ fn a_small_budget_refuses_what_it_cannot_cover() {
 fn a_server_at_low_poisson_rate_polls_always_and_its_client_a_short_window() {
     // 200 requests/s: the server's vCPU idles ~5 ms (exponential) until each request; the
     // client's receiver waits ~60 us for each reply, its sender's timer ends ~5 ms periods.
-    let server = VcpuGaps { cpu: 1, woken: exponential_gaps(200, 5_000_000.0), other: Log2Hist::default() };
+    let server = VcpuGaps { cpu: 1, woken: exponential_gaps(200, 5_000_000.0), ..VcpuGaps::default() };
     let client = gaps(0, &[(60_000, 200)], &[(4_900_000, 200)]);
     let p = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&client), input(&server)]);
     assert_eq!(p.poll_always, vec![1], "{p:?}");
     assert!(p.poll_window_ns >= 65_536 && p.poll_window_ns <= 262_144, "{p:?}");
     let c = p.of(0).unwrap();
     assert!(c.estimate.cost_share < 0.1, "the client polls only for its replies: {c:?}");
+}
+
+#[test]
+fn the_workloads_own_timers_count_like_wakeups_from_other_vcpus() {
+    // An open-loop client's sender sleeps ~5 ms on a timer between requests: a polling vCPU
+    // takes the timer without a host wakeup, which shortens the send lag. As `other` (not the
+    // workload's) the same periods are not worth polling through.
+    let mut timers = VcpuGaps { cpu: 0, ..VcpuGaps::default() };
+    timers.local.record_n(4_900_000, 200);
+    let p = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&timers)]);
+    assert_eq!(p.of(0).unwrap().mechanism, Mechanism::Poll, "{p:?}");
+    let strangers = gaps(0, &[], &[(4_900_000, 200)]);
+    assert!(!plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&strangers)]).retains());
 }
 
 #[test]
@@ -171,7 +184,7 @@ fn a_shared_window_that_would_burn_an_idle_vcpu_is_weighed_against_it() {
 
 #[test]
 fn plans_are_deterministic() {
-    let server = VcpuGaps { cpu: 1, woken: exponential_gaps(2_000, 500_000.0), other: Log2Hist::default() };
+    let server = VcpuGaps { cpu: 1, woken: exponential_gaps(2_000, 500_000.0), ..VcpuGaps::default() };
     let a = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&server)]);
     let b = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&server)]);
     assert_eq!(a, b);
