@@ -59,7 +59,14 @@ fn assert_recovered(workload: u32, original_cgroup: &str, original_cpus: &str, r
         leftover_agent_groups()
     );
     let only_calibration = || {
-        std::fs::read_dir(run_dir).map(|d| d.flatten().all(|e| e.file_name().to_string_lossy().starts_with("calibration"))).unwrap_or(true)
+        std::fs::read_dir(run_dir)
+            .map(|d| {
+                d.flatten().all(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with("calibration") || name == "idle-knobs"
+                })
+            })
+            .unwrap_or(true)
     };
     assert!(wait_until(Duration::from_secs(3), only_calibration), "{what}: state file or socket left in {}", run_dir.display());
     assert_no_leftovers(run_dir);
@@ -136,6 +143,97 @@ fn agent_killed_at_each_phase_leaves_nothing_behind() {
                 "{phase}: {}",
                 agent.stderr()
             );
+        }
+    }
+}
+
+/// Needs what makes an agent turn the kernel's idle knobs: a cpuidle driver with a POLL state.
+fn require_poll_state() {
+    let driver = std::fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver").unwrap_or_default();
+    let state0 = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cpuidle/state0/name").unwrap_or_default();
+    assert!(
+        state0.trim() == "POLL" && !matches!(driver.trim(), "" | "none"),
+        "this test needs a cpuidle driver with a POLL state (CI's machines load haltpoll with cpuidle_haltpoll.force=1): driver '{}', state0 '{}'",
+        driver.trim(),
+        state0.trim()
+    );
+}
+
+/// `gleaner run` of a ping-pong whose vCPUs idle 50 us between hand-offs (what makes the
+/// agent poll), stopped by the seam at `phase`; returns the agent and the workload's pid.
+fn polling_agent(dir: &Path, run_dir: &Path, phase: &str) -> (Agent, i32) {
+    let mut cmd = gleaner();
+    cmd.args(["run", "--recalibrate", "--no-consolidation", "--period-ms", "50", "--run-dir"])
+        .arg(run_dir)
+        .args(["--", env!("CARGO_BIN_EXE_gleaner"), "bench", "workload", "pingpong", "--think-us", "50", "--duration-ms", "20000"])
+        .env("GLEANER_TEST_STOP_AT", phase);
+    let agent = Agent::spawn(cmd, dir);
+    assert!(
+        wait_until(Duration::from_secs(20), || stopped(agent.pid())),
+        "{phase}: the agent never reached the phase; stderr: {}",
+        agent.stderr()
+    );
+    assert!(agent.stderr().contains(&format!("test seam: stopped at {phase}")), "{phase}: {}", agent.stderr());
+    // The workload starts after the calibration: at measuring-poll there is none yet.
+    let workload = children_of(agent.pid())
+        .into_iter()
+        .find(|p| std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.contains("pingpong")))
+        .unwrap_or(0);
+    (agent, workload)
+}
+
+fn guardian_of(agent: &Agent) -> Option<i32> {
+    children_of(agent.pid())
+        .into_iter()
+        .find(|p| std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.contains("__guardian")))
+}
+
+#[test]
+#[serial(host)]
+fn every_idle_knob_is_back_after_kill_9_by_the_guardian_or_restore() {
+    require_root_and_cpuset();
+    require_two_cpus();
+    require_poll_state();
+    let knobs = idle_knobs();
+    for &phase in gleaner_agent::seam::KNOB_PHASES {
+        for kill_guardian_too in [false, true] {
+            let what = format!("{phase}{}", if kill_guardian_too { " (guardian killed too)" } else { "" });
+            let dir = tempfile::tempdir().unwrap();
+            let run_dir = dir.path().join("run");
+            let (mut agent, workload) = polling_agent(dir.path(), &run_dir, phase);
+            assert_ne!(idle_knobs(), knobs, "{what}: the agent stopped after changing a knob, but none is changed");
+            let guardian = guardian_of(&agent).unwrap_or_else(|| panic!("{what}: no guardian"));
+            if kill_guardian_too {
+                signal(guardian, libc::SIGKILL);
+                assert!(wait_until(Duration::from_secs(3), || !alive(guardian)), "{what}: guardian {guardian} still running");
+            }
+            let t0 = Instant::now();
+            signal(agent.pid().cast_signed(), libc::SIGKILL);
+            assert_eq!(agent.wait(Duration::from_secs(5)).signal(), Some(libc::SIGKILL), "{what}");
+            if workload > 0 {
+                signal(workload, libc::SIGKILL);
+            }
+            if kill_guardian_too {
+                // Nobody restores on their own: the knobs stay changed until `restore`.
+                assert_ne!(idle_knobs(), knobs, "{what}: the knobs came back with no one to restore them");
+                let out = gleaner().args(["restore", "--run-dir"]).arg(&run_dir).output().unwrap();
+                assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+                assert!(String::from_utf8_lossy(&out.stdout).contains("restored"), "{what}: {}", String::from_utf8_lossy(&out.stdout));
+                assert_idle_knobs_as(&knobs);
+            } else {
+                assert!(wait_until(Duration::from_secs(1), || idle_knobs() == knobs), "{what}: knobs not back within 1 s");
+                eprintln!("{what}: knobs back {:?} after the kill", t0.elapsed());
+                assert!(agent.stderr().contains("guardian: agent"), "{what}: {}", agent.stderr());
+            }
+            assert!(wait_until(Duration::from_secs(3), || leftover_agent_groups().is_empty()), "{what}: {:?}", leftover_agent_groups());
+            let clean = || {
+                std::fs::read_dir(&run_dir)
+                    .map(|d| {
+                        d.flatten().all(|e| e.file_name().to_string_lossy().starts_with("calibration") || e.file_name() == "idle-knobs")
+                    })
+                    .unwrap_or(true)
+            };
+            assert!(wait_until(Duration::from_secs(3), clean), "{what}: state file or socket left in {}", run_dir.display());
         }
     }
 }

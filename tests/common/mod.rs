@@ -111,14 +111,16 @@ pub fn wait_status(run_dir: &Path, timeout: Duration, cond: impl Fn(&serde_json:
 }
 
 /// Asserts that an agent left nothing in its run dir but the per-boot calibration records
-/// (`calibration*.json`, kept on purpose; a temp file of an interrupted write is a leftover).
+/// (`calibration*.json`, kept on purpose; a temp file of an interrupted write is a leftover)
+/// and the empty `idle-knobs` directory agents lock to take turns at the idle knobs.
 pub fn assert_run_dir_clean(run_dir: &Path) {
     let all: Vec<PathBuf> = std::fs::read_dir(run_dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     let left: Vec<_> = all
         .into_iter()
         .filter(|p| {
             let name = p.file_name().unwrap_or_default().to_string_lossy();
-            !(name.starts_with("calibration") && name.ends_with(".json"))
+            let lock_dir = name == "idle-knobs" && p.is_dir() && std::fs::read_dir(p).map(|mut d| d.next().is_none()).unwrap_or(false);
+            !(name.starts_with("calibration") && name.ends_with(".json")) && !lock_dir
         })
         .collect();
     assert!(left.is_empty(), "leftover state files or sockets: {left:?}");
@@ -240,4 +242,45 @@ pub fn run_true_with_config(cfg: &Path, run_dir: &Path) -> std::process::Output 
         .args(["--", "true"])
         .output()
         .unwrap()
+}
+
+/// The kernel's idle knobs as they are now: the haltpoll module's parameters, the cpuidle
+/// governor, every CPU's resume latency limit and idle states' `disable` flags. Take them
+/// before a test and compare after (`assert_idle_knobs_as`): an agent must put every one back.
+pub fn idle_knobs() -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut put = |path: PathBuf| {
+        if let Ok(v) = std::fs::read_to_string(&path) {
+            out.insert(path.display().to_string(), v.trim().to_string());
+        }
+    };
+    if let Ok(d) = std::fs::read_dir("/sys/module/haltpoll/parameters") {
+        for e in d.flatten() {
+            put(e.path());
+        }
+    }
+    put(PathBuf::from("/sys/devices/system/cpu/cpuidle/current_governor"));
+    let cpu = Path::new("/sys/devices/system/cpu");
+    for e in std::fs::read_dir(cpu).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.strip_prefix("cpu").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        put(e.path().join("power/pm_qos_resume_latency_us"));
+        for s in std::fs::read_dir(e.path().join("cpuidle")).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default() {
+            put(s.path().join("disable"));
+        }
+    }
+    out
+}
+
+/// Asserts that every idle knob is as `before`, naming the ones that are not.
+pub fn assert_idle_knobs_as(before: &std::collections::BTreeMap<String, String>) {
+    let now = idle_knobs();
+    let changed: Vec<String> = before
+        .iter()
+        .filter(|(k, v)| now.get(*k) != Some(*v))
+        .map(|(k, v)| format!("{k}: {v} -> {}", now.get(k).map_or("(gone)", String::as_str)))
+        .collect();
+    assert!(changed.is_empty(), "idle knobs not put back: {changed:?}");
 }

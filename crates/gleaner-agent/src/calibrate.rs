@@ -146,6 +146,7 @@ fn measure_curve(cpus: &CpuSet, control: &mut Control<'_>) -> anyhow::Result<(Wa
     let (poll_ns, poll_how) = match control {
         Some((w, j)) => match w.polling_on(j, waiter)? {
             Some(how) => {
+                crate::seam::stop_at(crate::seam::MEASURING_POLL);
                 let (p, _) = mean_p50(&measure_setting(cpus, Setting::C, SHORT_GAP_US, MAX_ROUNDS)?)?;
                 (Some(p), how)
             }

@@ -19,6 +19,14 @@ pub const AFTER_SHRINK: &str = "after-shrink";
 /// The agent's own restore has undone its newest change, not the others.
 pub const MID_RESTORE: &str = "mid-restore";
 
+/// The phases at which the kernel's idle knobs are changed (a workload whose vCPUs idle
+/// briefly, on a machine with a POLL state, reaches them).
+pub const KNOB_PHASES: &[&str] = &[MEASURING_POLL, AFTER_POLL];
+/// The calibration made the waiter's vCPU poll (its resume latency limit 0) to measure P.
+pub const MEASURING_POLL: &str = "measuring-poll";
+/// The agent applied the first plan that polls in the kernel.
+pub const AFTER_POLL: &str = "after-poll";
+
 const VAR: &str = "GLEANER_TEST_STOP_AT";
 
 /// Stops this process if the seam names `phase`.

@@ -225,9 +225,69 @@ pub fn prometheus_text(s: &StatusReport) -> String {
     counter(&mut reg, "decisions", "Controller decisions", s.decisions);
     counter(&mut reg, "periods", "Control periods", s.periods);
     gauge(&mut reg, "yielder_cpu_seconds", "CPU time of the yielding threads", s.yielder_cpu_ns as f64 / 1e9);
+    if let Some(i) = &s.idle {
+        idle_metrics(&mut reg, i);
+    }
     let mut out = String::new();
     let _ = encode(&mut out, &reg);
     out
+}
+
+/// The idle policy's metrics: each vCPU's mechanism and window, kernel polling, the traced
+/// wakeups by target state.
+fn idle_metrics(reg: &mut prometheus_client::registry::Registry, i: &crate::status::IdleStatus) {
+    use gleaner_policy::idle::plan::{Mechanism, ALWAYS};
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    use std::sync::atomic::AtomicU64;
+    type Labels = Vec<(String, String)>;
+    let kernel_polling: Counter<f64, AtomicU64> = Counter::default();
+    kernel_polling.inc_by(i.poll_ns as f64 / 1e9);
+    reg.register(
+        "kernel_polling_seconds",
+        "Time the managed vCPUs polled in the kernel's POLL state (idle for /proc/stat)",
+        kernel_polling,
+    );
+    if let Some(p) = &i.plan {
+        let window: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
+        let always: Family<Labels, Gauge> = Family::default();
+        let mechanism: Family<Labels, Gauge> = Family::default();
+        for v in &p.vcpus {
+            let cpu = ("cpu".to_string(), v.cpu.to_string());
+            // prometheus-client writes an infinite float as `inf`, which OpenMetrics does not
+            // read: "until work arrives" is a gauge of its own.
+            always.get_or_create(&vec![cpu.clone()]).set(i64::from(v.window_ns == ALWAYS));
+            if v.window_ns != ALWAYS {
+                window.get_or_create(&vec![cpu.clone()]).set(v.window_ns as f64 / 1e9);
+            }
+            for m in [Mechanism::Halt, Mechanism::Poll, Mechanism::Yield] {
+                let name = serde_json::to_value(m).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+                mechanism.get_or_create(&vec![cpu.clone(), ("mechanism".to_string(), name)]).set(i64::from(v.mechanism == m));
+            }
+        }
+        reg.register(
+            "vcpu_idle_window_seconds",
+            "How long an idle vCPU is kept from halting (vCPUs kept until work arrives: see vcpu_idle_until_work)",
+            window,
+        );
+        reg.register("vcpu_idle_until_work", "1 where an idle vCPU is kept from halting until work arrives", always);
+        reg.register("vcpu_idle_mechanism", "What keeps each vCPU from halting (1 for the one in use)", mechanism);
+        let g: Gauge<f64, AtomicU64> = Gauge::default();
+        g.set(p.poll_window_ns as f64 / 1e9);
+        reg.register("poll_window_seconds", "The haltpoll governor's cap (guest_halt_poll_ns) the agent set", g);
+    }
+    if let Some(w) = &i.wake {
+        let count: Family<Labels, Gauge> = Family::default();
+        let mean: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
+        for (state, l) in [("busy", w.busy), ("poll", w.poll), ("halt", w.halt), ("idle", w.idle)] {
+            let labels = vec![("target".to_string(), state.to_string())];
+            count.get_or_create(&labels).set(i64::try_from(l.count).unwrap_or(i64::MAX));
+            mean.get_or_create(&labels).set(l.mean_ns / 1e9);
+        }
+        reg.register("wakeups", "The workload's wakeups in the last traced period, by the state of the vCPU woken onto", count);
+        reg.register("wakeup_latency_mean_seconds", "Their mean latency, sched_waking to running", mean);
+    }
 }
 
 #[cfg(test)]
@@ -256,6 +316,28 @@ mod tests {
         assert!(t.contains("gleaner_vcpu_retention_timeout_seconds{cpu=\"1\"} 0.00004"), "{t}");
         assert!(t.contains("gleaner_retention_timeout_grows_total 5"), "{t}");
         assert!(t.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn prometheus_text_has_the_idle_plan_and_traced_wakeups() {
+        use gleaner_policy::idle::plan::ALWAYS;
+        let mut plan = gleaner_policy::idle::IdlePlan::initial_poll([0, 1], 200_000);
+        plan.vcpus[1].window_ns = ALWAYS;
+        let mut wake = gleaner_policy::idle::WakeSummary::default();
+        wake.poll.count = 9;
+        wake.poll.mean_ns = 4_000.0;
+        let s = StatusReport {
+            idle: Some(crate::status::IdleStatus { plan: Some(plan), wake: Some(wake), poll_ns: 1_500_000_000, ..Default::default() }),
+            ..StatusReport::default()
+        };
+        let t = prometheus_text(&s);
+        assert!(t.contains("gleaner_kernel_polling_seconds_total 1.5"), "{t}");
+        assert!(t.contains("gleaner_vcpu_idle_window_seconds{cpu=\"0\"} 0.0002"), "{t}");
+        assert!(!t.contains("gleaner_vcpu_idle_window_seconds{cpu=\"1\"}") && !t.contains("inf"), "{t}");
+        assert!(t.contains("gleaner_vcpu_idle_until_work{cpu=\"1\"} 1"), "{t}");
+        assert!(t.contains("gleaner_vcpu_idle_mechanism{cpu=\"0\",mechanism=\"poll\"} 1"), "{t}");
+        assert!(t.contains("gleaner_wakeups{target=\"poll\"} 9"), "{t}");
+        assert!(t.contains("gleaner_wakeup_latency_mean_seconds{target=\"poll\"} 0.000004"), "{t}");
     }
 
     #[test]

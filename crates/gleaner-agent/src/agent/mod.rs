@@ -375,8 +375,7 @@ impl Session {
         let mut all_wakes = gleaner_policy::idle::WakeLatency::default();
         // Every period's reading as the guest loop took it, for replaying it offline
         // (`cargo run -p gleaner-policy --example replay -- FILE`): a development aid.
-        let mut dump =
-            std::env::var_os("GLEANER_DUMP_READINGS").map(std::fs::File::create).transpose().context("GLEANER_DUMP_READINGS")?;
+        let mut dump = std::env::var_os("GLEANER_DUMP_READINGS").map(std::fs::File::create).transpose().context("GLEANER_DUMP_READINGS")?;
 
         loop {
             // A traced period is traced for its first slice (the tracer's cost bounded), then
@@ -499,7 +498,11 @@ impl Session {
     fn apply_idle(&mut self, step: &GuestStep, status: &SharedStatus) {
         let on = step.mode.is_on();
         if let (Some(k), Some(j)) = (self.knobs.as_mut(), self.state.as_mut()) {
-            if let Err(e) = k.apply(j, &step.plan, on) {
+            let r = k.apply(j, &step.plan, on);
+            if r.is_ok() && on && step.plan.vcpus.iter().any(|v| v.mechanism == gleaner_policy::idle::Mechanism::Poll) {
+                crate::seam::stop_at(crate::seam::AFTER_POLL);
+            }
+            if let Err(e) = r {
                 let why = format!("changing the idle knobs failed ({e:#}); kernel polling stopped for the rest of this run");
                 eprintln!("gleaner: {why}");
                 let _ = k.stock();
