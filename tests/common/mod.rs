@@ -120,7 +120,8 @@ pub fn assert_run_dir_clean(run_dir: &Path) {
         .filter(|p| {
             let name = p.file_name().unwrap_or_default().to_string_lossy();
             let lock_dir = name == "idle-knobs" && p.is_dir() && std::fs::read_dir(p).map(|mut d| d.next().is_none()).unwrap_or(false);
-            !(name.starts_with("calibration") && name.ends_with(".json")) && !lock_dir
+            let record = name.starts_with("calibration") && name.ends_with(".json");
+            !(lock_dir || record)
         })
         .collect();
     assert!(left.is_empty(), "leftover state files or sockets: {left:?}");
