@@ -404,7 +404,7 @@ pub fn print_table(d: &CompareDoc) {
     for v in &d.vs_stock {
         let (Some(st), Some(s)) = (stock, d.summary(v.policy)) else { continue };
         let lat = v.latency_p50.map_or(String::new(), |r| {
-            format!(", latency p50 {:.2}x{}", r, v.latency_p99.map_or(String::new(), |r99| format!(" and p99 {r99:.2}x")))
+            format!(" latency p50 {:.2}x better{}", r, v.latency_p99.map_or(String::new(), |r99| format!(", p99 {r99:.2}x")))
         });
         // A latency kernel runs for a fixed time: its wall time says nothing.
         let wall = if s.latency_p50_us.is_some() {

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Summarizes the `gleaner compare --json` documents of a directory (scripts/bench/idle-policies.sh):
+per workload and policy the medians [min..max] of latency p50 and p99 (latency workloads) or
+throughput / wall time, the CPU taken (busy + kernel polling, vCPUs), and gleaner's ratio to
+the best of the other policies (latency: gleaner / best, <= 1.05 is the target; throughput:
+gleaner / stock, >= 0.98)."""
+
+import json
+import os
+import sys
+
+
+def med(s):
+    return s["p50"] if s else None
+
+
+def fmt(s, d=1):
+    return "-" if not s else f"{s['p50']:.{d}f} [{s['min']:.{d}f}..{s['max']:.{d}f}]"
+
+
+def main():
+    out = sys.argv[1]
+    for name in sorted(os.listdir(out)):
+        if not name.endswith(".json"):
+            continue
+        d = json.load(open(os.path.join(out, name)))
+        sums = {s["policy"]: s for s in d["summaries"]}
+        print(f"\n{name[:-5]}: {' '.join(d['command'])}  ({d['runs']} runs each)")
+        lat = any(s.get("latency_p50_us") for s in sums.values())
+        for p, s in sums.items():
+            cpu = f"{s['total_vcpus']['p50']:.2f} ({s['poll_vcpus']['p50']:.2f} polling)"
+            if lat:
+                print(f"  {p:9} p50 {fmt(s['latency_p50_us']):>24} us  p99 {fmt(s['latency_p99_us']):>28} us  CPU {cpu}")
+            elif s.get("throughput"):
+                print(f"  {p:9} {fmt(s['throughput'], 0):>30} items/s  wall {fmt(s['wall_s'], 3):>24} s  CPU {cpu}")
+            else:
+                print(f"  {p:9} wall {fmt(s['wall_s'], 3):>24} s  CPU {cpu}")
+        g = sums.get("gleaner")
+        if not g:
+            continue
+        others = [s for p, s in sums.items() if p != "gleaner"]
+        if lat:
+            for key in ("latency_p50_us", "latency_p99_us"):
+                best = min(others, key=lambda s: med(s[key]))
+                print(f"  gleaner {key[8:11]} / best ({best['policy']}): {med(g[key]) / med(best[key]):.2f}")
+        elif "stock" in sums:
+            st = sums["stock"]
+            if g.get("throughput") and st.get("throughput"):
+                print(f"  gleaner / stock throughput: {med(g['throughput']) / med(st['throughput']):.3f}")
+            print(f"  gleaner / stock speed (wall): {med(st['wall_s']) / med(g['wall_s']):.3f}")
+
+
+if __name__ == "__main__":
+    main()
