@@ -223,7 +223,8 @@ fn every_idle_knob_is_back_after_kill_9_by_the_guardian_or_restore() {
             } else {
                 assert!(wait_until(Duration::from_secs(1), || idle_knobs() == knobs), "{what}: knobs not back within 1 s");
                 eprintln!("{what}: knobs back {:?} after the kill", t0.elapsed());
-                assert!(agent.stderr().contains("guardian: agent"), "{what}: {}", agent.stderr());
+                // The guardian says so once it has undone everything, after the knobs.
+                assert!(wait_until(Duration::from_secs(3), || agent.stderr().contains("guardian: agent")), "{what}: {}", agent.stderr());
             }
             assert!(wait_until(Duration::from_secs(3), || leftover_agent_groups().is_empty()), "{what}: {:?}", leftover_agent_groups());
             let clean = || {

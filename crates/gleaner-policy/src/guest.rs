@@ -137,6 +137,9 @@ pub const INITIAL_POLL_WINDOW_NS: u64 = 200_000;
 /// The first period lasts this share of a period: the plan follows it.
 pub const FIRST_PERIOD_SHARE: f64 = 0.25;
 
+/// Sync points per second below which a change of the workload's rate does not ask for a trace.
+const MIN_RATE_CHANGE: f64 = 100.0;
+
 /// A probe period lasts this share of a period: the comparison normalizes by time (rates) and
 /// by wakeup (latency), and a probe of "off" under a server costs its halted wakeups.
 pub const PROBE_SHARE: f64 = 0.25;
@@ -161,9 +164,17 @@ pub struct GuestController {
     mode: RetentionMode,
     /// The plan applied in the current period.
     applied: IdlePlan,
+    /// The plan the run started with.
+    start: IdlePlan,
     /// A tracer reported before: periods it skipped keep the smoothed idle periods as they
     /// are instead of falling back to estimates.
     traced_before: bool,
+    /// Some vCPU has seen enough of the workload's wakeups to plan from: until then the plan
+    /// it started with stands (the kernel's upstream haltpoll window where offered).
+    informed: bool,
+    /// The workload's sync points per second in the last traced period, and in the last one.
+    traced_rate: Option<f64>,
+    last_rate: f64,
 }
 
 /// Realized retention cost over budget by more than this share tightens the budget.
@@ -184,7 +195,20 @@ impl GuestController {
         };
         let seen =
             cfg.cpus.iter().map(|&cpu| Seen { gaps: VcpuGaps { cpu, ..VcpuGaps::default() }, observed_ns: 0, budget_scale: 1.0 }).collect();
-        Self { cfg, consolidation, governor, seen, mode, applied, traced_before: false }
+        let start = applied.clone();
+        Self {
+            cfg,
+            consolidation,
+            governor,
+            seen,
+            mode,
+            applied,
+            start,
+            traced_before: false,
+            informed: false,
+            traced_rate: None,
+            last_rate: 0.0,
+        }
     }
 
     pub fn config(&self) -> &GuestConfig {
@@ -228,13 +252,24 @@ impl GuestController {
 
     /// Whether the coming period should be traced whatever the tracer's own cadence: the
     /// governor compares it with its neighbours by latency (the period before a probe, the
-    /// probe, and the one after it).
+    /// probe, and the one after it); the plan has not seen enough of the workload yet; or the
+    /// workload's rate of sync points has changed twofold since the last traced period (a
+    /// server that only now gets requests: a sockperf ping-pong started half a second after
+    /// its agent ran at stock latency for a second, until the tracer's next turn).
     pub fn wants_trace(&self) -> bool {
         use crate::retention::Phase;
-        self.governor.as_ref().is_some_and(|g| match g.state().phase {
+        let governor = self.governor.as_ref().is_some_and(|g| match g.state().phase {
             Phase::Baseline { left } => left <= 1,
             Phase::Probe | Phase::Confirm => true,
-        })
+        });
+        let changed = match self.traced_rate {
+            None => true,
+            Some(t) => {
+                let (lo, hi) = if t < self.last_rate { (t, self.last_rate) } else { (self.last_rate, t) };
+                hi >= MIN_RATE_CHANGE && hi >= 2.0 * lo
+            }
+        };
+        governor || !self.informed || changed
     }
 
     /// Stops consolidating for good: every vCPU back (the adapter could not apply a set).
@@ -246,6 +281,10 @@ impl GuestController {
     pub fn step(&mut self, r: &GuestReading) -> GuestStep {
         let period_ns = r.snapshot.period_ns.max(1);
         let gaps_from = self.observe(r);
+        self.last_rate = r.snapshot.s_work as f64 * 1e9 / period_ns as f64;
+        if r.trace.as_ref().is_some_and(|t| t.traced_ns > 0) {
+            self.traced_rate = Some(self.last_rate);
+        }
         self.tighten_budgets(r, period_ns);
         // Consolidation does not judge the workload by a probe period's readings, and yields
         // to kernel polling: while idle vCPUs poll, a cross-vCPU wakeup costs a few us, and
@@ -260,6 +299,10 @@ impl GuestController {
         };
         let active = self.active();
         let planned = self.plan();
+        self.informed |= planned
+            .vcpus
+            .iter()
+            .any(|v| v.why != crate::idle::plan::PlanReason::TooFewWakeups && v.why != crate::idle::plan::PlanReason::Initial);
         let reading = epoch_reading(r, u32::try_from(active.len()).unwrap_or(u32::MAX));
         let governor = self.governor.as_mut().map(|g| g.step(&reading));
         self.mode = governor.map_or(self.mode, |g| g.mode);
@@ -335,9 +378,14 @@ impl GuestController {
             .map(|s| VcpuInput { gaps: &s.gaps, observed_ns: s.observed_ns, budget: self.cfg.plan.budget * s.budget_scale })
             .collect();
         if inputs.is_empty() {
-            return IdlePlan::halt(self.cfg.cpus.iter().copied());
+            return if self.informed { IdlePlan::halt(self.cfg.cpus.iter().copied()) } else { self.start.clone() };
         }
-        plan(&self.cfg.means, curve, &self.cfg.plan, &inputs)
+        let p = plan(&self.cfg.means, curve, &self.cfg.plan, &inputs);
+        if !self.informed && p.vcpus.iter().all(|v| v.why == crate::idle::plan::PlanReason::TooFewWakeups) {
+            // Nothing seen of the workload yet: what the run started with stands.
+            return self.start.clone();
+        }
+        p
     }
 }
 

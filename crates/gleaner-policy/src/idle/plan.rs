@@ -101,7 +101,7 @@ pub const DEFAULT_PRICE: f64 = 0.01;
 
 impl Default for PlanConfig {
     fn default() -> Self {
-        Self { budget: DEFAULT_BUDGET, price: DEFAULT_PRICE, min_woken: 20 }
+        Self { budget: DEFAULT_BUDGET, price: DEFAULT_PRICE, min_woken: 8 }
     }
 }
 
