@@ -75,6 +75,22 @@ fn compare(a: &gleaner_agent::compare::CompareArgs) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `diagnose` takes from the agent: the calibrated wake-cost curve and the eBPF tracer.
+struct AgentSide;
+
+impl gleaner_bench::diagnose::AgentSide for AgentSide {
+    fn wake_curve(
+        &self,
+        recalibrate: bool,
+        run_dir: Option<&std::path::Path>,
+    ) -> Result<(gleaner_policy::idle::WakeCurve, String), String> {
+        gleaner_agent::diagnose::wake_curve(recalibrate, run_dir)
+    }
+    fn trace_pid(&self, pid: i32, seconds: f64, progress: &mut dyn FnMut(f64)) -> anyhow::Result<gleaner_policy::idle::WakeTrace> {
+        gleaner_agent::diagnose::trace_pid(pid, seconds, progress)
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -85,7 +101,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(a) => gleaner_bench::run_bench(a),
-        Command::Diagnose(a) => gleaner_bench::run_diagnose(a),
+        Command::Diagnose(a) => gleaner_bench::run_diagnose(a, &AgentSide),
         Command::Agent(gleaner_agent::AgentCommand::Compare(a)) => compare(&a),
         Command::Agent(c) => gleaner_agent::run(c),
         Command::Sim(a) => gleaner_sim::run(a),

@@ -18,6 +18,7 @@ pub mod calibrate;
 pub mod cli;
 pub mod compare;
 pub mod config;
+pub mod diagnose;
 pub mod knobs;
 pub mod sampler;
 pub mod seam;

@@ -21,7 +21,7 @@ enum Cmd {
 fn main() -> ExitCode {
     let r = match Cli::parse().command {
         Cmd::Bench(a) => gleaner_bench::run_bench(a),
-        Cmd::Diagnose(a) => gleaner_bench::run_diagnose(a),
+        Cmd::Diagnose(a) => gleaner_bench::run_diagnose(a, &gleaner_bench::diagnose::Standalone),
     };
     r.unwrap_or_else(|e| {
         eprintln!("gleaner: {e:#}");

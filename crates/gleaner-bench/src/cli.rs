@@ -200,4 +200,24 @@ pub struct DiagnoseArgs {
     /// Wakeup rounds per setting (B and C), 1 ms apart.
     #[arg(long, default_value_t = 1000)]
     pub rounds: u32,
+    /// Draw the machine's wake-cost curve (halted cost by idle gap, busy and polling costs)
+    /// into this file (.png or .svg).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
+    /// Measure the wake-cost curve again even if a valid calibration record exists (the
+    /// record lives where `gleaner calibrate` keeps it).
+    #[arg(long)]
+    pub recalibrate: bool,
+    /// Directory of the calibration record. Default: /run/gleaner as root, $TMPDIR/gleaner-UID
+    /// otherwise.
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<std::path::PathBuf>,
+    /// Instead of judging the machine, trace a running process's wakeups with eBPF (root) and
+    /// show its wakeup-latency histogram split by the state of the vCPU each wakeup targeted
+    /// (busy, polling, halted).
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<i32>,
+    /// With --pid: how long to trace, in seconds (more than 0, at most 3600).
+    #[arg(long, value_name = "S", default_value_t = 5.0, requires = "pid")]
+    pub seconds: f64,
 }

@@ -49,6 +49,8 @@ pub fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-pub fn run_diagnose(args: DiagnoseArgs) -> anyhow::Result<ExitCode> {
-    diagnose::run(&args)
+/// `gleaner diagnose`; `agent` gives what only the agent has (the calibrated wake-cost
+/// curve, the eBPF tracer): [`diagnose::Standalone`] where it is not linked.
+pub fn run_diagnose(args: DiagnoseArgs, agent: &dyn diagnose::AgentSide) -> anyhow::Result<ExitCode> {
+    diagnose::run(&args, agent)
 }

@@ -212,3 +212,76 @@ fn draw_latency_cpu<DB: DrawingBackend>(
     root.present().map_err(|x| e(&x))?;
     Ok(())
 }
+
+/// The wake-cost curve (`diagnose --plot`): the mean cost of waking a halted vCPU against how
+/// long it was idle (log-log), with the busy (yielder) and polling costs as flat lines.
+pub fn wake_curve(path: &Path, curve: &gleaner_policy::idle::WakeCurve, title: &str) -> anyhow::Result<()> {
+    let fmt = format_of(path)?;
+    register_font()?;
+    let size = (900, 560);
+    match fmt {
+        Format::Png => draw_wake_curve(BitMapBackend::new(path, size).into_drawing_area(), curve, title),
+        Format::Svg => draw_wake_curve(SVGBackend::new(path, size).into_drawing_area(), curve, title),
+    }
+    .with_context(|| format!("drawing {}", path.display()))
+}
+
+fn draw_wake_curve<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    curve: &gleaner_policy::idle::WakeCurve,
+    title: &str,
+) -> anyhow::Result<()> {
+    let e = |e: &dyn std::fmt::Debug| anyhow::anyhow!("{e:?}");
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let us = |ns: u64| ns as f64 / 1e3;
+    let halted: Vec<(f64, f64)> = curve.halted.iter().map(|p| (us(p.gap_ns), us(p.mean_ns))).collect();
+    let (Some(&(x0, _)), Some(&(x1, _))) = (halted.first(), halted.last()) else {
+        anyhow::bail!("the wake-cost curve has no measured point to draw");
+    };
+    let (xmin, xmax) = (x0 / 1.5, x1 * 1.5);
+    let flat: Vec<(&str, f64)> = std::iter::once(("kept busy by a yielder (B)", us(curve.busy_ns)))
+        .chain(curve.poll_ns.map(|p| ("polling in the kernel (P)", us(p))))
+        .collect();
+    let ys = halted.iter().map(|p| p.1).chain(flat.iter().map(|f| f.1)).filter(|v| *v > 0.0);
+    let (lo, hi) = ys.fold((f64::MAX, 0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (ymin, ymax) = if hi > 0.0 { ((lo * 0.6).max(0.1), hi * 1.6) } else { (0.1, 100.0) };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())
+        .map_err(|x| e(&x))?;
+    chart
+        .configure_mesh()
+        .x_desc("idle gap before the wakeup (µs, log scale)")
+        .y_desc("mean wakeup latency (µs, log scale)")
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|x| e(&x))?;
+    let color = COLORS[2];
+    chart
+        .draw_series(LineSeries::new(halted.iter().copied(), color.stroke_width(2)))
+        .map_err(|x| e(&x))?
+        .label("halted (C)")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    chart.draw_series(halted.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(|x| e(&x))?;
+    for (i, (label, y)) in flat.into_iter().enumerate() {
+        let color = COLORS[i % 2];
+        chart
+            .draw_series(LineSeries::new([(xmin, y), (xmax, y)], color.stroke_width(2)))
+            .map_err(|x| e(&x))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|x| e(&x))?;
+    root.present().map_err(|x| e(&x))?;
+    Ok(())
+}

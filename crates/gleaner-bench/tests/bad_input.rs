@@ -22,7 +22,7 @@ fn run(args: &[&str]) -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::try_parse_from(std::iter::once("gleaner").chain(args.iter().copied())).expect("clap accepts the syntax");
     match cli.cmd {
         Cmd::Bench(a) => run_bench(a),
-        Cmd::Diagnose(a) => run_diagnose(a),
+        Cmd::Diagnose(a) => run_diagnose(a, &gleaner_bench::diagnose::Standalone),
     }
 }
 

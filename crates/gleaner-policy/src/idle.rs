@@ -12,7 +12,7 @@ pub mod hist;
 pub mod plan;
 pub mod trace;
 
-pub use curve::{CurvePoint, WakeCurve};
+pub use curve::{CurvePoint, GapSaving, WakeCurve};
 pub use hist::Log2Hist;
 pub use plan::{IdlePlan, Means, Mechanism, PlanConfig, VcpuPlan};
 pub use trace::{LatencySummary, TargetState, TraceSource, VcpuGaps, WakeLatency, WakeSummary, WakeTrace};
