@@ -39,7 +39,7 @@ fi
 if [[ $ONLY == all || $ONLY == throughput ]]; then
   run pipeline "$all" -- "$G" bench workload pipeline --json
   run matmul "$all" -- "$G" bench workload matmul --json
-  run stress-ng-cpu2 "$all" -- stress-ng --cpu 2 --cpu-ops 4000 --cpu-method matrixprod --quiet
+  run stress-ng-cpu2 "$all" -- stress-ng --cpu 2 --cpu-ops 16000 --cpu-method matrixprod --quiet
   run sysbench-threads "$all" -- sysbench threads --threads=8 --time=0 --events=20000 run
   run redis-c50 "$all" -- scripts/bench/redis-doc.py 50 200000
 fi
