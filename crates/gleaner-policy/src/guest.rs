@@ -27,7 +27,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::gleaner::{Controller, Decision, Metrics, Params, Snapshot};
-use crate::idle::plan::{exponential_gaps, plan, IdlePlan, Means, PlanConfig, VcpuInput};
+use crate::idle::plan::{exponential_gaps, plan, IdlePlan, Means, PlanConfig, PlanReason, VcpuInput};
 use crate::idle::{Log2Hist, TraceSource, VcpuGaps, WakeCurve, WakeTrace};
 use crate::retention::{EpochReading, GovernorConfig, GovernorState, GovernorStep, PriorStrength, RetentionGovernor, RetentionMode};
 
@@ -175,6 +175,8 @@ pub struct GuestController {
     /// The workload's sync points per second in the last traced period, and in the last one.
     traced_rate: Option<f64>,
     last_rate: f64,
+    /// How many vCPUs the workload had last period.
+    last_active: usize,
 }
 
 /// Realized retention cost over budget by more than this share tightens the budget.
@@ -208,6 +210,7 @@ impl GuestController {
             informed: false,
             traced_rate: None,
             last_rate: 0.0,
+            last_active: 0,
         }
     }
 
@@ -298,11 +301,21 @@ impl GuestController {
             _ => Vec::new(),
         };
         let active = self.active();
+        // vCPUs given back to the workload (consolidation reset: a vCPU ran full) have seen
+        // nothing of it while it ran elsewhere: the plan starts over from the start plan, and
+        // the next period is traced (a sockperf ping-pong consolidated onto one vCPU while
+        // idle, then reset when both ends ran: 0.4 s at halted latency, 39 us, before the
+        // tracer's next turn planned polling again).
+        if self.last_active > 0 && active.len() > self.last_active {
+            self.informed = false;
+        }
+        self.last_active = active.len();
         let planned = self.plan();
-        self.informed |= planned
-            .vcpus
-            .iter()
-            .any(|v| v.why != crate::idle::plan::PlanReason::TooFewWakeups && v.why != crate::idle::plan::PlanReason::Initial);
+        // Informed: some vCPU saw enough of the workload's wakeups to plan from on its own (a
+        // window shared from a handful of wakeups is not: a sockperf server's start-up woke it
+        // twice, the agent counted that as seeing the workload and halted the idle server,
+        // which consolidation then packed onto one vCPU).
+        self.informed |= planned.vcpus.iter().any(|v| matches!(v.why, PlanReason::BestValue | PlanReason::NothingPays));
         let reading = epoch_reading(r, u32::try_from(active.len()).unwrap_or(u32::MAX));
         let governor = self.governor.as_mut().map(|g| g.step(&reading));
         self.mode = governor.map_or(self.mode, |g| g.mode);
@@ -381,7 +394,7 @@ impl GuestController {
             return if self.informed { IdlePlan::halt(self.cfg.cpus.iter().copied()) } else { self.start.clone() };
         }
         let p = plan(&self.cfg.means, curve, &self.cfg.plan, &inputs);
-        if !self.informed && p.vcpus.iter().all(|v| v.why == crate::idle::plan::PlanReason::TooFewWakeups) {
+        if !self.informed && p.vcpus.iter().all(|v| v.why == PlanReason::TooFewWakeups) {
             // Nothing seen of the workload yet: what the run started with stands.
             return self.start.clone();
         }

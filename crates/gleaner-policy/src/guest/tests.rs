@@ -3,7 +3,7 @@
 use super::*;
 use crate::gleaner::VcpuSample;
 use crate::idle::curve::CurvePoint;
-use crate::idle::plan::{Mechanism, ALWAYS};
+use crate::idle::plan::{Mechanism, PlanReason, ALWAYS};
 
 const PERIOD: u64 = 200_000_000;
 
@@ -258,4 +258,70 @@ fn the_start_stands_until_the_workload_is_seen_and_a_new_rate_asks_for_a_trace()
     same.trace = None;
     g.step(&same);
     assert!(!g.wants_trace());
+}
+
+/// Regression: vCPUs given back by a consolidation reset had seen nothing of the workload, and
+/// the planner halted them (too few wakeups) until the tracer's next turn.
+#[test]
+fn vcpus_given_back_start_over_from_the_start_plan() {
+    let mut c = cfg(Means { poll_window: true, poll_always: true, yielders: true });
+    c.consolidation = Some(Params::default());
+    c.governor = None;
+    let mut g = GuestController::new(c);
+    let start = g.applied().clone();
+    g.step(&server_period(0, 50_000));
+    // An idle workload, traced: nothing woken, plans halt, consolidation gives a vCPU up.
+    let mut idle = server_period(0, 50_000);
+    idle.snapshot.s_work = 0;
+    for v in &mut idle.snapshot.vcpus {
+        v.t_work_ns = 0;
+        v.t_idle_ns = PERIOD;
+        v.s_yield = 0;
+    }
+    let t = idle.trace.as_mut().unwrap();
+    t.vcpus[1].woken = Log2Hist::default();
+    t.latency = Default::default();
+    let shrank = (0..20).any(|_| g.step(&idle).active.len() < 2);
+    assert!(shrank, "an idle workload is consolidated while its vCPUs halt");
+    assert!(!g.applied().retains());
+    // The workload wakes up and runs its one vCPU full: consolidation resets...
+    let mut busy = idle.clone();
+    busy.trace = None;
+    busy.snapshot.s_work = 40_000;
+    let active = g.active();
+    for v in &mut busy.snapshot.vcpus {
+        if active.contains(&v.cpu) {
+            v.t_work_ns = PERIOD;
+            v.t_idle_ns = 0;
+        }
+    }
+    let s = (0..5).map(|_| g.step(&busy)).find(|s| s.active.len() == 2).expect("a full vCPU resets consolidation");
+    // ...and the plan starts over: the start plan, traced next period.
+    assert_eq!(s.plan, start, "{:?}", s.plan);
+    assert!(g.wants_trace());
+}
+
+/// Regression: a window shared from a handful of wakeups (a server's start-up) made the loop
+/// believe it had seen the workload; the idle server that followed was halted (and then
+/// consolidated) instead of keeping the start plan.
+#[test]
+fn a_handful_of_wakeups_does_not_end_the_start() {
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    let start = g.applied().clone();
+    let mut few = server_period(0, 50_000);
+    few.snapshot.s_work = 3;
+    let t = few.trace.as_mut().unwrap();
+    t.vcpus[1].woken = Log2Hist::default();
+    t.vcpus[1].woken.record_n(480_000, 3);
+    let s = g.step(&few);
+    assert!(s.plan.vcpus.iter().all(|v| v.why != PlanReason::BestValue), "{:?}", s.plan);
+    let mut quiet = few.clone();
+    quiet.trace.as_mut().unwrap().vcpus[1].woken = Log2Hist::default();
+    quiet.snapshot.s_work = 0;
+    for _ in 0..2 {
+        assert!(g.step(&quiet).plan.retains(), "an idle server is not halted on a handful of wakeups");
+    }
+    // Once those few have faded from the smoothed periods: the start plan, not a halt.
+    let s = (0..6).map(|_| g.step(&quiet)).last().unwrap();
+    assert_eq!(s.plan, start, "the start plan stands: {:?}", s.plan);
 }
