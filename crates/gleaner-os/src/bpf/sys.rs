@@ -147,10 +147,13 @@ struct GetFdByIdAttr {
     token_fd: i32,
 }
 
-/// `bpf_attr` for `BPF_ENABLE_STATS` (`enable_stats`).
+/// `bpf_attr` for `BPF_ENABLE_STATS` (`enable_stats`). The explicit padding is zeroed: the
+/// kernel refuses (EINVAL) an attr whose bytes past the last field are not zero, and implicit
+/// padding holds whatever was on the stack (the call failed now and then).
 #[repr(C, align(8))]
 struct EnableStatsAttr {
     stats_type: u32,
+    _pad: u32,
 }
 
 /// The `bpf(2)` system call.
@@ -433,7 +436,7 @@ pub fn map_get_fd_by_id(id: u32) -> io::Result<OwnedFd> {
 /// returned fd is open (the kernel counts the holders; `kernel.bpf_stats_enabled` is not
 /// touched).
 pub fn enable_stats() -> io::Result<OwnedFd> {
-    let mut attr = EnableStatsAttr { stats_type: STATS_RUN_TIME };
+    let mut attr = EnableStatsAttr { stats_type: STATS_RUN_TIME, _pad: 0 };
     // SAFETY: `attr` is the BPF_ENABLE_STATS member and holds no pointers.
     owned_fd(unsafe { sys_bpf(cmd::ENABLE_STATS, &mut attr) }?)
 }
