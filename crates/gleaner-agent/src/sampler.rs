@@ -87,6 +87,7 @@ pub struct Sampler {
     yielder_files: HashMap<i32, SchedstatFile>,
     cpu_busy_ns: BTreeMap<u32, u64>,
     cpu_idle_ns: BTreeMap<u32, u64>,
+    cpu_steal_ns: BTreeMap<u32, u64>,
     yielder: HashMap<u32, YielderPrev>,
     idle_entries: BTreeMap<u32, u64>,
     /// Cumulative POLL-state time per vCPU, ns.
@@ -116,6 +117,7 @@ impl Sampler {
         Self {
             managed,
             cpu_idle_ns: BTreeMap::new(),
+            cpu_steal_ns: BTreeMap::new(),
             poll_ns: BTreeMap::new(),
             procfs,
             sysfs,
@@ -185,6 +187,7 @@ impl Sampler {
             self.stat = None;
         }
         let mut idle_delta: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut steal_delta: BTreeMap<u32, u64> = BTreeMap::new();
         if let Some(Ok(stat)) = stat {
             for (&cpu, t) in &stat.cpus {
                 let ns = t.busy_ns(stat.clk_tck);
@@ -193,6 +196,9 @@ impl Sampler {
                 let ns = t.idle_ns(stat.clk_tck);
                 let prev = self.cpu_idle_ns.insert(cpu, ns).unwrap_or(ns);
                 idle_delta.insert(cpu, ns.saturating_sub(prev));
+                let ns = t.steal_ns(stat.clk_tck);
+                let prev = self.cpu_steal_ns.insert(cpu, ns).unwrap_or(ns);
+                steal_delta.insert(cpu, ns.saturating_sub(prev));
             }
         }
 
@@ -290,6 +296,7 @@ impl Sampler {
                 entries: entries_delta.get(&cpu).copied(),
                 poll_ns: poll_delta.get(&cpu).copied().unwrap_or(0),
                 yield_ns: ydelta.get(&cpu).map_or(0, |d| d.run_ns),
+                steal_ns: steal_delta.get(&cpu).copied().unwrap_or(0),
             })
             .collect();
         extras.poll_ns = poll_delta.values().sum();
@@ -479,7 +486,7 @@ mod tests {
         // 20 and 30 ticks of idle time, whatever a tick is here.
         let tick = extras.idle[0].idle_ns / 20;
         assert!(tick > 0, "{:?}", extras.idle);
-        assert_eq!(extras.idle[1], VcpuIdle { cpu: 1, idle_ns: 30 * tick, entries: Some(5), poll_ns: 2_500_000, yield_ns: 0 });
+        assert_eq!(extras.idle[1], VcpuIdle { cpu: 1, idle_ns: 30 * tick, entries: Some(5), poll_ns: 2_500_000, yield_ns: 0, steal_ns: 0 });
         assert_eq!((extras.idle[0].poll_ns, extras.poll_ns), (0, 2_500_000));
     }
 

@@ -43,6 +43,9 @@ pub struct VcpuIdle {
     pub poll_ns: u64,
     /// CPU time of its yielding thread, ns (counted busy by `/proc/stat`).
     pub yield_ns: u64,
+    /// Time the host ran something else while the vCPU wanted to run (`/proc/stat` steal), ns.
+    #[serde(default)]
+    pub steal_ns: u64,
 }
 
 /// What the adapter measured over one period.
@@ -151,6 +154,8 @@ struct Seen {
     observed_ns: u64,
     /// Multiplier of the configured budget (1: as configured).
     budget_scale: f64,
+    /// Multiplier of the budget after the host took the vCPU away while it retained (1: none).
+    steal_scale: f64,
 }
 
 /// The guest loop's state machine (module documentation).
@@ -181,6 +186,18 @@ pub struct GuestController {
 
 /// Realized retention cost over budget by more than this share tightens the budget.
 const BUDGET_SLACK: f64 = 0.05;
+/// Steal above this share of a period in which retention spent above it halves the budget.
+const STEAL_SHARE: f64 = 0.02;
+/// Per steal-free period, the budget cut for steal grows back by this factor (about 7 s to
+/// double at the default 200 ms period).
+const STEAL_RECOVERY: f64 = 1.02;
+
+impl Seen {
+    /// The budget's multiplier now.
+    fn scale(&self) -> f64 {
+        self.budget_scale * self.steal_scale
+    }
+}
 
 impl GuestController {
     pub fn new(cfg: GuestConfig) -> Self {
@@ -195,8 +212,11 @@ impl GuestController {
             }
             _ => IdlePlan::halt(cfg.cpus.iter().copied()),
         };
-        let seen =
-            cfg.cpus.iter().map(|&cpu| Seen { gaps: VcpuGaps { cpu, ..VcpuGaps::default() }, observed_ns: 0, budget_scale: 1.0 }).collect();
+        let seen = cfg
+            .cpus
+            .iter()
+            .map(|&cpu| Seen { gaps: VcpuGaps { cpu, ..VcpuGaps::default() }, observed_ns: 0, budget_scale: 1.0, steal_scale: 1.0 })
+            .collect();
         let start = applied.clone();
         Self {
             cfg,
@@ -331,7 +351,7 @@ impl GuestController {
             governor,
             reading,
             gaps_from,
-            budget: self.seen.iter().map(|s| (s.gaps.cpu, self.cfg.plan.budget * s.budget_scale)).collect(),
+            budget: self.seen.iter().map(|s| (s.gaps.cpu, self.cfg.plan.budget * s.scale())).collect(),
             next_period_share: if self.probing() { PROBE_SHARE } else { 1.0 },
         }
     }
@@ -363,12 +383,22 @@ impl GuestController {
     }
 
     /// Tightens the budget of a vCPU whose polling or yielding took more than its budget in
-    /// the period, and relaxes it back towards the configured one otherwise.
+    /// the period, and relaxes it back towards the configured one otherwise. Halves it, and
+    /// lets it grow back only slowly, when the host took the vCPU away while it retained:
+    /// the CPU retention burns is the host's to give, and a host that caps the VM's CPU
+    /// (these VMs: stalls of ~100 ms, counted as steal, in half the runs that polled both
+    /// vCPUs for 3 s) makes the whole workload wait.
     fn tighten_budgets(&mut self, r: &GuestReading, period_ns: u64) {
         let budget = self.cfg.plan.budget;
         for s in &mut self.seen {
             let Some(v) = r.idle.iter().find(|v| v.cpu == s.gaps.cpu) else { continue };
             let spent = (v.poll_ns + v.yield_ns) as f64 / period_ns as f64;
+            let stolen = v.steal_ns as f64 / period_ns as f64;
+            if stolen > STEAL_SHARE && spent > STEAL_SHARE {
+                s.steal_scale = (s.steal_scale * 0.5).max(0.05);
+            } else {
+                s.steal_scale = (s.steal_scale * STEAL_RECOVERY).min(1.0);
+            }
             let allowed = budget * s.budget_scale;
             if spent > allowed * (1.0 + BUDGET_SLACK) && spent > 0.0 {
                 s.budget_scale = (s.budget_scale * allowed / spent).max(0.05);
@@ -388,7 +418,7 @@ impl GuestController {
             .seen
             .iter()
             .filter(|s| s.observed_ns > 0)
-            .map(|s| VcpuInput { gaps: &s.gaps, observed_ns: s.observed_ns, budget: self.cfg.plan.budget * s.budget_scale })
+            .map(|s| VcpuInput { gaps: &s.gaps, observed_ns: s.observed_ns, budget: self.cfg.plan.budget * s.scale() })
             .collect();
         if inputs.is_empty() {
             return if self.informed { IdlePlan::halt(self.cfg.cpus.iter().copied()) } else { self.start.clone() };

@@ -45,7 +45,7 @@ fn server_period(poll_ns: u64, wake_ns: u64) -> GuestReading {
         snapshot: snapshot(400),
         idle: vec![
             VcpuIdle { cpu: 0, ..VcpuIdle::default() },
-            VcpuIdle { cpu: 1, idle_ns: 192_000_000, entries: Some(400), poll_ns, yield_ns: 0 },
+            VcpuIdle { cpu: 1, idle_ns: 192_000_000, entries: Some(400), poll_ns, yield_ns: 0, steal_ns: 0 },
         ],
         trace: Some(t),
     }
@@ -324,4 +324,31 @@ fn a_handful_of_wakeups_does_not_end_the_start() {
     // Once those few have faded from the smoothed periods: the start plan, not a halt.
     let s = (0..6).map(|_| g.step(&quiet)).last().unwrap();
     assert_eq!(s.plan, start, "the start plan stands: {:?}", s.plan);
+}
+
+/// The host took the vCPU away (steal) while it polled: the budget halves at once and grows
+/// back only slowly; steal while nothing was retained is not retention's doing.
+#[test]
+fn steal_while_retaining_halves_the_budget_and_it_comes_back_slowly() {
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    let budget = |s: &GuestStep| s.budget.iter().find(|(c, _)| *c == 1).unwrap().1;
+    let polling = server_period(PERIOD / 2, 50_000);
+    assert_eq!(budget(&g.step(&polling)), 1.0);
+    let mut stolen = polling.clone();
+    stolen.idle[1].steal_ns = PERIOD / 2;
+    let s = g.step(&stolen);
+    assert!(budget(&s) <= 0.5, "{:?}", s.budget);
+    let s = g.step(&stolen);
+    assert!(budget(&s) <= 0.25, "{:?}", s.budget);
+    // Ten quiet periods later it has grown by a fifth at most.
+    let after = (0..10).map(|_| g.step(&polling)).last().unwrap();
+    assert!(budget(&after) > 0.25 && budget(&after) < 0.31, "{:?}", after.budget);
+    // The plan honours the cut: what it expects to spend fits the budget.
+    let v = after.planned.of(1).unwrap();
+    assert!(v.estimate.cost_share <= budget(&after) + 1e-9, "{v:?}");
+    // Steal with nothing retained (a halted vCPU): no cut.
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    let mut idle = server_period(0, 50_000);
+    idle.idle[1].steal_ns = PERIOD / 2;
+    assert_eq!(budget(&g.step(&idle)), 1.0);
 }
