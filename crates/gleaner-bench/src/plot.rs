@@ -49,6 +49,24 @@ fn register_font() -> anyhow::Result<()> {
 
 const COLORS: [RGBColor; 4] = [RGBColor(31, 119, 180), RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(148, 103, 189)];
 
+/// Draws the legend of `chart` at `pos` and writes the picture out.
+fn legend_and_present<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    pos: SeriesLabelPosition,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(())
+}
+
 /// One curve: a label and its samples (any unit; the axis says µs).
 #[derive(Debug)]
 pub struct Curve {
@@ -105,16 +123,7 @@ fn draw<DB: DrawingBackend>(
             .label(c.label.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    Ok(())
+    legend_and_present(&mut chart, &root, SeriesLabelPosition::LowerRight)
 }
 
 /// The CDF of each wakeup setting.
@@ -201,16 +210,7 @@ fn draw_latency_cpu<DB: DrawingBackend>(
             )
             .map_err(|x| e(&x))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|x| e(&x))?;
-    root.present().map_err(|x| e(&x))?;
-    Ok(())
+    legend_and_present(&mut chart, &root, SeriesLabelPosition::UpperRight)
 }
 
 /// The wake-cost curve (`diagnose --plot`): the mean cost of waking a halted vCPU against how
@@ -274,14 +274,5 @@ fn draw_wake_curve<DB: DrawingBackend>(
             .label(label)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|x| e(&x))?;
-    root.present().map_err(|x| e(&x))?;
-    Ok(())
+    legend_and_present(&mut chart, &root, SeriesLabelPosition::UpperLeft)
 }
