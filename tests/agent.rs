@@ -69,8 +69,9 @@ fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {
     let run_dir = tempfile::tempdir().unwrap();
     let events = run_dir.path().join("events.jsonl");
     // Yielding threads (the kernel's polling left alone), retention forced on at start; the
-    // governor probes it off after 4 periods. The barrier workload synchronizes ~10,000
-    // times a second.
+    // governor probes it off after 4 periods. The ping-pong hands a token between two vCPUs
+    // for a fixed 1.5 s, so the agent's 50 ms periods number about 30 whatever this
+    // machine's speed.
     let out = gleaner()
         .args(["run", "--retention-start", "on", "--no-kernel-polling", "--period-ms", "50", "--no-consolidation", "--config"])
         .arg(quick_probe_config(run_dir.path()))
@@ -78,7 +79,7 @@ fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {
         .arg(&events)
         .arg("--run-dir")
         .arg(run_dir.path().join("run"))
-        .args(["--", env!("CARGO_BIN_EXE_gleaner"), "bench", "workload", "barrier", "--items", "8000"])
+        .args(["--", env!("CARGO_BIN_EXE_gleaner"), "bench", "workload", "pingpong", "--duration-ms", "1500"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -335,13 +336,12 @@ fn attach_to_cgroup_manages_and_restores_its_cpus() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // An idle workload is consolidated onto fewer vCPUs (if there is more than one).
-    if all.contains('-') || all.contains(',') {
-        assert!(
-            wait_until(Duration::from_secs(5), || std::fs::read_to_string(cg.join("cpuset.cpus")).unwrap() != original),
-            "idle workload never consolidated"
-        );
-    }
+    // An idle workload is consolidated onto fewer vCPUs: what this test checks needs two.
+    assert!(all.contains('-') || all.contains(','), "this test needs two or more online CPUs (online: {all})");
+    assert!(
+        wait_until(Duration::from_secs(5), || std::fs::read_to_string(cg.join("cpuset.cpus")).unwrap() != original),
+        "idle workload never consolidated"
+    );
     signal(agent.id().cast_signed(), libc::SIGINT);
     wait_child(&mut agent, Duration::from_secs(10)).expect("agent did not stop on SIGINT");
     assert_eq!(std::fs::read_to_string(cg.join("cpuset.cpus")).unwrap(), original, "cpus not restored");
@@ -374,10 +374,15 @@ fn idle_workload_costs_almost_no_cpu() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let s = gleaner_sample(&r);
-        let agent_cpu = s["agent_cpu_ns"].as_u64().unwrap() as f64 / 1e9;
-        let poll = s["poll_ns"].as_u64().unwrap() as f64 / 1e9;
-        assert!(agent_cpu < 0.1, "{flags:?}: agent used {agent_cpu} s of CPU over 2 s of an idle workload");
-        assert!(poll < 0.05, "{flags:?}: {poll} s of kernel polling over 2 s of an idle workload");
+        let agent_cpu = s["agent_cpu_ns"].as_u64().unwrap() as f64;
+        let poll = s["poll_ns"].as_u64().unwrap() as f64;
+        // What the run had: its wall time on every vCPU it could use.
+        let vcpu_time = s["wall_ns"].as_u64().unwrap() as f64 * s["cpus_available"].as_u64().unwrap() as f64;
+        eprintln!("{flags:?}: agent {:.3} s, kernel polling {:.3} s over {:.1} vCPU-s", agent_cpu / 1e9, poll / 1e9, vcpu_time / 1e9);
+        // An idle workload has no wakeups to buy: the policy polls nothing and its threads
+        // sleep (the agent and its yielders take under 2.5% of the vCPU time the run had).
+        assert!(poll < 0.0125 * vcpu_time, "{flags:?}: kernel polling took {poll} ns of {vcpu_time} vCPU-ns of an idle workload");
+        assert!(agent_cpu < 0.025 * vcpu_time, "{flags:?}: the agent took {agent_cpu} ns of {vcpu_time} vCPU-ns of an idle workload");
     }
 }
 
@@ -482,7 +487,7 @@ fn metrics_endpoint_serves_prometheus_text() {
     use std::io::{Read, Write};
     require_root_and_cpuset();
     let run_dir = tempfile::tempdir().unwrap();
-    let addr = format!("127.0.0.1:{}", 20_000 + std::process::id() % 20_000);
+    let addr = format!("127.0.0.1:{}", free_port());
     let mut agent = gleaner()
         .args(["run", "--timeout-us", "50", "--period-ms", "50", "--metrics-addr", &addr, "--run-dir"])
         .arg(run_dir.path())

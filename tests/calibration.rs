@@ -72,8 +72,9 @@ fn calibrate_then_run_reuses_the_record_and_recalibrate_measures_again() {
     let took = t0.elapsed();
     assert!(stderr.contains("[calibration cached (age "), "{stderr}");
     assert_eq!(record(run_dir.path()), stored, "a cache hit does not rewrite the record");
-    // The measurement alone takes about 0.5 s; a hit is tens of ms even on a busy machine.
-    assert!(took < Duration::from_millis(400), "gleaner run -- true took {took:?} with a valid record");
+    // How fast a hit is belongs to the benchmarks (scripts/startup-benchmark.sh); here what
+    // happened: read, not measured, not rewritten (above).
+    eprintln!("gleaner run -- true took {took:?} with a valid record");
 
     // --recalibrate measures again and replaces the record.
     let stderr = run_true(run_dir.path(), &["--recalibrate"]);

@@ -186,7 +186,7 @@ fn listeners(port: u16) -> Vec<String> {
 fn metrics_given_a_port_alone_listen_on_loopback_only() {
     require_root_and_cpuset();
     let run_dir = tempfile::tempdir().unwrap();
-    let port = 20_000 + (std::process::id() % 20_000) as u16 + 1;
+    let port = free_port();
     let mut agent = Started(
         gleaner()
             .args(["run", "--timeout-us", "50", "--period-ms", "50", "--metrics-addr", &port.to_string(), "--run-dir"])

@@ -91,6 +91,14 @@ pub fn cpuset_root() -> Option<(PathBuf, bool)> {
     None
 }
 
+/// A TCP port free on loopback now: bound to port 0, read back, released (the kernel hands
+/// out ports in turn, so it is not handed to anyone else at once; a port derived from the pid
+/// could collide with a listener of any other process).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a loopback port");
+    l.local_addr().expect("its address").port()
+}
+
 /// Fails (never skips) when the test cannot run for real.
 pub fn require_root_and_cpuset() {
     // SAFETY: geteuid has no preconditions.

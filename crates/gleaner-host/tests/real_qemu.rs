@@ -154,8 +154,12 @@ fn discover_classify_apply_restore() {
         assert!(c.missing.contains(&Source::SpinEvents), "{c:?}");
         assert_eq!(c.missing.contains(&Source::LlcRefs), !pmu, "{c:?}");
         assert!(c.averages.io_int.is_some());
-        if !pmu {
+        if pmu {
+            // With LLC counters the cache cursors are measured, so a cache class is possible.
+            assert!(c.averages.cache.is_some(), "a PMU but no cache cursors: {c:?}");
+        } else {
             assert!(matches!(c.class, VcpuClass::IoInt | VcpuClass::CpuBurn), "{c:?}");
+            assert!(c.averages.cache.is_none(), "cache cursors without a PMU: {c:?}");
         }
         eprintln!("vCPU {}: {:?}", v.index, c);
         infos.push(VcpuInfo::from_classification(id, &c));
@@ -254,9 +258,16 @@ fn run_command_dry_run_signal_and_vm_exit() {
     assert!(!state.exists());
     assert_restored(&cg, &vm, &before);
 
-    // A timed run applies a plan and restores at the end.
-    let code = gleaner_host::run(run_args(&g.name, &state, Some(0.5), false, false)).unwrap();
-    assert_eq!(code, std::process::ExitCode::SUCCESS);
+    // A timed run applies a plan (its state file lists both vCPU threads, which sit in its
+    // pools' cgroups while it runs) and restores at the end.
+    let st2 = state.clone();
+    let name = g.name.clone();
+    let h = std::thread::spawn(move || gleaner_host::run(run_args(&name, &st2, Some(3.0), false, false)));
+    wait("a plan in force", Duration::from_secs(10), || State::load(&state).ok().flatten().filter(|s| s.threads.len() == 2).map(|_| ()));
+    for v in &vm.vcpus {
+        assert!(cgroup_of(vm.pid, v.tid).contains(PREFIX), "timed run: vCPU thread {} not placed in a pool", v.tid);
+    }
+    assert_eq!(h.join().unwrap().unwrap(), std::process::ExitCode::SUCCESS);
     assert!(!state.exists());
     assert_restored(&cg, &vm, &before);
 
