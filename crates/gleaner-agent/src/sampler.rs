@@ -18,6 +18,7 @@ use gleaner_os::procfs::{Procfs, SchedstatFile, StatFile, StatusFile};
 use gleaner_os::sysfs::Sysfs;
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 use gleaner_policy::guest::VcpuIdle;
+use gleaner_policy::idle::Log2Hist;
 
 use crate::status::VcpuTimeout;
 use crate::yielders::Yielders;
@@ -69,6 +70,9 @@ pub struct PeriodExtras {
     pub idle: Vec<VcpuIdle>,
     /// Kernel polling in the period, all managed vCPUs (the POLL state's time), ns.
     pub poll_ns: u64,
+    /// Per yielding thread, the idle periods it caught in the period (the tracer does not see
+    /// them: the idle planner adds them).
+    pub caught: Vec<(u32, Log2Hist)>,
 }
 
 /// Samples the workload and the vCPUs once per period.
@@ -89,6 +93,8 @@ pub struct Sampler {
     cpu_idle_ns: BTreeMap<u32, u64>,
     cpu_steal_ns: BTreeMap<u32, u64>,
     yielder: HashMap<u32, YielderPrev>,
+    /// Each yielding thread's catches when last read.
+    caught: HashMap<u32, Log2Hist>,
     idle_entries: BTreeMap<u32, u64>,
     /// Cumulative POLL-state time per vCPU, ns.
     poll_ns: BTreeMap<u32, u64>,
@@ -127,6 +133,7 @@ impl Sampler {
             yielder_files: HashMap::new(),
             cpu_busy_ns: BTreeMap::new(),
             yielder: HashMap::new(),
+            caught: HashMap::new(),
             idle_entries: BTreeMap::new(),
             at: Instant::now(),
         }
@@ -261,6 +268,12 @@ impl Sampler {
                     shrinks: d.timeout_shrinks,
                 });
                 ydelta.insert(slot.cpu, d);
+                let caught = slot.caught();
+                let delta = self.caught.get(&slot.cpu).map_or_else(|| caught.clone(), |p| caught.delta_since(p));
+                if delta.count() > 0 {
+                    extras.caught.push((slot.cpu, delta));
+                }
+                self.caught.insert(slot.cpu, caught);
             }
         }
 

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::sched;
+use gleaner_policy::idle::Log2Hist;
 use gleaner_policy::retention::{IdleDetector, RetentionAction, RetentionConfig, RetentionCounters, YieldProbe};
 
 /// Counters of one yielding thread, readable from other threads.
@@ -77,9 +78,26 @@ pub struct Slot {
     /// The idle planner's window for this vCPU, ns: the detector's timeout cap (0 parks the
     /// thread, `u64::MAX` never lets the vCPU halt).
     window_ns: AtomicU64,
+    /// The idle periods the thread caught so far (`IdleDetector::caught`, cumulative): the
+    /// scheduler tracer cannot see them, the planner needs them.
+    caught: Mutex<Log2Hist>,
 }
 
 impl Slot {
+    /// The idle periods caught so far (cumulative).
+    pub fn caught(&self) -> Log2Hist {
+        self.caught.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Publishes the detector's counters, and its catches when there are new ones.
+    fn publish(&self, det: &IdleDetector) {
+        self.counters.publish(&det.counters());
+        let mut c = self.caught.lock().unwrap_or_else(|e| e.into_inner());
+        if c.count() != det.caught().count() {
+            c.clone_from(det.caught());
+        }
+    }
+
     fn parked(&self, shared: &Shared) -> bool {
         !self.active.load(Ordering::Relaxed) || !shared.retain.load(Ordering::Relaxed) || self.window_ns.load(Ordering::Relaxed) == 0
     }
@@ -148,6 +166,7 @@ impl Yielders {
                 counters: SlotCounters::default(),
                 active: AtomicBool::new(true),
                 window_ns: AtomicU64::new(cfg.timeout_ns),
+                caught: Mutex::new(Log2Hist::default()),
             });
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let (s, sh) = (Arc::clone(&slot), Arc::clone(&me.shared));
@@ -338,10 +357,10 @@ fn yield_loop(slot: &Slot, shared: &Shared, cfg: RetentionConfig) {
     };
     let mut n: u32 = 0;
     shared.runnable.fetch_add(1, Ordering::Relaxed);
-    slot.counters.publish(&det.counters());
+    slot.publish(&det);
     while !shared.stop.load(Ordering::Relaxed) {
         if slot.parked(shared) {
-            slot.counters.publish(&det.counters());
+            slot.publish(&det);
             shared.runnable.fetch_sub(1, Ordering::Relaxed);
             let g = shared.gate.lock().unwrap_or_else(|e| e.into_inner());
             // Re-check under the lock: set_active/set_retention/set_windows/stop notify while
@@ -364,17 +383,17 @@ fn yield_loop(slot: &Slot, shared: &Shared, cfg: RetentionConfig) {
             RetentionAction::Sleep { ns } => {
                 probe.going_to_sleep();
                 sleep_uncounted(shared, ns);
-                slot.counters.publish(&det.counters());
+                slot.publish(&det);
             }
             RetentionAction::StepAside { ns } => sleep_uncounted(shared, ns),
         }
         n = n.wrapping_add(1);
         if n.is_multiple_of(64) {
-            slot.counters.publish(&det.counters());
+            slot.publish(&det);
         }
     }
     shared.runnable.fetch_sub(1, Ordering::Relaxed);
-    slot.counters.publish(&det.counters());
+    slot.publish(&det);
 }
 
 fn duration_ns(d: Duration) -> u64 {

@@ -57,6 +57,11 @@ pub struct GuestReading {
     pub idle: Vec<VcpuIdle>,
     /// What the tracer saw in the period (`None`: no tracer, or not attached this period).
     pub trace: Option<WakeTrace>,
+    /// Per vCPU, the idle periods its yielding thread caught in the period (the difference of
+    /// `retention::IdleDetector::caught`): a scheduler tracer does not see them (the yielder,
+    /// not the idle task, held the vCPU), so they join the traced or estimated ones as woken.
+    #[serde(default)]
+    pub caught: Vec<(u32, Log2Hist)>,
 }
 
 /// How the guest loop runs.
@@ -315,7 +320,8 @@ impl GuestController {
         // requests/s: p50 58 us consolidated onto one vCPU, 48 us on two polling).
         let probe_now = self.probing();
         let polls = self.applied.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
-        let decisions = match (&mut self.consolidation, probe_now, polls) {
+        let consolidation_before = self.consolidation.clone();
+        let mut decisions = match (&mut self.consolidation, probe_now, polls) {
             (Some(c), false, true) => c.reset_with(crate::gleaner::ResetReason::KernelPolling),
             (Some(c), false, false) => c.step(&r.snapshot),
             _ => Vec::new(),
@@ -340,6 +346,18 @@ impl GuestController {
         let governor = self.governor.as_mut().map(|g| g.step(&reading));
         self.mode = governor.map_or(self.mode, |g| g.mode);
         let plan = if self.mode.is_on() { planned.clone() } else { IdlePlan::off(self.cfg.cpus.iter().copied()) };
+        // A period after which the vCPUs go from halting to retaining, or back, is no basis
+        // for consolidation: a vCPU taken away now would be judged next period under another
+        // idle policy, which moves utilization on its own (yielders-only, the first period
+        // halts while the workload is seen; the next yields: a deactivation made on the first
+        // was rolled back on the second as a slowdown, and the rollback's cut of rho kept the
+        // VM from ever consolidating). Its decisions are dropped; the next period decides.
+        if !decisions.is_empty() && plan.retains() != self.applied.retains() {
+            self.consolidation = consolidation_before;
+            decisions.clear();
+        }
+        let active = self.active();
+        self.last_active = active.len();
         self.applied = plan.clone();
         GuestStep {
             active,
@@ -377,6 +395,10 @@ impl GuestController {
             let Some(g) = trace.gaps(s.gaps.cpu) else { continue };
             s.gaps = s.gaps.scaled(1, 2);
             s.gaps.merge(g);
+            // The yielder's catches over the whole period, scaled to the time traced.
+            if let Some((_, c)) = r.caught.iter().find(|(cpu, _)| *cpu == s.gaps.cpu) {
+                s.gaps.woken.merge(&c.scaled(observed_ns.min(period_ns), period_ns));
+            }
             s.observed_ns = s.observed_ns / 2 + observed_ns;
         }
         Some(trace.source)

@@ -82,6 +82,7 @@
 //! Whether retention should run at all is decided at start from measured wakeups
 //! ([`retention_verdict`]) and re-decided online by the [`governor`].
 
+use crate::idle::Log2Hist;
 use serde::{Deserialize, Serialize};
 
 pub mod governor;
@@ -279,6 +280,9 @@ pub struct IdleDetector {
     slept: bool,
     /// Held at the cap for now ([`Self::hold_at_cap`]).
     held: bool,
+    /// The idle periods the thread caught: each one that ended with the workload's work
+    /// before the timeout, as long as the quick yields before that work (a lower bound).
+    caught: Log2Hist,
 }
 
 impl IdleDetector {
@@ -297,6 +301,7 @@ impl IdleDetector {
             period_noise_ns: 0,
             slept: false,
             held: false,
+            caught: Log2Hist::default(),
             cfg,
         }
     }
@@ -322,6 +327,15 @@ impl IdleDetector {
     /// Idle yielding accumulated towards the timeout since the last work or timeout.
     pub fn idle_ns(&self) -> u64 {
         self.idle_acc_ns
+    }
+
+    /// The idle periods caught so far (cumulative): each one the workload ended before the
+    /// timeout, as long as the quick yields before it. A scheduler tracer cannot see them (the
+    /// yielding thread held the vCPU, not the idle task), so the idle planner adds them to
+    /// the traced ones: without them a vCPU whose yielder catches every wakeup looks as if it
+    /// had no wakeups to save.
+    pub fn caught(&self) -> &Log2Hist {
+        &self.caught
     }
 
     /// Feeds one `sched_yield()` call that ended at `now_ns` on a monotonic clock (any origin)
@@ -350,6 +364,11 @@ impl IdleDetector {
             self.period_noise_ns = self.period_noise_ns.saturating_add(yield_duration_ns);
         }
         if slow && !noise {
+            if !self.timed_out && self.period_start_ns.is_some() {
+                // Caught: the whole idle period was yielded away. A period shorter than one
+                // yield still counts (1 ns: any window catches it).
+                self.caught.record(self.idle_acc_ns.max(1));
+            }
             self.period_ended(call_start);
             self.period_start_ns = Some(now);
         }
@@ -633,6 +652,45 @@ mod tests {
             assert_eq!(d.on_yield_with(1_000, &mut FnProbe(|| true, || panic!("asked while off"))), RetentionAction::KeepYielding);
         }
         assert_eq!(d.counters().step_asides, 0);
+    }
+
+    #[test]
+    fn idle_periods_ended_by_work_before_the_timeout_are_caught_with_their_length() {
+        let mut d = IdleDetector::new(cfg());
+        let now = std::cell::Cell::new(0);
+        let call_with = |d: &mut IdleDetector, ns: u64, other_task_ran: bool| {
+            now.set(now.get() + ns);
+            d.on_yield_at(now.get(), ns, &mut KnownProbe { other_task_ran, ran_while_asleep: false })
+        };
+        let call = |d: &mut IdleDetector, ns: u64| call_with(d, ns, true);
+        // The first work only starts the measuring: nothing was seen before it.
+        call(&mut d, 50_000);
+        assert_eq!(d.caught().count(), 0);
+        // 30 quick yields of 1 us, then work: a 30 us idle period, caught.
+        for _ in 0..30 {
+            call(&mut d, 1_000);
+        }
+        call(&mut d, 50_000);
+        assert_eq!((d.caught().count(), d.caught().sum_ns()), (1, 30_000));
+        // Work at once: a period shorter than a yield, still caught.
+        call(&mut d, 50_000);
+        assert_eq!(d.caught().count(), 2);
+        // A period that reached the timeout (100 us) let the vCPU halt: not caught, whatever
+        // ends it.
+        for _ in 0..100 {
+            call(&mut d, 1_000);
+        }
+        call(&mut d, 50_000);
+        assert_eq!(d.caught().count(), 2);
+        // Noise (no other task ran: the host took the vCPU) ends nothing; the idle period
+        // goes on through it.
+        for _ in 0..10 {
+            call(&mut d, 1_000);
+        }
+        call_with(&mut d, 50_000, false);
+        assert_eq!(d.caught().count(), 2);
+        call(&mut d, 50_000);
+        assert_eq!((d.caught().count(), d.caught().sum_ns() - 30_001), (3, 60_000));
     }
 
     #[test]

@@ -48,6 +48,7 @@ fn server_period(poll_ns: u64, wake_ns: u64) -> GuestReading {
             VcpuIdle { cpu: 1, idle_ns: 192_000_000, entries: Some(400), poll_ns, yield_ns: 0, steal_ns: 0 },
         ],
         trace: Some(t),
+        caught: Vec::new(),
     }
 }
 
@@ -351,4 +352,79 @@ fn steal_while_retaining_halves_the_budget_and_it_comes_back_slowly() {
     let mut idle = server_period(0, 50_000);
     idle.idle[1].steal_ns = PERIOD / 2;
     assert_eq!(budget(&g.step(&idle)), 1.0);
+}
+
+/// A yielder-kept vCPU whose yielder catches every wakeup: the tracer sees no idle period of
+/// it (the yielding thread, not the idle task, held it), so only the yielder's catches show
+/// that the window pays; without them the plan would halt it, see the halted periods again,
+/// yield again, and so on.
+#[test]
+fn idle_periods_a_yielder_caught_keep_its_window() {
+    const YIELDERS: Means = Means { poll_window: false, poll_always: false, yielders: true };
+    let mut c = cfg(YIELDERS);
+    c.governor = None;
+    let period = |traced_gaps: u64, caught: Option<u64>| {
+        let mut r = server_period(0, 50_000);
+        let mut t = WakeTrace::empty(TraceSource::Bpf, [0, 1]);
+        t.traced_ns = PERIOD;
+        t.vcpus[1].woken.record_n(30_000, traced_gaps);
+        r.trace = Some(t);
+        r.idle[1].yield_ns = 400 * 30_000;
+        if let Some(n) = caught {
+            let mut h = Log2Hist::default();
+            h.record_n(30_000, n);
+            r.caught = vec![(1, h)];
+        }
+        r
+    };
+    let run = |with_catches: bool| {
+        let mut g = GuestController::new(c.clone());
+        // Seen halting first: 400 wakeups after 30 us.
+        let first = g.step(&period(400, None));
+        assert_eq!(first.plan.of(1).unwrap().mechanism, Mechanism::Yield, "{:?}", first.plan);
+        // Then the yielder catches them all: the tracer sees none.
+        (0..10).map(|_| g.step(&period(0, with_catches.then_some(400))).plan.of(1).unwrap().mechanism).collect::<Vec<_>>()
+    };
+    assert!(run(true).iter().all(|m| *m == Mechanism::Yield), "{:?}", run(true));
+    assert!(run(false).contains(&Mechanism::Halt), "the blind spot this closes: {:?}", run(false));
+}
+
+#[test]
+fn a_yielders_catches_count_for_the_traced_share_of_the_period() {
+    let mut c = cfg(Means { poll_window: false, poll_always: false, yielders: true });
+    c.governor = None;
+    let mut g = GuestController::new(c);
+    let mut r = server_period(0, 50_000);
+    let t = r.trace.as_mut().unwrap();
+    t.traced_ns = PERIOD / 4;
+    t.vcpus[1] = VcpuGaps { cpu: 1, ..VcpuGaps::default() };
+    let mut h = Log2Hist::default();
+    h.record_n(30_000, 400);
+    r.caught = vec![(1, h)];
+    g.step(&r);
+    let (gaps, observed) = g.seen().into_iter().find(|(v, _)| v.cpu == 1).unwrap();
+    assert_eq!((gaps.woken.count(), observed), (100, PERIOD / 4));
+}
+
+/// A period after which the vCPUs switch from halting to retaining is no basis for
+/// consolidation: its decisions are dropped, the next period (under the new plan) decides.
+#[test]
+fn consolidation_does_not_decide_across_a_change_of_idle_policy() {
+    let mut c = cfg(Means { poll_window: false, poll_always: false, yielders: true });
+    c.consolidation = Some(Params::default());
+    c.governor = None;
+    let mut g = GuestController::new(c.clone());
+    // Yielders wait for the plan: the first period halts; the plan then retains on vCPU 1.
+    assert!(!g.applied().retains());
+    let first = g.step(&server_period(0, 50_000));
+    assert!(first.plan.retains(), "{:?}", first.plan);
+    assert!(first.decisions.is_empty() && first.active == vec![0, 1], "{:?}", first.decisions);
+    // Under the same plan, the next period decides (one vCPU goes: the workload uses a tenth
+    // of each).
+    let second = g.step(&server_period(0, 50_000));
+    assert!(!second.decisions.is_empty() && second.active.len() < 2, "{:?}", second.decisions);
+    // Where the plan does not change, the first period decides at once: the consolidation
+    // controller alone, with the same readings, gives a vCPU up after one period.
+    let mut alone = Controller::new(vec![0, 1], Params::default());
+    assert!(!alone.step(&server_period(0, 50_000).snapshot).is_empty());
 }
