@@ -1,23 +1,34 @@
-//! The Gleaner agent inside a simulated guest (the real `gleaner_policy` controller, idle
-//! detector and retention governor), and the host policy's monitoring period.
+//! The Gleaner agent inside a simulated guest: an adapter of the agent's own guest loop
+//! (`gleaner_policy::guest::GuestController`: consolidation, the idle planner, the retention
+//! governor) and of its yielders' idle detector, and the host policy's monitoring period.
 //!
 //! ```text
 //!  yielder (SCHED_IDLE, one per active vCPU)        every period, per VM
 //!  ────────────────────────────────────────         ─────────────────────────────────────
-//!  runs when the vCPU has no thread; a stretch      snapshot of T_work, T_yield, T_idle,
-//!  of quick yields is fed to IdleDetector when       S_yield per vCPU and S_work (guest view:
-//!  it ends, with the simulated clock; a yield       time with a thread current counts as
-//!  interrupted by work or by the host is one        work, steal included, as in schedstat)
-//!  slow yield (work only if a thread ran, else      -> Controller::step -> Deactivate/Restore/
-//!  noise); Sleep{ns} lets the vCPU halt until           ResetAll applied to the allowed set
-//!  the sleep ends; after it the detector learns     epoch reading (S_work, yielder pCPU time,
-//!  whether a thread ran meanwhile                   active vCPUs) -> RetentionGovernor::step
-//!                                                      -> yielders parked or woken
+//!  runs when the vCPU has no thread; a stretch      GuestReading: snapshot of T_work,
+//!  of quick yields is fed to IdleDetector when       T_yield, T_idle, S_yield per vCPU and
+//!  it ends, with the simulated clock; a yield       S_work (guest view, as in schedstat),
+//!  interrupted by work or by the host is one        idle per vCPU (halted time, idle
+//!  slow yield (work only if a thread ran, else      entries, yielder time); the model
+//!  noise); Sleep{ns} lets the vCPU halt until       tracer's period (idle-task periods by
+//!  the sleep ends; after it the detector learns     how they ended, wakeup latency by target
+//!  whether a thread ran meanwhile; the periods      state, as the eBPF tracer reports them);
+//!  it caught (IdleDetector::caught)                 each yielder's catches since last period
+//!                                                   -> GuestController::step -> active set
+//!  the plan's window caps the detector's               applied; retention on/off and each
+//!  timeout (IdleDetector::set_cap)                     yielder's window (0: parked); the next
+//!                                                      period after next_period_share x period
 //! ```
+//!
+//! The planner prices windows with the model's own wake costs ([`crate::engine::model_curve`]:
+//! flat in the idle gap, no POLL state), so the simulated agent plans as the real one would on
+//! a machine with those costs.
 
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
+use gleaner_policy::guest::{GuestReading, VcpuIdle};
+use gleaner_policy::idle::{Mechanism, TraceSource, WakeTrace};
 use gleaner_policy::num::saturating_u64;
-use gleaner_policy::retention::{EpochReading, KnownProbe, RetentionAction};
+use gleaner_policy::retention::{KnownProbe, RetentionAction};
 
 use crate::engine::{ms_to_ns, Engine, Host, Idle, Ts, YState, NONE};
 use crate::policy::{HostView, SimVcpuCounters};
@@ -148,19 +159,25 @@ impl Engine {
         }
     }
 
+    /// One period of the guest loop: the counters since the last period, read as the agent
+    /// reads them, go to the one `GuestController` (consolidation, idle planner, governor),
+    /// and its step is applied: the active set, retention on or off, each yielder's window.
     pub(crate) fn on_gleaner_period(&mut self, vm: u32) {
         let vmi = vm as usize;
         if self.vms[vmi].done_at.is_some() {
             return;
         }
         let period = ms_to_ns(self.vms[vmi].gleaner.period_ms);
+        let elapsed = self.now.saturating_sub(self.vms[vmi].period_start).max(1);
         let (base, n) = (self.vms[vmi].vcpu_base, self.vms[vmi].nvcpus);
         let mut samples = Vec::with_capacity(n as usize);
+        let mut idle = Vec::with_capacity(n as usize);
         for i in 0..n {
             let v = base + i;
             self.gv_flush(v);
-            let c = &self.vcpus[v as usize].c;
-            let cur = (c.gv_work, c.gv_yield, c.gv_idle, c.idle_entries);
+            let vc = &self.vcpus[v as usize];
+            let c = &vc.c;
+            let cur = (c.gv_work, c.gv_yield, c.gv_idle, c.idle_entries, vc.steal_ns);
             let prev = std::mem::replace(&mut self.vms[vmi].prev[i as usize], cur);
             samples.push(VcpuSample {
                 cpu: i,
@@ -169,39 +186,58 @@ impl Engine {
                 t_idle_ns: (cur.1 - prev.1) + (cur.2 - prev.2),
                 s_yield: cur.3 - prev.3,
             });
+            // /proc/stat's view: halted time is idle, the yielder's time busy.
+            idle.push(VcpuIdle {
+                cpu: i,
+                idle_ns: cur.2 - prev.2,
+                entries: Some(cur.3 - prev.3),
+                poll_ns: 0,
+                yield_ns: cur.1 - prev.1,
+                steal_ns: cur.4 - prev.4,
+            });
         }
         let s_work = self.vms[vmi].s_work - self.vms[vmi].prev_s_work;
         self.vms[vmi].prev_s_work = self.vms[vmi].s_work;
-        let active = (base..base + n).filter(|&v| self.allowed[v as usize]).count() as u32;
-        // The yielders' time, guest view (what schedstat shows the real agent).
-        let yielder_ns: u64 = samples.iter().map(|x| x.t_yield_ns).sum();
-        let snap = Snapshot { period_ns: period, vcpus: samples, s_work };
-        // A probe epoch's readings are the probe's: the controller does not see them.
-        let probe = self.vms[vmi].gov.as_ref().is_some_and(|g| g.probing());
-        self.retention_period(
-            vm,
-            EpochReading {
-                duration_ns: period,
-                progress: s_work,
-                retention_cpu_ns: yielder_ns,
-                active_vcpus: active,
-                ..EpochReading::default()
-            },
-        );
-        let ctrl = self.vms[vmi].ctrl.as_mut().filter(|_| !probe);
-        let decisions = ctrl.map(|c| c.step(&snap)).unwrap_or_default();
-        for d in &decisions {
+        // The model tracer's period (the agent traces a slice of one period in five; the
+        // model traces every period whole), and each yielder's catches, which no tracer sees.
+        let trace = self.vms[vmi].trace.as_mut().map(|t| {
+            let mut done = std::mem::replace(t, WakeTrace::empty(TraceSource::Model, 0..n));
+            done.traced_ns = elapsed;
+            done
+        });
+        let mut caught = Vec::new();
+        for i in 0..n {
+            let Some(y) = self.vcpus[(base + i) as usize].yielder.as_ref() else { continue };
+            let now = y.det.caught().clone();
+            let delta = now.delta_since(&self.vms[vmi].prev_caught[i as usize]);
+            if delta.count() > 0 {
+                caught.push((i, delta));
+            }
+            self.vms[vmi].prev_caught[i as usize] = now;
+        }
+        let reading = GuestReading { snapshot: Snapshot { period_ns: elapsed, vcpus: samples, s_work }, idle, trace, caught };
+        let Some(agent) = self.vms[vmi].agent.as_mut() else { return };
+        let step = agent.step(&reading);
+        for d in &step.decisions {
             self.vms[vmi].decisions += 1;
             if self.vms[vmi].decision_log.len() < 10_000 {
                 self.vms[vmi].decision_log.push((self.now, format!("{d:?}")));
             }
         }
-        // The controller's output is its active set, read as the agent reads it (which vCPUs
-        // the workload may use); the decisions are only logged.
-        if let Some(active) = self.vms[vmi].ctrl.as_ref().map(|c| c.active().to_vec()) {
-            self.apply_active(base, n, &active);
+        // The active set as the agent reads it (which vCPUs the workload may use); the
+        // decisions are only logged.
+        if self.vms[vmi].agent.as_ref().is_some_and(|a| a.config().consolidation.is_some()) {
+            self.apply_active(base, n, &step.active);
         }
-        self.q.push(self.now + period, Ev::GleanerPeriod { vm });
+        if self.vms[vmi].agent.as_ref().is_some_and(|a| a.config().means.yielders) {
+            let windows: Vec<u64> =
+                (0..n).map(|i| step.plan.of(i).filter(|p| p.mechanism == Mechanism::Yield).map_or(0, |p| p.window_ns)).collect();
+            let hold = step.governor.is_some_and(|g| g.hold_timeouts);
+            self.retention_apply(vm, step.mode.is_on(), &windows, hold);
+        }
+        self.vms[vmi].period_start = self.now;
+        let next = saturating_u64((period as f64 * step.next_period_share).round()).max(1);
+        self.q.push(self.now + next, Ev::GleanerPeriod { vm });
     }
 
     /// Makes the VM's allowed vCPUs (`base..base + n`) the controller's `active` set (indices in
@@ -219,31 +255,49 @@ impl Engine {
         }
     }
 
-    /// The retention governor reads the period that ended and picks the next one's mode.
-    fn retention_period(&mut self, vm: u32, reading: EpochReading) {
+    /// The start plan, before anything ran: yielders of vCPUs that do not yield are parked
+    /// (a period is not counted).
+    pub(crate) fn start_retention(&mut self, vm: u32, on: bool, windows: &[u64]) {
         let vmi = vm as usize;
-        let Some(gov) = self.vms[vmi].gov.as_mut() else { return };
-        let step = gov.step(&reading);
-        let (on, hold) = (step.mode.is_on(), step.hold_timeouts);
-        let st = &mut self.vms[vmi];
-        for v in &mut self.vcpus[st.vcpu_base as usize..(st.vcpu_base + st.nvcpus) as usize] {
-            if let Some(y) = v.yielder.as_mut() {
-                y.det.hold_at_cap(hold);
+        self.vms[vmi].retain = on;
+        for (i, &w) in windows.iter().enumerate() {
+            let v = self.vms[vmi].vcpu_base + i as u32;
+            self.vms[vmi].windows[i] = w;
+            if let Some(y) = self.vcpus[v as usize].yielder.as_mut() {
+                if w > 0 {
+                    y.det.set_cap(w);
+                }
+            }
+            if !(on && w > 0) {
+                self.park_yielder(v);
             }
         }
-        st.periods += 1;
-        st.retain_periods += u64::from(st.retain);
-        if on == st.retain {
-            return;
-        }
-        st.retain = on;
-        for v in st.vcpu_base..st.vcpu_base + st.nvcpus {
-            if on {
-                if self.allowed[v as usize] {
-                    self.wake_yielder(v);
-                    self.kick_idle(v);
+    }
+
+    /// Applies the guest loop's retention: on or off, each vCPU's yielding window (its
+    /// detector's cap; 0 parks that vCPU's yielder), and whether the timeouts are held at it.
+    fn retention_apply(&mut self, vm: u32, on: bool, windows: &[u64], hold: bool) {
+        let vmi = vm as usize;
+        let (base, n) = (self.vms[vmi].vcpu_base, self.vms[vmi].nvcpus);
+        self.vms[vmi].periods += 1;
+        self.vms[vmi].retain_periods += u64::from(on);
+        self.vms[vmi].retain = on;
+        for i in 0..n {
+            let v = base + i;
+            let w = windows.get(i as usize).copied().unwrap_or(0);
+            self.vms[vmi].windows[i as usize] = w;
+            if let Some(y) = self.vcpus[v as usize].yielder.as_mut() {
+                if w > 0 {
+                    y.det.set_cap(w);
                 }
-            } else {
+                y.det.hold_at_cap(hold);
+            }
+            let parked = self.vcpus[v as usize].yielder.as_ref().is_some_and(|y| y.state == YState::Parked);
+            let yields = on && w > 0;
+            if yields && parked && self.allowed[v as usize] {
+                self.wake_yielder(v);
+                self.kick_idle(v);
+            } else if !yields && !parked {
                 self.park_yielder(v);
             }
         }
@@ -367,7 +421,8 @@ impl Engine {
         }
         self.allowed[vi] = true;
         let vm = self.vcpus[vi].vm as usize;
-        if self.vms[vm].retain {
+        let i = (v - self.vms[vm].vcpu_base) as usize;
+        if self.vms[vm].retain && self.vms[vm].windows[i] > 0 {
             self.wake_yielder(v);
         }
         self.kick_idle(v);

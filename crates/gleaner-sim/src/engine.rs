@@ -18,9 +18,10 @@
 
 use std::collections::VecDeque;
 
-use gleaner_policy::gleaner::Controller;
+use gleaner_policy::guest::{GuestConfig, GuestController, FIRST_PERIOD_SHARE};
+use gleaner_policy::idle::{CurvePoint, Log2Hist, Means, Mechanism, PlanConfig, TargetState, TraceSource, WakeCurve, WakeTrace};
 use gleaner_policy::num::saturating_u64;
-use gleaner_policy::retention::{IdleDetector, RetentionGovernor, RetentionMode};
+use gleaner_policy::retention::{IdleDetector, RetentionMode};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -213,6 +214,15 @@ pub(crate) struct Vcpu {
     pub kvm_poll_ns: u64,
     pub guest_poll_limit: u64,
     pub idle_since: Ns,
+    /// When the guest's idle task got the vCPU (halted or polling; `Ns::MAX`: it has not),
+    /// and who woke a thread onto it last (`NONE`: a timer or device): the model tracer's
+    /// idle periods, as the scheduler tracer sees them (a yielding thread is not idle).
+    pub trace_since: Ns,
+    pub wake_src: u32,
+    /// Since when the vCPU waits in a host run queue (`Ns::MAX`: it does not), and the time
+    /// it waited so far: `/proc/stat`'s steal, as the guest sees it.
+    pub queued_since: Ns,
+    pub steal_ns: u64,
     pub inbox: Vec<u32>,
     pub yielder: Option<Yielder>,
 }
@@ -241,6 +251,8 @@ pub(crate) struct Thread {
     pub timer_gen: u32,
     pub spinning: bool,
     pub io_pending: bool,
+    /// The state of the vCPU it was last woken onto, when woken (the model tracer's split).
+    pub wake_state: TargetState,
 }
 
 pub(crate) struct Prog {
@@ -286,19 +298,29 @@ pub(crate) struct VmState {
     /// Threads waiting in vCPU run queues (for stealing).
     pub queued: u32,
     pub s_work: u64,
-    pub ctrl: Option<Controller>,
-    /// The retention governor (retention variants with `govern`), and whether the yielders
-    /// run now.
-    pub gov: Option<RetentionGovernor>,
+    /// The guest loop (`gleaner_policy::guest::GuestController`, the agent's own): the
+    /// consolidation controller, the idle planner and the retention governor; `None` when
+    /// the variant has neither consolidation nor retention.
+    pub agent: Option<GuestController>,
+    /// When the current Gleaner period began.
+    pub period_start: Ns,
+    /// Whether the yielders run now (the governor's mode), and each vCPU's yielding window
+    /// from the plan (0: that vCPU's yielder is parked).
     pub retain: bool,
+    pub windows: Vec<u64>,
     /// Periods, and periods with retention on.
     pub periods: u64,
     pub retain_periods: u64,
-    pub prev: Vec<(u64, u64, u64, u64)>,
+    pub prev: Vec<(u64, u64, u64, u64, u64)>,
     pub prev_s_work: u64,
     pub decisions: u64,
     pub decision_log: Vec<(Ns, String)>,
     pub lat: Hist,
+    /// What a scheduler tracer would have seen since the last Gleaner period (VMs with an
+    /// agent): each vCPU's idle periods by how they ended, the wakeup latency by target state.
+    pub trace: Option<WakeTrace>,
+    /// Each yielder's catches (`IdleDetector::caught`) at the last Gleaner period.
+    pub prev_caught: Vec<Log2Hist>,
 }
 
 /// The engine's clock and sizes; its thousands of threads and sync objects are left out.
@@ -413,8 +435,13 @@ impl Engine {
             max_ns: s.max_ns,
         };
         e.intern_aff((0..s.pcpus).collect());
+        // The wake-cost curve each agent plans with is the one it would calibrate at boot on
+        // this host: where the VMs' vCPUs outnumber the pCPUs, a halted vCPU's wakeup also
+        // waits for a pCPU (Table 2's setting D).
+        let shared = s.vms.iter().map(|v| u64::from(v.vcpus)).sum::<u64>() > u64::from(s.pcpus);
+        let curve = model_curve(&e.costs, shared);
         for (vi, vm) in s.vms.into_iter().enumerate() {
-            e.add_vm(vi as u32, vm, s.pcpus);
+            e.add_vm(vi as u32, vm, s.pcpus, &curve);
         }
         e.host_prev = vec![SimVcpuCounters::default(); e.vcpus.len()];
         e
@@ -437,7 +464,7 @@ impl Engine {
         i
     }
 
-    fn add_vm(&mut self, vi: u32, vm: SetupVm, pcpus: u32) {
+    fn add_vm(&mut self, vi: u32, vm: SetupVm, pcpus: u32, curve: &WakeCurve) {
         let w = &vm.workload;
         let vcpu_base = self.vcpus.len() as u32;
         let m_base = self.mutexes.len() as u32;
@@ -512,6 +539,10 @@ impl Engine {
                 spin_since: 0,
                 guest_poll_limit: 0,
                 idle_since: 0,
+                trace_since: Ns::MAX,
+                wake_src: NONE,
+                queued_since: Ns::MAX,
+                steal_ns: 0,
                 yielder,
                 gv_since: 0,
                 c: Counters::default(),
@@ -559,6 +590,7 @@ impl Engine {
                     pin: if pin != NONE { vcpu_base + pin } else { NONE },
                     rem: 0,
                     wake_at: Ns::MAX,
+                    wake_state: TargetState::Busy,
                     timer_gen: 0,
                     spinning: false,
                     io_pending: false,
@@ -573,9 +605,24 @@ impl Engine {
         if !vm.background {
             self.fg_alive += 1;
         }
-        let ctrl = (vm.guest.consolidation() && self.virt).then(|| Controller::new((0..vm.vcpus).collect(), vm.gleaner.params.clone()));
-        // No calibration in the model: the variant asked for retention, so it starts on.
-        let gov = (retention && vm.gleaner.govern).then(|| RetentionGovernor::new(vm.gleaner.governor, RetentionMode::On));
+        let consolidation = vm.guest.consolidation() && self.virt;
+        let has_agent = consolidation || retention;
+        let agent = (consolidation || retention).then(|| {
+            GuestController::new(GuestConfig {
+                cpus: (0..vm.vcpus).collect(),
+                consolidation: consolidation.then(|| vm.gleaner.params.clone()),
+                plan: PlanConfig::default(),
+                means: Means { poll_window: false, poll_always: false, yielders: retention },
+                curve: retention.then(|| curve.clone()),
+                // No calibration in the model: the variant asked for retention, so it starts on.
+                governor: (retention && vm.gleaner.govern).then_some(vm.gleaner.governor),
+                prior: if retention { RetentionMode::On } else { RetentionMode::Off },
+                // Without the governor the yielders keep the detector's own cap on every vCPU
+                // (always-on retention, adaptive below the cap).
+                fixed_yield_ns: (retention && !vm.gleaner.govern).then_some(vm.gleaner.retention.timeout_ns),
+            })
+        });
+        let windows = vec![if retention { vm.gleaner.retention.timeout_ns } else { 0 }; vm.vcpus as usize];
         self.vms.push(VmState {
             name: vm.name,
             vcpu_base,
@@ -589,16 +636,19 @@ impl Engine {
             cache: w.cache,
             queued,
             s_work: 0,
-            ctrl,
-            gov,
+            agent,
+            period_start: 0,
             retain: true,
+            windows,
             periods: 0,
             retain_periods: 0,
-            prev: vec![(0, 0, 0, 0); vm.vcpus as usize],
+            prev: vec![(0, 0, 0, 0, 0); vm.vcpus as usize],
             prev_s_work: 0,
             decisions: 0,
             decision_log: Vec::new(),
             lat: Hist::default(),
+            trace: has_agent.then(|| WakeTrace::empty(TraceSource::Model, 0..vm.vcpus)),
+            prev_caught: vec![Log2Hist::default(); vm.vcpus as usize],
         });
     }
 
@@ -609,9 +659,19 @@ impl Engine {
             self.host_wake(v);
         }
         for vm in 0..self.vms.len() {
-            if self.vms[vm].ctrl.is_some() || self.vms[vm].gov.is_some() {
-                let p = ms_to_ns(self.vms[vm].gleaner.period_ms);
-                self.q.push(p, Ev::GleanerPeriod { vm: vm as u32 });
+            if let Some(a) = &self.vms[vm].agent {
+                // The guest loop starts with its start plan, over a short first period, as
+                // the agent does.
+                let start = a.applied().clone();
+                let on = a.mode().is_on();
+                let n = self.vms[vm].nvcpus;
+                let windows: Vec<u64> =
+                    (0..n).map(|i| start.of(i).filter(|p| p.mechanism == Mechanism::Yield).map_or(0, |p| p.window_ns)).collect();
+                if a.config().means.yielders {
+                    self.start_retention(vm as u32, on, &windows);
+                }
+                let p = ms_to_ns(self.vms[vm].gleaner.period_ms) as f64 * FIRST_PERIOD_SHARE;
+                self.q.push(saturating_u64(p.round()).max(1), Ev::GleanerPeriod { vm: vm as u32 });
             }
         }
         if let Some(p) = self.host_policy.period_ns() {
@@ -872,6 +932,10 @@ impl Engine {
             vc.c.llc_refs += cache.wss_kb * 16.0; // a refill miss is also a reference
         }
         vc.overhead += oh;
+        let queued = std::mem::replace(&mut vc.queued_since, Ns::MAX);
+        if queued != Ns::MAX {
+            vc.steal_ns += now - queued;
+        }
         vc.host = Host::Running(p);
         vc.last_p = p;
         vc.slice_end = now + vc.overhead + vc.slice_ns;
@@ -896,7 +960,11 @@ impl Engine {
     fn enqueue_on(&mut self, p: u32, v: u32) {
         self.pcpus[p as usize].rq.push(v);
         self.queued_vcpus += 1;
-        self.vcpus[v as usize].host = Host::Queued(p);
+        let vc = &mut self.vcpus[v as usize];
+        vc.host = Host::Queued(p);
+        if vc.queued_since == Ns::MAX {
+            vc.queued_since = self.now;
+        }
     }
 
     fn host_slice_expired(&mut self, p: u32) {
@@ -1140,15 +1208,15 @@ impl Engine {
                 c.llc_refs += x.llc_refs;
                 c.llc_misses += x.llc_misses;
             }
-            let active = vm.ctrl.as_ref().map(|c| c.active().len() as u32);
+            let active = vm.agent.as_ref().filter(|a| a.config().consolidation.is_some()).map(|a| a.active().len() as u32);
             let timeouts: Vec<u64> = (vm.vcpu_base..vm.vcpu_base + vm.nvcpus)
                 .filter_map(|v| self.vcpus[v as usize].yielder.as_ref().map(|y| y.det.timeout_ns()))
                 .collect();
-            let retention = vm.gov.as_ref().map(|g| RetentionOutcome {
+            let retention = vm.agent.as_ref().and_then(GuestController::governor_state).map(|g| RetentionOutcome {
                 periods: vm.periods,
                 on_periods: vm.retain_periods,
-                switches: g.state().switches,
-                probes: g.state().probes,
+                switches: g.switches,
+                probes: g.probes,
                 timeout_ns_mean_end: timeouts.iter().sum::<u64>() / timeouts.len().max(1) as u64,
                 timeout_grows: self.vcpus[vm.vcpu_base as usize..(vm.vcpu_base + vm.nvcpus) as usize]
                     .iter()
@@ -1214,6 +1282,16 @@ fn round_at_least_1(x: f64) -> Ns {
 
 pub(crate) fn ms_to_ns(ms: f64) -> Ns {
     saturating_u64((ms * 1e6).round()).max(1)
+}
+
+/// The model's wake-cost curve, for the idle planner: a halted vCPU costs `IPI + RV + RT`
+/// whatever its idle gap (the model has no gap-dependent halt cost yet), plus `PV` where the
+/// host's pCPUs are shared (`shared`: setting D, the wakeup waits for a pCPU); one kept busy
+/// by a yielder `IPI + YW + RT`; there is no POLL state.
+pub(crate) fn model_curve(c: &Costs, shared: bool) -> WakeCurve {
+    let halted = c.ipi + c.rv + c.rt + if shared { c.pv } else { 0 };
+    let pt = |gap_ns| CurvePoint { gap_ns, mean_ns: halted, p50_ns: halted };
+    WakeCurve::new(vec![pt(10_000), pt(10_000_000)], c.ipi + c.yield_wake + c.rt, None)
 }
 
 #[cfg(test)]

@@ -2,6 +2,8 @@
 //! stealing, idle handling (halt, guest haltpoll, idle=poll, Gleaner's yielder), and the
 //! threads' programs with their synchronization objects.
 
+use gleaner_policy::idle::TargetState;
+
 use crate::engine::{Engine, Host, Idle, Ts, YState, NONE};
 use crate::queue::{Ev, Ns};
 use crate::scenario::GuestPolicy;
@@ -181,6 +183,9 @@ impl Engine {
             let lat = now + oh - th.wake_at;
             th.wake_at = Ns::MAX;
             self.vms[vm].lat.record(lat);
+            if let Some(tr) = self.vms[vm].trace.as_mut() {
+                tr.latency.of_mut(th.wake_state).record(lat);
+            }
         }
         self.vms[vm].s_work += 1;
     }
@@ -243,10 +248,14 @@ impl Engine {
         let vm = self.vcpus[vi].vm as usize;
         let mode = if self.virt { self.vms[vm].guest } else { GuestPolicy::Stock };
         match mode {
-            GuestPolicy::IdlePoll => self.vcpus[vi].idle = Idle::Poll { until: Ns::MAX },
+            GuestPolicy::IdlePoll => {
+                self.trace_idle_start(v);
+                self.vcpus[vi].idle = Idle::Poll { until: Ns::MAX };
+            }
             GuestPolicy::Haltpoll => {
                 let limit = self.vcpus[vi].guest_poll_limit;
                 if limit > 0 {
+                    self.trace_idle_start(v);
                     self.vcpus[vi].idle = Idle::Poll { until: now + limit };
                 } else {
                     self.halt(v, p);
@@ -260,6 +269,7 @@ impl Engine {
     /// otherwise the vCPU is descheduled.
     fn halt(&mut self, v: u32, p: u32) {
         self.gv_flush(v);
+        self.trace_idle_start(v);
         let now = self.now;
         let vi = v as usize;
         let vc = &mut self.vcpus[vi];
@@ -278,11 +288,42 @@ impl Engine {
         }
     }
 
+    /// The guest's idle task gets the vCPU (it halts or polls), unless it already has it.
+    fn trace_idle_start(&mut self, v: u32) {
+        let vi = v as usize;
+        if self.vcpus[vi].trace_since == Ns::MAX && self.vms[self.vcpus[vi].vm as usize].trace.is_some() {
+            self.vcpus[vi].trace_since = self.now;
+        }
+    }
+
+    /// The idle task's period on `v` ends: recorded as the scheduler tracer records it, by
+    /// what ended it: a thread woken from another vCPU (`woken`), by a timer, a device or
+    /// this vCPU (`local`), or nothing of the workload's (the yielder: `other`).
+    fn trace_idle_end(&mut self, v: u32) {
+        let vi = v as usize;
+        let since = std::mem::replace(&mut self.vcpus[vi].trace_since, Ns::MAX);
+        if since == Ns::MAX {
+            return;
+        }
+        let gap = self.now - since;
+        let (vm, work, src) = (self.vcpus[vi].vm as usize, !self.vcpus[vi].rq.is_empty(), self.vcpus[vi].wake_src);
+        let i = (v - self.vms[vm].vcpu_base) as usize;
+        let Some(g) = self.vms[vm].trace.as_mut().and_then(|t| t.vcpus.get_mut(i)) else { return };
+        match (work, src) {
+            (false, _) => g.other.record(gap),
+            (true, s) if s == NONE || s == v => g.local.record(gap),
+            (true, _) => g.woken.record(gap),
+        }
+    }
+
     /// Leaves the idle state because work (or the yielder) arrived.
     fn leave_idle(&mut self, v: u32) {
         self.gv_flush(v);
         let now = self.now;
         let vi = v as usize;
+        if matches!(self.vcpus[vi].idle, Idle::Poll { .. } | Idle::Halted) {
+            self.trace_idle_end(v);
+        }
         match self.vcpus[vi].idle {
             Idle::Yield => self.yield_pause(v, true),
             Idle::Poll { .. } => self.haltpoll_adjust(v),
@@ -374,8 +415,16 @@ impl Engine {
     pub(crate) fn deliver(&mut self, t: u32, v: u32, src: u32) {
         let vi = v as usize;
         self.vload[vi] += 1;
-        self.threads[t as usize].vcpu = v;
         let polling = matches!(self.vcpus[vi].idle, Idle::Poll { .. });
+        let th = &mut self.threads[t as usize];
+        th.vcpu = v;
+        th.wake_state = match self.vcpus[vi].idle {
+            _ if self.vcpus[vi].cur != NONE => TargetState::Busy,
+            Idle::Busy | Idle::Yield => TargetState::Busy,
+            Idle::Poll { .. } => TargetState::Poll,
+            Idle::Halted => TargetState::Halt,
+        };
+        self.vcpus[vi].wake_src = src;
         if src == v || self.vcpus[vi].cur != NONE || polling {
             self.rq_push(v, t);
             if src != v {

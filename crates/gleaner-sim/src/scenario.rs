@@ -292,8 +292,10 @@ pub struct GleanerCfg {
     /// The yielding threads' detector; `adapt` (default on) adapts each vCPU's timeout, with
     /// `timeout_ns` as its start and cap.
     pub retention: RetentionConfig,
-    /// Run the retention governor (every period one epoch; it starts on, since the variant
-    /// asked for retention) and apply its on/off mode to the yielders.
+    /// Run the agent's idle planner and retention governor (`GuestController` with its
+    /// defaults: per-vCPU windows, every period one epoch, starting on since the variant asked
+    /// for retention). `false`: every vCPU yields all run with the detector's adaptive timeout
+    /// (`retention.timeout_ns` its cap), the paper's Gleaner.
     pub govern: bool,
     pub governor: GovernorConfig,
 }

@@ -128,11 +128,13 @@ fn retention_keeps_the_vcpu_and_pays_only_the_ipi() {
     let c = costs();
     let o = pingpong(false, GuestPolicy::Retention, false, false);
     let b = o.vms[0].lat.summary().p50_us;
-    // The default timeout (100 us) is longer than the idle periods (at most 50 us), and every
-    // work period is longer than the idle threshold (20 us): no halts. (With work periods under
-    // the threshold the detector sees one long idle stretch and lets the vCPU halt.)
+    // The agent's first period (a quarter of 10 ms) halts while it sees the workload (about
+    // 15 wakeups per vCPU); then the planner's window (131 us) is longer than the idle periods
+    // (at most 50 us), and every work period is longer than the idle threshold (20 us): no
+    // more halts. (With work periods under the threshold the detector sees one long idle
+    // stretch and lets the vCPU halt.)
     assert!((b - (c.ipi + c.rt) as f64 / 1000.0).abs() <= 1.0, "B {b}");
-    assert!(o.vms[0].exits_hlt < 20, "the yielder keeps vCPUs from halting: {}", o.vms[0].exits_hlt);
+    assert!(o.vms[0].exits_hlt < 40, "the yielder keeps vCPUs from halting after the first period: {}", o.vms[0].exits_hlt);
     assert!(o.vms[0].yield_ns > 0);
 }
 
@@ -257,20 +259,25 @@ fn the_governor_keeps_retention_where_it_pays_and_drops_it_where_it_cannot() {
     // A barrier code next to a CPU hog on shared pCPUs: retention holds the pCPUs and pays.
     let barrier = wl(vec![group("g", 4, Some(3000), vec![], &["compute 60us +-20%", "barrier b"])]);
     let hog = wl(vec![group("h", 4, None, vec![], &["compute 10ms"])]);
-    let o =
-        run(setup(4, vec![vm("app", barrier, 4, None, false, GuestPolicy::Retention), vm("hog", hog, 4, None, true, GuestPolicy::Stock)]));
+    // The idle planner plans a vCPU from 8 woken idle periods: at the default 10 ms period
+    // this barrier, slowed by the hog, gives each vCPU 3 to 7; at 40 ms it has enough.
+    let mut app = vm("app", barrier, 4, None, false, GuestPolicy::Retention);
+    app.gleaner.period_ms = 40.0;
+    let o = run(setup(4, vec![app, vm("hog", hog, 4, None, true, GuestPolicy::Stock)]));
     let r = o.vms[0].retention.expect("a governed retention variant");
     assert!(o.finished && r.periods > 20, "{r:?}");
     assert!(r.probes > 0, "{r:?}");
     assert_eq!(r.switches, 0, "{r:?}");
     assert!(r.on_periods * 10 > r.periods * 8, "retention on most of the run: {r:?}");
-    // Long compute bursts with few sync points: nothing for retention to speed up, and its
-    // yielders spin at every burst's end: the governor turns it off.
+    // Long compute bursts with few sync points: nothing for retention to speed up. The
+    // planner sees too few wakeups to give any vCPU a window (or the governor turns retention
+    // off): the yielders take almost nothing.
     let coarse = wl(vec![group("g", 4, Some(60), vec![], &["compute 5ms +-50%", "barrier b"])]);
     let o = run(setup(4, vec![vm("app", coarse, 4, None, false, GuestPolicy::Retention)]));
-    let r = o.vms[0].retention.expect("a governed retention variant");
-    assert!(r.switches >= 1, "{r:?}");
-    assert!(r.on_periods * 2 < r.periods, "retention off most of the run: {r:?}");
+    let v = &o.vms[0];
+    assert!(v.retention.is_some(), "a governed retention variant");
+    let vcpu_ns = v.end_ns * u64::from(v.vcpus);
+    assert!(v.yield_ns * 100 < vcpu_ns, "yielders took {} of {} ns: {:?}", v.yield_ns, vcpu_ns, v.retention);
 }
 
 #[test]
