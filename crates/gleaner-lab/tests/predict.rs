@@ -12,7 +12,7 @@ use gleaner_lab::predict::input::{self, LabCell};
 use gleaner_lab::predict::model::{self, HostSched, ModelOptions, WakeStat};
 use gleaner_lab::predict::{predict, report};
 use gleaner_os::BadInput;
-use gleaner_policy::retention::RetentionVerdict;
+use gleaner_policy::retention::{RetentionMode, RetentionVerdict};
 use gleaner_sim::scenario::GuestPolicy;
 
 fn fixture(name: &str) -> PathBuf {
@@ -104,31 +104,35 @@ fn the_sizing_fit_reproduces_the_guests_synchronization_cpu() {
 #[test]
 fn every_lab_policy_maps_to_a_simulator_variant() {
     let cfg = AgentConfig::default();
-    let base = gleaner_policy::retention::RetentionConfig { timeout_ns: 150_000, ..Default::default() };
-    let plan = |retention| model::AgentPlan { retention, verdict: None, config: base, why: String::new(), lab_timeouts: None };
-    let (on, off) = (plan(true), plan(false));
-    let guest = |p, plan: &model::AgentPlan| model::variant_for(p, Policy::parse(p).unwrap(), plan, false).guest;
-    for (p, with_retention, without) in [
-        ("stock", GuestPolicy::Stock, GuestPolicy::Stock),
-        ("yielders", GuestPolicy::Retention, GuestPolicy::Retention),
-        ("idle-poll", GuestPolicy::IdlePoll, GuestPolicy::IdlePoll),
-        ("haltpoll", GuestPolicy::Haltpoll, GuestPolicy::Haltpoll),
-        ("retention", GuestPolicy::Retention, GuestPolicy::Stock),
-        ("consolidation", GuestPolicy::Consolidation, GuestPolicy::Consolidation),
-        ("gleaner", GuestPolicy::Gleaner, GuestPolicy::Consolidation),
+    let plan = model::agent_plan(&cell(), "n/a");
+    let guest = |p| model::variant_for(p, Policy::parse(p).unwrap(), &plan, false).guest;
+    for (p, sim) in [
+        ("stock", GuestPolicy::Stock),
+        ("yielders", GuestPolicy::Retention),
+        ("idle-poll", GuestPolicy::IdlePoll),
+        ("haltpoll", GuestPolicy::Haltpoll),
+        ("retention", GuestPolicy::Retention),
+        ("consolidation", GuestPolicy::Consolidation),
+        ("gleaner", GuestPolicy::Gleaner),
     ] {
-        assert_eq!(guest(p, &on), with_retention, "{p} when the agent retains");
-        assert_eq!(guest(p, &off), without, "{p} when the agent's verdict turns retention off");
+        assert_eq!(guest(p), sim, "{p}");
     }
-    let y = model::variant_for("yielders", Policy::Yielders, &on, false);
+    let y = model::variant_for("yielders", Policy::Yielders, &plan, false);
     assert!(y.gleaner.retention.timeout_ns >= 3_600_000_000_000, "naive yielders never time out");
-    let g = model::variant_for("gleaner", Policy::Gleaner, &on, true);
-    assert_eq!(g.gleaner.retention.timeout_ns, 150_000, "the agent's calibrated timeout");
+    assert!(y.gleaner.agent.is_none() && !y.gleaner.govern);
+    // The agent's policies run the agent's own guest loop configuration, at its period.
+    let g = model::variant_for("gleaner", Policy::Gleaner, &plan, true);
+    assert_eq!(g.gleaner.agent, plan.guest, "the agent's own configuration");
     assert_eq!(g.gleaner.period_ms, cfg.period_ms as f64, "the agent's period");
     assert!(g.host_halt_poll);
-    // The fixture's agent measured B 181 us > C 90 us next to VM B: nothing to hide.
-    let p = model::agent_plan(&cell(), "n/a");
-    assert_eq!((p.retention, p.verdict), (false, Some(RetentionVerdict::NoHaltPenalty)));
+    assert!(model::variant_for("consolidation", Policy::Consolidation, &plan, false).gleaner.agent.is_none());
+    // The fixture's agent measured B 181 us > C 90 us next to VM B: nothing to hide. The agent
+    // starts retention off (the governor probes it) and plans from the lab's flat curve.
+    assert_eq!((plan.retention, plan.verdict), (false, Some(RetentionVerdict::NoHaltPenalty)));
+    let gc = plan.guest.as_ref().expect("a curve to plan from");
+    assert_eq!(gc.prior, RetentionMode::Off);
+    assert!(gc.means.yielders && gc.curve.as_ref().is_some_and(|c| c.busy_ns.abs_diff(181_000) < 1_000), "{gc:?}");
+    assert!(plan.why.contains("B p50 181 us and C p50 90 us"), "{}", plan.why);
     // Results that record the agent's own calibration at boot are taken at their word.
     let mut c = cell();
     let pt = |gap_us: u64, mean_us: u64| gleaner_policy::idle::CurvePoint {
@@ -136,19 +140,22 @@ fn every_lab_policy_maps_to_a_simulator_variant() {
         mean_ns: mean_us * 1000,
         p50_ns: mean_us * 1000,
     };
+    // A halted vCPU 80-90 us, a busy one 20 us: yielding threads can pay.
+    let curve = gleaner_policy::idle::WakeCurve::new(vec![pt(100, 80), pt(500, 90)], 20_000, None);
     c.calibrations = vec![(
         "lab-x-A".into(),
         gleaner_agent::cache::CalibrationResults {
-            // A halted vCPU 80-90 us, a busy one 20 us: yielding threads can pay.
-            curve: gleaner_policy::idle::WakeCurve::new(vec![pt(100, 80), pt(500, 90)], 20_000, None),
+            curve: curve.clone(),
             idle_threshold_ns: 30_000,
             polling: gleaner_agent::cache::PollingControl { halted: "as found".into(), poll: "not measured".into() },
         },
     )];
     let p = model::agent_plan(&c, "n/a");
     assert!(p.retention && p.why.contains("calibrated at boot"), "{}", p.why);
-    assert_eq!((p.config.timeout_ns, p.config.idle_threshold_ns), (140_000, 30_000));
-    assert_eq!(model::variant_for("gleaner", Policy::Gleaner, &p, false).guest, GuestPolicy::Gleaner);
+    assert_eq!(p.config.idle_threshold_ns, 30_000);
+    let gc = p.guest.as_ref().expect("the calibrated curve");
+    assert_eq!((gc.prior, gc.curve.as_ref()), (RetentionMode::On, Some(&curve)));
+    assert_eq!(model::variant_for("gleaner", Policy::Gleaner, &p, false).gleaner.agent.as_ref(), Some(gc));
 }
 
 #[test]

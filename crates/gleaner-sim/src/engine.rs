@@ -608,9 +608,17 @@ impl Engine {
         let consolidation = vm.guest.consolidation() && self.virt;
         let has_agent = consolidation || retention;
         let agent = (consolidation || retention).then(|| {
+            let cpus: Vec<u32> = (0..vm.vcpus).collect();
+            let params = consolidation.then(|| vm.gleaner.params.clone());
+            if let Some(a) = &vm.gleaner.agent {
+                // The agent's own configuration (the lab's predictor): yielders only where the
+                // variant has them (the model's guest has no kernel polling for the agent).
+                let means = Means { poll_window: false, poll_always: false, yielders: retention && a.means.yielders };
+                return GuestController::new(GuestConfig { cpus, consolidation: params, means, ..a.clone() });
+            }
             GuestController::new(GuestConfig {
-                cpus: (0..vm.vcpus).collect(),
-                consolidation: consolidation.then(|| vm.gleaner.params.clone()),
+                cpus,
+                consolidation: params,
                 plan: PlanConfig::default(),
                 means: Means { poll_window: false, poll_always: false, yielders: retention },
                 curve: retention.then(|| curve.clone()),

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use gleaner_policy::gleaner::Params;
+use gleaner_policy::guest::GuestConfig;
 use gleaner_policy::input::BadInput;
 use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{GovernorConfig, RetentionConfig};
@@ -298,6 +299,13 @@ pub struct GleanerCfg {
     /// (`retention.timeout_ns` its cap), the paper's Gleaner.
     pub govern: bool,
     pub governor: GovernorConfig,
+    /// The agent's own guest-loop configuration, as the agent makes it from its calibration
+    /// (`gleaner_agent::agent::setup::IdleSetup::decide`: the lab's predictor passes it), used
+    /// instead of one derived from this variant: its idle means, wake-cost curve, planner,
+    /// governor and prior. The engine still sets the vCPUs, and consolidation from `guest`.
+    /// `None`: derived (yielders, the model's curve, `govern`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<GuestConfig>,
 }
 
 impl Default for GleanerCfg {
@@ -309,6 +317,7 @@ impl Default for GleanerCfg {
             retention: RetentionConfig::default(),
             govern: true,
             governor: GovernorConfig::default(),
+            agent: None,
         }
     }
 }

@@ -19,11 +19,16 @@
 
 use std::collections::BTreeMap;
 
+use gleaner_agent::agent::setup::{idle_threshold_ns, Calibrated, IdleSetup, Offered};
+use gleaner_agent::cache::{CalibrationResults, PollingControl};
 use gleaner_agent::config::AgentConfig;
 use gleaner_bench::wakeup::{Setting, SettingResult};
 use gleaner_bench::workload::Workload;
+use gleaner_os::cpuset::CpuSet;
 use gleaner_os::BadInput;
-use gleaner_policy::retention::{retention_verdict, timeout_from_wakeup, RetentionConfig, RetentionVerdict, WakeupCosts};
+use gleaner_policy::guest::GuestConfig;
+use gleaner_policy::idle::{CurvePoint, WakeCurve};
+use gleaner_policy::retention::{RetentionConfig, RetentionVerdict};
 use gleaner_policy::stats::median;
 use gleaner_sim::scenario::{
     Costs, CostsCfg, GleanerCfg, GuestHaltpollCfg, GuestPolicy, HostCfg, HostPolicyKind, Scenario, Table2, VariantCfg, VmCfg,
@@ -424,72 +429,80 @@ pub fn co_runner_workload(m: &CoRunnerModel, vcpus: u32, jitter_pct: f64) -> Wor
 /// What the guest agent decides at start, as the simulator will apply it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AgentPlan {
+    /// Retention starts on (the governor's prior): a busy vCPU wakes clearly faster than a
+    /// halted one on the curve the agent started from.
     pub retention: bool,
     pub verdict: Option<RetentionVerdict>,
+    /// The yielding threads' configuration (parked until the plan gives each vCPU a window).
     pub config: RetentionConfig,
     pub why: String,
     /// Retention timeouts the lab's agent reported over its retention and gleaner runs
     /// (`None` without rows): 0 is consistent with retention off.
     pub lab_timeouts: Option<u64>,
+    /// The agent's own guest loop configuration (`IdleSetup::decide` on that calibration), which
+    /// the simulator runs: its means, curve, planner, governor and prior (`None`: no curve, the
+    /// agent retains nothing).
+    pub guest: Option<GuestConfig>,
 }
 
-/// The agent's start-up decision (`gleaner_agent::agent::retention_plan`): the one the agent
-/// recorded at VM A's boots (`gleaner calibrate`, in results that have it; the first boot's
-/// when they disagree, said in `why`), else the one it would make from the medians the lab
-/// measured in VM A next to VM B: setting B (busy vCPU) and C after 500 us (the agent's long
-/// gap, also the lab's period), with C standing in for the C after exactly the timeout, which
-/// the lab does not measure.
+/// The agent's start-up configuration, made by the agent's own code
+/// (`gleaner_agent::agent::setup::IdleSetup::decide`, default configuration) from the calibration
+/// it started with: the one it recorded at VM A's boots (`gleaner calibrate`, in results that
+/// have it; the first boot's, said in `why` when they disagree), else a flat curve from the
+/// medians the lab measured in VM A next to VM B (setting C, halted, after 500 us, the lab's
+/// period; setting B, a busy vCPU). The machine's kernel polling is not known from the results:
+/// the agent is taken to have yielding threads only, as the lab's guests do.
 pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
     let cfg = AgentConfig::default();
-    let base = RetentionConfig {
-        max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
-        step_aside_ns: cfg.step_aside_us * 1000,
-        ..RetentionConfig::default()
-    };
     let lab_timeouts = (!cell.rows.is_empty()).then(|| {
         ok_vm_a(&cell.rows)
             .filter(|r| r.halt_poll == hp && matches!(Policy::parse(&r.policy), Ok(Policy::Retention | Policy::Gleaner)))
             .filter_map(|r| r.agent.as_ref().map(|a| a.timeouts))
             .sum()
     });
-    if let Some((guest, first)) = cell.calibrations.first() {
-        let c = &first.curve;
-        let retention = c.yielders_can_pay();
-        let agree = cell.calibrations.iter().all(|(_, x)| x.curve.yielders_can_pay() == retention);
-        let long = c.halted.last().map_or(0, |p| p.mean_ns);
-        let timeout_ns = timeout_from_wakeup(long, c.busy_ns);
-        let verdict = if retention { RetentionVerdict::Pays } else { RetentionVerdict::NoHaltPenalty };
-        let why = format!(
-            "the wake-cost curve the agent calibrated at boot ({guest}{}: {}): yielding threads {}",
-            if agree { String::new() } else { format!("; {} boots, curves disagree", cell.calibrations.len()) },
-            gleaner_agent::agent::setup::describe_curve(c),
-            if retention { "can pay" } else { "cannot pay" }
-        );
-        let config = RetentionConfig { timeout_ns: timeout_ns.max(1), idle_threshold_ns: first.idle_threshold_ns, ..base };
-        return AgentPlan { retention, verdict: Some(verdict), config, why, lab_timeouts };
-    }
-    let w = cell.wake_with_co_runner(hp).or(cell.wake_alone());
-    let p50 = |s: Setting| w.and_then(|w| setting(w, s)).and_then(|r| r.p50_us);
-    let (Some(b), Some(c)) = (p50(Setting::B), p50(Setting::C)) else {
-        return AgentPlan {
-            retention: true,
-            verdict: None,
-            config: RetentionConfig { timeout_ns: 100_000, ..base },
-            why: "no wakeup measurement: the agent's fallback timeout of 100 us".into(),
-            lab_timeouts,
-        };
+    let (results, from) = if let Some((guest, first)) = cell.calibrations.first() {
+        let agree = cell.calibrations.iter().all(|(_, x)| x.curve.yielders_can_pay() == first.curve.yielders_can_pay());
+        let disagree = if agree { String::new() } else { format!("; {} boots, curves disagree", cell.calibrations.len()) };
+        (Ok(first.clone()), format!("the wake-cost curve the agent calibrated at boot ({guest}{disagree})"))
+    } else {
+        let w = cell.wake_with_co_runner(hp).or(cell.wake_alone());
+        let p50 = |s: Setting| w.and_then(|w| setting(w, s)).and_then(|r| r.p50_us);
+        match (p50(Setting::B), p50(Setting::C)) {
+            (Some(b), Some(c)) => {
+                let halted = us_ns(c);
+                let curve = WakeCurve::new(vec![CurvePoint { gap_ns: 500_000, mean_ns: halted, p50_ns: halted }], us_ns(b), None);
+                let polling = PollingControl { halted: "the lab's setting C".into(), poll: "not measured".into() };
+                let results = CalibrationResults { curve, idle_threshold_ns: RetentionConfig::default().idle_threshold_ns, polling };
+                (
+                    Ok(results),
+                    format!(
+                        "the lab's wakeup medians as a flat curve, B p50 {b:.0} us and C p50 {c:.0} us ({})",
+                        w.map_or("", |w| w.context.as_str())
+                    ),
+                )
+            }
+            _ => (Err("no wakeup measurement".to_string()), "no wakeup measurement".to_string()),
+        }
     };
-    let (busy, idle) = (us_ns(b), us_ns(c));
-    let measured = WakeupCosts { busy_ns: busy, idle_long_ns: idle, idle_at_timeout_ns: idle };
-    let verdict = retention_verdict(&measured);
-    let timeout_ns = timeout_from_wakeup(idle, busy);
-    let retention = verdict == RetentionVerdict::Pays;
+    let calibrated = Calibrated { results, source: None };
+    let cpus: CpuSet = (0..cell.vcpus.max(1)).collect();
+    let setup = IdleSetup::decide(&cfg, &cpus, &calibrated, &Offered { offer: None, no_knobs: None }, true);
+    let curve = calibrated.curve();
+    let retention = curve.is_some() && setup.guest.prior.is_on();
+    let verdict = curve.map(|c| if c.yielders_can_pay() { RetentionVerdict::Pays } else { RetentionVerdict::NoHaltPenalty });
     let why = format!(
-        "{verdict:?} from B p50 {b:.0} us and C p50 {c:.0} us ({}): retention {}",
-        w.map_or("", |w| w.context.as_str()),
-        if retention { format!("on, timeout {} us", timeout_ns / 1000) } else { "off".into() }
+        "{from}{}: retention {}",
+        curve.map_or(String::new(), |c| format!(": {}", gleaner_agent::agent::setup::describe_curve(c))),
+        match (curve, retention) {
+            (None, _) => "off (no curve to plan from)",
+            (Some(_), true) => "starts on, windows planned per vCPU",
+            (Some(_), false) => "starts off (a busy vCPU wakes barely faster than a halted one), probed by the governor",
+        }
     );
-    AgentPlan { retention, verdict: Some(verdict), config: RetentionConfig { timeout_ns, ..base }, why, lab_timeouts }
+    let config = setup
+        .yielders
+        .unwrap_or_else(|| RetentionConfig { idle_threshold_ns: idle_threshold_ns(&cfg, &calibrated), ..RetentionConfig::default() });
+    AgentPlan { retention, verdict, config, why, lab_timeouts, guest: curve.map(|_| setup.guest) }
 }
 
 /// Retention that never times out within a run: the naive always-on yielders.
@@ -505,20 +518,21 @@ pub fn variant_for(name: &str, policy: Policy, plan: &AgentPlan, halt_poll: bool
         Policy::Yielders => GuestPolicy::Retention,
         Policy::IdlePoll => GuestPolicy::IdlePoll,
         Policy::Haltpoll => GuestPolicy::Haltpoll,
-        Policy::Retention if plan.retention => GuestPolicy::Retention,
-        Policy::Retention => GuestPolicy::Stock,
+        Policy::Retention => GuestPolicy::Retention,
         Policy::Consolidation => GuestPolicy::Consolidation,
-        Policy::Gleaner if plan.retention => GuestPolicy::Gleaner,
-        Policy::Gleaner => GuestPolicy::Consolidation,
+        Policy::Gleaner => GuestPolicy::Gleaner,
     };
-    // Naive yielders never time out, adapt or stop; the agent's retention adapts and is governed
-    // as the agent's configuration says (the sim's governor starts on: the variant retains only
-    // when the start-up verdict said it pays).
+    // Naive yielders never time out, adapt or stop. The agent's policies run the agent's own
+    // guest loop configuration (`plan.guest`): its planner gives each vCPU a window from the
+    // curve it calibrated, and its governor starts where the agent's did.
     let yielders = policy == Policy::Yielders;
+    let agent = matches!(policy, Policy::Retention | Policy::Gleaner);
+    // The agent's yielders start parked with no window (timeout 0) until the plan gives them one;
+    // the simulator's detector wants a cap of at least 1 ns meanwhile.
     let retention = if yielders {
         RetentionConfig { timeout_ns: NO_TIMEOUT_NS, adapt: false, ..RetentionConfig::default() }
     } else {
-        RetentionConfig { adapt: cfg.adapt && cfg.timeout_us.is_none(), ..plan.config }
+        RetentionConfig { timeout_ns: plan.config.timeout_ns.max(1), ..plan.config }
     };
     VariantCfg {
         name: name.into(),
@@ -532,6 +546,7 @@ pub fn variant_for(name: &str, policy: Policy, plan: &AgentPlan, halt_poll: bool
             retention,
             govern: !yielders && cfg.adapt && cfg.timeout_us.is_none(),
             governor: cfg.governor,
+            agent: if agent { plan.guest.clone() } else { None },
         },
         haltpoll: GuestHaltpollCfg::default(),
         aql: gleaner_sim::scenario::AqlCfg::default(),
