@@ -76,12 +76,16 @@ fn fig1_correlation() {
 #[test]
 fn fig7_shape() {
     let r = run("fig7");
-    for c in &r.cases {
-        let g = c.variants.iter().find(|v| v.name == "gleaner").expect("gleaner variant");
-        let s = g.vms[0].speedup.expect("finished");
-        assert!(s >= 0.95, "{}: speedup {s}", c.name);
-        let w = g.weighted_speedup.expect("weighted");
-        assert!((0.8..=1.5).contains(&w), "{}: weighted speedup {w}", c.name);
+    // The paper's Gleaner, and today's agent at its own 200 ms period (docs/sim.md: the agent
+    // at 10 ms loses; that variant is shown, not held to the shape).
+    for variant in ["gleaner", "agent"] {
+        for c in &r.cases {
+            let g = c.variants.iter().find(|v| v.name == variant).expect("variant");
+            let s = g.vms[0].speedup.expect("finished");
+            assert!(s >= 0.95, "{variant} {}: speedup {s}", c.name);
+            let w = g.weighted_speedup.expect("weighted");
+            assert!((0.8..=1.5).contains(&w), "{variant} {}: weighted speedup {w}", c.name);
+        }
     }
     let sc = case(&r, "streamcluster").variants[1].vms[0].speedup.expect("speedup");
     assert!(sc >= 1.5, "streamcluster speedup {sc}");
