@@ -335,7 +335,6 @@ impl GuestController {
         if self.last_active > 0 && active.len() > self.last_active {
             self.informed = false;
         }
-        self.last_active = active.len();
         let planned = self.plan();
         // Informed: some vCPU saw enough of the workload's wakeups to plan from on its own (a
         // window shared from a handful of wakeups is not: a sockperf server's start-up woke it

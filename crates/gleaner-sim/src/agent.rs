@@ -229,7 +229,9 @@ impl Engine {
         if self.vms[vmi].agent.as_ref().is_some_and(|a| a.config().consolidation.is_some()) {
             self.apply_active(base, n, &step.active);
         }
-        if self.vms[vmi].agent.as_ref().is_some_and(|a| a.config().means.yielders) {
+        // Every yielder follows the plan: a vCPU it gives no yielding window (kernel
+        // polling or halt, in an agent configuration from the lab) parks its yielder.
+        if self.has_yielders(vmi) {
             let windows: Vec<u64> =
                 (0..n).map(|i| step.plan.of(i).filter(|p| p.mechanism == Mechanism::Yield).map_or(0, |p| p.window_ns)).collect();
             let hold = step.governor.is_some_and(|g| g.hold_timeouts);
@@ -255,14 +257,18 @@ impl Engine {
         }
     }
 
+    /// Whether the VM's guest runs yielding threads (a retention or gleaner variant).
+    pub(crate) fn has_yielders(&self, vmi: usize) -> bool {
+        self.vcpus[self.vms[vmi].vcpu_base as usize].yielder.is_some()
+    }
+
     /// The start plan, before anything ran: yielders of vCPUs that do not yield are parked
     /// (a period is not counted).
     pub(crate) fn start_retention(&mut self, vm: u32, on: bool, windows: &[u64]) {
         let vmi = vm as usize;
-        self.vms[vmi].retain = on;
         for (i, &w) in windows.iter().enumerate() {
             let v = self.vms[vmi].vcpu_base + i as u32;
-            self.vms[vmi].windows[i] = w;
+            self.vms[vmi].windows[i] = if on { w } else { 0 };
             if let Some(y) = self.vcpus[v as usize].yielder.as_mut() {
                 if w > 0 {
                     y.det.set_cap(w);
@@ -281,11 +287,10 @@ impl Engine {
         let (base, n) = (self.vms[vmi].vcpu_base, self.vms[vmi].nvcpus);
         self.vms[vmi].periods += 1;
         self.vms[vmi].retain_periods += u64::from(on);
-        self.vms[vmi].retain = on;
         for i in 0..n {
             let v = base + i;
             let w = windows.get(i as usize).copied().unwrap_or(0);
-            self.vms[vmi].windows[i as usize] = w;
+            self.vms[vmi].windows[i as usize] = if on { w } else { 0 };
             if let Some(y) = self.vcpus[v as usize].yielder.as_mut() {
                 if w > 0 {
                     y.det.set_cap(w);
@@ -422,7 +427,7 @@ impl Engine {
         self.allowed[vi] = true;
         let vm = self.vcpus[vi].vm as usize;
         let i = (v - self.vms[vm].vcpu_base) as usize;
-        if self.vms[vm].retain && self.vms[vm].windows[i] > 0 {
+        if self.vms[vm].windows[i] > 0 {
             self.wake_yielder(v);
         }
         self.kick_idle(v);

@@ -304,9 +304,8 @@ pub(crate) struct VmState {
     pub agent: Option<GuestController>,
     /// When the current Gleaner period began.
     pub period_start: Ns,
-    /// Whether the yielders run now (the governor's mode), and each vCPU's yielding window
-    /// from the plan (0: that vCPU's yielder is parked).
-    pub retain: bool,
+    /// Each vCPU's yielding window now: the plan's while retention is on, 0 (its yielder
+    /// parked) while it is off or the plan gives that vCPU none.
     pub windows: Vec<u64>,
     /// Periods, and periods with retention on.
     pub periods: u64,
@@ -607,7 +606,7 @@ impl Engine {
         }
         let consolidation = vm.guest.consolidation() && self.virt;
         let has_agent = consolidation || retention;
-        let agent = (consolidation || retention).then(|| {
+        let agent = has_agent.then(|| {
             let cpus: Vec<u32> = (0..vm.vcpus).collect();
             let params = consolidation.then(|| vm.gleaner.params.clone());
             if let Some(a) = &vm.gleaner.agent {
@@ -646,7 +645,6 @@ impl Engine {
             s_work: 0,
             agent,
             period_start: 0,
-            retain: true,
             windows,
             periods: 0,
             retain_periods: 0,
@@ -675,7 +673,7 @@ impl Engine {
                 let n = self.vms[vm].nvcpus;
                 let windows: Vec<u64> =
                     (0..n).map(|i| start.of(i).filter(|p| p.mechanism == Mechanism::Yield).map_or(0, |p| p.window_ns)).collect();
-                if a.config().means.yielders {
+                if self.has_yielders(vm) {
                     self.start_retention(vm as u32, on, &windows);
                 }
                 let p = ms_to_ns(self.vms[vm].gleaner.period_ms) as f64 * FIRST_PERIOD_SHARE;

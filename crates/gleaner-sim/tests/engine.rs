@@ -269,6 +269,7 @@ fn the_governor_keeps_retention_where_it_pays_and_drops_it_where_it_cannot() {
     assert!(r.probes > 0, "{r:?}");
     assert_eq!(r.switches, 0, "{r:?}");
     assert!(r.on_periods * 10 > r.periods * 8, "retention on most of the run: {r:?}");
+    assert!(o.vms[0].yield_ns > 0, "on means the planned windows yield: {r:?}");
     // Long compute bursts with few sync points: nothing for retention to speed up. The
     // planner sees too few wakeups to give any vCPU a window (or the governor turns retention
     // off): the yielders take almost nothing.

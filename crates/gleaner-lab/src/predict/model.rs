@@ -489,7 +489,7 @@ pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
     let setup = IdleSetup::decide(&cfg, &cpus, &calibrated, &Offered { offer: None, no_knobs: None }, true);
     let curve = calibrated.curve();
     let retention = curve.is_some() && setup.guest.prior.is_on();
-    let verdict = curve.map(|c| if c.yielders_can_pay() { RetentionVerdict::Pays } else { RetentionVerdict::NoHaltPenalty });
+    let verdict = curve.map(|_| if retention { RetentionVerdict::Pays } else { RetentionVerdict::NoHaltPenalty });
     let why = format!(
         "{from}{}: retention {}",
         curve.map_or(String::new(), |c| format!(": {}", gleaner_agent::agent::setup::describe_curve(c))),
