@@ -220,18 +220,40 @@ fn a_workload_timer_on_the_last_vcpu_ends_local_idle_periods_there() {
     let cpus = Sysfs::new().online_cpus().unwrap();
     let cpu = cpus.last().unwrap();
     assert!(cpu > 0, "needs two CPUs: online {cpus}");
-    t.set_managed(&[me()]).unwrap();
+    // The sleeper is a process of its own: the tracer counts by process, and this test
+    // binary's other threads (tests running beside this one) have timers too.
+    let sleeps = 300u32;
+    let mut go = [0i32; 2];
+    assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0, "pipe: {}", std::io::Error::last_os_error());
+    let mut mask: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(cpu as usize, &mut mask) };
+    // SAFETY: the child calls only async-signal-safe functions (read, sched_setaffinity,
+    // nanosleep, _exit) before it exits.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        unsafe {
+            let mut b = 0u8;
+            libc::read(go[0], (&raw mut b).cast(), 1);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mask);
+            let ts = libc::timespec { tv_sec: 0, tv_nsec: 500_000 };
+            for _ in 0..sleeps {
+                libc::nanosleep(&ts, std::ptr::null_mut());
+            }
+            libc::_exit(0);
+        }
+    }
+    t.set_managed(&[child]).unwrap();
     t.attach().unwrap();
     let before = t.read().unwrap();
-    let sleeps = 300u32;
-    std::thread::spawn(move || {
-        sched::set_affinity(0, &CpuSet::parse(&cpu.to_string()).unwrap()).unwrap();
-        for _ in 0..sleeps {
-            std::thread::sleep(Duration::from_micros(500));
-        }
-    })
-    .join()
-    .unwrap();
+    unsafe {
+        libc::write(go[1], [1u8].as_ptr().cast(), 1);
+        libc::close(go[0]);
+        libc::close(go[1]);
+    }
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "sleeper: status {status}");
     let d = t.read().unwrap().delta_since(&before);
     t.detach();
     let g = d.gaps(cpu).unwrap();
