@@ -347,6 +347,14 @@ fn steal_while_retaining_halves_the_budget_and_it_comes_back_slowly() {
     // The plan honours the cut: what it expects to spend fits the budget.
     let v = after.planned.of(1).unwrap();
     assert!(v.estimate.cost_share <= budget(&after) + 1e-9, "{v:?}");
+    // One or two USER_HZ ticks of steal (10 ms each in /proc/stat) are its rounding: no cut,
+    // even where they are over 2% of the period.
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    g.step(&polling);
+    let mut ticks = polling.clone();
+    ticks.idle[1].steal_ns = 20_000_000;
+    assert!(ticks.idle[1].steal_ns as f64 > 0.02 * PERIOD as f64);
+    assert_eq!(budget(&g.step(&ticks)), 1.0);
     // Steal with nothing retained (a halted vCPU): no cut.
     let mut g = GuestController::new(cfg(HALTPOLL));
     let mut idle = server_period(0, 50_000);
