@@ -5,6 +5,7 @@
 //!
 //! ```text
 //!  KnobWriter::set_poll_window(journal, ns)   guest_halt_poll_ns (+ governor -> haltpoll)
+//!  KnobWriter::set_fixed_poll_window(...)     the same, + grow_start = ns, allow_shrink = N
 //!  KnobWriter::set_poll_always(journal, cpu)  cpuN pm_qos_resume_latency_us = n/a
 //!  KnobWriter::set_state_disabled(...)        cpuN stateK/disable (menu, ladder)
 //!      first change of a knob: journal.record(Change{original}) -> write
@@ -17,7 +18,10 @@ use std::path::Path;
 
 use anyhow::Context;
 use gleaner_os::cpuset::CpuSet;
-use gleaner_os::idle::{IdleKnobs, IdleOffer, HALTPOLL_MODULE, HALTPOLL_WINDOW_PARAM, RESUME_LATENCY_NONE, RESUME_LATENCY_POLL};
+use gleaner_os::idle::{
+    IdleKnobs, IdleOffer, HALTPOLL_ALLOW_SHRINK_PARAM, HALTPOLL_GROW_START_PARAM, HALTPOLL_MODULE, HALTPOLL_WINDOW_PARAM,
+    RESUME_LATENCY_NONE, RESUME_LATENCY_POLL,
+};
 
 use crate::state::{Change, Guardian, StateFile, UndoCx};
 
@@ -119,6 +123,29 @@ impl KnobWriter {
             self.offer.governor = Some("haltpoll".into());
         }
         self.set_haltpoll_param(journal, HALTPOLL_WINDOW_PARAM, &ns.to_string())
+    }
+
+    /// Sets the haltpoll window to a fixed `ns` on every CPU, the window the idle planner
+    /// models: the cap, `guest_halt_poll_grow_start` = the cap (a CPU's first halt inside it
+    /// grows its own window straight to the cap) and `guest_halt_poll_allow_shrink` = N (an
+    /// idle period longer than the cap no longer halves it). Under the kernel's adaptive
+    /// rules a CPU whose idle periods are short sits at `grow_start` (50 us) and drops to 0
+    /// at every period longer than the cap, so the next short one halts: a ping-pong's p99
+    /// read 19-23 us at caps of 65-131 us, and 7.4-7.9 us with the window fixed (this VM,
+    /// `gleaner bench workload pingpong`, 2 runs each). With `ns` 0 only the cap is written.
+    /// Parameters this kernel lacks are left alone.
+    pub fn set_fixed_poll_window(&mut self, journal: &mut StateFile, ns: u64) -> anyhow::Result<()> {
+        self.set_poll_window(journal, ns)?;
+        if ns == 0 {
+            return Ok(());
+        }
+        let params = self.knobs.haltpoll_params()?;
+        for (name, value) in [(HALTPOLL_GROW_START_PARAM, ns.to_string()), (HALTPOLL_ALLOW_SHRINK_PARAM, "N".to_string())] {
+            if params.contains_key(name) {
+                self.set_haltpoll_param(journal, name, &value)?;
+            }
+        }
+        Ok(())
     }
 
     /// Sets one haltpoll module parameter.
@@ -276,6 +303,50 @@ mod tests {
         journal.undo(&cx).unwrap();
         assert_eq!(read(d.path(), "module/haltpoll/parameters/guest_halt_poll_ns"), "200000");
         assert_eq!(read(d.path(), "devices/system/cpu/cpu1/power/pm_qos_resume_latency_us"), "0");
+    }
+
+    #[test]
+    fn a_fixed_window_sets_grow_start_and_no_shrink_and_undo_puts_all_three_back() {
+        let d = tempfile::tempdir().unwrap();
+        fixture(d.path(), "haltpoll");
+        let hp = d.path().join("module/haltpoll/parameters");
+        fs::write(hp.join("guest_halt_poll_grow_start"), "50000\n").unwrap();
+        fs::write(hp.join("guest_halt_poll_allow_shrink"), "Y\n").unwrap();
+        let mut journal = StateFile::create(&d.path().join("run"), 9).unwrap();
+        let mut w = writer(d.path());
+        w.set_fixed_poll_window(&mut journal, 131_072).unwrap();
+        w.set_fixed_poll_window(&mut journal, 65_536).unwrap();
+        let p = |name: &str| read(d.path(), &format!("module/haltpoll/parameters/{name}"));
+        assert_eq!(
+            (p("guest_halt_poll_ns"), p("guest_halt_poll_grow_start"), p("guest_halt_poll_allow_shrink")),
+            ("65536".into(), "65536".into(), "N".into())
+        );
+        // Each original journaled once, the cap's first (undone last, with the CPUs' windows).
+        let names: Vec<String> = journal
+            .state()
+            .changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::ModuleParam { name, .. } => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["guest_halt_poll_ns", "guest_halt_poll_grow_start", "guest_halt_poll_allow_shrink"]);
+        // A zero window writes the cap only.
+        w.set_fixed_poll_window(&mut journal, 0).unwrap();
+        assert_eq!((p("guest_halt_poll_ns"), p("guest_halt_poll_grow_start")), ("0".into(), "65536".into()));
+        assert!(w.restore_now().is_empty());
+        assert_eq!(
+            (p("guest_halt_poll_ns"), p("guest_halt_poll_grow_start"), p("guest_halt_poll_allow_shrink")),
+            ("200000".into(), "50000".into(), "Y".into())
+        );
+        // A kernel without the two parameters: the cap alone.
+        let d = tempfile::tempdir().unwrap();
+        fixture(d.path(), "haltpoll");
+        let mut journal = StateFile::create(&d.path().join("run"), 10).unwrap();
+        let mut w = writer(d.path());
+        w.set_fixed_poll_window(&mut journal, 131_072).unwrap();
+        assert_eq!(journal.state().changes.len(), 1);
     }
 
     #[test]

@@ -27,6 +27,10 @@ use crate::util;
 pub const HALTPOLL_MODULE: &str = "haltpoll";
 /// The cap of the haltpoll governor's per-CPU poll window, ns.
 pub const HALTPOLL_WINDOW_PARAM: &str = "guest_halt_poll_ns";
+/// The window a CPU's own grows to first (50 us upstream).
+pub const HALTPOLL_GROW_START_PARAM: &str = "guest_halt_poll_grow_start";
+/// Whether an idle period longer than the cap halves a CPU's own window (`Y` upstream).
+pub const HALTPOLL_ALLOW_SHRINK_PARAM: &str = "guest_halt_poll_allow_shrink";
 /// `pm_qos_resume_latency_us` value that keeps a CPU polling (a 0 us limit).
 pub const RESUME_LATENCY_POLL: &str = "n/a";
 /// `pm_qos_resume_latency_us` value of no limit (what the kernel reads back as `0`).

@@ -2,7 +2,8 @@
 //! latency limit) through the journaled [`KnobWriter`], and each yielding thread's window.
 //!
 //! ```text
-//!  plan (retention on)   poll_window_ns -> guest_halt_poll_ns       (written when it changes)
+//!  plan (retention on)   poll_window_ns -> guest_halt_poll_ns       (written when it changes;
+//!                                          fixed: grow_start = it, allow_shrink = N)
 //!                        poll_always    -> cpuN resume latency n/a  (others: their original)
 //!                        Yield windows  -> Yielders::set_windows    (0 parks a thread)
 //!  retention off         every knob back to what the agent found (stock); threads parked
@@ -47,7 +48,7 @@ impl IdleActuator {
         }
         let offer = self.writer.offer().clone();
         if offer.poll_window() && self.window_ns != Some(plan.poll_window_ns) {
-            self.writer.set_poll_window(journal, plan.poll_window_ns)?;
+            self.writer.set_fixed_poll_window(journal, plan.poll_window_ns)?;
             // A CPU's own window shrinks only after it halts: one whose idle periods stay
             // below its window would go on polling past a lowered cap.
             if self.window_ns.is_some_and(|w| plan.poll_window_ns < w) {
