@@ -143,7 +143,7 @@ impl Run<'_> {
                     self.dry_plan = Some(d.plan);
                     return Ok(());
                 }
-                // The controller applies a changed plan once two consecutive windows agree.
+                // The controller applies a vCPU's change of type once two consecutive windows agree on it.
                 if d.apply {
                     self.apply(d)?;
                 }
