@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::experiment::{Compute, Experiment, Mode, Policy, Scenario};
 use crate::guest::Accel;
-use crate::results::SummaryRow;
+use crate::results::{RunError, SummaryRow};
 use crate::runner::{self, LabResults, RunOptions, Sizing, WakeCosts};
 
 /// The matrix's default workloads and co-runners (the Gleaner paper's 7.2 co-runners).
@@ -197,7 +197,7 @@ pub fn table(m: &MatrixResults) -> String {
         let cons = crate::report::agent_cell(s);
         let mut note = match &s.failure {
             // A policy that cannot run here says why (one line: the reason's first sentence).
-            Some(why) if why.starts_with("not run:") => why.split(['\n', ';']).next().unwrap_or(why).to_string(),
+            Some(RunError::NotRun(why)) => format!("not run: {}", why.split(['\n', ';']).next().unwrap_or(why)),
             _ if s.runs_ok < s.runs => format!("{} run(s) failed: see the cell's runs.csv", s.runs - s.runs_ok),
             _ => String::new(),
         };
@@ -311,7 +311,13 @@ mod tests {
         let entry = |mode: &str, runs_ok, failure: Option<&str>| MatrixEntry {
             workload: Workload::Pipeline,
             co_runner: Workload::Matmul,
-            summary: SummaryRow { mode: mode.into(), runs_ok, runs: 7, failure: failure.map(String::from), ..Default::default() },
+            summary: SummaryRow {
+                mode: mode.into(),
+                runs_ok,
+                runs: 7,
+                failure: failure.map(|f| RunError::from(f.to_string())),
+                ..Default::default()
+            },
         };
         let why = "not run: the guest's cpuidle driver is none (not haltpoll): QEMU provides it only with -accel kvm";
         let m = MatrixResults {

@@ -189,7 +189,45 @@ pub struct Row {
     /// What the guest agent did in this step (agent policies).
     #[serde(default)]
     pub agent: Option<AgentSummary>,
-    pub error: Option<String>,
+    pub error: Option<RunError>,
+}
+
+/// Why a run gave no measurement. Written as one string (`not run: WHY` or the failure's
+/// message), as results documents have always had it, and read back once, here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum RunError {
+    /// The run was never started: the policy cannot run in this guest, or the guest's job
+    /// ended before its step.
+    NotRun(String),
+    /// It ran and failed, or printed no bench document.
+    Failed(String),
+}
+
+const NOT_RUN: &str = "not run: ";
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::NotRun(why) => write!(f, "{NOT_RUN}{why}"),
+            RunError::Failed(msg) => f.write_str(msg),
+        }
+    }
+}
+
+impl From<String> for RunError {
+    fn from(s: String) -> Self {
+        match s.strip_prefix(NOT_RUN) {
+            Some(why) => RunError::NotRun(why.to_string()),
+            None => RunError::Failed(s),
+        }
+    }
+}
+
+impl From<RunError> for String {
+    fn from(e: RunError) -> String {
+        e.to_string()
+    }
 }
 
 impl Row {
@@ -228,7 +266,7 @@ impl Row {
             }
             Err(e) => {
                 let head: String = stdout.chars().take(200).collect();
-                self.error = Some(format!("{e}; output: {head}"));
+                self.error = Some(RunError::Failed(format!("{e}; output: {head}")));
             }
         }
     }
@@ -272,7 +310,7 @@ const COLUMNS: &[Column] = &[
     ("mean_active_vcpus", |r| r.agent.as_ref().and_then(|a| a.mean_active).map_or(String::new(), |m| format!("{m:.3}"))),
     ("retention_on_share", |r| r.agent.as_ref().and_then(|a| a.retention_on_share).map_or(String::new(), |m| format!("{m:.3}"))),
     ("agent_cpu_ms", |r| r.agent.as_ref().and_then(|a| a.agent_cpu_ms).map_or(String::new(), |m| format!("{m:.1}"))),
-    ("error", |r| r.error.clone().unwrap_or_default()),
+    ("error", |r| r.error.as_ref().map(RunError::to_string).unwrap_or_default()),
 ];
 
 /// The header line of `runs.csv`.
@@ -311,7 +349,7 @@ pub struct SummaryRow {
     /// When no run succeeded: the first failed run's error (e.g. a policy `not run:` here, and
     /// why), so a matrix line says why it is empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure: Option<String>,
+    pub failure: Option<RunError>,
     pub wall_s: Option<f64>,
     /// Bootstrap 95% interval of the median wall time, s.
     #[serde(default)]
@@ -624,7 +662,7 @@ mod tests {
         assert!(parse_bench_output("").unwrap_err().contains("no JSON"));
         let mut row = Row::default();
         row.fill_from_bench("nothing");
-        assert!(row.error.as_deref().unwrap().contains("no JSON"));
+        assert!(matches!(&row.error, Some(RunError::Failed(m)) if m.contains("no JSON")), "{:?}", row.error);
     }
 
     #[test]
@@ -841,7 +879,7 @@ mod tests {
     fn csv_has_header_and_quotes() {
         let mut r = row("vm", "A", "on", 1, 1, Some(2), 1.0, None);
         r.host_vcpu_ns = vec![1, 2];
-        r.error = Some("bad, \"x\"".into());
+        r.error = Some(RunError::Failed("bad, \"x\"".into()));
         let csv = rows_csv(&[r]);
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines[0], csv_header());

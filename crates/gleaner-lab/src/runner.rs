@@ -33,7 +33,7 @@ use crate::experiment::{Compute, Experiment, Mode, Policy, Scenario};
 use crate::guest::{self, Accel, GuestSpec, LabError};
 use crate::native::NativeProc;
 use crate::qmp;
-use crate::results::{self, parse_bench_output, AgentSummary, Row, SummaryRow};
+use crate::results::{self, parse_bench_output, AgentSummary, Row, RunError, SummaryRow};
 use crate::session::{Session, StepResult};
 
 #[derive(Debug, Clone)]
@@ -126,27 +126,118 @@ pub fn mode_command(gleaner: &Path, workload: &[String], mode: &Mode) -> String 
     }
 }
 
+/// A setup step of a guest's job (named `setup.NAME`): sizing and provenance, not measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setup {
+    /// The guest's compute rate (the sizing guest).
+    Rate,
+    /// Table 2's wakeup latencies.
+    Wakeup,
+    /// One of the sizing guest's synchronization runs.
+    Sync(u32),
+    /// The agent's calibration at boot.
+    Calibrate,
+    /// Which cpuidle driver the guest runs.
+    Cpuidle,
+}
+
+/// What a step of a guest's job is, from its name. The job's shell carries names; the host
+/// writes them with [`StepKind::name`] and reads them back with [`StepKind::parse`] only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepKind {
+    Setup(Setup),
+    /// The co-runner's `n`-th iteration (`co.N`).
+    Co(u32),
+    /// A measured run, `MODE.REP`.
+    Measured {
+        mode: String,
+        rep: u32,
+    },
+    /// Anything else (a job the lab did not write).
+    Other(String),
+}
+
+const SETUP_PREFIX: &str = "setup.";
+const CO_PREFIX: &str = "co.";
+
+impl StepKind {
+    pub fn name(&self) -> String {
+        match self {
+            StepKind::Setup(s) => {
+                let n = match s {
+                    Setup::Rate => "rate".to_string(),
+                    Setup::Wakeup => "wakeup".into(),
+                    Setup::Sync(i) => format!("sync{i}"),
+                    Setup::Calibrate => "calibrate".into(),
+                    Setup::Cpuidle => "cpuidle".into(),
+                };
+                format!("{SETUP_PREFIX}{n}")
+            }
+            StepKind::Co(n) => format!("{CO_PREFIX}{n}"),
+            StepKind::Measured { mode, rep } => format!("{mode}.{rep}"),
+            StepKind::Other(s) => s.clone(),
+        }
+    }
+
+    pub fn parse(name: &str) -> StepKind {
+        if let Some(n) = name.strip_prefix(SETUP_PREFIX) {
+            let setup = match n {
+                "rate" => Some(Setup::Rate),
+                "wakeup" => Some(Setup::Wakeup),
+                "calibrate" => Some(Setup::Calibrate),
+                "cpuidle" => Some(Setup::Cpuidle),
+                _ => n.strip_prefix("sync").and_then(|i| i.parse().ok()).map(Setup::Sync),
+            };
+            return setup.map_or_else(|| StepKind::Other(name.into()), StepKind::Setup);
+        }
+        if let Some(n) = name.strip_prefix(CO_PREFIX).and_then(|n| n.parse().ok()) {
+            return StepKind::Co(n);
+        }
+        match name.rsplit_once('.').and_then(|(m, r)| Some((m, r.parse().ok()?))) {
+            Some((mode, rep)) if !mode.is_empty() => StepKind::Measured { mode: mode.into(), rep },
+            _ => StepKind::Other(name.into()),
+        }
+    }
+
+    pub fn is_setup(&self) -> bool {
+        matches!(self, StepKind::Setup(_))
+    }
+}
+
+impl crate::session::StepResult {
+    /// What this step is ([`StepKind::parse`] of its name).
+    pub fn kind(&self) -> StepKind {
+        StepKind::parse(&self.step)
+    }
+}
+
+/// `step NAME CMD` of a job.
+fn step_line(kind: &StepKind, cmd: &str) -> String {
+    format!("step {} {cmd}\n", kind.name())
+}
+
 /// A measured guest's job for one boot: setup steps, then for each rep every mode once, in an
 /// order rotated by the rep (`rep` 1: m1 m2 m3, rep 2: m2 m3 m1, ...), so no mode always
 /// runs first after boot or right after another.
 pub fn guest_job(modes: &[&Mode], reps: &[u32], gleaner: &Path, workload: &[String], wakeup: bool) -> String {
     let mut s = String::new();
     if wakeup {
-        s.push_str(&format!("step setup.wakeup {}\n", cmd_line(gleaner, &wakeup_args())));
+        s.push_str(&step_line(&StepKind::Setup(Setup::Wakeup), &cmd_line(gleaner, &wakeup_args())));
     }
     if modes.iter().any(|m| m.agent_args().is_some()) {
-        s.push_str(&format!("step setup.calibrate {}\n", cmd_line(gleaner, &["calibrate".into(), "--json".into()])));
+        s.push_str(&step_line(&StepKind::Setup(Setup::Calibrate), &cmd_line(gleaner, &["calibrate".into(), "--json".into()])));
     }
     if modes.iter().any(|m| m.policy() == Policy::Haltpoll) {
         // Runs that would silently measure stock are not worth their time: stop here when the
         // guest's haltpoll cpuidle driver did not register (the lab reports them as not run).
-        s.push_str(&format!("step setup.cpuidle cat {CPUIDLE_DRIVER}\n[ \"$(cat {CPUIDLE_DRIVER})\" = haltpoll ] || exit 0\n"));
+        s.push_str(&step_line(&StepKind::Setup(Setup::Cpuidle), &format!("cat {CPUIDLE_DRIVER}")));
+        s.push_str(&format!("[ \"$(cat {CPUIDLE_DRIVER})\" = haltpoll ] || exit 0\n"));
     }
     for &rep in reps {
         let n = modes.len();
         for i in 0..n {
             let m = modes[(i + rep as usize - 1) % n];
-            let name = format!("{}.{rep}", m.name);
+            let name = StepKind::Measured { mode: m.name.clone(), rep }.name();
             s.push_str(&format!("step {name} {}\n", mode_command(gleaner, workload, m)));
             if m.agent_args().is_some() {
                 s.push_str(&format!("attach {name} events {GUEST_EVENTS}\n"));
@@ -164,23 +255,106 @@ fn wakeup_args() -> Vec<String> {
     ["bench", "wakeup", "--setting", "A,B,C", "--rounds", "300", "--period-us", "500", "--json"].iter().map(|s| (*s).to_string()).collect()
 }
 
+/// Where a guest's wakeup costs were measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum WakePlace {
+    /// The sizing guest, alone on the pCPUs.
+    #[serde(rename = "alone")]
+    Alone,
+    /// The measured guest's first boot, next to VM B (`oc`).
+    #[serde(rename = "with co-runner")]
+    WithCoRunner,
+    /// VM A next to VM B (`oc2`).
+    #[serde(rename = "next to VM B")]
+    NextToVmB,
+}
+
+impl WakePlace {
+    pub const ALL: [WakePlace; 3] = [WakePlace::Alone, WakePlace::WithCoRunner, WakePlace::NextToVmB];
+
+    /// The words it is written as (in documents and reports).
+    pub fn label(self) -> &'static str {
+        match self {
+            WakePlace::Alone => "alone",
+            WakePlace::WithCoRunner => "with co-runner",
+            WakePlace::NextToVmB => "next to VM B",
+        }
+    }
+
+    /// Where the measured guest of `scenario` takes its wakeup measurement.
+    pub fn of(scenario: Scenario) -> Self {
+        match scenario {
+            Scenario::Uc => WakePlace::Alone,
+            Scenario::Oc => WakePlace::WithCoRunner,
+            Scenario::Oc2 => WakePlace::NextToVmB,
+        }
+    }
+}
+
+impl std::fmt::Display for WakePlace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// Where a wakeup measurement was taken and under which host halt-poll setting (`None`: the
+/// sizing guest, which runs once per experiment). Written as one string, `alone` or
+/// `with co-runner, halt_poll 0`, as results documents have always had it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct WakeContext {
+    pub place: WakePlace,
+    pub halt_poll: Option<String>,
+}
+
+const HALT_POLL_SEP: &str = ", halt_poll ";
+
+impl std::fmt::Display for WakeContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.halt_poll {
+            Some(hp) => write!(f, "{}{HALT_POLL_SEP}{hp}", self.place),
+            None => write!(f, "{}", self.place),
+        }
+    }
+}
+
+impl From<WakeContext> for String {
+    fn from(c: WakeContext) -> String {
+        c.to_string()
+    }
+}
+
+impl TryFrom<String> for WakeContext {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        let (place, halt_poll) = match s.split_once(HALT_POLL_SEP) {
+            Some((p, hp)) => (p, Some(hp.to_string())),
+            None => (s.as_str(), None),
+        };
+        let place = WakePlace::ALL.into_iter().find(|w| w.label() == place).ok_or_else(|| {
+            let allowed: Vec<String> = WakePlace::ALL.iter().map(|w| format!("'{w}'")).collect();
+            format!("wake cost context '{s}': allowed {} (optionally followed by '{HALT_POLL_SEP}SETTING')", allowed.join(", "))
+        })?;
+        Ok(WakeContext { place, halt_poll })
+    }
+}
+
 /// Wakeup latencies measured in a guest (setup step `setup.wakeup`), and where.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WakeCosts {
-    /// `alone` (the sizing guest, alone on the pCPUs) or `with co-runner` (the measured guest's
-    /// first boot, next to VM B) or `next to VM B` (oc2).
-    pub context: String,
+    pub context: WakeContext,
     pub guest: String,
     pub settings: Vec<gleaner_bench::wakeup::SettingResult>,
 }
 
-fn wake_costs(context: &str, guest: &str, stdout: &str) -> Option<WakeCosts> {
+fn wake_costs(context: WakeContext, guest: &str, stdout: &str) -> Option<WakeCosts> {
     let doc: gleaner_measure::report::WakeupDoc = gleaner_measure::report::from_output(stdout).ok()?;
     let mut settings = doc.settings;
     for s in &mut settings {
         s.samples_ns.clear();
     }
-    Some(WakeCosts { context: context.into(), guest: guest.into(), settings })
+    Some(WakeCosts { context, guest: guest.into(), settings })
 }
 
 /// `params.iters_per_us` of a bench JSON document.
@@ -191,7 +365,8 @@ pub fn calibrated_rate(stdout: &str) -> Option<f64> {
 
 /// The co-runner guest's job: the co-runner in a loop until the guest is killed.
 pub fn co_runner_job(args: &[String], gleaner: &Path) -> String {
-    format!("i=0\nwhile :; do i=$((i+1)); step co.$i {}; done\n", cmd_line(gleaner, args))
+    // The iteration's number comes from the shell: `co.$i` is `StepKind::Co(i)`'s name.
+    format!("i=0\nwhile :; do i=$((i+1)); step {CO_PREFIX}$i {}; done\n", cmd_line(gleaner, args))
 }
 
 fn qemu_version() -> String {
@@ -416,17 +591,17 @@ fn size_workload(
     }
     // ...and in one guest alone on the pCPUs, with the guest's compute rate.
     pb.set_message(format!("{}: sizing guest (compute rate, synchronization cost per item)", exp.name));
-    let mut job =
-        format!("step setup.rate {}\nstep setup.wakeup {}\n", cmd_line(&p.gleaner, &rate_args), cmd_line(&p.gleaner, &wakeup_args()));
+    let mut job = step_line(&StepKind::Setup(Setup::Rate), &cmd_line(&p.gleaner, &rate_args))
+        + &step_line(&StepKind::Setup(Setup::Wakeup), &cmd_line(&p.gleaner, &wakeup_args()));
     for i in 0..SIZING_RUNS {
-        job.push_str(&format!("step setup.sync{i} {}\n", cmd_line(&p.gleaner, &sync_args)));
+        job.push_str(&step_line(&StepKind::Setup(Setup::Sync(u32::try_from(i).unwrap_or(u32::MAX))), &cmd_line(&p.gleaner, &sync_args)));
     }
     let spec = p.spec(exp, &format!("lab-{}-sizing", exp.name), job, &[]);
     let timeout = p.deadline.saturating_duration_since(Instant::now());
     let (_, steps, _) = crate::session::run_single(&p.kernel, &p.busybox, &spec, timeout)?;
-    let guest_rate = steps.iter().find(|s| s.step == "setup.rate").and_then(|s| s.stdout.trim().parse::<f64>().ok());
-    match steps.iter().find(|s| s.step == "setup.wakeup") {
-        Some(s) => match wake_costs("alone", &spec.name, &s.stdout) {
+    let guest_rate = steps.iter().find(|s| s.kind() == StepKind::Setup(Setup::Rate)).and_then(|s| s.stdout.trim().parse::<f64>().ok());
+    match steps.iter().find(|s| s.kind() == StepKind::Setup(Setup::Wakeup)) {
+        Some(s) => match wake_costs(WakeContext { place: WakePlace::Alone, halt_poll: None }, &spec.name, &s.stdout) {
             Some(w) => p.wake_costs.push(w),
             None => p.notes.push(format!(
                 "{}: setup.wakeup (rc {}) printed no wakeup document: {}",
@@ -441,7 +616,8 @@ fn size_workload(
             steps.iter().map(|s| s.step.as_str()).collect::<Vec<_>>().join(", ")
         )),
     }
-    let guest_out: Vec<String> = steps.iter().filter(|s| s.step.starts_with("setup.sync")).map(|s| s.stdout.clone()).collect();
+    let guest_out: Vec<String> =
+        steps.iter().filter(|s| matches!(s.kind(), StepKind::Setup(Setup::Sync(_)))).map(|s| s.stdout.clone()).collect();
     let (Some(gr), Some(ns), Some(gs)) = (guest_rate, cpu_per_item_us(&native_out), cpu_per_item_us(&guest_out)) else {
         anyhow::bail!(
             "sizing the workload failed (guest steps: {})",
@@ -482,7 +658,7 @@ fn native_baseline(exp: &Experiment, p: &Prepared, wargs: &[String], pb: &Progre
             };
             row.fill_from_bench(&out);
             if rc != 0 && row.error.is_none() {
-                row.error = Some(format!("exit {rc}: {}", out.chars().take(300).collect::<String>()));
+                row.error = Some(RunError::Failed(format!("exit {rc}: {}", out.chars().take(300).collect::<String>())));
             }
             rows.push(row);
         }
@@ -595,7 +771,7 @@ fn progress_tick<'a>(cx: &'a PassCtx, pb: &'a ProgressBar) -> impl FnMut(&Sessio
         let now = s
             .states
             .iter()
-            .map(|x| x.steps.iter().filter(|st| !st.0.step.starts_with("co.") && !st.0.step.starts_with("setup.")).count())
+            .map(|x| x.steps.iter().filter(|st| !matches!(st.0.kind(), StepKind::Co(_) | StepKind::Setup(_))).count())
             .sum::<usize>();
         pb.set_position(before + now as u64);
         pb.set_message(format!("{} [{}, halt_poll {hp}]: {} ({})", exp.name, p.acc, parts.join(", "), left(p.deadline)));
@@ -657,17 +833,17 @@ fn collect_measured(cx: &PassCtx, s: &mut Session, (inst, id): (&'static str, us
     let (exp, p, hp, epoch) = (cx.exp, cx.p, cx.hp, cx.epoch);
     let name = s.guests[id].name.clone();
     let st = &s.states[id];
-    let cpuidle = st.steps.iter().find(|x| x.0.step == "setup.cpuidle").map(|x| x.0.stdout.trim().to_string());
+    let cpuidle = st.steps.iter().find(|x| x.0.kind() == StepKind::Setup(Setup::Cpuidle)).map(|x| x.0.stdout.trim().to_string());
     for &rep in boot.reps {
         for m in boot.modes {
-            let step = format!("{}.{rep}", m.name);
+            let step = StepKind::Measured { mode: m.name.clone(), rep }.name();
             if !st.steps.iter().any(|x| x.0.step == step) {
                 let why = match (&cpuidle, m.policy()) {
                     (Some(d), Policy::Haltpoll) if d != "haltpoll" => {
-                        format!("not run: the guest's cpuidle driver is {d} (not haltpoll): {}", haltpoll_reason(p.acc))
+                        format!("the guest's cpuidle driver is {d} (not haltpoll): {}", haltpoll_reason(p.acc))
                     }
                     _ => {
-                        format!("not run: {name}'s job ended before step {step} (rc {})", st.done.unwrap_or(-1))
+                        format!("{name}'s job ended before step {step} (rc {})", st.done.unwrap_or(-1))
                     }
                 };
                 pass.not_run.push((inst, m.name.clone(), rep, why));
@@ -678,17 +854,14 @@ fn collect_measured(cx: &PassCtx, s: &mut Session, (inst, id): (&'static str, us
         pass.boot_s.insert(format!("{name}@{hp}"), bs);
     }
     for (r, bi, ei) in &s.states[id].steps {
-        if r.step == "setup.wakeup" {
-            let context = match exp.scenario {
-                Scenario::Uc => "alone",
-                Scenario::Oc => "with co-runner",
-                Scenario::Oc2 => "next to VM B",
-            };
-            if let Some(w) = wake_costs(&format!("{context}, halt_poll {hp}"), &name, &r.stdout) {
+        let kind = r.kind();
+        if kind == StepKind::Setup(Setup::Wakeup) {
+            let context = WakeContext { place: WakePlace::of(exp.scenario), halt_poll: Some(hp.to_string()) };
+            if let Some(w) = wake_costs(context, &name, &r.stdout) {
                 pass.wake_costs.push(w);
             }
         }
-        if r.step.starts_with("setup.") {
+        if kind.is_setup() {
             pass.setup.push(SetupStep { guest: name.clone(), step: r.step.clone(), rc: r.rc, stdout: r.stdout.trim().to_string() });
             continue;
         }
@@ -788,11 +961,11 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
         host_fields(&mut row, r);
         row.fill_from_bench(&r.stdout);
         if row.error.is_none() && policy == Some(Policy::Haltpoll) && row.cpuidle_driver.as_deref() != Some("haltpoll") {
-            row.error = Some(format!(
+            row.error = Some(RunError::Failed(format!(
                 "the guest's cpuidle driver is {} (not haltpoll): {}",
                 row.cpuidle_driver.as_deref().unwrap_or("unknown"),
                 haltpoll_reason(p.acc)
-            ));
+            )));
         }
         rows.push(row);
     }
@@ -807,7 +980,7 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
             rep: *rep,
             rc: -1,
             gamma: p.gamma_vm,
-            error: Some(why.clone()),
+            error: Some(RunError::NotRun(why.clone())),
             ..Default::default()
         });
     }
@@ -817,7 +990,10 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
             instance: "B".into(),
             mode: "co-runner".into(),
             halt_poll: hp.into(),
-            rep: m.step.step.trim_start_matches("co.").parse().unwrap_or(0),
+            rep: match m.step.kind() {
+                StepKind::Co(n) => n,
+                _ => 0,
+            },
             rc: m.step.rc,
             begin_s: m.begin_s,
             end_s: m.end_s,
@@ -866,7 +1042,7 @@ fn mean_us(w: &WakeCosts, setting: gleaner_bench::wakeup::Setting) -> Option<f64
 /// scenario's conditions (the first non-`alone` measurement, else `alone`).
 fn add_bww_bounds(summary: &mut [SummaryRow], wake: &[WakeCosts], notes: &mut Vec<String>) {
     use gleaner_bench::wakeup::Setting;
-    let Some(w) = wake.iter().find(|w| w.context != "alone").or_else(|| wake.first()) else {
+    let Some(w) = wake.iter().find(|w| w.context.place != WakePlace::Alone).or_else(|| wake.first()) else {
         return;
     };
     let (Some(a), Some(c)) = (mean_us(w, Setting::A), mean_us(w, Setting::C)) else {
@@ -986,7 +1162,7 @@ fn guest_passes(exp: &Experiment, p: &mut Prepared, guest_args: &[String], quick
 /// no report is a note.
 fn calibration_notes(setup: &[SetupStep], notes: &mut Vec<String>) -> Vec<(String, gleaner_agent::CalibrateReport)> {
     let mut calibrations = Vec::new();
-    for st in setup.iter().filter(|s| s.step == "setup.calibrate" && s.rc == 0) {
+    for st in setup.iter().filter(|s| StepKind::parse(&s.step) == StepKind::Setup(Setup::Calibrate) && s.rc == 0) {
         match serde_json::from_str::<gleaner_agent::CalibrateReport>(&st.stdout) {
             Ok(c) => {
                 notes.push(format!(
@@ -1010,7 +1186,7 @@ fn failure_notes(setup: &[SetupStep], rows: &[Row], notes: &mut Vec<String>) {
     }
     let failed: Vec<&Row> = rows.iter().filter(|r| !r.ok() && r.mode != "co-runner").collect();
     if !failed.is_empty() {
-        let mut why: Vec<String> = failed.iter().filter_map(|r| r.error.clone()).collect();
+        let mut why: Vec<String> = failed.iter().filter_map(|r| r.error.as_ref().map(RunError::to_string)).collect();
         why.dedup();
         notes.push(format!(
             "{} run(s) failed or printed no bench JSON: {}",
@@ -1118,5 +1294,43 @@ mod tests {
     fn calibration_rate_from_bench_json() {
         assert_eq!(calibrated_rate("{\"params\":{}}"), None);
         assert_eq!(calibrated_rate(""), None);
+    }
+
+    #[test]
+    fn wake_contexts_read_and_write_as_the_strings_results_always_had() {
+        for (text, place, hp) in [
+            ("alone", WakePlace::Alone, None),
+            ("with co-runner, halt_poll n/a", WakePlace::WithCoRunner, Some("n/a")),
+            ("next to VM B, halt_poll 0", WakePlace::NextToVmB, Some("0")),
+        ] {
+            let c: WakeContext = serde_json::from_str(&format!("\"{text}\"")).unwrap();
+            assert_eq!(c, WakeContext { place, halt_poll: hp.map(str::to_string) });
+            assert_eq!(serde_json::to_string(&c).unwrap(), format!("\"{text}\""));
+        }
+        let e = serde_json::from_str::<WakeContext>("\"beside B\"").unwrap_err().to_string();
+        assert!(e.contains("'beside B'") && e.contains("'alone', 'with co-runner', 'next to VM B'"), "{e}");
+        assert_eq!(WakePlace::of(Scenario::Oc), WakePlace::WithCoRunner);
+    }
+
+    #[test]
+    fn step_names_parse_to_what_wrote_them() {
+        for k in [
+            StepKind::Setup(Setup::Rate),
+            StepKind::Setup(Setup::Wakeup),
+            StepKind::Setup(Setup::Sync(3)),
+            StepKind::Setup(Setup::Calibrate),
+            StepKind::Setup(Setup::Cpuidle),
+            StepKind::Co(12),
+            StepKind::Measured { mode: "gleaner".into(), rep: 2 },
+            StepKind::Measured { mode: "idle-poll".into(), rep: 7 },
+        ] {
+            assert_eq!(StepKind::parse(&k.name()), k);
+        }
+        assert_eq!(StepKind::parse("exec"), StepKind::Other("exec".into()));
+        assert_eq!(StepKind::parse("setup.unknown"), StepKind::Other("setup.unknown".into()));
+        // What the co-runner's shell loop names its third iteration.
+        let job = co_runner_job(&["x".into()], Path::new("/g"));
+        assert!(job.contains("step co.$i "), "{job}");
+        assert_eq!(StepKind::parse(&job.split("step ").nth(1).unwrap().split(' ').next().unwrap().replace("$i", "3")), StepKind::Co(3));
     }
 }

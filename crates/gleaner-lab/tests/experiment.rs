@@ -178,7 +178,10 @@ fn policies_that_need_another_kernel_command_line_get_their_own_boots() {
     assert_eq!(rows("haltpoll").len(), 2);
     if r.accel == gleaner_lab::guest::Accel::Tcg {
         for x in rows("haltpoll") {
-            assert!(x.error.as_deref().is_some_and(|e| e.contains("not haltpoll") && e.contains("kvm_para_available")), "{x:?}");
+            assert!(
+                x.error.as_ref().map(ToString::to_string).is_some_and(|e| e.contains("not haltpoll") && e.contains("kvm_para_available")),
+                "{x:?}"
+            );
         }
     } else {
         // Under KVM the forced driver loads: the runs ran with it.

@@ -12,7 +12,7 @@ use crate::experiment::Policy;
 use crate::guest::Accel;
 use crate::matrix::MatrixResults;
 use crate::results::{Row, SummaryRow};
-use crate::runner::{bench_workload_params, LabResults, Sizing, WakeCosts};
+use crate::runner::{bench_workload_params, LabResults, Sizing, WakeCosts, WakePlace};
 
 /// A `gleaner bench workload` kernel as a guest ran it: the kernel and its typed size, with the
 /// thread count the guest used.
@@ -198,12 +198,12 @@ impl LabCell {
 
     /// The wakeup measurement taken alone on the pCPUs (the sizing guest), if any.
     pub fn wake_alone(&self) -> Option<&WakeCosts> {
-        self.wake_costs.iter().find(|w| w.context.starts_with("alone"))
+        self.wake_costs.iter().find(|w| w.context.place == WakePlace::Alone)
     }
 
     /// The wakeup measurement in VM A next to VM B, for host halt-poll setting `hp` (or any).
     pub fn wake_with_co_runner(&self, hp: &str) -> Option<&WakeCosts> {
-        let with: Vec<&WakeCosts> = self.wake_costs.iter().filter(|w| w.context.starts_with("with co-runner")).collect();
-        with.iter().find(|w| w.context.ends_with(&format!("halt_poll {hp}"))).or(with.first()).copied()
+        let with: Vec<&WakeCosts> = self.wake_costs.iter().filter(|w| w.context.place == WakePlace::WithCoRunner).collect();
+        with.iter().find(|w| w.context.halt_poll.as_deref() == Some(hp)).or(with.first()).copied()
     }
 }

@@ -33,6 +33,7 @@ pub use crate::cli::PredictArgs;
 use crate::experiment::Policy;
 use crate::guest::Accel;
 use crate::results::{co_runner_rate, Row};
+use crate::runner::WakePlace;
 use input::LabCell;
 use model::{HostSched, ModelOptions, WakeStat};
 use report::{CellPrediction, Compared, Lat, Measured, Mechanics, PolicyPrediction, Prediction, WakeCheck};
@@ -295,9 +296,9 @@ fn wake_check(cell: &LabCell, hp: &str, sc: &Scenario, seed: u64) -> anyhow::Res
     let yielders = model::variant_for("B", Policy::Yielders, &model::agent_plan(cell, hp), false);
     let stock = VariantCfg { host_halt_poll: sc.variants[0].host_halt_poll, ..VariantCfg::named("C", GuestPolicy::Stock) };
     let co = sc.workloads.get("B").cloned();
-    let mut cases = Vec::new();
-    for (ctx, with) in [("alone", None), ("with co-runner", co)] {
-        if ctx != "alone" && with.is_none() {
+    let (mut cases, mut places) = (Vec::new(), Vec::new());
+    for (ctx, with) in [(WakePlace::Alone, None), (WakePlace::WithCoRunner, co)] {
+        if ctx != WakePlace::Alone && with.is_none() {
             continue;
         }
         let mut s = model::scenario(
@@ -310,12 +311,13 @@ fn wake_check(cell: &LabCell, hp: &str, sc: &Scenario, seed: u64) -> anyhow::Res
             vec![stock.clone(), yielders.clone()],
         );
         s.costs = sc.costs.clone();
-        cases.push((ctx.to_string(), s));
+        cases.push((ctx.label().to_string(), s));
+        places.push(ctx);
     }
     let r = gleaner_sim::run_cases("wake", "", &cases, seed, false)?;
     let mut out = Vec::new();
-    for (ci, (ctx, _)) in cases.iter().enumerate() {
-        let lab = if ctx == "alone" { cell.wake_alone() } else { cell.wake_with_co_runner(hp) };
+    for (ci, ctx) in places.iter().enumerate() {
+        let lab = if *ctx == WakePlace::Alone { cell.wake_alone() } else { cell.wake_with_co_runner(hp) };
         for (vi, setting) in [(0, Setting::C), (1, Setting::B)] {
             let l = r.cases[ci].variants[vi].vms[0].wake_latency;
             let lab = lab
@@ -323,7 +325,7 @@ fn wake_check(cell: &LabCell, hp: &str, sc: &Scenario, seed: u64) -> anyhow::Res
                 .and_then(|s| Some(Lat { p50_us: s.p50_us?, mean_us: s.mean_us?, p99_us: s.p99_us? }));
             out.push(WakeCheck {
                 setting: format!("{setting:?}"),
-                context: ctx.clone(),
+                context: *ctx,
                 lab,
                 sim: Lat { p50_us: l.p50_us, mean_us: l.mean_us, p99_us: l.p99_us },
             });

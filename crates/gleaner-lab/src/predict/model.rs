@@ -477,7 +477,7 @@ pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
                     Ok(results),
                     format!(
                         "the lab's wakeup medians as a flat curve, B p50 {b:.0} us and C p50 {c:.0} us ({})",
-                        w.map_or("", |w| w.context.as_str())
+                        w.map_or(String::new(), |w| w.context.to_string())
                     ),
                 )
             }

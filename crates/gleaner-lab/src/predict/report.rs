@@ -163,8 +163,8 @@ pub struct Lat {
 pub struct WakeCheck {
     /// `B` (the waiter's vCPU runs a yielder) or `C` (it halts).
     pub setting: String,
-    /// `alone` or `with co-runner`.
-    pub context: String,
+    /// Alone or next to the co-runner (written `alone`, `with co-runner`).
+    pub context: crate::runner::WakePlace,
     pub lab: Option<Lat>,
     pub sim: Lat,
 }
