@@ -436,3 +436,54 @@ fn consolidation_does_not_decide_across_a_change_of_idle_policy() {
     let mut alone = Controller::new(vec![0, 1], Params::default());
     assert!(!alone.step(&server_period(0, 50_000).snapshot).is_empty());
 }
+
+/// A CPU-saturated workload (8 lock-bound threads on 2 vCPUs): thousands of short idle periods
+/// a second, but under 2% of the vCPUs' time idle. Kernel polling is not planned there (it
+/// could win at most that share and cost `sysbench threads` 8%), yielders are left alone (they
+/// did not cost it), and polling comes back with the idle time.
+#[test]
+fn a_saturated_workload_gets_no_kernel_polling() {
+    let saturated = || {
+        let mut r = server_period(0, 50_000);
+        let t = r.trace.as_mut().unwrap();
+        t.vcpus[1].woken = Log2Hist::default();
+        t.vcpus[1].woken.record_n(20_000, 150);
+        r.idle[1].idle_ns = 3_000_000;
+        r.idle[1].entries = Some(150);
+        r
+    };
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    g.step(&saturated());
+    let s = g.step(&saturated());
+    assert!(g.saturated());
+    assert!(!s.plan.retains(), "{:?}", s.plan);
+    assert!(s.planned.vcpus.iter().all(|v| v.why == PlanReason::Saturated), "{:?}", s.planned);
+    // The same periods without saturation (steal, not the workload, took the time): polled.
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    let stolen = || {
+        let mut r = saturated();
+        for v in &mut r.idle {
+            v.steal_ns = PERIOD - 4_000_000;
+        }
+        r
+    };
+    g.step(&stolen());
+    let s = g.step(&stolen());
+    assert!(!g.saturated());
+    assert_eq!(s.plan.of(1).unwrap().mechanism, Mechanism::Poll, "{:?}", s.plan);
+    // Yielders only: the rule does not apply.
+    let mut y = cfg(Means { poll_window: false, poll_always: false, yielders: true });
+    y.governor = None;
+    let mut g = GuestController::new(y);
+    g.step(&saturated());
+    let s = g.step(&saturated());
+    assert_eq!(s.plan.of(1).unwrap().mechanism, Mechanism::Yield, "{:?}", s.plan);
+    // Idle time back: polling back at once (the smoothed share halves the old).
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    for _ in 0..3 {
+        g.step(&saturated());
+    }
+    let s = g.step(&server_period(0, 50_000));
+    assert!(!g.saturated());
+    assert_eq!(s.plan.of(1).unwrap().mechanism, Mechanism::Poll, "{:?}", s.plan);
+}

@@ -165,6 +165,10 @@ pub enum PlanReason {
     RetentionOff,
     /// Nothing seen yet: the kernel's upstream haltpoll window, until the first plan.
     Initial,
+    /// The workload leaves the vCPUs (almost) no idle time: kernel polling could win at most
+    /// that share, and polling the few short gaps cost a lock-bound workload throughput (guest
+    /// loop, `SATURATED_IDLE_SHARE`).
+    Saturated,
 }
 
 /// The plan of every vCPU, and the kernel settings it maps to.
@@ -202,13 +206,18 @@ impl IdlePlan {
         Self { vcpus, poll_window_ns: window_ns, poll_always: Vec::new() }
     }
 
-    /// Retention off: every vCPU as the machine leaves it.
-    pub fn off(cpus: impl IntoIterator<Item = u32>) -> Self {
+    /// Every vCPU halts, for `why`.
+    pub fn halt_because(cpus: impl IntoIterator<Item = u32>, why: PlanReason) -> Self {
         let mut p = Self::halt(cpus);
         for v in &mut p.vcpus {
-            v.why = PlanReason::RetentionOff;
+            v.why = why;
         }
         p
+    }
+
+    /// Retention off: every vCPU as the machine leaves it.
+    pub fn off(cpus: impl IntoIterator<Item = u32>) -> Self {
+        Self::halt_because(cpus, PlanReason::RetentionOff)
     }
 
     /// Every vCPU yields with the same fixed window (`--timeout-us`).
@@ -329,11 +338,7 @@ pub fn plan(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuIn
         return plan_polling(means, curve, cfg, inputs);
     }
     if !means.yielders {
-        let mut p = IdlePlan::halt(cpus);
-        for v in &mut p.vcpus {
-            v.why = PlanReason::NoMechanism;
-        }
-        return p;
+        return IdlePlan::halt_because(cpus, PlanReason::NoMechanism);
     }
     let vcpus = inputs.iter().map(|i| best_alone(curve, Mechanism::Yield, cfg, i, true, true)).collect();
     IdlePlan { vcpus, poll_window_ns: 0, poll_always: Vec::new() }
