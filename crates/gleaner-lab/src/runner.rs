@@ -181,14 +181,13 @@ impl StepKind {
 
     pub fn parse(name: &str) -> StepKind {
         if let Some(n) = name.strip_prefix(SETUP_PREFIX) {
-            let setup = match n {
-                "rate" => Some(Setup::Rate),
-                "wakeup" => Some(Setup::Wakeup),
-                "calibrate" => Some(Setup::Calibrate),
-                "cpuidle" => Some(Setup::Cpuidle),
-                _ => n.strip_prefix("sync").and_then(|i| i.parse().ok()).map(Setup::Sync),
-            };
-            return setup.map_or_else(|| StepKind::Other(name.into()), StepKind::Setup);
+            // The names `name` writes, read back through it (one table: its match).
+            let fixed = [Setup::Rate, Setup::Wakeup, Setup::Calibrate, Setup::Cpuidle].into_iter();
+            let setup = fixed
+                .map(StepKind::Setup)
+                .find(|k| k.name() == name)
+                .or_else(|| n.strip_prefix("sync").and_then(|i| i.parse().ok()).map(|i| StepKind::Setup(Setup::Sync(i))));
+            return setup.unwrap_or_else(|| StepKind::Other(name.into()));
         }
         if let Some(n) = name.strip_prefix(CO_PREFIX).and_then(|n| n.parse().ok()) {
             return StepKind::Co(n);
@@ -544,7 +543,7 @@ pub struct Sizing {
 
 /// Items of a sizing run (no compute: synchronization alone).
 const SIZING_ITEMS: u64 = 2000;
-const SIZING_RUNS: usize = 3;
+const SIZING_RUNS: u32 = 3;
 
 /// The workload's arguments for (native, guest) runs, fixing the compute per item (see
 /// [`Compute`]): the compute rate is measured natively and, for `balanced`, in one guest
@@ -594,7 +593,7 @@ fn size_workload(
     let mut job = step_line(&StepKind::Setup(Setup::Rate), &cmd_line(&p.gleaner, &rate_args))
         + &step_line(&StepKind::Setup(Setup::Wakeup), &cmd_line(&p.gleaner, &wakeup_args()));
     for i in 0..SIZING_RUNS {
-        job.push_str(&step_line(&StepKind::Setup(Setup::Sync(u32::try_from(i).unwrap_or(u32::MAX))), &cmd_line(&p.gleaner, &sync_args)));
+        job.push_str(&step_line(&StepKind::Setup(Setup::Sync(i)), &cmd_line(&p.gleaner, &sync_args)));
     }
     let spec = p.spec(exp, &format!("lab-{}-sizing", exp.name), job, &[]);
     let timeout = p.deadline.saturating_duration_since(Instant::now());
@@ -1310,6 +1309,10 @@ mod tests {
         let e = serde_json::from_str::<WakeContext>("\"beside B\"").unwrap_err().to_string();
         assert!(e.contains("'beside B'") && e.contains("'alone', 'with co-runner', 'next to VM B'"), "{e}");
         assert_eq!(WakePlace::of(Scenario::Oc), WakePlace::WithCoRunner);
+        // A place alone (`WakeCheck::context`) is written as its label too.
+        for w in WakePlace::ALL {
+            assert_eq!(serde_json::to_string(&w).unwrap(), format!("\"{}\"", w.label()));
+        }
     }
 
     #[test]

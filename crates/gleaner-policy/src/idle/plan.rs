@@ -21,8 +21,9 @@
 //! polling comes in two forms ([`Means`]): the `haltpoll` governor's window, one for every
 //! CPU (the agent fixes it there: no growing from 50 us, no shrinking after a long idle period,
 //! so the window the kernel keeps is the one modelled here), and "always" (a 0 us resume
-//! latency limit on one CPU). The planner picks the one cap that maximizes the summed value of every vCPU, each
-//! vCPU either living with that cap or polling always if that is worth more to it.
+//! latency limit on one CPU). The planner picks the one cap that maximizes the summed value
+//! of every vCPU, each vCPU either living with that cap or polling always if that is worth
+//! more to it.
 //!
 //! Why these rules. The 2-competitive timeout `max(C, 2(C - B))` that retention used before
 //! assumed a constant halt cost; on a KVM host that polls halted vCPUs the cost depends on the
