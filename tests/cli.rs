@@ -66,6 +66,8 @@ fn bad_input_exits_2_with_one_line() {
         &["lab", "predict", "/nonexistent/lab-results"],
         &["lab", "predict", g],
         &["completions", "tcsh"],
+        &["run", "--vm-share", "1.5", "--", "true"],
+        &["run", "--budget", "0", "--", "true"],
     ];
     for args in cases {
         let out = gleaner().args(*args).output().unwrap();

@@ -22,6 +22,11 @@ pub struct AgentFlags {
     /// cheaper; docs/agent.md).
     #[arg(long, value_name = "SHARE")]
     pub budget: Option<f64>,
+    /// Share of the managed vCPUs' time the workload and retention together may fill, in (0,
+    /// 1] (default 0.9: headroom for a host that caps the VM's CPU at its vCPU count and stops
+    /// the VM when it uses that up; 1 where the host has no cap; docs/agent.md).
+    #[arg(long, value_name = "SHARE")]
+    pub vm_share: Option<f64>,
     /// Leave the kernel's idle knobs alone (haltpoll window, per-CPU resume latency): keep
     /// vCPUs from halting with yielding threads only.
     #[arg(long)]
@@ -93,6 +98,9 @@ impl AgentFlags {
         }
         if let Some(v) = self.budget {
             cfg.budget = v;
+        }
+        if let Some(v) = self.vm_share {
+            cfg.vm_share = v;
         }
         if self.no_kernel_polling {
             cfg.kernel_polling = false;

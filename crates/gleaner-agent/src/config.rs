@@ -22,6 +22,9 @@ pub struct AgentConfig {
     pub budget: f64,
     /// Wakeup latency (ns) one ns of that CPU must save to be spent, 0..=1.
     pub price: f64,
+    /// Share of the managed vCPUs' time the workload and retention together may fill, (0, 1]
+    /// (headroom for a host that caps the VM's CPU).
+    pub vm_share: f64,
     /// Use the kernel's polling (haltpoll window, per-CPU resume latency) where offered;
     /// `false` leaves the kernel's idle knobs alone (yielding threads only).
     pub kernel_polling: bool,
@@ -102,6 +105,7 @@ impl Default for AgentConfig {
             retention: true,
             budget: gleaner_policy::idle::plan::DEFAULT_BUDGET,
             price: gleaner_policy::idle::plan::DEFAULT_PRICE,
+            vm_share: gleaner_policy::idle::plan::DEFAULT_VM_SHARE,
             kernel_polling: true,
             trace: true,
             consolidation: true,
@@ -195,8 +199,13 @@ impl AgentConfig {
         }
         let plan = self.plan_config();
         if let Err(e) = plan.validate() {
-            let (key, value) = if e.starts_with("budget") { ("budget", self.budget) } else { ("price", self.price) };
-            let allowed = if key == "budget" { "a share of a vCPU in (0, 1], e.g. 0.5" } else { "0..=1 (latency ns per CPU ns)" };
+            let (key, value, allowed) = if e.starts_with("budget") {
+                ("budget", self.budget, "a share of a vCPU in (0, 1], e.g. 0.5")
+            } else if e.starts_with("vm_share") {
+                ("vm_share", self.vm_share, "a share of the managed vCPUs in (0, 1], e.g. 0.9")
+            } else {
+                ("price", self.price, "0..=1 (latency ns per CPU ns)")
+            };
             return Err(BadInput::new(key, value, allowed).into());
         }
         self.controller.validate().map_err(|e| BadInput::new("controller parameter", e, "see `gleaner daemon --print-config`"))?;
@@ -219,7 +228,7 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 impl AgentConfig {
     /// The idle planner's configuration.
     pub fn plan_config(&self) -> gleaner_policy::idle::PlanConfig {
-        gleaner_policy::idle::PlanConfig { budget: self.budget, price: self.price, ..Default::default() }
+        gleaner_policy::idle::PlanConfig { budget: self.budget, price: self.price, vm_share: self.vm_share, ..Default::default() }
     }
 
     /// Where this agent's calibration record lives and how long it stays valid.
@@ -248,6 +257,11 @@ budget = 1.0
 # Wakeup latency (ns) one ns of that CPU must save to be spent: 0.01 means a microsecond of
 # wakeup latency is worth up to 100 us of otherwise idle vCPU.
 price = 0.01
+# Share of the managed vCPUs' time the workload and retention together may fill, (0, 1].
+# Polling is busy time to the host, and a host that caps the VM's CPU at its vCPU count (a
+# cgroup quota) stops the whole VM for the rest of its period when the VM uses it up (here:
+# 100 ms stalls with both vCPUs at 100%, none at 95%). 1 on a host known to have no cap.
+vm_share = 0.9
 # Use the kernel's idle knobs (haltpoll window guest_halt_poll_ns, per-CPU
 # pm_qos_resume_latency_us); every knob is put back on exit, by the guardian after kill -9,
 # or by `gleaner restore`. false: yielding threads only.
@@ -376,6 +390,8 @@ mod tests {
             ("budget = 0", "budget"),
             ("budget = 1.5", "budget"),
             ("price = -1", "price"),
+            ("vm_share = 0", "vm_share"),
+            ("vm_share = 1.2", "vm_share"),
             ("timeout_us = 0", "timeout_us"),
             ("step_aside_us = 5000", "step_aside_us"),
             ("calibration_max_age_s = 99999999999", "calibration_max_age_s"),

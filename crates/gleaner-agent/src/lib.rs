@@ -227,11 +227,12 @@ fn print_idle_status(i: &status::IdleStatus) {
             .collect();
         let spent: f64 = p.expected_cost_vcpus();
         println!(
-            "  idle plan: {} (expected {:.2} vCPU; budget {:.2} per vCPU, price {})",
+            "  idle plan: {} (expected {:.2} vCPU; budget {:.2} per vCPU, price {}, VM share {})",
             per.join("  "),
             spent,
             i.plan_config.budget,
-            i.plan_config.price
+            i.plan_config.price,
+            i.plan_config.vm_share
         );
     }
     match (&i.gaps_from, &i.tracer_note) {

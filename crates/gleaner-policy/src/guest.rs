@@ -365,7 +365,8 @@ impl GuestController {
         // window shared from a handful of wakeups is not: a sockperf server's start-up woke it
         // twice, the agent counted that as seeing the workload and halted the idle server,
         // which consolidation then packed onto one vCPU).
-        self.informed |= planned.vcpus.iter().any(|v| matches!(v.why, PlanReason::BestValue | PlanReason::NothingPays));
+        self.informed |=
+            planned.vcpus.iter().any(|v| matches!(v.why, PlanReason::BestValue | PlanReason::NothingPays | PlanReason::VmShare));
         let reading = epoch_reading(r, u32::try_from(active.len()).unwrap_or(u32::MAX));
         let governor = self.governor.as_mut().map(|g| g.step(&reading));
         self.mode = governor.map_or(self.mode, |g| g.mode);

@@ -14,6 +14,8 @@
 //!     value(W)  = saving(W) - price * cost(W)                       price: latency ns a CPU ns
 //!                                                                   must buy (default 0.01)
 //!  choose the W of highest value with cost(W) <= budget * traced time; none pays: halt (W = 0)
+//!  then over every vCPU: workload busy + retention <= vm_share * vCPUs, lowering the windows
+//!  that lose least value per vCPU freed until it holds
 //! ```
 //!
 //! Kernel polling beats yielding wherever the machine has it (no IPI, no `SCHED_IDLE` thread
@@ -31,6 +33,13 @@
 //! at about C, so it could never reach the gaps where halting costs. It also priced a
 //! microsecond spent on an otherwise idle vCPU like one on the workload's critical path. The
 //! planner prices it explicitly (`price`) and bounds it (`budget`).
+//!
+//! Why a VM share. A host that caps a VM's CPU (a cgroup quota, commonly the VM's vCPU count)
+//! stops the whole VM when it uses the quota up: on these development VMs two vCPUs kept at
+//! 100% stalled for 100 ms about once every 3 s each (10 stalls in 30 s), at 95% each never
+//! (`scripts/bench/host-quota.py`). Polling is busy time to the host, so a plan that polled
+//! both vCPUs whole turned a server's quiet tail into 100 ms stalls (the open loop at 200
+//! requests/s: p99 7 ms in the runs that met one). The planner leaves the VM that headroom.
 
 use serde::{Deserialize, Serialize};
 
@@ -90,6 +99,10 @@ pub struct PlanConfig {
     /// Wakeup latency (ns) one ns of that CPU must save to be spent: the exchange rate
     /// between a vCPU's otherwise idle time and the workload's wakeups.
     pub price: f64,
+    /// Share of the managed vCPUs' time the workload and retention together may fill, in (0,
+    /// 1]: retention leaves the rest idle, so that a host capping the VM's CPU at its vCPU
+    /// count never has to stop it (module documentation). 1 on a host known to have no cap.
+    pub vm_share: f64,
     /// Fewer woken idle periods than this in the observed window: too little to plan from
     /// (the vCPU halts, as stock).
     pub min_woken: u64,
@@ -100,10 +113,13 @@ pub struct PlanConfig {
 pub const DEFAULT_BUDGET: f64 = 1.0;
 /// The default price: a microsecond of wakeup latency is worth up to 100 us of idle vCPU.
 pub const DEFAULT_PRICE: f64 = 0.01;
+/// The default VM share: 90% of the managed vCPUs, a margin under the 95% at which this
+/// VM's host was never seen to stop it (polling's use varies period to period).
+pub const DEFAULT_VM_SHARE: f64 = 0.9;
 
 impl Default for PlanConfig {
     fn default() -> Self {
-        Self { budget: DEFAULT_BUDGET, price: DEFAULT_PRICE, min_woken: 8 }
+        Self { budget: DEFAULT_BUDGET, price: DEFAULT_PRICE, vm_share: DEFAULT_VM_SHARE, min_woken: 8 }
     }
 }
 
@@ -115,6 +131,9 @@ impl PlanConfig {
         }
         if !(0.0..=1.0).contains(&self.price) {
             return Err(format!("price = {}: allowed 0..=1 (latency ns per CPU ns)", self.price));
+        }
+        if !(self.vm_share > 0.0 && self.vm_share <= 1.0) {
+            return Err(format!("vm_share = {}: allowed a share of the VM's vCPUs in (0, 1]", self.vm_share));
         }
         Ok(())
     }
@@ -166,6 +185,9 @@ pub enum PlanReason {
     RetentionOff,
     /// Nothing seen yet: the kernel's upstream haltpoll window, until the first plan.
     Initial,
+    /// Its best option did not fit the VM's share (`vm_share`): the window is the most
+    /// valuable one that let every vCPU's plan fit.
+    VmShare,
     /// The workload leaves the vCPUs (almost) no idle time: kernel polling could win at most
     /// that share, and polling the few short gaps cost a lock-bound workload throughput (guest
     /// loop, `SATURATED_IDLE_SHARE`).
@@ -306,29 +328,85 @@ fn plan_of(cpu: u32, mechanism: Mechanism, window_ns: u64, estimate: Estimate, w
     VcpuPlan { cpu, mechanism, window_ns, estimate, why }
 }
 
-/// The best window for one vCPU on its own (yielders, or "always" polling only): the highest
-/// value within its budget among 0, the candidate windows and, if `always`, [`ALWAYS`].
-fn best_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &VcpuInput<'_>, finite: bool, always: bool) -> VcpuPlan {
+/// One way to run a vCPU (a mechanism and window), and its value at the price.
+#[derive(Debug, Clone, Copy)]
+struct Choice {
+    plan: VcpuPlan,
+    value: f64,
+}
+
+impl Choice {
+    fn cost(&self) -> f64 {
+        self.plan.estimate.cost_share
+    }
+}
+
+/// Every way to run one vCPU on its own (yielders, or "always" polling only) within its
+/// budget that pays at the price, among the candidate windows (`finite`) and [`ALWAYS`]
+/// (`always`), plus halting; the best first.
+fn options_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &VcpuInput<'_>, finite: bool, always: bool) -> Vec<Choice> {
     let cpu = input.gaps.cpu;
     let none = estimate(curve, m, input.gaps, input.observed_ns, 0);
     if input.gaps.workload().count() < cfg.min_woken {
-        return plan_of(cpu, Mechanism::Halt, 0, none, PlanReason::TooFewWakeups);
+        return vec![Choice { plan: plan_of(cpu, Mechanism::Halt, 0, none, PlanReason::TooFewWakeups), value: 0.0 }];
     }
-    let mut best: Option<(f64, u64, Estimate)> = None;
     let cands = windows().filter(|_| finite).chain(always.then_some(ALWAYS));
-    for w in cands {
-        let e = estimate(curve, m, input.gaps, input.observed_ns, w);
-        if e.cost_share > input.budget {
-            continue;
+    let mut paying: Vec<Choice> = cands
+        .map(|w| (w, estimate(curve, m, input.gaps, input.observed_ns, w)))
+        .filter(|(_, e)| e.cost_share <= input.budget)
+        .map(|(w, e)| Choice { plan: plan_of(cpu, m, w, e, PlanReason::BestValue), value: value(&e, cfg.price) })
+        .filter(|o| o.value > 0.0)
+        .collect();
+    // Highest value first; among equals the cheaper window (the order the scan used to keep).
+    paying.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.cost().total_cmp(&b.cost())));
+    let why = if paying.is_empty() { PlanReason::NothingPays } else { PlanReason::BestValue };
+    paying.push(Choice { plan: plan_of(cpu, Mechanism::Halt, 0, none, why), value: 0.0 });
+    paying
+}
+
+/// The best way to run one vCPU on its own ([`options_alone`]).
+fn best_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &VcpuInput<'_>, finite: bool, always: bool) -> VcpuPlan {
+    options_alone(curve, m, cfg, input, finite, always)[0].plan
+}
+
+/// Share of its observed time a vCPU was idle (the workload left it).
+fn idle_share(input: &VcpuInput<'_>) -> f64 {
+    (input.gaps.all().sum_ns() as f64 / input.observed_ns.max(1) as f64).min(1.0)
+}
+
+/// Retention CPU the VM may spend, in vCPUs: what keeps the workload's busy time plus
+/// retention within `vm_share` of the managed vCPUs.
+fn vm_allowance(cfg: &PlanConfig, inputs: &[VcpuInput<'_>]) -> f64 {
+    let busy: f64 = inputs.iter().map(|i| 1.0 - idle_share(i)).sum();
+    (cfg.vm_share * inputs.len() as f64 - busy).max(0.0)
+}
+
+/// Picks one option per vCPU (`options[v]`, any order) so that their summed cost fits
+/// `allowance`: each vCPU starts at its most valuable option, then, while the sum is over,
+/// the move to a cheaper option that loses least value per vCPU it frees is made. `None`
+/// when no cheaper option is left and the sum is still over.
+fn fit_vm(options: &[Vec<Choice>], allowance: f64) -> Option<Vec<Choice>> {
+    let mut at: Vec<Choice> = options
+        .iter()
+        .map(|o| o.iter().max_by(|a, b| a.value.total_cmp(&b.value).then(b.cost().total_cmp(&a.cost()))).copied())
+        .collect::<Option<_>>()?;
+    loop {
+        let total: f64 = at.iter().map(Choice::cost).sum();
+        if total <= allowance + 1e-9 {
+            return Some(at);
         }
-        let v = value(&e, cfg.price);
-        if v > 0.0 && best.is_none_or(|(bv, _, _)| v > bv) {
-            best = Some((v, w, e));
+        let mut best: Option<(f64, usize, Choice)> = None;
+        for (v, opts) in options.iter().enumerate() {
+            for o in opts.iter().filter(|o| o.cost() < at[v].cost()) {
+                let loss = (at[v].value - o.value) / (at[v].cost() - o.cost());
+                if best.as_ref().is_none_or(|(l, _, _)| loss < *l) {
+                    best = Some((loss, v, *o));
+                }
+            }
         }
-    }
-    match best {
-        Some((_, w, e)) => plan_of(cpu, m, w, e, PlanReason::BestValue),
-        None => plan_of(cpu, Mechanism::Halt, 0, none, PlanReason::NothingPays),
+        let (_, v, mut o) = best?;
+        o.plan.why = PlanReason::VmShare;
+        at[v] = o;
     }
 }
 
@@ -341,50 +419,56 @@ pub fn plan(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuIn
     if !means.yielders {
         return IdlePlan::halt_because(cpus, PlanReason::NoMechanism);
     }
-    let vcpus = inputs.iter().map(|i| best_alone(curve, Mechanism::Yield, cfg, i, true, true)).collect();
-    IdlePlan { vcpus, poll_window_ns: 0, poll_always: Vec::new() }
+    let options: Vec<Vec<Choice>> = inputs.iter().map(|i| options_alone(curve, Mechanism::Yield, cfg, i, true, true)).collect();
+    // Halting is every vCPU's last option: the fit always exists.
+    let fitted = fit_vm(&options, vm_allowance(cfg, inputs)).unwrap_or_default();
+    IdlePlan { vcpus: fitted.iter().map(|o| o.plan).collect(), poll_window_ns: 0, poll_always: Vec::new() }
 }
 
 /// Kernel polling: one shared cap (if the haltpoll window is offered) chosen for the summed
-/// value of every vCPU, each vCPU taking "always" instead where that is worth more to it.
+/// value of every vCPU, each vCPU taking "always" instead where that is worth more to it and
+/// the VM's share allows it.
 fn plan_polling(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuInput<'_>]) -> IdlePlan {
     let m = Mechanism::Poll;
-    // Each vCPU's own best with "always" only (or nothing): its fallback under any cap.
+    let allowance = vm_allowance(cfg, inputs);
+    // Each vCPU's own best with "always" only (or nothing): its alternative under any cap.
     let alone: Vec<VcpuPlan> = inputs.iter().map(|i| best_alone(curve, m, cfg, i, false, means.poll_always)).collect();
     let caps: Vec<u64> = if means.poll_window { std::iter::once(0).chain(windows()).collect() } else { vec![0] };
     let mut best: Option<(f64, u64, Vec<VcpuPlan>)> = None;
     for &cap in &caps {
-        let mut total = 0.0;
-        let mut plans = Vec::with_capacity(inputs.len());
-        let mut feasible = true;
-        for (input, own) in inputs.iter().zip(&alone) {
-            let cpu = input.gaps.cpu;
-            let capped = estimate(curve, m, input.gaps, input.observed_ns, cap);
-            let capped_value = if cap == 0 { 0.0 } else { value(&capped, cfg.price) };
-            let own_value = if own.window_ns == ALWAYS { value(&own.estimate, cfg.price) } else { f64::NEG_INFINITY };
-            if own_value > capped_value {
-                total += own_value;
-                plans.push(*own);
-            } else {
-                // The cap applies to this vCPU whether it wants it or not: its cost counts.
-                if cap > 0 && capped.cost_share > input.budget {
-                    feasible = false;
-                    break;
+        let options: Vec<Vec<Choice>> = inputs
+            .iter()
+            .zip(&alone)
+            .map(|(input, own)| {
+                let mut opts = Vec::with_capacity(2);
+                if own.window_ns == ALWAYS {
+                    opts.push(Choice { plan: *own, value: value(&own.estimate, cfg.price) });
                 }
-                total += capped_value;
-                let why = if cap == 0 {
-                    own.why
-                } else if input.gaps.workload().count() < cfg.min_woken || capped_value <= 0.0 {
-                    PlanReason::SharedWindow
+                // The cap applies to a vCPU that does not poll always, whether it wants it
+                // or not: its cost counts, and must fit the vCPU's budget.
+                if cap == 0 {
+                    let why = if own.window_ns == ALWAYS { PlanReason::NothingPays } else { own.why };
+                    let none = estimate(curve, m, input.gaps, input.observed_ns, 0);
+                    opts.push(Choice { plan: plan_of(input.gaps.cpu, Mechanism::Halt, 0, none, why), value: 0.0 });
                 } else {
-                    PlanReason::BestValue
-                };
-                let mech = if cap == 0 { Mechanism::Halt } else { m };
-                plans.push(plan_of(cpu, mech, cap, if cap == 0 { own.estimate } else { capped }, why));
-            }
-        }
-        if feasible && best.as_ref().is_none_or(|(bv, _, _)| total > *bv) {
-            best = Some((total, cap, plans));
+                    let capped = estimate(curve, m, input.gaps, input.observed_ns, cap);
+                    if capped.cost_share <= input.budget {
+                        let v = value(&capped, cfg.price);
+                        let why = if input.gaps.workload().count() < cfg.min_woken || v <= 0.0 {
+                            PlanReason::SharedWindow
+                        } else {
+                            PlanReason::BestValue
+                        };
+                        opts.push(Choice { plan: plan_of(input.gaps.cpu, m, cap, capped, why), value: v });
+                    }
+                }
+                opts
+            })
+            .collect();
+        let Some(fitted) = fit_vm(&options, allowance) else { continue };
+        let total: f64 = fitted.iter().map(|o| o.value).sum();
+        if best.as_ref().is_none_or(|(bv, _, _)| total > *bv) {
+            best = Some((total, cap, fitted.iter().map(|o| o.plan).collect()));
         }
     }
     let (_, cap, vcpus) = best.unwrap_or_else(|| (0.0, 0, IdlePlan::halt(inputs.iter().map(|i| i.gaps.cpu)).vcpus));

@@ -27,6 +27,12 @@ fn no_poll(c: WakeCurve) -> WakeCurve {
 
 const SEC: u64 = 1_000_000_000;
 
+/// The planner's defaults on a host that does not cap the VM's CPU: these tests are about
+/// windows and mechanisms; the VM share has its own below.
+fn uncapped() -> PlanConfig {
+    PlanConfig { vm_share: 1.0, ..PlanConfig::default() }
+}
+
 fn gaps(cpu: u32, woken: &[(u64, u64)], other: &[(u64, u64)]) -> VcpuGaps {
     let mut g = VcpuGaps { cpu, ..VcpuGaps::default() };
     for &(ns, n) in woken {
@@ -51,7 +57,7 @@ fn a_ping_pong_polls_with_a_short_window() {
     // timer tick now and then ends a 4 ms idle period.
     let server = gaps(1, &[(12_000, 40_000)], &[(4_000_000, 5)]);
     let client = gaps(0, &[(14_000, 40_000)], &[]);
-    let p = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&client), input(&server)]);
+    let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[input(&client), input(&server)]);
     assert!(p.vcpus.iter().all(|v| v.mechanism == Mechanism::Poll), "{p:?}");
     assert!(p.poll_window_ns >= 16_384 && p.poll_window_ns <= 65_536, "{p:?}");
     assert!(p.poll_always.is_empty(), "{p:?}");
@@ -67,7 +73,7 @@ fn regular_gaps_of_half_a_millisecond_are_covered_whole() {
     // the client's vCPU spins (no idle periods).
     let server = gaps(1, &[(480_000, 2_000)], &[]);
     let client = gaps(0, &[], &[]);
-    let p = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&client), input(&server)]);
+    let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[input(&client), input(&server)]);
     let s = p.of(1).unwrap();
     assert_eq!(s.mechanism, Mechanism::Poll);
     assert!(s.window_ns > 480_000, "{s:?}");
@@ -79,7 +85,7 @@ fn regular_gaps_of_half_a_millisecond_are_covered_whole() {
 #[test]
 fn a_small_budget_refuses_what_it_cannot_cover() {
     let server = gaps(1, &[(480_000, 2_000)], &[]);
-    let cfg = PlanConfig { budget: 0.25, ..PlanConfig::default() };
+    let cfg = PlanConfig { budget: 0.25, ..uncapped() };
     let inp = VcpuInput { budget: 0.25, ..input(&server) };
     let p = plan(&HALTPOLL, &this_vm(), &cfg, &[inp]);
     let s = p.of(1).unwrap();
@@ -95,7 +101,7 @@ fn a_server_at_low_poisson_rate_polls_always_and_its_client_a_short_window() {
     // client's receiver waits ~60 us for each reply, its sender's timer ends ~5 ms periods.
     let server = VcpuGaps { cpu: 1, woken: exponential_gaps(200, 5_000_000.0), ..VcpuGaps::default() };
     let client = gaps(0, &[(60_000, 200)], &[(4_900_000, 200)]);
-    let p = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&client), input(&server)]);
+    let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[input(&client), input(&server)]);
     assert_eq!(p.poll_always, vec![1], "{p:?}");
     assert!(p.poll_window_ns >= 65_536 && p.poll_window_ns <= 262_144, "{p:?}");
     let c = p.of(0).unwrap();
@@ -109,17 +115,17 @@ fn the_workloads_own_timers_count_like_wakeups_from_other_vcpus() {
     // workload's) the same periods are not worth polling through.
     let mut timers = VcpuGaps { cpu: 0, ..VcpuGaps::default() };
     timers.local.record_n(4_900_000, 200);
-    let p = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&timers)]);
+    let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[input(&timers)]);
     assert_eq!(p.of(0).unwrap().mechanism, Mechanism::Poll, "{p:?}");
     let strangers = gaps(0, &[], &[(4_900_000, 200)]);
-    assert!(!plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&strangers)]).retains());
+    assert!(!plan(&HALTPOLL, &this_vm(), &uncapped(), &[input(&strangers)]).retains());
 }
 
 #[test]
 fn an_idle_workload_spends_nothing() {
     let a = gaps(0, &[], &[(4_000_000, 250)]);
     let b = gaps(1, &[(100_000, 3)], &[(4_000_000, 250)]);
-    let p = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&a), input(&b)]);
+    let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[input(&a), input(&b)]);
     assert!(!p.retains(), "{p:?}");
     assert_eq!((p.poll_window_ns, p.poll_always.len()), (0, 0));
     assert_eq!(p.of(1).unwrap().why, PlanReason::TooFewWakeups);
@@ -129,7 +135,7 @@ fn an_idle_workload_spends_nothing() {
 fn without_a_halt_penalty_nothing_pays() {
     let flat = WakeCurve::new(vec![pt(10, 20), pt(10_000, 20)], 20_000, Some(20_000));
     let server = gaps(1, &[(100_000, 5_000)], &[]);
-    let p = plan(&HALTPOLL, &flat, &PlanConfig::default(), &[input(&server)]);
+    let p = plan(&HALTPOLL, &flat, &uncapped(), &[input(&server)]);
     assert!(!p.retains(), "{p:?}");
 }
 
@@ -139,24 +145,24 @@ fn yielders_pay_only_where_a_busy_vcpu_wakes_faster_than_a_halted_one() {
     // (4-6 us saved), after 3 ms 59 us (42 us saved).
     let curve = no_poll(issue_vm());
     let short = gaps(1, &[(50_000, 10_000)], &[]);
-    let p = plan(&YIELDERS, &curve, &PlanConfig::default(), &[input(&short)]);
+    let p = plan(&YIELDERS, &curve, &uncapped(), &[input(&short)]);
     let v = p.of(1).unwrap();
     // 4 us saved per 50 us spun is worth it at 0.01 (0.5 us).
     assert_eq!(v.mechanism, Mechanism::Yield, "{v:?}");
     // Where a busy vCPU is slower than a halted one (this VM's B 40 us vs C 49 us at 10 us is
     // close; make B slower), yielding saves nothing.
     let slow_busy = WakeCurve { busy_ns: 60_000, ..no_poll(issue_vm()) };
-    let p = plan(&YIELDERS, &slow_busy, &PlanConfig::default(), &[input(&short)]);
+    let p = plan(&YIELDERS, &slow_busy, &uncapped(), &[input(&short)]);
     assert_eq!(p.of(1).unwrap().mechanism, Mechanism::Halt, "{p:?}");
     // Kernel polling is never planned without a measured POLL cost.
-    assert_eq!(plan(&HALTPOLL, &curve, &PlanConfig::default(), &[input(&short)]).of(1).unwrap().mechanism, Mechanism::Yield);
+    assert_eq!(plan(&HALTPOLL, &curve, &uncapped(), &[input(&short)]).of(1).unwrap().mechanism, Mechanism::Yield);
 }
 
 #[test]
 fn no_mechanism_means_halt_and_says_why() {
     let none = Means { poll_window: false, poll_always: false, yielders: false };
     let g = gaps(0, &[(50_000, 10_000)], &[]);
-    let p = plan(&none, &no_poll(issue_vm()), &PlanConfig::default(), &[input(&g)]);
+    let p = plan(&none, &no_poll(issue_vm()), &uncapped(), &[input(&g)]);
     assert_eq!(p.of(0).unwrap().why, PlanReason::NoMechanism);
 }
 
@@ -165,7 +171,7 @@ fn always_poll_alone_serves_a_menu_governor_guest() {
     let menu = Means { poll_window: false, poll_always: true, yielders: true };
     let server = gaps(1, &[(480_000, 2_000)], &[]);
     let idle = gaps(0, &[], &[(4_000_000, 250)]);
-    let p = plan(&menu, &this_vm(), &PlanConfig::default(), &[input(&idle), input(&server)]);
+    let p = plan(&menu, &this_vm(), &uncapped(), &[input(&idle), input(&server)]);
     assert_eq!(p.poll_always, vec![1]);
     assert_eq!(p.poll_window_ns, 0);
     assert_eq!(p.of(0).unwrap().mechanism, Mechanism::Halt);
@@ -177,7 +183,7 @@ fn a_shared_window_that_would_burn_an_idle_vcpu_is_weighed_against_it() {
     // of 2 ms would poll through whole: the planner gives vCPU 1 "always" instead.
     let wants = gaps(1, &[(1_500_000, 500)], &[]);
     let bystander = gaps(0, &[], &[(1_000_000, 900)]);
-    let p = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&bystander), input(&wants)]);
+    let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[input(&bystander), input(&wants)]);
     assert_eq!(p.poll_always, vec![1], "{p:?}");
     assert!(p.of(0).unwrap().estimate.cost_share < 0.05, "{p:?}");
 }
@@ -185,8 +191,8 @@ fn a_shared_window_that_would_burn_an_idle_vcpu_is_weighed_against_it() {
 #[test]
 fn plans_are_deterministic() {
     let server = VcpuGaps { cpu: 1, woken: exponential_gaps(2_000, 500_000.0), ..VcpuGaps::default() };
-    let a = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&server)]);
-    let b = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&server)]);
+    let a = plan(&HALTPOLL, &this_vm(), &uncapped(), &[input(&server)]);
+    let b = plan(&HALTPOLL, &this_vm(), &uncapped(), &[input(&server)]);
     assert_eq!(a, b);
 }
 
@@ -209,4 +215,72 @@ fn config_ranges_are_named() {
     assert!(e.contains("budget = 0") && e.contains("(0, 1]"), "{e}");
     assert!(PlanConfig { budget: 1.5, ..PlanConfig::default() }.validate().is_err());
     assert!(PlanConfig { price: -0.1, ..PlanConfig::default() }.validate().unwrap_err().contains("price"));
+    for bad in [0.0, -0.5, 1.01, f64::NAN] {
+        let e = PlanConfig { vm_share: bad, ..PlanConfig::default() }.validate().unwrap_err();
+        assert!(e.contains("vm_share") && e.contains("(0, 1]"), "{e}");
+    }
+}
+
+/// Idle periods of `total_ns` in all, as `other` ones of 1 ms: the time a vCPU left idle
+/// besides what a fixture names.
+fn idle_for(cpu: u32, woken: &[(u64, u64)], idle_ns: u64) -> VcpuGaps {
+    let named: u64 = woken.iter().map(|&(ns, n)| ns * n).sum();
+    gaps(cpu, woken, &[(1_000_000, idle_ns.saturating_sub(named) / 1_000_000)])
+}
+
+#[test]
+fn the_vm_share_keeps_polling_off_the_last_tenth_of_the_vm() {
+    // The open loop at 200 requests/s: both vCPUs idle ~95% and woken at a few hundred a
+    // second after ~5 ms (exponential). Uncapped, both poll always (1.9 vCPUs with the
+    // workload's 0.1); at the default share one of them takes a window instead.
+    let a = VcpuGaps { cpu: 0, woken: exponential_gaps(400, 2_375_000.0), ..VcpuGaps::default() };
+    let b = VcpuGaps { cpu: 1, woken: exponential_gaps(200, 4_750_000.0), ..VcpuGaps::default() };
+    let free = plan(&HALTPOLL, &this_vm(), &uncapped(), &[input(&a), input(&b)]);
+    assert_eq!(free.poll_always, vec![0, 1], "{free:?}");
+    let p = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &[input(&a), input(&b)]);
+    let busy = 2.0 - (a.all().sum_ns() + b.all().sum_ns()) as f64 / SEC as f64;
+    assert!(busy + p.expected_cost_vcpus() <= 0.9 * 2.0 + 1e-9, "{busy} + {p:?}");
+    // The busier vCPU (more wakeups to save) keeps "always"; the other polls a window, and
+    // says why.
+    assert_eq!(p.poll_always, vec![0], "{p:?}");
+    let v = p.of(1).unwrap();
+    assert_eq!((v.mechanism, v.why), (Mechanism::Poll, PlanReason::VmShare), "{v:?}");
+    assert!(v.window_ns > 0 && v.window_ns < ALWAYS, "{v:?}");
+}
+
+#[test]
+fn a_workload_that_fills_the_vm_gets_no_polling_past_the_share() {
+    // A ping-pong whose two ends leave ~half of each vCPU idle in 12-14 us gaps: polling
+    // them whole would keep both vCPUs busy. Uncapped it polls; at 0.75 of the VM no window
+    // fits and the vCPUs halt; at 0.9 it fits where the gaps leave room.
+    let server = idle_for(1, &[(12_000, 30_000)], 600_000_000);
+    let client = idle_for(0, &[(14_000, 30_000)], 600_000_000);
+    let inputs = [input(&client), input(&server)];
+    assert!(plan(&HALTPOLL, &this_vm(), &uncapped(), &inputs).retains());
+    let tight = PlanConfig { vm_share: 0.75, ..PlanConfig::default() };
+    let p = plan(&HALTPOLL, &this_vm(), &tight, &inputs);
+    let busy = 0.8;
+    assert!(busy + p.expected_cost_vcpus() <= 0.75 * 2.0 + 1e-9, "{p:?}");
+    let p = plan(&HALTPOLL, &this_vm(), &PlanConfig::default(), &inputs);
+    assert!(busy + p.expected_cost_vcpus() <= 0.9 * 2.0 + 1e-9, "{p:?}");
+    assert!(p.vcpus.iter().all(|v| v.estimate.caught_share > 0.9 || v.mechanism == Mechanism::Halt), "{p:?}");
+}
+
+#[test]
+fn yielders_shorten_their_windows_to_fit_the_vm_share() {
+    let curve = no_poll(issue_vm());
+    // Two vCPUs idle ~96% in 2.4 ms periods, each woken 400 times a second: uncapped (and
+    // at a low price) both yield (nearly) whole periods; at the default share the windows shrink until the VM fits.
+    let a = VcpuGaps { cpu: 0, woken: exponential_gaps(400, 2_400_000.0), ..VcpuGaps::default() };
+    let b = VcpuGaps { cpu: 1, woken: exponential_gaps(400, 2_400_000.0), ..VcpuGaps::default() };
+    let inputs = [input(&a), input(&b)];
+    // A low price, so that yielding whole idle periods pays.
+    let cheap = PlanConfig { price: 0.001, ..PlanConfig::default() };
+    let free = plan(&YIELDERS, &curve, &PlanConfig { vm_share: 1.0, ..cheap }, &inputs);
+    let busy = 2.0 - (a.all().sum_ns() + b.all().sum_ns()) as f64 / SEC as f64;
+    assert!(busy + free.expected_cost_vcpus() > 1.9, "{free:?}");
+    let p = plan(&YIELDERS, &curve, &cheap, &inputs);
+    assert!(busy + p.expected_cost_vcpus() <= 1.8 + 1e-9, "{p:?}");
+    assert!(p.retains(), "{p:?}");
+    assert!(p.vcpus.iter().any(|v| v.why == PlanReason::VmShare), "{p:?}");
 }
