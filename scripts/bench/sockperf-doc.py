@@ -30,6 +30,8 @@ def main():
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.5)
+        if server.poll() is not None:
+            sys.exit(f"sockperf server exited at once (status {server.returncode}): taskset -c 1 sockperf server ...")
         if mode == "pp":
             args = ["sockperf", "pp", "-i", "127.0.0.1", "-p", port, "-t", str(secs)]
         elif mode == "ul":
@@ -43,7 +45,10 @@ def main():
         server.terminate()
         server.wait()
     text = re.sub(r"\x1b\[[0-9;]*m", "", out)
-    avg = float(re.search(r"avg-latency=([0-9.]+)", text).group(1))
+    m = re.search(r"avg-latency=([0-9.]+)", text)
+    if m is None:
+        sys.exit(f"sockperf printed no avg-latency: {text.strip()[-300:]!r}")
+    avg = float(m.group(1))
     pct = {float(p): float(v) for p, v in re.findall(r"percentile\s+([0-9.]+)\s*=\s*([0-9.]+)", text)}
     samples = int(re.search(r"\[Valid Duration\].*?=\s*(\d+)", text, re.S).group(1)) if re.search(r"\[Valid Duration\].*?=\s*(\d+)", text, re.S) else 0
     m = re.search(r"Total (\d+) observations", text)

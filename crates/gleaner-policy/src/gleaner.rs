@@ -164,9 +164,9 @@ pub enum ResetReason {
     UtilizationChange,
     BusyVcpu,
     GranularityChange,
-    /// The guest loop keeps every vCPU while idle vCPUs poll in the kernel (see
-    /// `crate::guest`): a wakeup of a polling vCPU is cheap, and sharing fewer vCPUs would
-    /// only queue the workload's threads.
+    /// The guest loop keeps every vCPU while idle vCPUs poll in the kernel and the workload
+    /// is not light (see `crate::guest`): a wakeup of a polling vCPU is cheap, and sharing
+    /// fewer vCPUs would only queue the workload's threads.
     KernelPolling,
 }
 

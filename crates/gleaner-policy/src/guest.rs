@@ -201,6 +201,22 @@ pub struct GuestController {
 /// therefore leaves alone. The built-in pipeline, which gains from retention, leaves 4% idle.
 pub const SATURATED_IDLE_SHARE: f64 = 0.02;
 
+/// While vCPUs poll, consolidation runs only while the workload's own CPU time is at most this
+/// many vCPUs; above it every vCPU is given back. On one polling vCPU a light workload's
+/// wakeups never cross vCPUs (the open loop at 200 requests/s, client and server on one vCPU
+/// polling until work: p50 32 us, p99 67-78 us, against 48 and ~300 us on two vCPUs, one
+/// of them polling a window, and 101 and 160-180 us with always-on yielders on both), while
+/// a busier one queues or loses its round trips' overlap: the same kernel at 20,000
+/// requests/s had p50 58 us consolidated against 48-51 on two polling vCPUs, and at 0.35 the
+/// built-in ping-pong (0.34 vCPUs) flapped between one vCPU and two, p99 30 us against 22 us
+/// under haltpoll alone.
+pub const POLL_CONSOLIDATION_UTIL: f64 = 0.15;
+
+/// The workload's own CPU time in a period, in vCPUs.
+fn workload_vcpus(s: &Snapshot) -> f64 {
+    s.vcpus.iter().map(|v| v.t_work_ns as f64).sum::<f64>() / s.period_ns.max(1) as f64
+}
+
 /// Realized retention cost over budget by more than this share tightens the budget.
 const BUDGET_SLACK: f64 = 0.05;
 /// Steal above this share of a period in which retention spent above it halves the budget.
@@ -334,16 +350,21 @@ impl GuestController {
         }
         self.tighten_budgets(r, period_ns);
         self.observe_idle_share(r, period_ns);
-        // Consolidation does not judge the workload by a probe period's readings, and yields
-        // to kernel polling: while idle vCPUs poll, a cross-vCPU wakeup costs a few us, and
-        // fewer vCPUs would only queue the workload's threads (the openloop kernel at 20,000
-        // requests/s: p50 58 us consolidated onto one vCPU, 48 us on two polling).
+        // Consolidation does not judge the workload by a probe period's readings. While idle
+        // vCPUs poll it runs only for a light workload ([`POLL_CONSOLIDATION_UTIL`]): a
+        // cross-vCPU wakeup to a polling vCPU costs a few us, so packing a busy workload only
+        // queues its threads, but a light one on one polling vCPU wakes without crossing at
+        // all and leaves the others halted. And only once the workload has been seen: an idle
+        // start (a server before its first client) is no basis, and a cpuset shrunk then
+        // refuses the pinning a starting workload may do (`taskset -c 1` of a sockperf server
+        // started 0.5 s before its client failed with EINVAL).
         let probe_now = self.probing();
         let polls = self.applied.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
+        let light = self.informed && workload_vcpus(&r.snapshot) <= POLL_CONSOLIDATION_UTIL;
         let consolidation_before = self.consolidation.clone();
         let mut decisions = match (&mut self.consolidation, probe_now, polls) {
-            (Some(c), false, true) => c.reset_with(crate::gleaner::ResetReason::KernelPolling),
-            (Some(c), false, false) => c.step(&r.snapshot),
+            (Some(c), false, true) if !light => c.reset_with(crate::gleaner::ResetReason::KernelPolling),
+            (Some(c), false, _) => c.step(&r.snapshot),
             _ => Vec::new(),
         };
         let active = self.active();

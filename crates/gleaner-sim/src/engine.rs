@@ -618,7 +618,9 @@ impl Engine {
             GuestController::new(GuestConfig {
                 cpus,
                 consolidation: params,
-                plan: PlanConfig::default(),
+                // The model's host has no CPU cap on a VM (its pCPUs are shared by its own
+                // scheduler): no headroom to leave.
+                plan: PlanConfig { vm_share: 1.0, ..PlanConfig::default() },
                 means: Means { poll_window: false, poll_always: false, yielders: retention },
                 curve: retention.then(|| curve.clone()),
                 // No calibration in the model: the variant asked for retention, so it starts on.

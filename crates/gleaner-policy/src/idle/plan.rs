@@ -15,7 +15,8 @@
 //!                                                                   must buy (default 0.01)
 //!  choose the W of highest value with cost(W) <= budget * traced time; none pays: halt (W = 0)
 //!  then over every vCPU: workload busy + retention <= vm_share * vCPUs, lowering the windows
-//!  that lose least value per vCPU freed until it holds
+//!  that lose least value per vCPU freed until it holds, or until what a move loses is more
+//!  than the overrun's price (OVER_SHARE_FACTOR x price)
 //! ```
 //!
 //! Kernel polling beats yielding wherever the machine has it (no IPI, no `SCHED_IDLE` thread
@@ -369,31 +370,52 @@ fn best_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &VcpuInp
     options_alone(curve, m, cfg, input, finite, always)[0].plan
 }
 
-/// Share of its observed time a vCPU was idle (the workload left it).
+/// The price of a vCPU-second of retention over the VM's share, ns of wakeup latency.
+fn over_price(cfg: &PlanConfig) -> f64 {
+    OVER_SHARE_FACTOR * cfg.price * 1e9
+}
+
+/// Share of its observed time a vCPU was idle (the workload left it), unclamped: the same
+/// sums the costs come from, so that no option costs more than its vCPU's idle share.
 fn idle_share(input: &VcpuInput<'_>) -> f64 {
-    (input.gaps.all().sum_ns() as f64 / input.observed_ns.max(1) as f64).min(1.0)
+    input.gaps.all().sum_ns() as f64 / input.observed_ns.max(1) as f64
 }
 
 /// Retention CPU the VM may spend, in vCPUs: what keeps the workload's busy time plus
-/// retention within `vm_share` of the managed vCPUs.
+/// retention within `vm_share` of the managed vCPUs (all the idle time at 1).
 fn vm_allowance(cfg: &PlanConfig, inputs: &[VcpuInput<'_>]) -> f64 {
-    let busy: f64 = inputs.iter().map(|i| 1.0 - idle_share(i)).sum();
-    (cfg.vm_share * inputs.len() as f64 - busy).max(0.0)
+    let idle: f64 = inputs.iter().map(idle_share).sum();
+    (idle - (1.0 - cfg.vm_share) * inputs.len() as f64).max(0.0)
 }
 
-/// Picks one option per vCPU (`options[v]`, any order) so that their summed cost fits
-/// `allowance`: each vCPU starts at its most valuable option, then, while the sum is over,
-/// the move to a cheaper option that loses least value per vCPU it frees is made. `None`
-/// when no cheaper option is left and the sum is still over.
-fn fit_vm(options: &[Vec<Choice>], allowance: f64) -> Option<Vec<Choice>> {
+/// A vCPU's worth of retention over the VM's share is priced this many times the price: the
+/// share is a cost, not a wall, because a shared haltpoll window leaves some workloads no
+/// cheaper option than halting a vCPU whose every wakeup it would save (a ping-pong whose two
+/// ends each idle half their vCPU in 6 us gaps: over the share by polling both, but ~50 us a
+/// round trip saved), while the host's stop it risks costs a closed loop one round trip.
+pub const OVER_SHARE_FACTOR: f64 = 10.0;
+
+/// Picks one option per vCPU (`options[v]`, any order) for the most value less the price of
+/// the VM share overrun: each vCPU starts at its most valuable option, then, while the sum of
+/// their costs is over `allowance`, the move to a cheaper option that loses least value per
+/// vCPU it frees is made, as long as that loss is below `over_price` (ns per vCPU-second).
+/// Returns the choices and the overrun's price (ns per second); `None` if some vCPU has no
+/// option.
+fn fit_vm(options: &[Vec<Choice>], allowance: f64, over_price: f64) -> Option<(Vec<Choice>, f64)> {
     let mut at: Vec<Choice> = options
         .iter()
-        .map(|o| o.iter().max_by(|a, b| a.value.total_cmp(&b.value).then(b.cost().total_cmp(&a.cost()))).copied())
+        // The first of the most valuable, the cheapest among equals (a finite window that covers
+        // every idle period ties with "until work": the window, as the scan always chose).
+        .map(|o| {
+            o.iter()
+                .copied()
+                .reduce(|best, c| if c.value > best.value || (c.value == best.value && c.cost() < best.cost()) { c } else { best })
+        })
         .collect::<Option<_>>()?;
     loop {
-        let total: f64 = at.iter().map(Choice::cost).sum();
-        if total <= allowance + 1e-9 {
-            return Some(at);
+        let over = at.iter().map(Choice::cost).sum::<f64>() - allowance;
+        if over <= 1e-9 {
+            return Some((at, 0.0));
         }
         let mut best: Option<(f64, usize, Choice)> = None;
         for (v, opts) in options.iter().enumerate() {
@@ -404,9 +426,13 @@ fn fit_vm(options: &[Vec<Choice>], allowance: f64) -> Option<Vec<Choice>> {
                 }
             }
         }
-        let (_, v, mut o) = best?;
-        o.plan.why = PlanReason::VmShare;
-        at[v] = o;
+        match best {
+            Some((loss, v, mut o)) if loss < over_price => {
+                o.plan.why = PlanReason::VmShare;
+                at[v] = o;
+            }
+            _ => return Some((at, over * over_price)),
+        }
     }
 }
 
@@ -421,7 +447,7 @@ pub fn plan(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuIn
     }
     let options: Vec<Vec<Choice>> = inputs.iter().map(|i| options_alone(curve, Mechanism::Yield, cfg, i, true, true)).collect();
     // Halting is every vCPU's last option: the fit always exists.
-    let fitted = fit_vm(&options, vm_allowance(cfg, inputs)).unwrap_or_default();
+    let (fitted, _) = fit_vm(&options, vm_allowance(cfg, inputs), over_price(cfg)).unwrap_or_default();
     IdlePlan { vcpus: fitted.iter().map(|o| o.plan).collect(), poll_window_ns: 0, poll_always: Vec::new() }
 }
 
@@ -441,9 +467,6 @@ fn plan_polling(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[Vc
             .zip(&alone)
             .map(|(input, own)| {
                 let mut opts = Vec::with_capacity(2);
-                if own.window_ns == ALWAYS {
-                    opts.push(Choice { plan: *own, value: value(&own.estimate, cfg.price) });
-                }
                 // The cap applies to a vCPU that does not poll always, whether it wants it
                 // or not: its cost counts, and must fit the vCPU's budget.
                 if cap == 0 {
@@ -462,11 +485,16 @@ fn plan_polling(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[Vc
                         opts.push(Choice { plan: plan_of(input.gaps.cpu, m, cap, capped, why), value: v });
                     }
                 }
+                // "Until work" after the cap: a tie (every idle period inside the cap) keeps
+                // the cap.
+                if own.window_ns == ALWAYS {
+                    opts.push(Choice { plan: *own, value: value(&own.estimate, cfg.price) });
+                }
                 opts
             })
             .collect();
-        let Some(fitted) = fit_vm(&options, allowance) else { continue };
-        let total: f64 = fitted.iter().map(|o| o.value).sum();
+        let Some((fitted, overrun)) = fit_vm(&options, allowance, over_price(cfg)) else { continue };
+        let total: f64 = fitted.iter().map(|o| o.value).sum::<f64>() - overrun;
         if best.as_ref().is_none_or(|(bv, _, _)| total > *bv) {
             best = Some((total, cap, fitted.iter().map(|o| o.plan).collect()));
         }
