@@ -141,6 +141,13 @@ pub struct Snapshot {
     pub s_work: u64,
 }
 
+impl Snapshot {
+    /// The workload's utilization in vCPUs (`sum T_work / period`).
+    pub fn util(&self) -> f64 {
+        self.vcpus.iter().map(|v| v.t_work_ns).sum::<u64>() as f64 / self.period_ns.max(1) as f64
+    }
+}
+
 /// What the controller asks its environment to do, in order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "decision", rename_all = "snake_case")]
@@ -208,7 +215,7 @@ impl Metrics {
             l_comp_ns: ratio(t_work, s_yield),
             g_comp_ns: ratio(t_work, s.s_work),
             l_idle_ns: ratio(t_idle, s_yield),
-            util: t_work as f64 / period,
+            util: s.util(),
             max_vcpu_util,
             active: s.vcpus.len(),
             rho,

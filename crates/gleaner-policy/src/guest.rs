@@ -212,11 +212,6 @@ pub const SATURATED_IDLE_SHARE: f64 = 0.02;
 /// under haltpoll alone.
 pub const POLL_CONSOLIDATION_UTIL: f64 = 0.15;
 
-/// The workload's own CPU time in a period, in vCPUs.
-fn workload_vcpus(s: &Snapshot) -> f64 {
-    s.vcpus.iter().map(|v| v.t_work_ns as f64).sum::<f64>() / s.period_ns.max(1) as f64
-}
-
 /// Realized retention cost over budget by more than this share tightens the budget.
 const BUDGET_SLACK: f64 = 0.05;
 /// Steal above this share of a period in which retention spent above it halves the budget.
@@ -360,7 +355,7 @@ impl GuestController {
         // started 0.5 s before its client failed with EINVAL).
         let probe_now = self.probing();
         let polls = self.applied.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
-        let light = self.informed && workload_vcpus(&r.snapshot) <= POLL_CONSOLIDATION_UTIL;
+        let light = self.informed && r.snapshot.util() <= POLL_CONSOLIDATION_UTIL;
         let consolidation_before = self.consolidation.clone();
         let mut decisions = match (&mut self.consolidation, probe_now, polls) {
             (Some(c), false, true) if !light => c.reset_with(crate::gleaner::ResetReason::KernelPolling),

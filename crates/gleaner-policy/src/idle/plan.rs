@@ -343,8 +343,8 @@ impl Choice {
 }
 
 /// Every way to run one vCPU on its own (yielders, or "always" polling only) within its
-/// budget that pays at the price, among the candidate windows (`finite`) and [`ALWAYS`]
-/// (`always`), plus halting; the best first.
+/// budget that pays at the price, among the candidate windows (`finite`, ascending) and
+/// [`ALWAYS`] (`always`), then halting.
 fn options_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &VcpuInput<'_>, finite: bool, always: bool) -> Vec<Choice> {
     let cpu = input.gaps.cpu;
     let none = estimate(curve, m, input.gaps, input.observed_ns, 0);
@@ -358,16 +358,20 @@ fn options_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &Vcpu
         .map(|(w, e)| Choice { plan: plan_of(cpu, m, w, e, PlanReason::BestValue), value: value(&e, cfg.price) })
         .filter(|o| o.value > 0.0)
         .collect();
-    // Highest value first; among equals the cheaper window (the order the scan used to keep).
-    paying.sort_by(|a, b| b.value.total_cmp(&a.value).then(a.cost().total_cmp(&b.cost())));
     let why = if paying.is_empty() { PlanReason::NothingPays } else { PlanReason::BestValue };
     paying.push(Choice { plan: plan_of(cpu, Mechanism::Halt, 0, none, why), value: 0.0 });
     paying
 }
 
+/// The most valuable of `options`, the first of equals (a finite window that covers every
+/// idle period ties with "until work", listed after it: the window).
+fn best_of(options: &[Choice]) -> Option<Choice> {
+    options.iter().copied().reduce(|best, c| if c.value > best.value { c } else { best })
+}
+
 /// The best way to run one vCPU on its own ([`options_alone`]).
 fn best_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &VcpuInput<'_>, finite: bool, always: bool) -> VcpuPlan {
-    options_alone(curve, m, cfg, input, finite, always)[0].plan
+    best_of(&options_alone(curve, m, cfg, input, finite, always)).expect("halting is always an option").plan
 }
 
 /// The price of a vCPU-second of retention over the VM's share, ns of wakeup latency.
@@ -402,16 +406,7 @@ pub const OVER_SHARE_FACTOR: f64 = 10.0;
 /// Returns the choices and the overrun's price (ns per second); `None` if some vCPU has no
 /// option.
 fn fit_vm(options: &[Vec<Choice>], allowance: f64, over_price: f64) -> Option<(Vec<Choice>, f64)> {
-    let mut at: Vec<Choice> = options
-        .iter()
-        // The first of the most valuable, the cheapest among equals (a finite window that covers
-        // every idle period ties with "until work": the window, as the scan always chose).
-        .map(|o| {
-            o.iter()
-                .copied()
-                .reduce(|best, c| if c.value > best.value || (c.value == best.value && c.cost() < best.cost()) { c } else { best })
-        })
-        .collect::<Option<_>>()?;
+    let mut at: Vec<Choice> = options.iter().map(|o| best_of(o)).collect::<Option<_>>()?;
     loop {
         let over = at.iter().map(Choice::cost).sum::<f64>() - allowance;
         if over <= 1e-9 {
