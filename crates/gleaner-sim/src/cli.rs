@@ -45,6 +45,30 @@ pub struct SimArgs {
 pub enum SimCommand {
     /// Run a scenario over the cartesian product of parameter values, in parallel.
     Sweep(SweepArgs),
+    /// Predict the idle policies' ratios to stock on a 2-vCPU VM (the `vm-matrix` scenario)
+    /// and put them beside `gleaner compare --policies` measurements of the same workloads.
+    Predict(PredictArgs),
+}
+
+/// `gleaner sim predict [--measured DIR] [--from-calibration [FILE]]`
+#[derive(Debug, clap::Args)]
+pub struct PredictArgs {
+    /// A directory of `gleaner compare --json` documents as `scripts/bench/idle-policies.sh`
+    /// writes them (pingpong.json, openloop-200.json, openloop-2000.json, openloop-20000.json,
+    /// pipeline.json, stress-ng-cpu2.json); missing files leave their rows unmeasured.
+    #[arg(long, value_name = "DIR")]
+    pub measured: Option<std::path::PathBuf>,
+    /// Take the wake costs from the agent's calibration record of this machine (default
+    /// /run/gleaner/calibration.json, written by `gleaner run`, `compare` or `diagnose`)
+    /// instead of the scenario's (the Gleaner paper's Table 2).
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "/run/gleaner/calibration.json")]
+    pub from_calibration: Option<std::path::PathBuf>,
+    /// RNG seed (default: the scenario's).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print one JSON document on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -267,6 +267,10 @@ pub(crate) struct MutexObj {
     pub waiters: VecDeque<u32>,
 }
 pub(crate) struct QueueObj {
+    /// The stamps of the queued items, oldest first (only in VMs whose workload records
+    /// request latencies: `stamped`).
+    pub stamps: VecDeque<Ns>,
+    pub stamped: bool,
     pub len: u32,
     pub cap: u32,
     pub producers: u32,
@@ -315,6 +319,8 @@ pub(crate) struct VmState {
     pub decisions: u64,
     pub decision_log: Vec<(Ns, String)>,
     pub lat: Hist,
+    /// Request latencies (`record` ops).
+    pub req: Hist,
     /// What a scheduler tracer would have seen since the last Gleaner period (VMs with an
     /// agent): each vCPU's idle periods by how they ended, the wakeup latency by target state.
     pub trace: Option<WakeTrace>,
@@ -358,6 +364,11 @@ pub struct Engine {
     pub(crate) rqlen: Vec<u32>,
     pub(crate) allowed: Vec<bool>,
     pub(crate) threads: Vec<Thread>,
+    /// Per thread: the stamp of the request it carries (`Ns::MAX`: none) and its next
+    /// Poisson arrival (`Ns::MAX`: not started). Apart from `Thread`, which they would push
+    /// past a cache line, and touched only by the request ops.
+    pub(crate) stamps: Vec<Ns>,
+    pub(crate) arrivals: Vec<Ns>,
     pub(crate) progs: Vec<Prog>,
     pub(crate) mutexes: Vec<MutexObj>,
     pub(crate) queues: Vec<QueueObj>,
@@ -412,6 +423,8 @@ impl Engine {
             rqlen: Vec::new(),
             allowed: Vec::new(),
             threads: Vec::new(),
+            stamps: Vec::new(),
+            arrivals: Vec::new(),
             progs: Vec::new(),
             mutexes: Vec::new(),
             queues: Vec::new(),
@@ -476,6 +489,8 @@ impl Engine {
         }
         for (i, &cap) in w.queues.iter().enumerate() {
             self.queues.push(QueueObj {
+                stamps: VecDeque::new(),
+                stamped: w.records,
                 len: 0,
                 cap,
                 producers: w.queue_producers[i],
@@ -594,6 +609,8 @@ impl Engine {
                     spinning: false,
                     io_pending: false,
                 });
+                self.stamps.push(Ns::MAX);
+                self.arrivals.push(Ns::MAX);
                 self.vcpus[v as usize].rq.push_back(t);
                 self.rqlen[v as usize] += 1;
                 self.vload[v as usize] += 1;
@@ -655,6 +672,7 @@ impl Engine {
             decisions: 0,
             decision_log: Vec::new(),
             lat: Hist::default(),
+            req: Hist::default(),
             trace: has_agent.then(|| WakeTrace::empty(TraceSource::Model, 0..vm.vcpus)),
             prev_caught: vec![Log2Hist::default(); vm.vcpus as usize],
         });
@@ -1175,6 +1193,12 @@ impl Engine {
         }
     }
 
+    /// An exponentially distributed gap with this mean (a Poisson process's), at least 1 ns.
+    pub(crate) fn sample_exp(&mut self, mean: Ns) -> Ns {
+        let u: f64 = self.rng.gen_range(f64::MIN_POSITIVE..1.0);
+        round_at_least_1(-(mean as f64) * u.ln())
+    }
+
     pub(crate) fn sample_compute(&mut self, mean: Ns, jitter_pm: u32) -> Ns {
         if jitter_pm == 0 || mean == 0 {
             return mean;
@@ -1261,6 +1285,7 @@ impl Engine {
                 llc_misses: c.llc_misses,
                 context_switches: vm.s_work,
                 lat: vm.lat.clone(),
+                req: vm.req.clone(),
                 gleaner_active_end: active,
                 gleaner_decisions: vm.decisions,
                 retention,

@@ -533,11 +533,16 @@ impl Engine {
                     }
                 }
                 Op::Push(q) => {
+                    let stamp = self.stamps[t as usize];
                     let qu = &mut self.queues[q as usize];
                     if let Some(w) = qu.pop_w.pop_front() {
+                        self.stamps[w as usize] = stamp;
                         self.wake_thread(w, v);
                     } else if qu.len < qu.cap {
                         qu.len += 1;
+                        if qu.stamped {
+                            qu.stamps.push_back(stamp);
+                        }
                     } else {
                         qu.push_w.push_back(t);
                         self.block_thread(t, v, p);
@@ -548,8 +553,15 @@ impl Engine {
                     let qu = &mut self.queues[q as usize];
                     if qu.len > 0 {
                         qu.len -= 1;
+                        if qu.stamped {
+                            self.stamps[t as usize] = qu.stamps.pop_front().unwrap_or(Ns::MAX);
+                        }
                         if let Some(w) = qu.push_w.pop_front() {
+                            // The blocked pusher's item goes in now, with its stamp.
                             qu.len += 1;
+                            if qu.stamped {
+                                qu.stamps.push_back(self.stamps[w as usize]);
+                            }
                             self.wake_thread(w, v);
                         }
                     } else if qu.closed {
@@ -620,6 +632,36 @@ impl Engine {
                         br.waiters.push(t);
                         self.threads[t as usize].spinning = true;
                         self.vcpus[v as usize].spin_since = self.now;
+                        return;
+                    }
+                }
+                Op::Stamp => self.stamps[t as usize] = self.now,
+                Op::Record => {
+                    let stamp = self.stamps[t as usize];
+                    if stamp != Ns::MAX {
+                        let vm = self.threads[t as usize].vm as usize;
+                        self.vms[vm].req.record(self.now.saturating_sub(stamp));
+                    }
+                }
+                Op::Arrive { mean_gap_ns } => {
+                    // The arrivals are a fixed schedule (an open loop): a sender that wakes
+                    // late does not push the next arrival back, and its request keeps the
+                    // scheduled time, so the lateness shows in the latency.
+                    let next = match self.arrivals[t as usize] {
+                        Ns::MAX => self.now + self.sample_exp(mean_gap_ns),
+                        a => a,
+                    };
+                    self.arrivals[t as usize] = next + self.sample_exp(mean_gap_ns);
+                    self.stamps[t as usize] = next;
+                    if next > self.now {
+                        let th = &mut self.threads[t as usize];
+                        th.timer_gen = th.timer_gen.wrapping_add(1);
+                        let gen = th.timer_gen;
+                        if self.virt {
+                            self.vcpus[v as usize].c.exits_timer += 1;
+                        }
+                        self.q.push(next, Ev::ThreadTimer { t, gen });
+                        self.block_thread(t, v, p);
                         return;
                     }
                 }

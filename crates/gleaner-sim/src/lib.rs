@@ -35,13 +35,14 @@ pub mod engine;
 pub mod guest;
 pub mod plot;
 pub mod policy;
+pub mod predict;
 pub mod queue;
 pub mod runner;
 pub mod scenario;
 pub mod stats;
 pub mod workload;
 
-pub use cli::{RunOpts, SimArgs, SimCommand, SweepArgs};
+pub use cli::{PredictArgs, RunOpts, SimArgs, SimCommand, SweepArgs};
 pub use runner::{run_cases, Report};
 
 /// Built-in scenarios: name, description, file text.
@@ -60,6 +61,11 @@ pub const SCENARIOS: &[(&str, &str, &str)] = &[
         "aql-fig6",
         "AQL_Sched Figure 6: per-type performance vs a fixed 30 ms slice, 16 vCPUs on 4 pCPUs",
         include_str!("../scenarios/aql-fig6.toml"),
+    ),
+    (
+        "vm-matrix",
+        "idle policies on a 2-vCPU VM: ping-pong, open loop at 3 rates, pipeline, saturated (compare --policies)",
+        include_str!("../scenarios/vm-matrix.toml"),
     ),
     ("scale", "64 pCPUs, 4 VMs x 64 vCPUs x 256 pipeline threads, 1 simulated second", include_str!("../scenarios/scale.toml")),
 ];
@@ -183,8 +189,39 @@ pub fn sweep_text(text: &str, sets: &[String]) -> anyhow::Result<String> {
     Ok(toml::to_string(&doc)?)
 }
 
+/// `gleaner sim predict`: runs `vm-matrix` (with the machine's wake costs when asked) and puts
+/// its ratios beside the measured ones.
+pub fn run_predict(a: &PredictArgs) -> anyhow::Result<predict::Prediction> {
+    let (name, text) = load_scenario("vm-matrix")?;
+    let text = match &a.from_calibration {
+        Some(path) => {
+            let mut doc: toml::Value = toml::from_str(&text).map_err(|e| BadInput::new("scenario", e.message(), "TOML"))?;
+            scenario::apply_override(&mut doc, "costs.calibration", toml::Value::String(path.display().to_string()))?;
+            toml::to_string(&doc)?
+        }
+        None => text,
+    };
+    if let Some(d) = &a.measured {
+        if !d.is_dir() {
+            return Err(BadInput::new("--measured", d.display(), "a directory of `gleaner compare --json` documents").into());
+        }
+    }
+    let report = run_text(&name, &text, a.seed, false)?;
+    predict::compare(&report, a.from_calibration.clone(), a.measured.as_deref())
+}
+
 /// Entry point of `gleaner sim`.
 pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
+    if let Some(SimCommand::Predict(p)) = &args.command {
+        let pred = run_predict(p)?;
+        let mut out = std::io::stdout().lock();
+        if p.json {
+            writeln!(out, "{}", serde_json::to_string_pretty(&pred)?)?;
+        } else {
+            write!(out, "{}", predict::render(&pred))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(SimCommand::Sweep(s)) = args.command {
         let (name, text) = load_scenario(&s.scenario)?;
         let swept = sweep_text(&text, &s.set)?;

@@ -126,6 +126,9 @@ pub struct VmReport {
     pub exits: Exits,
     pub halt_poll: HaltPollReport,
     pub wake_latency: LatencySummary,
+    /// Request latency (workloads with `record` ops: from a request's stamp to its record).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_latency: Option<LatencySummary>,
     pub context_switches: u64,
     pub llc_refs: f64,
     pub llc_misses: f64,
@@ -453,6 +456,7 @@ fn vm_report(v: &VmOutcome, workload: &str, vs_native: Option<VsNative>, speedup
             success_rate: (v.halt_poll_attempts > 0).then(|| v.halt_poll_successes as f64 / v.halt_poll_attempts as f64),
         },
         wake_latency: v.lat.summary(),
+        request_latency: (v.req.summary().count > 0).then(|| v.req.summary()),
         context_switches: v.context_switches,
         llc_refs: v.llc_refs.round(),
         llc_misses: v.llc_misses.round(),
@@ -521,6 +525,13 @@ pub fn render(r: &Report) -> String {
                     m.wake_latency.p50_us,
                     m.wake_latency.p99_us
                 );
+                if let Some(r) = m.request_latency {
+                    let _ = writeln!(
+                        s,
+                        "  {:<14} {:<10} requests {}: latency p50 {:.0} us, p99 {:.0} us, mean {:.1} us",
+                        "", "", r.count, r.p50_us, r.p99_us, r.mean_us
+                    );
+                }
             }
             if let Some(w) = v.weighted_speedup {
                 if v.name != c.baseline {

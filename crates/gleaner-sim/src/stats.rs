@@ -104,6 +104,8 @@ pub struct VmOutcome {
     pub llc_misses: f64,
     pub context_switches: u64,
     pub lat: Hist,
+    /// Request latencies (`record` ops; empty when the workload records none).
+    pub req: Hist,
     pub gleaner_active_end: Option<u32>,
     pub gleaner_decisions: u64,
     /// The retention governor's record (retention variants that govern).

@@ -14,7 +14,17 @@
 //!   spin_barrier NAME                  a user-level spinning barrier (burns CPU, PLE exits)
 //!   sleep 55us                         nanosleep (arms a timer: a TSC_DEADLINE exit in a VM)
 //!   io 100us                           a blocking I/O request (an I/O exit, then an interrupt)
+//!   arrive 2000/s                      sleep until the thread's next arrival of a Poisson
+//!                                      process at that rate (an open loop's sender), and
+//!                                      stamp the request with its scheduled time
+//!   stamp                              stamp the request with the current time (a closed loop)
+//!   record                             record now - the request's stamp: the request latency
 //! ```
+//!
+//! A request's stamp travels with it: `push` puts the pushing thread's stamp into the queue
+//! (or hands it to the thread it wakes), `pop` gives the popping thread the stamp of the item
+//! it takes, in FIFO order. `signal`/`wait` hand no item over: a closed loop stamps and records
+//! on the same thread. A VM whose workload records reports the request latency's p50/p99.
 //!
 //! A group's `iterations` bounds its loop; without it the group runs until one of its input
 //! queues closes (a queue closes when every thread that pushes to it has ended), or forever
@@ -30,7 +40,10 @@ use crate::queue::Ns;
 /// One operation of a thread body, with names resolved to per-VM object indices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
-    Compute { mean_ns: Ns, jitter_pm: u32 },
+    Compute {
+        mean_ns: Ns,
+        jitter_pm: u32,
+    },
     Lock(u32),
     Unlock(u32),
     Push(u32),
@@ -41,6 +54,12 @@ pub enum Op {
     SpinBarrier(u32),
     Sleep(Ns),
     Io(Ns),
+    /// Sleep to the next arrival of a Poisson process with this mean gap.
+    Arrive {
+        mean_gap_ns: Ns,
+    },
+    Stamp,
+    Record,
 }
 
 /// How a workload uses the last-level cache (for AQL's LLC cursors and the cost of cache refills
@@ -126,6 +145,8 @@ pub struct Workload {
     pub queue_producers: Vec<u32>,
     /// Whether some thread never ends (no iterations and no input queue).
     pub runs_forever: bool,
+    /// Whether a thread records request latencies (then queues carry the requests' stamps).
+    pub records: bool,
 }
 
 /// Parses a duration such as `50us`, `1.5ms`, `200ns`, `2s`.
@@ -151,7 +172,8 @@ pub fn parse_duration(s: &str) -> Option<Ns> {
 }
 
 const OPS_ALLOWED: &str = "compute DURATION [+-N%], lock M, unlock M, push Q, pop Q, signal C, wait C, \
-     barrier B, spin_barrier B, sleep DURATION, io DURATION (DURATION like 50us, 1.5ms, 200ns)";
+     barrier B, spin_barrier B, sleep DURATION, io DURATION, arrive RATE/s, stamp, record \
+     (DURATION like 50us, 1.5ms, 200ns; RATE a number of requests per second, 0.001..=10000000)";
 
 #[derive(Default)]
 struct Names {
@@ -198,6 +220,15 @@ fn parse_op(names: &mut Names, s: &str, key: &str) -> anyhow::Result<Op> {
         }
         "sleep" if rest.len() == 1 => Op::Sleep(dur(rest.first())?),
         "io" if rest.len() == 1 => Op::Io(dur(rest.first())?),
+        "arrive" if rest.len() == 1 => {
+            let rate: f64 = rest[0].strip_suffix("/s").and_then(|r| r.parse().ok()).ok_or_else(bad)?;
+            if !(0.001..=1e7).contains(&rate) {
+                return Err(bad().into());
+            }
+            Op::Arrive { mean_gap_ns: saturating_u64((1e9 / rate).round()).max(1) }
+        }
+        "stamp" if rest.is_empty() => Op::Stamp,
+        "record" if rest.is_empty() => Op::Record,
         "lock" => Op::Lock(intern(&mut names.mutex, &name(rest)?)),
         "unlock" => Op::Unlock(intern(&mut names.mutex, &name(rest)?)),
         "push" => Op::Push(intern(&mut names.queue, &name(rest)?)),
@@ -243,6 +274,7 @@ impl WorkloadCfg {
             let advances = ops.iter().any(|o| match o {
                 Op::Compute { mean_ns, .. } => *mean_ns > 0,
                 Op::Sleep(ns) | Op::Io(ns) => *ns > 0,
+                Op::Arrive { .. } => true,
                 _ => false,
             });
             if !advances {
@@ -307,6 +339,7 @@ impl WorkloadCfg {
                 .into());
             }
         }
+        let records = groups.iter().any(|g| g.ops.contains(&Op::Record));
         Ok(Workload {
             name: name.to_string(),
             cache: self.cache,
@@ -318,6 +351,7 @@ impl WorkloadCfg {
             spin_barriers,
             queue_producers,
             runs_forever,
+            records,
         })
     }
 }
@@ -497,6 +531,33 @@ mod tests {
         assert_eq!(w.queue_producers, vec![1, 3, 3, 3]);
         let s = builtin("streamcluster", 5, 1.0, false).expect("b").resolve("s", 5, 5).expect("ok");
         assert_eq!(s.barriers, vec![5]);
+    }
+
+    #[test]
+    fn request_ops_parse_and_mark_the_workload_as_recording() {
+        let cfg = WorkloadCfg {
+            description: String::new(),
+            cache: CacheProfile::default(),
+            queue_capacity: 4,
+            groups: vec![
+                group("s", 1, Some(10), &["arrive 2000/s", "push q"]),
+                group("r", 1, None, &["pop q", "compute 1us", "stamp", "record"]),
+            ],
+        };
+        let w = cfg.resolve("w", 1, 2).expect("ok");
+        assert_eq!(w.groups[0].ops[0], Op::Arrive { mean_gap_ns: 500_000 });
+        assert_eq!(w.groups[1].ops[2..], [Op::Stamp, Op::Record]);
+        assert!(w.records);
+        assert!(!builtin("dedup", 2, 1.0, false).expect("b").resolve("d", 2, 2).expect("ok").records);
+        for bad in ["arrive 2000", "arrive 0/s", "arrive -5/s", "arrive fast/s", "stamp now", "record x"] {
+            let c = WorkloadCfg { groups: vec![group("g", 1, Some(1), &["compute 1us", bad])], ..cfg.clone() };
+            let e = c.resolve("w", 1, 1).expect_err(bad);
+            let b = e.downcast_ref::<gleaner_policy::input::BadInput>().expect("BadInput");
+            assert!(b.allowed.contains("arrive RATE/s"), "{bad}: {}", b.allowed);
+        }
+        // An arrival advances time: a sender needs no compute.
+        let only = WorkloadCfg { groups: vec![group("g", 1, Some(1), &["arrive 10/s"])], ..cfg };
+        assert!(only.resolve("w", 1, 1).is_ok());
     }
 
     #[test]

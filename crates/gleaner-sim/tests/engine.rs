@@ -292,3 +292,66 @@ fn an_ungoverned_fixed_timeout_is_the_old_retention() {
     assert!(o.finished);
     assert!(o.vms[0].retention.is_none());
 }
+
+/// An open loop: a sender on vCPU 0 pushes requests at Poisson arrivals, a server on vCPU 1
+/// answers each after `work`, a receiver on vCPU 0 records the request latency.
+fn openloop(rate: u32, requests: u64, guest: GuestPolicy) -> Outcome {
+    let arrive = format!("arrive {rate}/s");
+    let mut w = wl(vec![
+        group("sender", 1, Some(requests), vec![0], &[&arrive, "push requests"]),
+        group("server", 1, None, vec![1], &["pop requests", "compute 5us", "push replies"]),
+        group("receiver", 1, None, vec![0], &["pop replies", "compute 500ns", "record"]),
+    ]);
+    w.queue_capacity = 1_000_000;
+    run(setup(2, vec![vm("app", w, 2, Some(0), false, guest)]))
+}
+
+#[test]
+fn an_open_loop_records_every_request_from_its_scheduled_arrival() {
+    let c = costs();
+    let o = openloop(1000, 2000, GuestPolicy::Stock);
+    let r = o.vms[0].req.summary();
+    assert_eq!(r.count, 2000, "every request answered once");
+    // Poisson arrivals at 1000/s: 2000 requests take about 2 s (sd of the sum ~ 45 ms).
+    let wall_s = o.vms[0].wall_ns() as f64 / 1e9;
+    assert!((1.85..2.15).contains(&wall_s), "2000 arrivals at 1000/s took {wall_s} s");
+    // Alone at 1000/s every hop wakes a halted vCPU: the sender's timer (a halted vCPU, no
+    // IPI), the server (an IPI to a halted vCPU), the receiver (the same), plus 5.5 us of work.
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let expect = us(c.rv + c.rt) + 2.0 * us(c.ipi + c.rv + c.rt) + 5.5;
+    assert!((r.p50_us - expect).abs() <= 3.0, "p50 {} expected about {expect}", r.p50_us);
+    // The wake-up latency histogram holds the hops, not the requests.
+    assert!(o.vms[0].lat.summary().count >= 2 * 2000);
+}
+
+#[test]
+fn idle_poll_shortens_the_open_loop_to_its_work() {
+    let stock = openloop(2000, 2000, GuestPolicy::Stock).vms[0].req.summary();
+    let poll = openloop(2000, 2000, GuestPolicy::IdlePoll).vms[0].req.summary();
+    assert!(poll.p50_us * 3.0 < stock.p50_us, "idle=poll {} vs stock {}", poll.p50_us, stock.p50_us);
+    // No IPIs and no halts: the work (5.5 us) and three guest thread switches.
+    assert!(poll.p50_us < 5.5 + 3.0 * costs().rt as f64 / 1000.0 + 1.0, "idle=poll p50 {}", poll.p50_us);
+}
+
+#[test]
+fn a_closed_loop_stamps_and_records_on_one_thread() {
+    let w = wl(vec![
+        group("client", 1, Some(300), vec![0], &["stamp", "compute 1us", "signal ping", "wait pong", "record"]),
+        group("server", 1, Some(300), vec![1], &["wait ping", "compute 1us", "signal pong"]),
+    ]);
+    let o = run(setup(2, vec![vm("app", w, 2, Some(0), false, GuestPolicy::Stock)]));
+    let r = o.vms[0].req.summary();
+    assert_eq!(r.count, 300);
+    // A round trip: the client's 1 us, two wakes of a halted vCPU, the server's 1 us.
+    let c = costs();
+    let expect = 2.0 + 2.0 * (c.ipi + c.rv + c.rt) as f64 / 1000.0;
+    assert!((r.p50_us - expect).abs() <= 3.0, "round trip p50 {} expected about {expect}", r.p50_us);
+}
+
+#[test]
+fn queues_of_a_workload_without_records_carry_no_stamps() {
+    let w =
+        wl(vec![group("p", 1, Some(100), vec![], &["compute 10us", "push q"]), group("c", 1, None, vec![], &["pop q", "compute 10us"])]);
+    let o = run(setup(2, vec![vm("app", w, 2, Some(0), false, GuestPolicy::Stock)]));
+    assert_eq!(o.vms[0].req.summary().count, 0);
+}
