@@ -392,6 +392,41 @@ impl IdleDetector {
         RetentionAction::StepAside { ns: self.cfg.step_aside_ns }
     }
 
+    /// Feeds `k` calls of `yield_ns` each, the i-th ending at `start_ns + i * yield_ns`, exactly
+    /// as `k` calls of [`Self::on_yield_at`] would, and stops at the first call whose action is
+    /// not [`RetentionAction::KeepYielding`] (returned; the calls after it are not fed). A
+    /// simulator feeds a stretch of quick yields this way: the quick calls before the one that
+    /// reaches the timeout are added up at once (what each would do: count a yield, add its
+    /// length to the idle time), so a stretch costs O(1) instead of one call per yield; calls
+    /// that need the probe (after a sleep, slow ones, stepping aside) go one by one.
+    pub fn on_yields_at(&mut self, start_ns: u64, k: u64, yield_ns: u64, probe: &mut impl YieldProbe) -> RetentionAction {
+        let at = |i: u64| start_ns.saturating_add(i.saturating_mul(yield_ns));
+        let summable = yield_ns > 0 && yield_ns <= self.cfg.idle_threshold_ns && self.cfg.step_aside_ns == 0;
+        let mut i = 0;
+        while i < k {
+            if summable && !self.slept {
+                // Quick calls that leave the idle time below the timeout: n * yield_ns < room.
+                let room = self.timeout_ns.saturating_sub(self.idle_acc_ns);
+                let n = (room.saturating_sub(1) / yield_ns).min(k - i);
+                if n > 0 {
+                    i += n;
+                    self.clock_ns = at(i).max(self.clock_ns);
+                    self.asked_ns = 0;
+                    self.counters.yields += n;
+                    self.counters.idle_yield_ns += n * yield_ns;
+                    self.idle_acc_ns += n * yield_ns;
+                    continue;
+                }
+            }
+            i += 1;
+            let action = self.on_yield_at(at(i), yield_ns, probe);
+            if action != RetentionAction::KeepYielding {
+                return action;
+            }
+        }
+        RetentionAction::KeepYielding
+    }
+
     /// Feeds the duration of one `sched_yield()` call, asking `probe` what only the caller can
     /// find out. Without a clock, time is the yields and the asked sleeps added up (exact for
     /// a caller whose sleeps take as long as asked).
@@ -586,6 +621,53 @@ mod adaptive_tests;
 
 #[cfg(test)]
 mod tests {
+    /// The summed stretch is the calls one by one: same actions, same state (counters, clock,
+    /// timeout, catches), over random configurations, histories and stretch lengths.
+    #[test]
+    fn a_stretch_fed_at_once_is_its_yields_fed_one_by_one() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n.max(1)
+        };
+        for case in 0..400 {
+            let cfg = RetentionConfig {
+                idle_threshold_ns: 5_000 + rnd(20_000),
+                timeout_ns: rnd(300_000),
+                min_sleep_ns: 1 + rnd(100_000),
+                adapt: rnd(2) == 0,
+                min_timeout_ns: rnd(20_000),
+                step_aside_ns: if rnd(4) == 0 { 1_000 } else { 0 },
+                ..RetentionConfig::default()
+            };
+            let mut one = IdleDetector::new(cfg);
+            let mut now = rnd(1_000_000);
+            for _ in 0..20 {
+                // Some history: a slow call (work or noise), or a stretch; then compare.
+                let d = 1 + rnd(2 * cfg.idle_threshold_ns);
+                now += d;
+                let probe = KnownProbe { other_task_ran: rnd(2) == 0, ran_while_asleep: rnd(3) == 0 };
+                let _ = one.on_yield_at(now, d, &mut probe.clone());
+                let mut batch = one.clone();
+                let (k, yn) = (rnd(2_000), 1 + rnd(3_000));
+                let probe = KnownProbe { other_task_ran: false, ran_while_asleep: rnd(2) == 0 };
+                let mut expected = RetentionAction::KeepYielding;
+                for i in 1..=k {
+                    expected = one.on_yield_at(now + i * yn, yn, &mut probe.clone());
+                    if expected != RetentionAction::KeepYielding {
+                        break;
+                    }
+                }
+                let got = batch.on_yields_at(now, k, yn, &mut probe.clone());
+                assert_eq!(got, expected, "case {case}: {cfg:?}, k {k}, yield {yn}");
+                assert_eq!(format!("{batch:?}"), format!("{one:?}"), "case {case}: {cfg:?}, k {k}, yield {yn}");
+                now = one.clock_ns();
+            }
+        }
+    }
+
     use super::*;
 
     fn cfg() -> RetentionConfig {

@@ -57,9 +57,23 @@ impl Engine {
     }
 
     /// Feeds the `k` quick yields of a stretch that began at `start`; `Some(ns)` = sleep.
+    /// Summed by the detector itself (`IdleDetector::on_yields_at`): a stretch costs O(1), not
+    /// one call per yield (a stretch of an always-on yielder is its whole idle period).
     fn feed_stretch(&mut self, v: u32, start: Ns, k: u64) -> Option<Ns> {
+        if k == 0 {
+            return None;
+        }
         let yn = self.yield_ns(v);
-        (1..=k).find_map(|i| self.feed(v, yn, false, start + i * yn))
+        let vi = v as usize;
+        let gv_work = self.vcpus[vi].c.gv_work;
+        let y = self.vcpus[vi].yielder.as_mut()?;
+        let ran_while_asleep = y.work_at_sleep.take().is_some_and(|w| w != gv_work);
+        // As `feed`, call by call: no thread ran during a quick yield; the model never steps
+        // aside (its probe sees nobody waiting), so only a sleep ends the stretch early.
+        match y.det.on_yields_at(start, k, yn, &mut KnownProbe { other_task_ran: false, ran_while_asleep }) {
+            RetentionAction::KeepYielding | RetentionAction::StepAside { .. } => None,
+            RetentionAction::Sleep { ns } => Some(ns),
+        }
     }
 
     fn new_stretch(&mut self, v: u32) {
