@@ -211,6 +211,9 @@ pub(crate) struct Vcpu {
     pub aff: u32,
     pub slice_ns: Ns,
     pub halt_start: Ns,
+    /// RV owed when `pending_rv` is charged: the resume cost after the halt that just ended
+    /// (`Costs::rv_at` its length).
+    pub rv_due: Ns,
     pub kvm_poll_ns: u64,
     pub guest_poll_limit: u64,
     pub idle_since: Ns,
@@ -526,6 +529,7 @@ impl Engine {
                 overhead: 0,
                 pending_rv: false,
                 halt_start: 0,
+                rv_due: 0,
                 kvm_poll_ns: 0,
                 hpolling: false,
                 poll_end: 0,
@@ -925,15 +929,15 @@ impl Engine {
         self.pcpus[pi].last = v;
         self.pcpus[pi].seg_start = now;
         self.idle_pcpus -= 1;
-        let costs = self.costs;
+        let pv = self.costs.pv;
         let vc = &mut self.vcpus[v as usize];
         let mut oh = 0;
         if vc.pending_rv {
-            oh += costs.rv;
+            oh += vc.rv_due;
             vc.pending_rv = false;
         }
         if last != v && last != NONE {
-            oh += costs.pv;
+            oh += pv;
             let cache = &self.vms[vc.vm as usize].cache;
             oh += saturating_u64(cache.wss_kb * cache.refill_ns_per_kb);
             vc.c.llc_misses += cache.wss_kb * 16.0;
@@ -1064,7 +1068,10 @@ impl Engine {
         let now = self.now;
         let halt_ns = now - self.vcpus[v as usize].halt_start;
         self.kvm_adjust(v, halt_ns);
-        self.vcpus[v as usize].pending_rv = true;
+        let rv = self.costs.rv_at(halt_ns);
+        let vc = &mut self.vcpus[v as usize];
+        vc.rv_due = rv;
+        vc.pending_rv = true;
         self.host_place(v);
     }
 
@@ -1292,14 +1299,19 @@ pub(crate) fn ms_to_ns(ms: f64) -> Ns {
     saturating_u64((ms * 1e6).round()).max(1)
 }
 
-/// The model's wake-cost curve, for the idle planner: a halted vCPU costs `IPI + RV + RT`
-/// whatever its idle gap (the model has no gap-dependent halt cost yet), plus `PV` where the
-/// host's pCPUs are shared (`shared`: setting D, the wakeup waits for a pCPU); one kept busy
-/// by a yielder `IPI + YW + RT`; there is no POLL state.
+/// The model's wake-cost curve, for the idle planner: a halted vCPU costs `IPI + RV(g) + RT`
+/// after an idle gap g (at each gap of the costs' RV curve; without one, RV whatever the gap),
+/// plus `PV` where the host's pCPUs are shared (`shared`: setting D, the wakeup waits for a
+/// pCPU); one kept busy by a yielder `IPI + YW + RT`; there is no POLL state.
 pub(crate) fn model_curve(c: &Costs, shared: bool) -> WakeCurve {
-    let halted = c.ipi + c.rv + c.rt + if shared { c.pv } else { 0 };
-    let pt = |gap_ns| CurvePoint { gap_ns, mean_ns: halted, p50_ns: halted };
-    WakeCurve::new(vec![pt(10_000), pt(10_000_000)], c.ipi + c.yield_wake + c.rt, None)
+    let base = c.ipi + c.rt + if shared { c.pv } else { 0 };
+    let pt = |gap_ns, rv: u64| CurvePoint { gap_ns, mean_ns: base + rv, p50_ns: base + rv };
+    let halted = if c.rv_by_gap.is_empty() {
+        vec![pt(10_000, c.rv), pt(10_000_000, c.rv)]
+    } else {
+        c.rv_by_gap.iter().map(|p| pt(p.gap_ns, p.rv_ns)).collect()
+    };
+    WakeCurve::new(halted, c.ipi + c.yield_wake + c.rt, None)
 }
 
 #[cfg(test)]
@@ -1353,6 +1365,23 @@ mod tests {
         assert_eq!(e.pcpus[1].rq, vec![1, 2], "the oldest queued vCPUs move");
         e.on_host_balance();
         assert_eq!(e.pcpus[1].rq, vec![1, 2], "a balanced host stays as it is");
+    }
+
+    /// The planner's curve is the model's: without an RV curve today's two flat points; with
+    /// one, a halted point per gap (`IPI + RV(g) + RT`, `+ PV` on shared pCPUs).
+    #[test]
+    fn the_planners_curve_follows_the_costs() {
+        use crate::scenario::{Costs, CostsCfg, RvPoint};
+        let c = Costs::from_table2(&CostsCfg::default().vm, 1.0, 2.0, 1.0);
+        let flat = super::model_curve(&c, false);
+        let gaps: Vec<(u64, u64)> = flat.halted.iter().map(|p| (p.gap_ns, p.mean_ns)).collect();
+        assert_eq!((gaps, flat.busy_ns, flat.poll_ns), (vec![(10_000, 37_000), (10_000_000, 37_000)], 17_000, None));
+        let mut g = c.clone();
+        g.rv_by_gap = vec![RvPoint { gap_ns: 50_000, rv_ns: 3_000 }, RvPoint { gap_ns: 3_000_000, rv_ns: 42_000 }];
+        let curve = super::model_curve(&g, true);
+        let pts: Vec<(u64, u64, u64)> = curve.halted.iter().map(|p| (p.gap_ns, p.mean_ns, p.p50_ns)).collect();
+        assert_eq!(pts, vec![(50_000, 79_000, 79_000), (3_000_000, 118_000, 118_000)], "IPI 11 + RV + RT 6 + PV 59 us");
+        assert!(curve.validate().is_ok());
     }
 
     #[test]

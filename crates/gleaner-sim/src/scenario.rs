@@ -380,14 +380,16 @@ impl Default for CostsCfg {
 /// Costs of one world (VM or native), in nanoseconds, derived from a Table 2 column:
 /// `A = RT`, `B = IPI + YW + RT`, `C = IPI + RV + RT`, `D = IPI + PV + RV + RT`, where only
 /// one of `RV` (a halted vCPU is slower to wake, as on KVM) and `YW` (a vCPU running a
-/// yielding thread is slower to wake, as under QEMU TCG) is non-zero.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// yielding thread is slower to wake, as under QEMU TCG) is non-zero. RV may depend on how
+/// long the vCPU was halted (`rv_by_gap`, from a calibration: [`Costs::rv_at`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Costs {
     /// Guest thread switch (RT).
     pub rt: u64,
     /// IPI delivery latency.
     pub ipi: u64,
-    /// Resuming a halted vCPU on an idle pCPU (RV; a C1 exit natively).
+    /// Resuming a halted vCPU on an idle pCPU (RV; a C1 exit natively); unused where
+    /// `rv_by_gap` has points (the curve decides).
     pub rv: u64,
     /// Extra delivery latency when the target vCPU runs a yielding thread instead of halting
     /// (YW = B - C when B > C, else 0).
@@ -397,6 +399,16 @@ pub struct Costs {
     pub ipi_send: u64,
     pub poll_wake: u64,
     pub ple_exit: u64,
+    /// RV by the time since the vCPU halted, ascending gaps (empty: `rv` whatever the gap).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rv_by_gap: Vec<RvPoint>,
+}
+
+/// One point of RV by gap: resuming a vCPU that was halted for `gap_ns` costs `rv_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RvPoint {
+    pub gap_ns: u64,
+    pub rv_ns: u64,
 }
 
 fn us(v: f64) -> u64 {
@@ -419,7 +431,28 @@ impl Costs {
             ipi_send: us(ipi_send_us),
             poll_wake: us(poll_wake_us),
             ple_exit: us(ple_exit_us),
+            rv_by_gap: Vec::new(),
         }
+    }
+
+    /// RV for a vCPU that was halted for `gap_ns`: `rv` without a curve; with one, linear in
+    /// log(gap) between its points and flat outside them (as the agent's planner reads its
+    /// wake-cost curve, `WakeCurve::halt_cost_ns`).
+    pub fn rv_at(&self, gap_ns: u64) -> u64 {
+        let pts = &self.rv_by_gap;
+        let (Some(first), Some(last)) = (pts.first(), pts.last()) else { return self.rv };
+        if gap_ns <= first.gap_ns {
+            return first.rv_ns;
+        }
+        if gap_ns >= last.gap_ns {
+            return last.rv_ns;
+        }
+        // The first point at or past the gap; it is not the first point (gap > its gap).
+        let i = pts.partition_point(|p| p.gap_ns < gap_ns);
+        let (a, b) = (pts[i - 1], pts[i]);
+        let (la, lb) = ((a.gap_ns as f64).ln(), (b.gap_ns as f64).ln());
+        let t = ((gap_ns as f64).ln() - la) / (lb - la);
+        saturating_u64((a.rv_ns as f64 + t * (b.rv_ns as f64 - a.rv_ns as f64)).round())
     }
 }
 
@@ -790,6 +823,41 @@ mod tests {
         assert!(e.downcast_ref::<BadInput>().is_some());
         let e = table2_from_bench_json("{\"results\":[]}", "x").expect_err("no settings");
         assert!(e.to_string().contains("setting A is missing"), "{e}");
+    }
+
+    fn rv_costs(points: &[(u64, u64)]) -> Costs {
+        let mut c = Costs::from_table2(&CostsCfg::default().vm, 1.0, 2.0, 1.0);
+        c.rv_by_gap = points.iter().map(|&(gap_ns, rv_ns)| RvPoint { gap_ns, rv_ns }).collect();
+        c
+    }
+
+    /// RV by gap: the points themselves, linear in log(gap) between them (log spacing: the
+    /// middle of 10 us..1 ms is 100 us, not 505 us), flat beyond the ends, any direction.
+    #[test]
+    fn rv_interpolates_in_log_gap_and_clamps_at_the_ends() {
+        let c = rv_costs(&[(10_000, 2_000), (1_000_000, 22_000), (10_000_000, 42_000), (30_000_000, 30_000)]);
+        assert_eq!(c.rv_at(10_000), 2_000);
+        assert_eq!(c.rv_at(1_000_000), 22_000);
+        assert_eq!(c.rv_at(10_000_000), 42_000);
+        assert_eq!((c.rv_at(0), c.rv_at(9_999)), (2_000, 2_000), "flat below the first gap");
+        assert_eq!(c.rv_at(u64::MAX), 30_000, "flat past the last gap");
+        assert_eq!(c.rv_at(100_000), 12_000, "halfway in log(gap)");
+        assert_eq!(c.rv_at(505_000), 12_000 + saturating_u64((10_000.0 * (5.05f64).ln() / 10f64.ln()).round()));
+        assert_eq!(c.rv_at(3_162_278), 32_000, "sqrt(10) ms: halfway between 1 and 10 ms");
+        let down = c.rv_at(17_320_508); // sqrt(300) ms: halfway from 10 to 30 ms, RV falling
+        assert_eq!(down, 36_000);
+        // Monotone between points with rising costs.
+        let mut last = 0;
+        for g in (10_000..10_000_000).step_by(9_973) {
+            let rv = c.rv_at(g);
+            assert!(rv >= last, "{g}: {rv} < {last}");
+            last = rv;
+        }
+        // No curve: the constant RV at every gap (today's costs, unchanged).
+        let flat = rv_costs(&[]);
+        assert!([0, 10_000, 5_000_000, u64::MAX].iter().all(|&g| flat.rv_at(g) == flat.rv));
+        let one = rv_costs(&[(50_000, 7_000)]);
+        assert!([0, 50_000, u64::MAX].iter().all(|&g| one.rv_at(g) == 7_000));
     }
 
     #[test]
