@@ -162,3 +162,29 @@ fn figure6_shape_holds_with_the_host_agents_damping() {
         }
     }
 }
+
+fn fixture(name: &str) -> String {
+    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A calibration record that restates Table 2's VM column (C 37 us at every gap, B 17 us, no
+/// POLL state, so RT stays A) gives the same runs as the column itself: the curve, the RV it
+/// gives at every gap and the planner's curve change nothing where they say the same. Only
+/// the report's costs section tells them apart.
+#[test]
+fn a_calibration_restating_table2_changes_nothing() {
+    let file = fixture("calibration-table2.json");
+    for name in ["table2", "idle-policies", "fig7"] {
+        let (n, text) = load_scenario(name).expect("built-in");
+        let plain = run_text(&n, &text, None, false).expect("runs");
+        let cases = gleaner_sim::cli_cases(&n, &text, Some(std::path::Path::new(&file))).expect("the record is valid");
+        let mut cal = gleaner_sim::run_cases(&cases[0].1.name, &cases[0].1.description, &cases, plain.seed, false).expect("runs");
+        for c in &mut cal.cases {
+            let costs = c.costs.take().expect("the costs section names the record");
+            assert_eq!(costs.calibration.file.to_str(), Some(file.as_str()));
+            assert_eq!((costs.vm.rt, costs.vm.ipi, costs.vm.rv, costs.vm.yield_wake), (6_000, 11_000, 20_000, 0));
+        }
+        let json = |r: &Report| serde_json::to_string(r).expect("json");
+        assert!(json(&cal) == json(&plain), "{name}: a calibration restating Table 2 changed the runs");
+    }
+}
