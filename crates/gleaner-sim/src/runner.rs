@@ -168,10 +168,21 @@ pub fn setup_for(sc: &Scenario, v: &VariantCfg, seed: u64) -> anyhow::Result<Set
     setup_with_costs(sc, v, seed, &sc.resolve_costs()?)
 }
 
+/// Whether the variant's agent polls in the kernel: as configured, else where the costs offer
+/// a POLL state (a calibration measured one) and the variant plans retention.
+pub fn kernel_polling(v: &VariantCfg, vm_costs: &Costs) -> bool {
+    v.gleaner.kernel_polling.unwrap_or_else(|| {
+        let planned = v.gleaner.govern || v.gleaner.agent.as_ref().is_some_and(|a| a.means.kernel_polling());
+        vm_costs.poll_state && v.guest.retention() && planned
+    })
+}
+
 /// [`setup_for`] with the scenario's costs resolved already.
 pub fn setup_with_costs(sc: &Scenario, v: &VariantCfg, seed: u64, costs: &ResolvedCosts) -> anyhow::Result<Setup> {
     let vm_costs = costs.vm.clone();
     let h = &sc.host;
+    let mut gleaner = v.gleaner.clone();
+    gleaner.kernel_polling = Some(kernel_polling(v, &vm_costs));
     let mut vms = Vec::new();
     for vm in sc.active_vms() {
         vms.push(SetupVm {
@@ -181,7 +192,7 @@ pub fn setup_with_costs(sc: &Scenario, v: &VariantCfg, seed: u64, costs: &Resolv
             pin_offset: vm.pin.then_some(vm.pin_offset),
             background: vm.background,
             guest: if vm.background { GuestPolicy::Stock } else { v.guest },
-            gleaner: v.gleaner.clone(),
+            gleaner: gleaner.clone(),
             haltpoll: v.haltpoll.clone(),
         });
     }

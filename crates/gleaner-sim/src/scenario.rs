@@ -307,6 +307,14 @@ pub struct GleanerCfg {
     /// `None`: derived (yielders, the model's curve, `govern`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<GuestConfig>,
+    /// The agent's kernel polling (the cpuidle POLL state: the haltpoll window shared by the
+    /// VM's vCPUs, and polling until work on single vCPUs) as the planner's mechanism instead
+    /// of yielding threads, as the real agent uses it where the guest has a POLL state. Only
+    /// with `guest = "retention"` or `"gleaner"` and the planner (`govern = true`, or an
+    /// `agent` configuration that offers kernel polling). Default: on when the costs come from
+    /// a calibration that measured a POLL state (`costs.calibration`), else off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_polling: Option<bool>,
 }
 
 impl Default for GleanerCfg {
@@ -319,6 +327,7 @@ impl Default for GleanerCfg {
             govern: true,
             governor: GovernorConfig::default(),
             agent: None,
+            kernel_polling: None,
         }
     }
 }
@@ -600,7 +609,7 @@ impl CalibrationUse {
             self.file.display(),
             us(vm.ipi),
             us(vm.pv),
-            if vm.poll_state { "; the guest has a POLL state" } else { "" }
+            if vm.poll_state { "; kernel polling offered to the agent" } else { "" }
         )
     }
 
@@ -875,6 +884,14 @@ impl Scenario {
             v.gleaner.params.validate().map_err(|e| bad(k("gleaner.params"), e, "see gleaner_policy::gleaner::Params"))?;
             v.gleaner.governor.validate().map_err(|e| bad(k("gleaner.governor"), e, "see gleaner_policy::retention::GovernorConfig"))?;
             v.aql.validate().map_err(|e| bad(k("aql"), e, "window, decide_every 1..=1000; hysteresis_points 0..=100"))?;
+            let planned = v.gleaner.govern || v.gleaner.agent.is_some();
+            if v.gleaner.kernel_polling == Some(true) && !(v.guest.retention() && planned) {
+                return Err(bad(
+                    k("gleaner.kernel_polling"),
+                    true,
+                    "false, or guest = \"retention\" or \"gleaner\" with govern = true (kernel polling is the idle planner's mechanism)",
+                ));
+            }
             if v.gleaner.retention.timeout_ns == 0 {
                 return Err(bad(k("gleaner.retention.timeout_ns"), 0, ">= 1"));
             }
@@ -1124,6 +1141,19 @@ mod tests {
         // Through a scenario: the same one line (the key is the file's).
         let sc = parse(&format!("{MIN}[costs]\ncalibration = \"/nonexistent/c.json\"\n"), "t").expect("the key parses");
         assert_eq!(one(sc.resolve_costs().expect_err("missing file")).what, "calibration record");
+    }
+
+    #[test]
+    fn kernel_polling_needs_the_planners_retention() {
+        let text = |guest: &str, govern: bool| {
+            format!("{MIN}[[variant]]\nname = \"g\"\nguest = \"{guest}\"\n[variant.gleaner]\ngovern = {govern}\nkernel_polling = true\n")
+        };
+        assert!(parse(&text("gleaner", true), "t").is_ok());
+        assert!(parse(&text("retention", true), "t").is_ok());
+        for (guest, govern) in [("stock", true), ("consolidation", true), ("haltpoll", true), ("gleaner", false)] {
+            let b = err_of(&text(guest, govern));
+            assert_eq!(b.what, "variant.g.gleaner.kernel_polling", "{guest} {govern}");
+        }
     }
 
     #[test]
