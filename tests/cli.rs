@@ -61,6 +61,8 @@ fn bad_input_exits_2_with_one_line() {
         &["bench", "overhead", g, g],
         &["sim", "/nonexistent/scenario.toml"],
         &["sim", "predict", "--measured", "/nonexistent/bench-out"],
+        &["sim", "table2", "--from-calibration", "/nonexistent/calibration.json"],
+        &["sim", "table2", "--from-calibration", g],
         &["lab", "run", "no-such-experiment"],
         &["lab", "run", "uc", "--accel", "hvf"],
         &["lab", "run", "uc", "--pcpus", "1-0"],

@@ -21,12 +21,15 @@
 //! ```
 //!
 //! The planner prices windows with the model's own wake costs ([`crate::engine::model_curve`]:
-//! flat in the idle gap, no POLL state), so the simulated agent plans as the real one would on
-//! a machine with those costs.
+//! a halted vCPU's cost by idle gap, flat without an RV curve; the POLL state where the
+//! variant offers the agent kernel polling), so the simulated agent plans as the real one
+//! would on a machine with those costs. With kernel polling the plan's haltpoll window and
+//! always-polling vCPUs are applied as the agent applies them (`kernel_poll_apply`), and no
+//! yielding threads run.
 
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 use gleaner_policy::guest::{GuestReading, VcpuIdle};
-use gleaner_policy::idle::{Mechanism, TraceSource, WakeTrace};
+use gleaner_policy::idle::{IdlePlan, Mechanism, TraceSource, WakeTrace};
 use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{KnownProbe, RetentionAction};
 
@@ -192,6 +195,7 @@ impl Engine {
             let vc = &self.vcpus[v as usize];
             let c = &vc.c;
             let cur = (c.gv_work, c.gv_yield, c.gv_idle, c.idle_entries, vc.steal_ns);
+            let polled = c.gpoll_ns - std::mem::replace(&mut self.vms[vmi].prev_poll[i as usize], c.gpoll_ns);
             let prev = std::mem::replace(&mut self.vms[vmi].prev[i as usize], cur);
             samples.push(VcpuSample {
                 cpu: i,
@@ -200,12 +204,13 @@ impl Engine {
                 t_idle_ns: (cur.1 - prev.1) + (cur.2 - prev.2),
                 s_yield: cur.3 - prev.3,
             });
-            // /proc/stat's view: halted time is idle, the yielder's time busy.
+            // /proc/stat's view: halted and polling time is idle, the yielder's time busy;
+            // cpuidle's POLL state time is the polling (the agent's kernel polling).
             idle.push(VcpuIdle {
                 cpu: i,
                 idle_ns: cur.2 - prev.2,
                 entries: Some(cur.3 - prev.3),
-                poll_ns: 0,
+                poll_ns: polled,
                 yield_ns: cur.1 - prev.1,
                 steal_ns: cur.4 - prev.4,
             });
@@ -251,6 +256,9 @@ impl Engine {
             let hold = step.governor.is_some_and(|g| g.hold_timeouts);
             self.retention_apply(vm, step.mode.is_on(), &windows, hold);
         }
+        if self.vms[vmi].kpoll.is_some() {
+            self.kernel_poll_apply(vm, step.mode.is_on(), &step.plan, true);
+        }
         self.vms[vmi].period_start = self.now;
         let next = saturating_u64((period as f64 * step.next_period_share).round()).max(1);
         self.q.push(self.now + next, Ev::GleanerPeriod { vm });
@@ -290,6 +298,52 @@ impl Engine {
             }
             if !(on && w > 0) {
                 self.park_yielder(v);
+            }
+        }
+    }
+
+    /// Applies the plan's kernel polling as the agent does (`IdleActuator::apply`): with
+    /// retention on and a plan that retains, the haltpoll window fixed at `poll_window_ns`
+    /// (a lowered cap resets every vCPU's own window, as re-attaching the governor does) and
+    /// `poll_always` polling until work; otherwise the machine's own settings, which in the
+    /// model are the stock guest's (halt). A vCPU polling now follows at once (an always
+    /// poller that no longer is polls out its own window from now, or halts). `count`: a
+    /// period of the guest loop (not the start plan).
+    pub(crate) fn kernel_poll_apply(&mut self, vm: u32, on: bool, plan: &IdlePlan, count: bool) {
+        let vmi = vm as usize;
+        let (base, n) = (self.vms[vmi].vcpu_base, self.vms[vmi].nvcpus);
+        if count {
+            self.vms[vmi].periods += 1;
+            self.vms[vmi].retain_periods += u64::from(on);
+        }
+        let retains = on && plan.retains();
+        let cap = if retains { plan.poll_window_ns } else { 0 };
+        let always: Vec<bool> = (0..n).map(|i| retains && plan.poll_always.contains(&i)).collect();
+        let Some(kp) = self.vms[vmi].kpoll.as_mut() else { return };
+        let lowered = cap < kp.cap_ns;
+        kp.cap_ns = cap;
+        kp.always.clone_from(&always);
+        let now = self.now;
+        for i in 0..n {
+            let vi = (base + i) as usize;
+            if lowered {
+                self.vcpus[vi].guest_poll_limit = 0;
+            }
+            let Idle::Poll { until } = self.vcpus[vi].idle else { continue };
+            let limit = self.vcpus[vi].guest_poll_limit;
+            let to = if always[i as usize] {
+                Ns::MAX
+            } else if until == Ns::MAX || lowered {
+                now + limit
+            } else {
+                until
+            };
+            if to != until {
+                if let Host::Running(p) = self.vcpus[vi].host {
+                    self.settle(p);
+                    self.mark_dirty(p);
+                }
+                self.vcpus[vi].idle = Idle::Poll { until: to };
             }
         }
     }

@@ -20,6 +20,12 @@ pub struct RunOpts {
     /// Worker threads for parallel runs (default: all cores).
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Take the VM's wake costs from the agent's calibration record (default
+    /// /run/gleaner/calibration.json): RT = P, IPI = B - RT, RV by idle gap = C(g) - B, and
+    /// the POLL state for the agent's kernel polling; overrides the scenario's
+    /// `costs.calibration`. Give FILE after the scenario, or as `--from-calibration=FILE`.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = crate::scenario::DEFAULT_CALIBRATION)]
+    pub from_calibration: Option<std::path::PathBuf>,
 }
 
 /// `gleaner sim SCENARIO [--seed N] [--json] [--plot FILE]`, `gleaner sim --list`,

@@ -211,6 +211,9 @@ pub(crate) struct Vcpu {
     pub aff: u32,
     pub slice_ns: Ns,
     pub halt_start: Ns,
+    /// RV owed when `pending_rv` is charged: the resume cost after the halt that just ended
+    /// (`Costs::rv_at` its length).
+    pub rv_due: Ns,
     pub kvm_poll_ns: u64,
     pub guest_poll_limit: u64,
     pub idle_since: Ns,
@@ -326,6 +329,22 @@ pub(crate) struct VmState {
     pub trace: Option<WakeTrace>,
     /// Each yielder's catches (`IdleDetector::caught`) at the last Gleaner period.
     pub prev_caught: Vec<Log2Hist>,
+    /// The agent's kernel polling, as applied (`None`: the VM's agent does not poll).
+    pub kpoll: Option<KernelPolling>,
+    /// Each vCPU's guest polling time at the last Gleaner period.
+    pub prev_poll: Vec<u64>,
+}
+
+/// The kernel idle knobs the agent set from its plan (crates/gleaner-agent/src/agent/apply.rs):
+/// the haltpoll window fixed at `cap_ns` for every vCPU (`guest_halt_poll_ns` = grow_start =
+/// the cap, no shrinking: a vCPU's own window, `Vcpu::guest_poll_limit`, goes from 0 to the cap
+/// after its first idle period inside the cap, and stays), and the vCPUs polling until work
+/// (resume latency limit 0). Retention off: the cap 0 and no vCPU always polling (the model's
+/// stock guest halts).
+#[derive(Debug, Clone)]
+pub(crate) struct KernelPolling {
+    pub cap_ns: u64,
+    pub always: Vec<bool>,
 }
 
 /// The engine's clock and sizes; its thousands of threads and sync objects are left out.
@@ -451,9 +470,8 @@ impl Engine {
         // this host: where the VMs' vCPUs outnumber the pCPUs, a halted vCPU's wakeup also
         // waits for a pCPU (Table 2's setting D).
         let shared = s.vms.iter().map(|v| u64::from(v.vcpus)).sum::<u64>() > u64::from(s.pcpus);
-        let curve = model_curve(&e.costs, shared);
         for (vi, vm) in s.vms.into_iter().enumerate() {
-            e.add_vm(vi as u32, vm, s.pcpus, &curve);
+            e.add_vm(vi as u32, vm, s.pcpus, shared);
         }
         e.host_prev = vec![SimVcpuCounters::default(); e.vcpus.len()];
         e
@@ -476,7 +494,7 @@ impl Engine {
         i
     }
 
-    fn add_vm(&mut self, vi: u32, vm: SetupVm, pcpus: u32, curve: &WakeCurve) {
+    fn add_vm(&mut self, vi: u32, vm: SetupVm, pcpus: u32, shared: bool) {
         let w = &vm.workload;
         let vcpu_base = self.vcpus.len() as u32;
         let m_base = self.mutexes.len() as u32;
@@ -509,6 +527,13 @@ impl Engine {
             self.spins.push(BarrierObj { n, arrived: 0, waiters: Vec::new() });
         }
         let retention = vm.guest.retention() && self.virt;
+        // The agent's mechanism: kernel polling where the variant offers it (and an agent
+        // configuration from the lab offers it too), else yielding threads, as the agent
+        // starts either one or the other (`IdleSetup::decide`).
+        let kernel_polling =
+            retention && vm.gleaner.kernel_polling == Some(true) && vm.gleaner.agent.as_ref().is_none_or(|a| a.means.kernel_polling());
+        let yielders = retention && !kernel_polling;
+        let curve = model_curve(&self.costs, shared, kernel_polling);
         for i in 0..vm.vcpus {
             let aff = match vm.pin_offset {
                 Some(off) => self.intern_aff(vec![off + i]),
@@ -518,7 +543,7 @@ impl Engine {
                 Some(off) => off + i,
                 None => (vcpu_base + i) % pcpus,
             };
-            let yielder = retention.then(|| Yielder {
+            let yielder = yielders.then(|| Yielder {
                 det: IdleDetector::new(vm.gleaner.retention),
                 state: YState::Awake,
                 paused_at: None,
@@ -541,6 +566,7 @@ impl Engine {
                 overhead: 0,
                 pending_rv: false,
                 halt_start: 0,
+                rv_due: 0,
                 kvm_poll_ns: 0,
                 hpolling: false,
                 poll_end: 0,
@@ -627,9 +653,13 @@ impl Engine {
             let cpus: Vec<u32> = (0..vm.vcpus).collect();
             let params = consolidation.then(|| vm.gleaner.params.clone());
             if let Some(a) = &vm.gleaner.agent {
-                // The agent's own configuration (the lab's predictor): yielders only where the
-                // variant has them (the model's guest has no kernel polling for the agent).
-                let means = Means { poll_window: false, poll_always: false, yielders: retention && a.means.yielders };
+                // The agent's own configuration (the lab's predictor): kernel polling or
+                // yielders only where the variant has them.
+                let means = Means {
+                    poll_window: kernel_polling && a.means.poll_window,
+                    poll_always: kernel_polling && a.means.poll_always,
+                    yielders: yielders && a.means.yielders,
+                };
                 return GuestController::new(GuestConfig { cpus, consolidation: params, means, ..a.clone() });
             }
             GuestController::new(GuestConfig {
@@ -638,17 +668,19 @@ impl Engine {
                 // The model's host has no CPU cap on a VM (its pCPUs are shared by its own
                 // scheduler): no headroom to leave.
                 plan: PlanConfig { vm_share: 1.0, ..PlanConfig::default() },
-                means: Means { poll_window: false, poll_always: false, yielders: retention },
+                // A haltpoll guest offers both forms of kernel polling (the window and a
+                // vCPU's resume latency limit).
+                means: Means { poll_window: kernel_polling, poll_always: kernel_polling, yielders },
                 curve: retention.then(|| curve.clone()),
                 // No calibration in the model: the variant asked for retention, so it starts on.
                 governor: (retention && vm.gleaner.govern).then_some(vm.gleaner.governor),
                 prior: if retention { RetentionMode::On } else { RetentionMode::Off },
                 // Without the governor the yielders keep the detector's own cap on every vCPU
                 // (always-on retention, adaptive below the cap).
-                fixed_yield_ns: (retention && !vm.gleaner.govern).then_some(vm.gleaner.retention.timeout_ns),
+                fixed_yield_ns: (yielders && !vm.gleaner.govern).then_some(vm.gleaner.retention.timeout_ns),
             })
         });
-        let windows = vec![if retention { vm.gleaner.retention.timeout_ns } else { 0 }; vm.vcpus as usize];
+        let windows = vec![if yielders { vm.gleaner.retention.timeout_ns } else { 0 }; vm.vcpus as usize];
         self.vms.push(VmState {
             name: vm.name,
             vcpu_base,
@@ -675,6 +707,8 @@ impl Engine {
             req: Hist::default(),
             trace: has_agent.then(|| WakeTrace::empty(TraceSource::Model, 0..vm.vcpus)),
             prev_caught: vec![Log2Hist::default(); vm.vcpus as usize],
+            kpoll: kernel_polling.then(|| KernelPolling { cap_ns: 0, always: vec![false; vm.vcpus as usize] }),
+            prev_poll: vec![0; vm.vcpus as usize],
         });
     }
 
@@ -695,6 +729,9 @@ impl Engine {
                     (0..n).map(|i| start.of(i).filter(|p| p.mechanism == Mechanism::Yield).map_or(0, |p| p.window_ns)).collect();
                 if self.has_yielders(vm) {
                     self.start_retention(vm as u32, on, &windows);
+                }
+                if self.vms[vm].kpoll.is_some() {
+                    self.kernel_poll_apply(vm as u32, on, &start, false);
                 }
                 let p = ms_to_ns(self.vms[vm].gleaner.period_ms) as f64 * FIRST_PERIOD_SHARE;
                 self.q.push(saturating_u64(p.round()).max(1), Ev::GleanerPeriod { vm: vm as u32 });
@@ -943,15 +980,15 @@ impl Engine {
         self.pcpus[pi].last = v;
         self.pcpus[pi].seg_start = now;
         self.idle_pcpus -= 1;
-        let costs = self.costs;
+        let pv = self.costs.pv;
         let vc = &mut self.vcpus[v as usize];
         let mut oh = 0;
         if vc.pending_rv {
-            oh += costs.rv;
+            oh += vc.rv_due;
             vc.pending_rv = false;
         }
         if last != v && last != NONE {
-            oh += costs.pv;
+            oh += pv;
             let cache = &self.vms[vc.vm as usize].cache;
             oh += saturating_u64(cache.wss_kb * cache.refill_ns_per_kb);
             vc.c.llc_misses += cache.wss_kb * 16.0;
@@ -1082,7 +1119,10 @@ impl Engine {
         let now = self.now;
         let halt_ns = now - self.vcpus[v as usize].halt_start;
         self.kvm_adjust(v, halt_ns);
-        self.vcpus[v as usize].pending_rv = true;
+        let rv = self.costs.rv_at(halt_ns);
+        let vc = &mut self.vcpus[v as usize];
+        vc.rv_due = rv;
+        vc.pending_rv = true;
         self.host_place(v);
     }
 
@@ -1317,14 +1357,20 @@ pub(crate) fn ms_to_ns(ms: f64) -> Ns {
     saturating_u64((ms * 1e6).round()).max(1)
 }
 
-/// The model's wake-cost curve, for the idle planner: a halted vCPU costs `IPI + RV + RT`
-/// whatever its idle gap (the model has no gap-dependent halt cost yet), plus `PV` where the
-/// host's pCPUs are shared (`shared`: setting D, the wakeup waits for a pCPU); one kept busy
-/// by a yielder `IPI + YW + RT`; there is no POLL state.
-pub(crate) fn model_curve(c: &Costs, shared: bool) -> WakeCurve {
-    let halted = c.ipi + c.rv + c.rt + if shared { c.pv } else { 0 };
-    let pt = |gap_ns| CurvePoint { gap_ns, mean_ns: halted, p50_ns: halted };
-    WakeCurve::new(vec![pt(10_000), pt(10_000_000)], c.ipi + c.yield_wake + c.rt, None)
+/// The model's wake-cost curve, for the idle planner: a halted vCPU costs `IPI + RV(g) + RT`
+/// after an idle gap g (at each gap of the costs' RV curve; without one, RV whatever the gap),
+/// plus `PV` where the host's pCPUs are shared (`shared`: setting D, the wakeup waits for a
+/// pCPU); one kept busy by a yielder `IPI + YW + RT`; one polling in the kernel (`poll`: the
+/// agent may use the POLL state) `RT`, its wakeup needing no IPI.
+pub(crate) fn model_curve(c: &Costs, shared: bool, poll: bool) -> WakeCurve {
+    let base = c.ipi + c.rt + if shared { c.pv } else { 0 };
+    let pt = |gap_ns, rv: u64| CurvePoint { gap_ns, mean_ns: base + rv, p50_ns: base + rv };
+    let halted = if c.rv_by_gap.is_empty() {
+        vec![pt(10_000, c.rv), pt(10_000_000, c.rv)]
+    } else {
+        c.rv_by_gap.iter().map(|p| pt(p.gap_ns, p.rv_ns)).collect()
+    };
+    WakeCurve::new(halted, c.ipi + c.yield_wake + c.rt, poll.then_some(c.rt))
 }
 
 #[cfg(test)]
@@ -1378,6 +1424,25 @@ mod tests {
         assert_eq!(e.pcpus[1].rq, vec![1, 2], "the oldest queued vCPUs move");
         e.on_host_balance();
         assert_eq!(e.pcpus[1].rq, vec![1, 2], "a balanced host stays as it is");
+    }
+
+    /// The planner's curve is the model's: without an RV curve today's two flat points; with
+    /// one, a halted point per gap (`IPI + RV(g) + RT`, `+ PV` on shared pCPUs); the POLL
+    /// point `RT` only where the agent may poll.
+    #[test]
+    fn the_planners_curve_follows_the_costs() {
+        use crate::scenario::{Costs, CostsCfg, RvPoint};
+        let c = Costs::from_table2(&CostsCfg::default().vm, 1.0, 2.0, 1.0);
+        let flat = super::model_curve(&c, false, false);
+        let gaps: Vec<(u64, u64)> = flat.halted.iter().map(|p| (p.gap_ns, p.mean_ns)).collect();
+        assert_eq!((gaps, flat.busy_ns, flat.poll_ns), (vec![(10_000, 37_000), (10_000_000, 37_000)], 17_000, None));
+        let mut g = c.clone();
+        g.rv_by_gap = vec![RvPoint { gap_ns: 50_000, rv_ns: 3_000 }, RvPoint { gap_ns: 3_000_000, rv_ns: 42_000 }];
+        let curve = super::model_curve(&g, true, true);
+        let pts: Vec<(u64, u64, u64)> = curve.halted.iter().map(|p| (p.gap_ns, p.mean_ns, p.p50_ns)).collect();
+        assert_eq!(pts, vec![(50_000, 79_000, 79_000), (3_000_000, 118_000, 118_000)], "IPI 11 + RV + RT 6 + PV 59 us");
+        assert_eq!((curve.busy_ns, curve.poll_ns), (17_000, Some(6_000)));
+        assert!(curve.validate().is_ok());
     }
 
     #[test]

@@ -246,6 +246,19 @@ impl Engine {
             self.gv_flush(v);
         }
         let vm = self.vcpus[vi].vm as usize;
+        if let Some(kp) = &self.vms[vm].kpoll {
+            // The agent's kernel polling: until work on a vCPU it polls always, else the
+            // haltpoll governor's window (this vCPU's own, grown to the fixed cap), then HLT.
+            let always = kp.always[(v - self.vms[vm].vcpu_base) as usize];
+            let limit = self.vcpus[vi].guest_poll_limit;
+            if always || limit > 0 {
+                self.trace_idle_start(v);
+                self.vcpus[vi].idle = Idle::Poll { until: if always { Ns::MAX } else { now + limit } };
+            } else {
+                self.halt(v, p);
+            }
+            return;
+        }
         let mode = if self.virt { self.vms[vm].guest } else { GuestPolicy::Stock };
         match mode {
             GuestPolicy::IdlePoll => {
@@ -347,6 +360,17 @@ impl Engine {
     fn haltpoll_adjust(&mut self, v: u32) {
         let vi = v as usize;
         let vm = self.vcpus[vi].vm as usize;
+        if let Some(kp) = &self.vms[vm].kpoll {
+            // The agent's fixed window: grow_start = the cap, so a block inside it grows the
+            // vCPU's window straight to the cap; allow_shrink = N, so a longer one keeps it.
+            let cap = kp.cap_ns;
+            let vc = &mut self.vcpus[vi];
+            let block = self.now - vc.idle_since;
+            if block > vc.guest_poll_limit && block <= cap {
+                vc.guest_poll_limit = cap;
+            }
+            return;
+        }
         if self.vms[vm].guest != GuestPolicy::Haltpoll || !self.virt {
             return;
         }

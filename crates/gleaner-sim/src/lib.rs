@@ -101,6 +101,33 @@ pub fn run_text(name: &str, text: &str, seed: Option<u64>, timing: bool) -> anyh
     run_cases(&cases[0].1.name, &cases[0].1.description, &cases, seed, timing)
 }
 
+/// A scenario text's cases with `--from-calibration` applied (it overrides every case's
+/// `costs.calibration`), and one line on stderr per calibration record the cases use: the
+/// file and the costs taken from it (and a note where RV was clamped). Bad records are bad
+/// input here, before anything runs.
+pub fn cli_cases(name: &str, text: &str, calibration: Option<&Path>) -> anyhow::Result<Vec<(String, scenario::Scenario)>> {
+    let mut cases = scenario::expand_cases(text, name)?;
+    if let Some(file) = calibration {
+        for (_, sc) in &mut cases {
+            sc.costs.calibration = Some(file.to_path_buf());
+        }
+    }
+    let mut told: Vec<(std::path::PathBuf, scenario::Costs)> = Vec::new();
+    for (_, sc) in &cases {
+        let r = sc.resolve_costs()?;
+        let Some(c) = r.calibration else { continue };
+        if told.iter().any(|(f, vm)| *f == c.file && *vm == r.vm) {
+            continue;
+        }
+        eprintln!("gleaner sim: {}", c.describe(&r.vm));
+        if let Some(note) = c.clamp_note() {
+            eprintln!("gleaner sim: {note}");
+        }
+        told.push((c.file, r.vm));
+    }
+    Ok(cases)
+}
+
 fn emit(reports: &[Report], opts: &RunOpts, many: bool) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if opts.json {
@@ -230,8 +257,10 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
             None => vec![s.opts.seed],
         };
         let timing = !s.opts.no_timing;
+        let cases = cli_cases(&name, &swept, s.opts.from_calibration.as_deref())?;
+        let (sname, sdesc) = (cases[0].1.name.clone(), cases[0].1.description.clone());
         let reports = with_pool(s.opts.jobs, || -> anyhow::Result<Vec<Report>> {
-            seeds.iter().map(|&seed| run_text(&name, &swept, seed, timing)).collect()
+            seeds.iter().map(|&seed| run_cases(&sname, &sdesc, &cases, seed.unwrap_or(cases[0].1.seed), timing)).collect()
         })??;
         emit(&reports, &s.opts, true)?;
         return Ok(ExitCode::SUCCESS);
@@ -255,7 +284,18 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let Some(arg) = args.scenario else {
-        return Err(BadInput::new("scenario", "(none)", "a scenario file or built-in name; see `gleaner sim --list`").into());
+        // `--from-calibration table2`: the optional FILE took the scenario.
+        let took = args
+            .opts
+            .from_calibration
+            .as_deref()
+            .and_then(Path::to_str)
+            .filter(|f| SCENARIOS.iter().any(|(n, _, _)| n == f) || Path::new(f).extension().is_some_and(|e| e == "toml"));
+        let allowed = match took {
+            Some(f) => format!("a scenario file or built-in name (`--from-calibration {f}` read {f} as the record: put the scenario first, or write --from-calibration=FILE)"),
+            None => "a scenario file or built-in name; see `gleaner sim --list`".into(),
+        };
+        return Err(BadInput::new("scenario", "(none)", allowed).into());
     };
     let (name, text) = load_scenario(&arg)?;
     if args.print {
@@ -263,7 +303,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let timing = !args.opts.no_timing;
-    let report = with_pool(args.opts.jobs, || run_text(&name, &text, args.opts.seed, timing))??;
+    let cases = cli_cases(&name, &text, args.opts.from_calibration.as_deref())?;
+    let seed = args.opts.seed.unwrap_or(cases[0].1.seed);
+    let report = with_pool(args.opts.jobs, || run_cases(&cases[0].1.name, &cases[0].1.description, &cases, seed, timing))??;
     emit(std::slice::from_ref(&report), &args.opts, false)?;
     Ok(ExitCode::SUCCESS)
 }

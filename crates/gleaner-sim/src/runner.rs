@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::engine::{ms_to_ns, Engine, HaltPoll, Outcome, Setup, SetupVm};
 use crate::policy::{AqlHost, HostPolicy, StockHost};
-use crate::scenario::{GuestPolicy, HostPolicyKind, Scenario, VariantCfg};
+use crate::scenario::{CalibrationUse, Costs, GuestPolicy, HostPolicyKind, ResolvedCosts, Scenario, VariantCfg};
 use crate::stats::{LatencySummary, VmOutcome};
 
 /// The whole result of `gleaner sim`.
@@ -47,6 +47,19 @@ pub struct CaseReport {
     pub baseline: String,
     pub variants: Vec<VariantReport>,
     pub native: Vec<NativeReport>,
+    /// The VM's costs where they came from a calibration record (absent otherwise: the
+    /// scenario's own `[costs]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub costs: Option<CaseCosts>,
+}
+
+/// The costs a case ran with, when taken from a calibration record.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseCosts {
+    /// The VM's costs (ns) as the model charged them.
+    pub vm: Costs,
+    /// The record they came from: its file and wake-cost curve, and where RV was clamped.
+    pub calibration: CalibrationUse,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -155,8 +168,24 @@ fn us_to_ns(us: f64) -> u64 {
 
 /// The engine setup of a scenario under a variant.
 pub fn setup_for(sc: &Scenario, v: &VariantCfg, seed: u64) -> anyhow::Result<Setup> {
-    let (vm_costs, _) = sc.costs()?;
+    setup_with_costs(sc, v, seed, &sc.resolve_costs()?)
+}
+
+/// Whether the variant's agent polls in the kernel: as configured, else where the costs offer
+/// a POLL state (a calibration measured one) and the variant plans retention.
+pub fn kernel_polling(v: &VariantCfg, vm_costs: &Costs) -> bool {
+    v.gleaner.kernel_polling.unwrap_or_else(|| {
+        let planned = v.gleaner.govern || v.gleaner.agent.as_ref().is_some_and(|a| a.means.kernel_polling());
+        vm_costs.poll_state && v.guest.retention() && planned
+    })
+}
+
+/// [`setup_for`] with the scenario's costs resolved already.
+pub fn setup_with_costs(sc: &Scenario, v: &VariantCfg, seed: u64, costs: &ResolvedCosts) -> anyhow::Result<Setup> {
+    let vm_costs = costs.vm.clone();
     let h = &sc.host;
+    let mut gleaner = v.gleaner.clone();
+    gleaner.kernel_polling = Some(kernel_polling(v, &vm_costs));
     let mut vms = Vec::new();
     for vm in sc.active_vms() {
         vms.push(SetupVm {
@@ -166,7 +195,7 @@ pub fn setup_for(sc: &Scenario, v: &VariantCfg, seed: u64) -> anyhow::Result<Set
             pin_offset: vm.pin.then_some(vm.pin_offset),
             background: vm.background,
             guest: if vm.background { GuestPolicy::Stock } else { v.guest },
-            gleaner: v.gleaner.clone(),
+            gleaner: gleaner.clone(),
             haltpoll: v.haltpoll.clone(),
         });
     }
@@ -196,7 +225,12 @@ pub fn setup_for(sc: &Scenario, v: &VariantCfg, seed: u64) -> anyhow::Result<Set
 
 /// The native baseline of VM `vm_index`: its workload alone on `min(vcpus, pcpus)` cores.
 pub fn native_setup(sc: &Scenario, vm_index: usize, seed: u64) -> anyhow::Result<(Setup, u32)> {
-    let (_, pm) = sc.costs()?;
+    native_setup_with_costs(sc, vm_index, seed, &sc.resolve_costs()?)
+}
+
+/// [`native_setup`] with the scenario's costs resolved already.
+pub fn native_setup_with_costs(sc: &Scenario, vm_index: usize, seed: u64, costs: &ResolvedCosts) -> anyhow::Result<(Setup, u32)> {
+    let pm = costs.pm.clone();
     let vm = sc.active_vms()[vm_index];
     let cores = vm.vcpus.min(sc.host.pcpus);
     let h = &sc.host;
@@ -252,6 +286,8 @@ struct Done {
 /// Runs every case, variant and native baseline of `cases` (from [`crate::scenario::expand_cases`]).
 pub fn run_cases(name: &str, description: &str, cases: &[(String, Scenario)], seed: u64, timing: bool) -> anyhow::Result<Report> {
     let t0 = Instant::now();
+    // Each case's costs once (a calibration record or a bench file is read here, not per run).
+    let costs: Vec<ResolvedCosts> = cases.iter().map(|(_, sc)| sc.resolve_costs()).collect::<anyhow::Result<_>>()?;
     let mut jobs = Vec::new();
     for (ci, (_, sc)) in cases.iter().enumerate() {
         for vi in 0..sc.variants().len() {
@@ -271,9 +307,9 @@ pub fn run_cases(name: &str, description: &str, cases: &[(String, Scenario)], se
             let (setup, cores) = match *job {
                 Job::Variant { case, var } => {
                     let sc = &cases[case].1;
-                    (setup_for(sc, &sc.variants()[var], seed)?, 0)
+                    (setup_with_costs(sc, &sc.variants()[var], seed, &costs[case])?, 0)
                 }
-                Job::Native { case, vm } => native_setup(&cases[case].1, vm, seed)?,
+                Job::Native { case, vm } => native_setup_with_costs(&cases[case].1, vm, seed, &costs[case])?,
             };
             let start = thread_cpu_s();
             let outcome = Engine::new(setup).run();
@@ -305,7 +341,7 @@ pub fn run_cases(name: &str, description: &str, cases: &[(String, Scenario)], se
 
     let mut case_reports = Vec::new();
     let mut it = done.into_iter();
-    for (cname, sc) in cases {
+    for ((cname, sc), costs) in cases.iter().zip(costs) {
         let variants = sc.variants();
         let mut outs: Vec<Outcome> = Vec::new();
         for _ in 0..variants.len() {
@@ -320,7 +356,9 @@ pub fn run_cases(name: &str, description: &str, cases: &[(String, Scenario)], se
                 }
             }
         }
-        case_reports.push(build_case(cname, sc, &variants, &outs, &natives));
+        let mut report = build_case(cname, sc, &variants, &outs, &natives);
+        report.costs = costs.calibration.map(|calibration| CaseCosts { vm: costs.vm, calibration });
+        case_reports.push(report);
     }
     Ok(Report { scenario: name.to_string(), description: description.to_string(), seed, cases: case_reports, perf: timing.then_some(perf) })
 }
@@ -394,7 +432,7 @@ fn build_case(name: &str, sc: &Scenario, variants: &[VariantCfg], outs: &[Outcom
             weighted_speedup,
         });
     }
-    CaseReport { name: name.to_string(), pcpus: sc.host.pcpus, baseline, variants: reports, native }
+    CaseReport { name: name.to_string(), pcpus: sc.host.pcpus, baseline, variants: reports, native, costs: None }
 }
 
 fn per_s(n: u64, ns: u64) -> f64 {

@@ -5,10 +5,11 @@
 //! [`gleaner_policy::input::BadInput`] naming the key and what is allowed (exit status 2).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use gleaner_policy::gleaner::Params;
 use gleaner_policy::guest::GuestConfig;
+use gleaner_policy::idle::WakeCurve;
 use gleaner_policy::input::BadInput;
 use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{GovernorConfig, RetentionConfig};
@@ -306,6 +307,14 @@ pub struct GleanerCfg {
     /// `None`: derived (yielders, the model's curve, `govern`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<GuestConfig>,
+    /// The agent's kernel polling (the cpuidle POLL state: the haltpoll window shared by the
+    /// VM's vCPUs, and polling until work on single vCPUs) as the planner's mechanism instead
+    /// of yielding threads, as the real agent uses it where the guest has a POLL state. Only
+    /// with `guest = "retention"` or `"gleaner"` and the planner (`govern = true`, or an
+    /// `agent` configuration that offers kernel polling). Default: on when the costs come from
+    /// a calibration that measured a POLL state (`costs.calibration`), else off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_polling: Option<bool>,
 }
 
 impl Default for GleanerCfg {
@@ -318,6 +327,7 @@ impl Default for GleanerCfg {
             govern: true,
             governor: GovernorConfig::default(),
             agent: None,
+            kernel_polling: None,
         }
     }
 }
@@ -349,11 +359,17 @@ pub struct Table2 {
 }
 
 /// Costs of the model. By default Table 2 of the Gleaner paper; `bench_json` replaces the VM
-/// column with the medians of a `gleaner bench wakeup --json` file.
+/// column with the medians of a `gleaner bench wakeup --json` file; `calibration` takes the
+/// VM's wake costs from the agent's calibration record ([`Costs::from_calibration`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CostsCfg {
     pub bench_json: Option<PathBuf>,
+    /// The agent's calibration record (`/run/gleaner/calibration.json`, `gleaner calibrate
+    /// --json`): RT, IPI, RV by gap and the POLL state from its wake-cost curve (`gleaner sim
+    /// --from-calibration` overrides it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<PathBuf>,
     pub vm: Table2,
     pub pm: Table2,
     /// CPU time the sender spends on an IPI (the ICR-write exit), in a VM.
@@ -368,6 +384,7 @@ impl Default for CostsCfg {
     fn default() -> Self {
         Self {
             bench_json: None,
+            calibration: None,
             vm: Table2 { a_us: 6.0, b_us: 17.0, c_us: 37.0, d_us: 96.0 },
             pm: Table2 { a_us: 4.0, b_us: 8.0, c_us: 8.0, d_us: 17.0 },
             ipi_send_us: 1.0,
@@ -380,14 +397,16 @@ impl Default for CostsCfg {
 /// Costs of one world (VM or native), in nanoseconds, derived from a Table 2 column:
 /// `A = RT`, `B = IPI + YW + RT`, `C = IPI + RV + RT`, `D = IPI + PV + RV + RT`, where only
 /// one of `RV` (a halted vCPU is slower to wake, as on KVM) and `YW` (a vCPU running a
-/// yielding thread is slower to wake, as under QEMU TCG) is non-zero.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// yielding thread is slower to wake, as under QEMU TCG) is non-zero. RV may depend on how
+/// long the vCPU was halted (`rv_by_gap`, from a calibration: [`Costs::rv_at`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Costs {
     /// Guest thread switch (RT).
     pub rt: u64,
     /// IPI delivery latency.
     pub ipi: u64,
-    /// Resuming a halted vCPU on an idle pCPU (RV; a C1 exit natively).
+    /// Resuming a halted vCPU on an idle pCPU (RV; a C1 exit natively); with `rv_by_gap`, its
+    /// value after the longest gap (the curve decides).
     pub rv: u64,
     /// Extra delivery latency when the target vCPU runs a yielding thread instead of halting
     /// (YW = B - C when B > C, else 0).
@@ -397,6 +416,20 @@ pub struct Costs {
     pub ipi_send: u64,
     pub poll_wake: u64,
     pub ple_exit: u64,
+    /// RV by the time since the vCPU halted, ascending gaps (empty: `rv` whatever the gap).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rv_by_gap: Vec<RvPoint>,
+    /// The guest has the kernel's POLL idle state for the agent to use (a calibration
+    /// measured it): a polled vCPU is woken without an IPI, for RT.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub poll_state: bool,
+}
+
+/// One point of RV by gap: resuming a vCPU that was halted for `gap_ns` costs `rv_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RvPoint {
+    pub gap_ns: u64,
+    pub rv_ns: u64,
 }
 
 fn us(v: f64) -> u64 {
@@ -419,6 +452,53 @@ impl Costs {
             ipi_send: us(ipi_send_us),
             poll_wake: us(poll_wake_us),
             ple_exit: us(ple_exit_us),
+            rv_by_gap: Vec::new(),
+            poll_state: false,
+        }
+    }
+
+    /// RV for a vCPU that was halted for `gap_ns`: `rv` without a curve; with one, linear in
+    /// log(gap) between its points and flat outside them (as the agent's planner reads its
+    /// wake-cost curve, `WakeCurve::halt_cost_ns`).
+    pub fn rv_at(&self, gap_ns: u64) -> u64 {
+        let pts = &self.rv_by_gap;
+        let (Some(first), Some(last)) = (pts.first(), pts.last()) else { return self.rv };
+        if gap_ns <= first.gap_ns {
+            return first.rv_ns;
+        }
+        if gap_ns >= last.gap_ns {
+            return last.rv_ns;
+        }
+        // The first point at or past the gap; it is not the first point (gap > its gap).
+        let i = pts.partition_point(|p| p.gap_ns < gap_ns);
+        let (a, b) = (pts[i - 1], pts[i]);
+        let (la, lb) = ((a.gap_ns as f64).ln(), (b.gap_ns as f64).ln());
+        let t = ((gap_ns as f64).ln() - la) / (lb - la);
+        saturating_u64((a.rv_ns as f64 + t * (b.rv_ns as f64 - a.rv_ns as f64)).round())
+    }
+
+    /// The VM column from the agent's calibration (its wake-cost curve), medians where it has
+    /// them: `RT = P` (a wakeup without IPI or exit is the closest measurement of a guest
+    /// thread switch; without a POLL state, `base`'s RT, i.e. the scenario's A), `IPI = B -
+    /// RT`, `RV(g) = max(0, C(g) - B)` at each measured gap (p50s), `YW = 0`; `PV` and the
+    /// assumed exit costs stay `base`'s (the record has no setting D). B and P are the record's
+    /// means (it keeps no medians of them).
+    pub fn from_calibration(base: &Costs, curve: &WakeCurve) -> Self {
+        let rt = curve.poll_ns.unwrap_or(base.rt);
+        let b = curve.busy_ns;
+        let rv_by_gap: Vec<RvPoint> =
+            curve.halted.iter().map(|p| RvPoint { gap_ns: p.gap_ns, rv_ns: p.p50_ns.saturating_sub(b) }).collect();
+        Self {
+            rt,
+            ipi: b.saturating_sub(rt),
+            rv: rv_by_gap.last().map_or(0, |p| p.rv_ns),
+            yield_wake: 0,
+            pv: base.pv,
+            ipi_send: base.ipi_send,
+            poll_wake: base.poll_wake,
+            ple_exit: base.ple_exit,
+            rv_by_gap,
+            poll_state: curve.poll_ns.is_some(),
         }
     }
 }
@@ -460,6 +540,120 @@ pub fn table2_from_bench_json(text: &str, path: &str) -> anyhow::Result<Table2> 
         }
     };
     Ok(Table2 { a_us: get("A")?, b_us: get("B")?, c_us: get("C")?, d_us: get("D")? })
+}
+
+/// Where the agent keeps its calibration record (`gleaner_agent::cache`: `RUN_DIR/calibration.json`).
+pub const DEFAULT_CALIBRATION: &str = "/run/gleaner/calibration.json";
+
+/// The record schema whose `results.curve` is a wake-cost curve (`gleaner_agent::cache::SCHEMA`;
+/// the simulator does not depend on the agent, so the number is repeated here).
+pub const CALIBRATION_SCHEMA: u64 = 3;
+
+/// The wake-cost curve of an agent calibration record (`gleaner_agent::cache::CalibrationRecord`:
+/// `{"schema": 3, ..., "results": {"curve": {"halted": [...], "busy_ns", "poll_ns"}, ...}}`).
+/// Only `schema` and `results.curve` are read; the curve is `gleaner_policy`'s own type, the
+/// one the record holds. Errors name the file and the field.
+pub fn curve_from_calibration(text: &str, path: &str) -> anyhow::Result<WakeCurve> {
+    let field = |f: &str| format!("calibration record {path} field {f}");
+    let v: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| BadInput::new("calibration record", path, format!("a JSON record as `gleaner calibrate --json` writes it ({e})")))?;
+    let schema = v.get("schema");
+    if schema.and_then(serde_json::Value::as_u64) != Some(CALIBRATION_SCHEMA) {
+        let got = schema.map_or_else(|| "missing".to_string(), ToString::to_string);
+        return Err(bad(
+            field("schema"),
+            got,
+            format!("{CALIBRATION_SCHEMA} (a wake-cost curve; an older record has none: measure again with `gleaner calibrate`)"),
+        ));
+    }
+    let shape = r#"{"halted": [{"gap_ns", "mean_ns", "p50_ns"}, ...], "busy_ns", "poll_ns" (null without a POLL state)}"#;
+    let Some(c) = v.get("results").and_then(|r| r.get("curve")).filter(|c| !c.is_null()) else {
+        return Err(bad(field("results.curve"), "missing", shape));
+    };
+    let curve: WakeCurve = serde_json::from_value(c.clone()).map_err(|e| bad(field("results.curve"), e, shape))?;
+    curve.validate().map_err(|e| bad(field("results.curve.halted"), e, "at least one point, gaps > 0 ns, strictly ascending"))?;
+    Ok(curve)
+}
+
+/// A calibration record as the VM's costs came from it (for the one-line note and the report).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CalibrationUse {
+    pub file: PathBuf,
+    /// The record's wake-cost curve (halted by gap, busy B, polling P).
+    pub curve: WakeCurve,
+    /// Gaps whose halted p50 is below B: RV clamped to 0 there.
+    pub clamped_gaps_ns: Vec<u64>,
+}
+
+impl CalibrationUse {
+    /// One line: which file, what costs were used.
+    pub fn describe(&self, vm: &Costs) -> String {
+        let us = |ns: u64| format!("{:.1}", ns as f64 / 1000.0);
+        let gap = gap_text;
+        let rt = match self.curve.poll_ns {
+            Some(_) => format!("RT = P {} us", us(vm.rt)),
+            None => format!("RT {} us (no POLL state: the scenario's A)", us(vm.rt)),
+        };
+        let rv = match (vm.rv_by_gap.first(), vm.rv_by_gap.last()) {
+            (Some(a), Some(b)) => format!(
+                "RV(g) = C(g) - B {}..{} us over gaps {}..{}",
+                us(vm.rv_by_gap.iter().map(|p| p.rv_ns).min().unwrap_or(0)),
+                us(vm.rv_by_gap.iter().map(|p| p.rv_ns).max().unwrap_or(0)),
+                gap(a.gap_ns),
+                gap(b.gap_ns)
+            ),
+            _ => "no halted points".into(),
+        };
+        format!(
+            "costs from calibration {} (halted p50s, B and P means): {rt}, IPI = B - RT {} us, {rv}, YW 0, PV {} us (the scenario's D - C){}",
+            self.file.display(),
+            us(vm.ipi),
+            us(vm.pv),
+            if vm.poll_state { "; kernel polling offered to the agent" } else { "" }
+        )
+    }
+
+    /// A note when some halted wakeup was cheaper than a busy one (RV clamped to 0).
+    pub fn clamp_note(&self) -> Option<String> {
+        let mut what = Vec::new();
+        if !self.clamped_gaps_ns.is_empty() {
+            let gaps: Vec<String> = self.clamped_gaps_ns.iter().map(|&g| gap_text(g)).collect();
+            what.push(format!(
+                "a halted vCPU woke faster than a busy one (C(g) < B {:.1} us) after {}: RV clamped to 0 there",
+                self.curve.busy_ns as f64 / 1000.0,
+                gaps.join(", ")
+            ));
+        }
+        if self.curve.poll_ns.is_some_and(|p| p > self.curve.busy_ns) {
+            what.push("a polling vCPU woke slower than a busy one (P > B): IPI clamped to 0".into());
+        }
+        (!what.is_empty()).then(|| format!("note: calibration {}: {}", self.file.display(), what.join("; ")))
+    }
+}
+
+/// The costs of a scenario's two worlds, and the calibration the VM's came from, if any.
+#[derive(Debug, Clone)]
+pub struct ResolvedCosts {
+    pub vm: Costs,
+    pub pm: Costs,
+    pub calibration: Option<CalibrationUse>,
+}
+
+/// An idle gap for people: `50 us`, `3 ms`.
+fn gap_text(ns: u64) -> String {
+    if ns >= 1_000_000 {
+        format!("{} ms", ns as f64 / 1e6)
+    } else {
+        format!("{} us", ns as f64 / 1e3)
+    }
+}
+
+/// Reads a calibration record file into its curve (bad input names the file).
+pub fn read_calibration(path: &Path) -> anyhow::Result<WakeCurve> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        bad("calibration record", path.display(), format!("a readable file ({e}); the agent keeps one in {DEFAULT_CALIBRATION}"))
+    })?;
+    curve_from_calibration(&text, &path.display().to_string())
 }
 
 fn bad(key: impl Into<String>, value: impl std::fmt::Display, allowed: impl Into<String>) -> anyhow::Error {
@@ -572,6 +766,13 @@ impl Scenario {
 
     /// The resolved costs of the VM and native worlds.
     pub fn costs(&self) -> anyhow::Result<(Costs, Costs)> {
+        let r = self.resolve_costs()?;
+        Ok((r.vm, r.pm))
+    }
+
+    /// The costs of the VM and native worlds, and the calibration record the VM's came from
+    /// (`costs.calibration`, read here).
+    pub fn resolve_costs(&self) -> anyhow::Result<ResolvedCosts> {
         let c = &self.costs;
         let vm_t2 = match &c.bench_json {
             Some(p) => {
@@ -581,7 +782,18 @@ impl Scenario {
             }
             None => c.vm,
         };
-        Ok((Costs::from_table2(&vm_t2, c.ipi_send_us, c.poll_wake_us, c.ple_exit_us), Costs::from_table2(&c.pm, 0.0, 0.0, 0.0)))
+        let mut vm = Costs::from_table2(&vm_t2, c.ipi_send_us, c.poll_wake_us, c.ple_exit_us);
+        let pm = Costs::from_table2(&c.pm, 0.0, 0.0, 0.0);
+        let calibration = match &c.calibration {
+            Some(p) => {
+                let curve = read_calibration(p)?;
+                vm = Costs::from_calibration(&vm, &curve);
+                let clamped_gaps_ns = curve.halted.iter().filter(|h| h.p50_ns < curve.busy_ns).map(|h| h.gap_ns).collect();
+                Some(CalibrationUse { file: p.clone(), curve, clamped_gaps_ns })
+            }
+            None => None,
+        };
+        Ok(ResolvedCosts { vm, pm, calibration })
     }
 
     /// Resolves a VM's workload (built-in or from this file).
@@ -672,6 +884,14 @@ impl Scenario {
             v.gleaner.params.validate().map_err(|e| bad(k("gleaner.params"), e, "see gleaner_policy::gleaner::Params"))?;
             v.gleaner.governor.validate().map_err(|e| bad(k("gleaner.governor"), e, "see gleaner_policy::retention::GovernorConfig"))?;
             v.aql.validate().map_err(|e| bad(k("aql"), e, "window, decide_every 1..=1000; hysteresis_points 0..=100"))?;
+            let planned = v.gleaner.govern || v.gleaner.agent.is_some();
+            if v.gleaner.kernel_polling == Some(true) && !(v.guest.retention() && planned) {
+                return Err(bad(
+                    k("gleaner.kernel_polling"),
+                    true,
+                    "false, or guest = \"retention\" or \"gleaner\" with govern = true (kernel polling is the idle planner's mechanism)",
+                ));
+            }
             if v.gleaner.retention.timeout_ns == 0 {
                 return Err(bad(k("gleaner.retention.timeout_ns"), 0, ">= 1"));
             }
@@ -790,6 +1010,150 @@ mod tests {
         assert!(e.downcast_ref::<BadInput>().is_some());
         let e = table2_from_bench_json("{\"results\":[]}", "x").expect_err("no settings");
         assert!(e.to_string().contains("setting A is missing"), "{e}");
+    }
+
+    fn rv_costs(points: &[(u64, u64)]) -> Costs {
+        let mut c = Costs::from_table2(&CostsCfg::default().vm, 1.0, 2.0, 1.0);
+        c.rv_by_gap = points.iter().map(|&(gap_ns, rv_ns)| RvPoint { gap_ns, rv_ns }).collect();
+        c
+    }
+
+    /// RV by gap: the points themselves, linear in log(gap) between them (log spacing: the
+    /// middle of 10 us..1 ms is 100 us, not 505 us), flat beyond the ends, any direction.
+    #[test]
+    fn rv_interpolates_in_log_gap_and_clamps_at_the_ends() {
+        let c = rv_costs(&[(10_000, 2_000), (1_000_000, 22_000), (10_000_000, 42_000), (30_000_000, 30_000)]);
+        assert_eq!(c.rv_at(10_000), 2_000);
+        assert_eq!(c.rv_at(1_000_000), 22_000);
+        assert_eq!(c.rv_at(10_000_000), 42_000);
+        assert_eq!((c.rv_at(0), c.rv_at(9_999)), (2_000, 2_000), "flat below the first gap");
+        assert_eq!(c.rv_at(u64::MAX), 30_000, "flat past the last gap");
+        assert_eq!(c.rv_at(100_000), 12_000, "halfway in log(gap)");
+        assert_eq!(c.rv_at(505_000), 12_000 + saturating_u64((10_000.0 * (5.05f64).ln() / 10f64.ln()).round()));
+        assert_eq!(c.rv_at(3_162_278), 32_000, "sqrt(10) ms: halfway between 1 and 10 ms");
+        let down = c.rv_at(17_320_508); // sqrt(300) ms: halfway from 10 to 30 ms, RV falling
+        assert_eq!(down, 36_000);
+        // Monotone between points with rising costs.
+        let mut last = 0;
+        for g in (10_000..10_000_000).step_by(9_973) {
+            let rv = c.rv_at(g);
+            assert!(rv >= last, "{g}: {rv} < {last}");
+            last = rv;
+        }
+        // No curve: the constant RV at every gap (today's costs, unchanged).
+        let flat = rv_costs(&[]);
+        assert!([0, 10_000, 5_000_000, u64::MAX].iter().all(|&g| flat.rv_at(g) == flat.rv));
+        let one = rv_costs(&[(50_000, 7_000)]);
+        assert!([0, 50_000, u64::MAX].iter().all(|&g| one.rv_at(g) == 7_000));
+    }
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/calibration.json")
+    }
+
+    /// The fixture (an agent record of a haltpoll guest: C 20.4..60.1 us by gap, B 17.5 us,
+    /// P 6 us) becomes the VM column: RT = P, IPI = B - RT, RV(g) = C(g) - B, YW 0; PV and
+    /// the exit costs stay the scenario's.
+    #[test]
+    fn a_calibration_record_maps_to_the_vm_column() {
+        let curve = read_calibration(&fixture()).expect("fixture");
+        let base = Costs::from_table2(&CostsCfg::default().vm, 1.0, 2.0, 1.0);
+        let c = Costs::from_calibration(&base, &curve);
+        assert_eq!((c.rt, c.ipi, c.yield_wake, c.pv, c.ipi_send, c.poll_wake), (6_000, 11_500, 0, 59_000, 1_000, 2_000));
+        let rv: Vec<(u64, u64)> = c.rv_by_gap.iter().map(|p| (p.gap_ns, p.rv_ns)).collect();
+        assert_eq!(
+            rv,
+            vec![
+                (10_000, 2_900),
+                (30_000, 3_100),
+                (100_000, 3_400),
+                (300_000, 5_500),
+                (1_000_000, 7_300),
+                (3_000_000, 41_800),
+                (10_000_000, 42_600)
+            ]
+        );
+        assert_eq!(c.rv, 42_600, "the constant RV is the longest gap's");
+        assert!(c.poll_state);
+        // Each setting is restated: B = IPI + RT, C(g) = IPI + RV(g) + RT.
+        assert_eq!(c.ipi + c.rt, curve.busy_ns);
+        assert!(curve.halted.iter().all(|h| c.ipi + c.rv_at(h.gap_ns) + c.rt == h.p50_ns));
+        // Through the scenario key: the report keeps the file and the record's curve.
+        let sc = parse(&format!("{MIN}[costs]\ncalibration = {:?}\n", fixture().display().to_string()), "t").expect("valid");
+        let r = sc.resolve_costs().expect("resolves");
+        assert_eq!(r.vm, c);
+        let used = r.calibration.expect("from the record");
+        assert_eq!((used.file.as_path(), &used.curve), (fixture().as_path(), &curve));
+        assert!(used.clamp_note().is_none());
+        let line = used.describe(&r.vm);
+        assert!(line.contains("calibration.json") && line.contains("RT = P 6.0 us") && line.contains("IPI = B - RT 11.5 us"), "{line}");
+        assert!(!line.contains('\n'));
+    }
+
+    /// Without a POLL state RT stays the scenario's A; a halted wakeup cheaper than a busy one
+    /// clamps RV to 0 at that gap, and says so.
+    #[test]
+    fn a_calibration_without_poll_keeps_a_and_clamps_rv_at_zero() {
+        let j = r#"{"schema": 3, "results": {"curve": {"halted": [{"gap_ns": 10000, "mean_ns": 15000, "p50_ns": 14000},
+            {"gap_ns": 1000000, "mean_ns": 40000, "p50_ns": 38000}], "busy_ns": 16000, "poll_ns": null}}}"#;
+        let curve = curve_from_calibration(j, "x.json").expect("valid");
+        let base = Costs::from_table2(&CostsCfg::default().vm, 1.0, 2.0, 1.0);
+        let c = Costs::from_calibration(&base, &curve);
+        assert_eq!((c.rt, c.ipi, c.rv_at(10_000), c.rv_at(1_000_000), c.poll_state), (6_000, 10_000, 0, 22_000, false));
+        let used = CalibrationUse { file: "x.json".into(), curve, clamped_gaps_ns: vec![10_000] };
+        let note = used.clamp_note().expect("a note");
+        assert!(note.contains("x.json") && note.contains("10 us") && note.contains("clamped"), "{note}");
+        assert!(used.describe(&c).contains("no POLL state"));
+    }
+
+    #[test]
+    fn bad_calibration_records_name_the_file_and_the_field() {
+        let one = |e: anyhow::Error| {
+            let b = e.chain().find_map(|c| c.downcast_ref::<BadInput>()).cloned().unwrap_or_else(|| panic!("not BadInput: {e:#}"));
+            assert_eq!(format!("{e:#}").lines().count(), 1, "{e:#}");
+            b
+        };
+        let b = one(read_calibration(Path::new("/nonexistent/calibration.json")).expect_err("missing"));
+        assert_eq!((b.what.as_str(), b.value.as_str()), ("calibration record", "/nonexistent/calibration.json"));
+        assert!(b.allowed.contains("a readable file"), "{b}");
+        let b = one(curve_from_calibration("{not json", "c.json").expect_err("malformed"));
+        assert_eq!(b.value, "c.json");
+        assert!(b.allowed.contains("gleaner calibrate --json"), "{b}");
+        let curve = r#""results": {"curve": {"halted": [{"gap_ns": 10000, "mean_ns": 30000, "p50_ns": 29000}], "busy_ns": 17000, "poll_ns": 6000}}"#;
+        for (text, field, value) in [
+            (format!("{{\"schema\": 2, {curve}}}"), "schema", "2"),
+            (format!("{{{curve}}}"), "schema", "missing"),
+            ("[]".to_string(), "schema", "missing"),
+            ("{\"schema\": 3, \"results\": {}}".to_string(), "results.curve", "missing"),
+            ("{\"schema\": 3, \"results\": {\"curve\": null}}".to_string(), "results.curve", "missing"),
+            (format!("{{\"schema\": 3, {}}}", curve.replace("\"busy_ns\": 17000, ", "")), "results.curve", "missing field `busy_ns`"),
+            (format!("{{\"schema\": 3, {}}}", curve.replace("17000", "-1")), "results.curve", "invalid value"),
+            (
+                "{\"schema\": 3, \"results\": {\"curve\": {\"halted\": [], \"busy_ns\": 1, \"poll_ns\": null}}}".to_string(),
+                "results.curve.halted",
+                "at least one",
+            ),
+        ] {
+            let b = one(curve_from_calibration(&text, "c.json").expect_err(&text));
+            assert_eq!(b.what, format!("calibration record c.json field {field}"), "{text}");
+            assert!(b.value.contains(value), "{text}: {b}");
+        }
+        // Through a scenario: the same one line (the key is the file's).
+        let sc = parse(&format!("{MIN}[costs]\ncalibration = \"/nonexistent/c.json\"\n"), "t").expect("the key parses");
+        assert_eq!(one(sc.resolve_costs().expect_err("missing file")).what, "calibration record");
+    }
+
+    #[test]
+    fn kernel_polling_needs_the_planners_retention() {
+        let text = |guest: &str, govern: bool| {
+            format!("{MIN}[[variant]]\nname = \"g\"\nguest = \"{guest}\"\n[variant.gleaner]\ngovern = {govern}\nkernel_polling = true\n")
+        };
+        assert!(parse(&text("gleaner", true), "t").is_ok());
+        assert!(parse(&text("retention", true), "t").is_ok());
+        for (guest, govern) in [("stock", true), ("consolidation", true), ("haltpoll", true), ("gleaner", false)] {
+            let b = err_of(&text(guest, govern));
+            assert_eq!(b.what, "variant.g.gleaner.kernel_polling", "{guest} {govern}");
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use gleaner_sim::engine::{Engine, HaltPoll, Outcome, Setup, SetupVm};
 use gleaner_sim::policy::StockHost;
-use gleaner_sim::scenario::{Costs, CostsCfg, GuestPolicy};
+use gleaner_sim::scenario::{Costs, CostsCfg, GuestPolicy, RvPoint};
 use gleaner_sim::workload::{CacheProfile, GroupCfg, WorkloadCfg};
 
 fn wl(groups: Vec<GroupCfg>) -> WorkloadCfg {
@@ -150,7 +150,7 @@ fn a_slow_busy_vcpu_pays_b_and_a_halted_one_c() {
             group("pong", 1, Some(200), vec![1], &["wait ping", "compute 30us", "signal pong"]),
         ]);
         let mut s = setup(2, vec![vm("app", w, 2, Some(0), false, guest)]);
-        s.costs = c;
+        s.costs = c.clone();
         s.vms[0].gleaner.retention.timeout_ns = 10_000_000_000;
         // Retention pinned on: this measures what a yielding vCPU pays. (Governed, retention
         // that is 4x slower to wake is a decisive loss and goes off within 9 periods.)
@@ -160,6 +160,52 @@ fn a_slow_busy_vcpu_pays_b_and_a_halted_one_c() {
     // 1 us histogram buckets: the p50 is rounded down to the microsecond.
     assert!((p50(GuestPolicy::Stock) - 90.0).abs() <= 1.0, "C");
     assert!((p50(GuestPolicy::Retention) - 400.0).abs() <= 1.0, "B");
+}
+
+/// A ping-pong whose ping sleeps `gap` before each signal (so both vCPUs halt about that
+/// long), priced by a haltpoll guest's measured wake costs (C 20.4 us after 10 us idle .. 24.8
+/// after 1 ms, 59.3 after 3 ms, 60.1 after 10 ms; B 17.5 us; RT 6 us: RV(g) = C(g) - B, IPI =
+/// B - RT) or, `flat`, by the same costs without RV's gap curve.
+fn sleepy_pingpong(gap: &str, flat: bool) -> Outcome {
+    let mut c = costs();
+    (c.rt, c.ipi, c.yield_wake) = (6_000, 11_500, 0);
+    let c_by_gap = [
+        (10_000, 20_400),
+        (30_000, 20_600),
+        (100_000, 20_900),
+        (300_000, 23_000),
+        (1_000_000, 24_800),
+        (3_000_000, 59_300),
+        (10_000_000, 60_100),
+    ];
+    if !flat {
+        c.rv_by_gap = c_by_gap.iter().map(|&(gap_ns, c)| RvPoint { gap_ns, rv_ns: c - 17_500 }).collect();
+    }
+    c.rv = 60_100 - 17_500;
+    let w = wl(vec![
+        group("ping", 1, Some(100), vec![0], &[&format!("sleep {gap}"), "signal ping", "wait pong"]),
+        group("pong", 1, Some(100), vec![1], &["wait ping", "compute 1us", "signal pong"]),
+    ]);
+    let mut s = setup(2, vec![vm("app", w, 2, Some(0), false, GuestPolicy::Stock)]);
+    s.costs = c;
+    run(s)
+}
+
+/// The host polls a halted vCPU for a while: with RV by gap, waking after a long idle period
+/// costs more than after a short one, as the calibration measured (p50 20.7 us at 50 us,
+/// 59.3 us at 3 ms); without the curve the gap changes nothing.
+#[test]
+fn a_halt_costs_more_after_a_longer_idle_gap() {
+    let lat = |o: &Outcome| o.vms[0].lat.summary();
+    let (short, long) = (sleepy_pingpong("50us", false), sleepy_pingpong("3ms", false));
+    let (s, l) = (lat(&short), lat(&long));
+    // Per round: the timer wakes ping after the sleep (RV + RT), ping wakes pong, idle about
+    // as long (IPI + RV + RT: C), pong wakes ping, idle a few us (C at the shortest gaps).
+    assert!((s.p50_us - 20.7).abs() <= 1.0, "short gaps: C(50 us) ~ 20.7 us: {s:?}");
+    assert!(l.p50_us > s.p50_us + 20.0, "long gaps cost more: {s:?} vs {l:?}");
+    assert!((l.max_us - 59.3).abs() <= 1.5, "pong woken after ~3 ms idle: C(3 ms) 59.3 us: {l:?}");
+    let (fs, fl) = (lat(&sleepy_pingpong("50us", true)), lat(&sleepy_pingpong("3ms", true)));
+    assert!((fs.p50_us - fl.p50_us).abs() <= 1.0 && (fs.max_us - fl.max_us).abs() <= 1.0, "flat: {fs:?} vs {fl:?}");
 }
 
 #[test]

@@ -162,3 +162,64 @@ fn figure6_shape_holds_with_the_host_agents_damping() {
         }
     }
 }
+
+fn fixture(name: &str) -> String {
+    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A calibration record that restates Table 2's VM column (C 37 us at every gap, B 17 us, no
+/// POLL state, so RT stays A) gives the same runs as the column itself: the curve, the RV it
+/// gives at every gap and the planner's curve change nothing where they say the same. Only
+/// the report's costs section tells them apart.
+#[test]
+fn a_calibration_restating_table2_changes_nothing() {
+    let file = fixture("calibration-table2.json");
+    for name in ["table2", "idle-policies", "fig7"] {
+        let (n, text) = load_scenario(name).expect("built-in");
+        let plain = run_text(&n, &text, None, false).expect("runs");
+        let cases = gleaner_sim::cli_cases(&n, &text, Some(std::path::Path::new(&file))).expect("the record is valid");
+        let mut cal = gleaner_sim::run_cases(&cases[0].1.name, &cases[0].1.description, &cases, plain.seed, false).expect("runs");
+        for c in &mut cal.cases {
+            let costs = c.costs.take().expect("the costs section names the record");
+            assert_eq!(costs.calibration.file.to_str(), Some(file.as_str()));
+            assert_eq!((costs.vm.rt, costs.vm.ipi, costs.vm.rv, costs.vm.yield_wake), (6_000, 11_000, 20_000, 0));
+        }
+        let json = |r: &Report| serde_json::to_string(r).expect("json");
+        assert!(json(&cal) == json(&plain), "{name}: a calibration restating Table 2 changed the runs");
+    }
+}
+
+/// A Gleaner VM on the calibration fixture's costs (C 20.4-60.1 us by gap, B 17.5 us, P 6 us)
+/// polls in the kernel by default: the planner picks kernel polling for the built-in
+/// ping-pong, and a polled wakeup costs P (no IPI) where a halted one costs C. With kernel
+/// polling off the same agent has only its yielders.
+#[test]
+fn the_agent_polls_in_the_kernel_where_a_calibration_offers_it() {
+    let text = format!(
+        "name = \"kp\"\nnative = false\n[host]\npcpus = 2\n[[vm]]\nname = \"pp\"\nvcpus = 2\nworkload = \"pingpong\"\npin = true\n\
+         [[variant]]\nname = \"stock\"\nhost_halt_poll = false\n\
+         [[variant]]\nname = \"gleaner\"\nguest = \"gleaner\"\nhost_halt_poll = false\n\
+         [[variant]]\nname = \"yielders\"\nguest = \"gleaner\"\nhost_halt_poll = false\n[variant.gleaner]\nkernel_polling = false\n\
+         [costs]\ncalibration = {:?}\n",
+        fixture("calibration.json")
+    );
+    let r = run_text("kp", &text, None, false).expect("runs");
+    let vm = |v: &str| &r.cases[0].variants.iter().find(|x| x.name == v).expect("variant").vms[0];
+    let (stock, polled, yielders) = (vm("stock"), vm("gleaner"), vm("yielders"));
+    assert!(stock.finished && polled.finished && yielders.finished);
+    // Stock: every wakeup is a halted one, after ~50 us (pong) or a few us (ping): C ~ 20.5 us.
+    assert!((stock.wake_latency.p50_us - 20.5).abs() <= 1.5, "stock {:?}", stock.wake_latency);
+    // The first period (2.5 ms) polls the kernel's upstream 200 us window; the planner's plan
+    // polls from then on: far more polling than that period could hold, almost no halts, and
+    // the wakeups cost P.
+    assert!(polled.guest_poll_ns > 20 * 2_500_000, "polled {} ns", polled.guest_poll_ns);
+    assert_eq!(polled.yield_ns, 0, "no yielding threads where the kernel polls");
+    assert!(polled.exits.hlt * 20 < stock.exits.hlt, "halts: {} vs stock {}", polled.exits.hlt, stock.exits.hlt);
+    assert!(polled.wake_latency.p50_us <= 6.0 + 1.0, "a polled wakeup costs P: {:?}", polled.wake_latency);
+    assert!(polled.wall_ns < stock.wall_ns, "and the ping-pong runs faster: {} vs {}", polled.wall_ns, stock.wall_ns);
+    let g = polled.retention.expect("the governor");
+    assert!(g.on_periods * 10 >= g.periods * 8, "retention (polling) on most periods: {g:?}");
+    // Off: the agent has its yielders only and never polls.
+    assert_eq!(yielders.guest_poll_ns, 0);
+    assert!(yielders.wake_latency.p50_us > polled.wake_latency.p50_us + 5.0, "{:?}", yielders.wake_latency);
+}

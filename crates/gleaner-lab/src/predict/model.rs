@@ -547,6 +547,7 @@ pub fn variant_for(name: &str, policy: Policy, plan: &AgentPlan, halt_poll: bool
             govern: !yielders && cfg.adapt && cfg.timeout_us.is_none(),
             governor: cfg.governor,
             agent: if agent { plan.guest.clone() } else { None },
+            kernel_polling: None,
         },
         haltpoll: GuestHaltpollCfg::default(),
         aql: gleaner_sim::scenario::AqlCfg::default(),
