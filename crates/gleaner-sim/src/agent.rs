@@ -445,8 +445,11 @@ impl Engine {
         let vm = self.vcpus[vi].vm as usize;
         let rq = std::mem::take(&mut self.vcpus[vi].rq);
         let mut keep = std::collections::VecDeque::new();
+        // Every thread moves, pinned ones too: Linux intersects a thread's own affinity with
+        // the cpuset and, when nothing is left, runs it anywhere in the cpuset (a thread pinned
+        // to this vCPU returns to it once the vCPU is given back: `select_vcpu`).
         for t in rq {
-            if self.threads[t as usize].pin == NONE {
+            if self.threads[t as usize].pin == NONE || self.threads[t as usize].pin == v {
                 self.vms[vm].queued -= 1;
                 moved.push(t);
             } else {
@@ -457,7 +460,7 @@ impl Engine {
         self.vcpus[vi].rq = keep;
         moved.append(&mut self.vcpus[vi].inbox);
         let cur = self.vcpus[vi].cur;
-        if cur != NONE && self.threads[cur as usize].pin == NONE {
+        if cur != NONE && (self.threads[cur as usize].pin == NONE || self.threads[cur as usize].pin == v) {
             self.gv_flush(v);
             self.threads[cur as usize].state = Ts::Runnable;
             self.vcpus[vi].cur = NONE;

@@ -400,9 +400,11 @@ impl Engine {
     }
 
     /// select_task_rq: the previous vCPU if idle, else any idle allowed vCPU, else the previous.
+    /// A pinned thread goes to its vCPU while that is in the workload's cpuset, else anywhere
+    /// in it (Linux keeps the thread's own affinity and uses the cpuset when they do not meet).
     fn select_vcpu(&self, t: u32) -> u32 {
         let th = &self.threads[t as usize];
-        if th.pin != NONE {
+        if th.pin != NONE && self.allowed[th.pin as usize] {
             return th.pin;
         }
         let vm = &self.vms[th.vm as usize];
@@ -449,7 +451,9 @@ impl Engine {
             Idle::Halted => TargetState::Halt,
         };
         self.vcpus[vi].wake_src = src;
-        if src == v || self.vcpus[vi].cur != NONE || polling {
+        // A timer or device interrupt reaches the guest through the host (Costs::irq).
+        let injected = src == NONE && self.virt && self.costs.irq > 0;
+        if !injected && (src == v || self.vcpus[vi].cur != NONE || polling) {
             self.rq_push(v, t);
             if src != v {
                 if let Host::Running(p) = self.vcpus[vi].host {
@@ -461,7 +465,11 @@ impl Engine {
         }
         self.vcpus[vi].inbox.push(t);
         let delay = if src == NONE {
-            0
+            if injected {
+                self.costs.irq
+            } else {
+                0
+            }
         } else {
             if self.virt {
                 let sc = &mut self.vcpus[src as usize];

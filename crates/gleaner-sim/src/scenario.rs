@@ -416,6 +416,12 @@ pub struct Costs {
     pub ipi_send: u64,
     pub poll_wake: u64,
     pub ple_exit: u64,
+    /// Latency of an interrupt the host injects (a guest timer, a device's completion): the
+    /// host kicks the vCPU as it does for an IPI, whatever the vCPU runs, and a halted one pays
+    /// RV on top. 0 with a Table 2 column (the paper measured no timers: they wake at once);
+    /// with a calibration the IPI's latency (`gleaner sim` docs, "Costs").
+    #[serde(skip_serializing_if = "is_zero")]
+    pub irq: u64,
     /// RV by the time since the vCPU halted, ascending gaps (empty: `rv` whatever the gap).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rv_by_gap: Vec<RvPoint>,
@@ -436,6 +442,10 @@ fn us(v: f64) -> u64 {
     saturating_u64((v * 1000.0).round())
 }
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 impl Costs {
     pub fn from_table2(t: &Table2, ipi_send_us: f64, poll_wake_us: f64, ple_exit_us: f64) -> Self {
         let (a, b, c, d) = (us(t.a_us), us(t.b_us), us(t.c_us), us(t.d_us));
@@ -452,6 +462,7 @@ impl Costs {
             ipi_send: us(ipi_send_us),
             poll_wake: us(poll_wake_us),
             ple_exit: us(ple_exit_us),
+            irq: 0,
             rv_by_gap: Vec::new(),
             poll_state: false,
         }
@@ -481,8 +492,9 @@ impl Costs {
     /// them: `RT = P` (a wakeup without IPI or exit is the closest measurement of a guest
     /// thread switch; without a POLL state, `base`'s RT, i.e. the scenario's A), `IPI = B -
     /// RT`, `RV(g) = max(0, C(g) - B)` at each measured gap (p50s), `YW = 0`; `PV` and the
-    /// assumed exit costs stay `base`'s (the record has no setting D). B and P are the record's
-    /// means (it keeps no medians of them).
+    /// assumed exit costs stay `base`'s (the record has no setting D); an injected interrupt
+    /// (a guest timer) costs what an IPI does (`irq = IPI`). B and P are the record's means
+    /// (it keeps no medians of them).
     pub fn from_calibration(base: &Costs, curve: &WakeCurve) -> Self {
         let rt = curve.poll_ns.unwrap_or(base.rt);
         let b = curve.busy_ns;
@@ -497,6 +509,10 @@ impl Costs {
             ipi_send: base.ipi_send,
             poll_wake: base.poll_wake,
             ple_exit: base.ple_exit,
+            // A guest timer on this VM wakes a sleeper as late as an IPI would (a vCPU kept
+            // busy: 29-36 us p50 after 0.1-5 ms sleeps, B 29 us; a halted one 22-59 us, like
+            // C(g)): the host delivers both the same way.
+            irq: b.saturating_sub(rt),
             rv_by_gap,
             poll_state: curve.poll_ns.is_some(),
         }

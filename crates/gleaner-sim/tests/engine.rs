@@ -401,3 +401,26 @@ fn queues_of_a_workload_without_records_carry_no_stamps() {
     let o = run(setup(2, vec![vm("app", w, 2, Some(0), false, GuestPolicy::Stock)]));
     assert_eq!(o.vms[0].req.summary().count, 0);
 }
+
+/// A sleeper's lateness: the time from its scheduled arrival to running, on a vCPU that halts
+/// (stock) or polls (idle=poll), with injected interrupts free (Table 2's world) or costing
+/// `irq` (a calibrated one: the host delivers a guest timer as it delivers an IPI).
+fn timer_lateness(guest: GuestPolicy, irq: u64) -> f64 {
+    let w = wl(vec![group("sleeper", 1, Some(300), vec![0], &["arrive 1000/s", "record"])]);
+    let mut s = setup(1, vec![vm("app", w, 1, Some(0), false, guest)]);
+    s.costs.irq = irq;
+    run(s).vms[0].req.summary().p50_us
+}
+
+#[test]
+fn a_timer_reaches_the_guest_through_the_host_where_the_costs_say_so() {
+    let c = costs();
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let close = |got: f64, want: f64| assert!((got - want).abs() <= 1.5, "got {got} want {want}");
+    // Halted: the resume (RV) and the switch (RT); polling: the switch alone.
+    close(timer_lateness(GuestPolicy::Stock, 0), us(c.rv + c.rt));
+    close(timer_lateness(GuestPolicy::IdlePoll, 0), us(c.rt));
+    // Through the host: the interrupt's latency first, whatever the vCPU was doing.
+    close(timer_lateness(GuestPolicy::Stock, 25_000), 25.0 + us(c.rv + c.rt));
+    close(timer_lateness(GuestPolicy::IdlePoll, 25_000), 25.0 + us(c.rt));
+}
