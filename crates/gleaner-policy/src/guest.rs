@@ -197,9 +197,20 @@ pub struct GuestController {
 /// CPU left to turn into work, and a waiting thread queues behind running ones anyway), while
 /// polling the few short gaps cost `sysbench threads` (8 threads on 2 vCPUs, about 1% idle)
 /// 8% here: 0.91-0.92x of stock with kernel polling in 12-round compares, 1.00-1.02x without
-/// it, and 1.02x with the yielding threads instead (`--no-kernel-polling`), which this rule
-/// therefore leaves alone. The built-in pipeline, which gains from retention, leaves 4% idle.
+/// it. The built-in pipeline leaves 3-6% idle and gains from kernel polling (1.04x of stock).
 pub const SATURATED_IDLE_SHARE: f64 = 0.02;
+
+/// Below this share left idle, the yielding threads are not planned either. A `SCHED_IDLE`
+/// yielder keeps its vCPU from going newly idle (a thread queued on the other vCPU waits for
+/// the periodic balancer) and its `sched_yield()` loop takes the run queue's lock the wakers
+/// need, so on a busy VM it costs more than it saves: the built-in pipeline (3-6% idle under
+/// stock) ran at 0.85-0.98x of stock with the yielders alone (`gleaner compare --runs 5
+/// --policies stock,gleaner --no-kernel-polling`, five compares on 2026-11-25, every gleaner
+/// run slower in the first), 0.88-0.94x with stepping aside, and at 0.73x under always-on
+/// yielders. The yielders' latency wins are on light workloads: the built-in ping-pong leaves
+/// ~80% idle. Smoothed like the polling rule's share; yielders' time counts as idle, so a
+/// workload they slow down does not hide behind them.
+pub const SATURATED_YIELD_IDLE_SHARE: f64 = 0.25;
 
 /// While vCPUs poll, consolidation runs only while the workload's own CPU time is at most this
 /// many vCPUs; above it every vCPU is given back. On one polling vCPU a light workload's
@@ -374,6 +385,15 @@ impl GuestController {
         let planned = self.plan();
         let planned = if self.saturated() && planned.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll) {
             IdlePlan::halt_because(self.cfg.cpus.iter().copied(), PlanReason::Saturated)
+        } else if self.cfg.fixed_yield_ns.is_none() && self.saturated_for(crate::idle::Mechanism::Yield) {
+            // Fixed yielding windows (always-on retention, the paper's Gleaner) are the user's
+            // choice and stay: on a shared host they hold pCPUs against a co-runner, which is
+            // where the paper's gains are (`gleaner sim fig7`).
+            let mut p = planned;
+            for v in p.vcpus.iter_mut().filter(|v| v.mechanism == crate::idle::Mechanism::Yield) {
+                *v = crate::idle::VcpuPlan { mechanism: crate::idle::Mechanism::Halt, window_ns: 0, why: PlanReason::Saturated, ..*v };
+            }
+            p
         } else {
             planned
         };
@@ -447,7 +467,19 @@ impl GuestController {
 
     /// The workload leaves the vCPUs (almost) no idle time ([`SATURATED_IDLE_SHARE`]).
     pub fn saturated(&self) -> bool {
-        self.idle_share.is_some_and(|s| s < SATURATED_IDLE_SHARE)
+        self.saturated_for(crate::idle::Mechanism::Poll)
+    }
+
+    /// The workload leaves the vCPUs too little idle time for `mechanism` to pay
+    /// ([`SATURATED_IDLE_SHARE`] for kernel polling, [`SATURATED_YIELD_IDLE_SHARE`] for the
+    /// yielders; halting always pays).
+    pub fn saturated_for(&self, mechanism: crate::idle::Mechanism) -> bool {
+        let limit = match mechanism {
+            crate::idle::Mechanism::Poll => SATURATED_IDLE_SHARE,
+            crate::idle::Mechanism::Yield => SATURATED_YIELD_IDLE_SHARE,
+            crate::idle::Mechanism::Halt => return false,
+        };
+        self.idle_share.is_some_and(|s| s < limit)
     }
 
     /// Folds the period's idle share into the smoothed one (halves the older, like the idle
