@@ -267,3 +267,23 @@ fn vm_matrix_predicts_the_stored_measurements_of_the_development_vm() {
         assert_eq!(r.within_tolerance, Some(true), "{r:?}");
     }
 }
+
+/// `scripts/sim/vm-matrix-scale.toml` (vm-matrix's latency kernels at 16 and 64 vCPUs, alone and
+/// next to a matmul VM) parses into its eight cases and every case runs to the end; on the
+/// Table 2 costs, guest haltpoll answers the ping-pong pairs faster than stock alone, as on the
+/// 2-vCPU VM.
+#[test]
+fn the_scaled_vm_matrix_runs() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/sim/vm-matrix-scale.toml");
+    let text = std::fs::read_to_string(path).expect("scripts/sim/vm-matrix-scale.toml");
+    let cases = gleaner_sim::scenario::expand_cases(&text, "vm-matrix-scale").expect("parses");
+    assert_eq!(cases.len(), 8);
+    let small: Vec<_> = cases.into_iter().filter(|(n, _)| n == "pp-16").collect();
+    let r = gleaner_sim::run_cases("vm-matrix-scale", "", &small, 1, false).expect("runs");
+    let p50 = |v: &str| {
+        let vm = &r.cases[0].variants.iter().find(|x| x.name == v).expect("variant").vms[0];
+        assert!(vm.finished, "{v} finished");
+        vm.request_latency.expect("records").p50_us
+    };
+    assert!(p50("haltpoll") * 2.0 < p50("stock"), "haltpoll {} vs stock {}", p50("haltpoll"), p50("stock"));
+}
