@@ -237,14 +237,9 @@ impl Engine {
         let reading = GuestReading { snapshot: Snapshot { period_ns: elapsed, vcpus: samples, s_work }, idle, trace, caught };
         let Some(agent) = self.vms[vmi].agent.as_mut() else { return };
         let step = agent.step(&reading);
-        for d in &step.decisions {
-            self.vms[vmi].decisions += 1;
-            if self.vms[vmi].decision_log.len() < 10_000 {
-                self.vms[vmi].decision_log.push((self.now, format!("{d:?}")));
-            }
-        }
+        self.vms[vmi].decisions += step.decisions.len() as u64;
         // The active set as the agent reads it (which vCPUs the workload may use); the
-        // decisions are only logged.
+        // decisions are only counted.
         if self.vms[vmi].agent.as_ref().is_some_and(|a| a.config().consolidation.is_some()) {
             self.apply_active(base, n, &step.active);
         }

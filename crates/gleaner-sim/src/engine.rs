@@ -320,7 +320,6 @@ pub(crate) struct VmState {
     pub prev: Vec<(u64, u64, u64, u64, u64)>,
     pub prev_s_work: u64,
     pub decisions: u64,
-    pub decision_log: Vec<(Ns, String)>,
     pub lat: Hist,
     /// Request latencies (`record` ops).
     pub req: Hist,
@@ -702,7 +701,6 @@ impl Engine {
             prev: vec![(0, 0, 0, 0, 0); vm.vcpus as usize],
             prev_s_work: 0,
             decisions: 0,
-            decision_log: Vec::new(),
             lat: Hist::default(),
             req: Hist::default(),
             trace: has_agent.then(|| WakeTrace::empty(TraceSource::Model, 0..vm.vcpus)),
