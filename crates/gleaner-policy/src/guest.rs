@@ -197,7 +197,8 @@ pub struct GuestController {
 /// CPU left to turn into work, and a waiting thread queues behind running ones anyway), while
 /// polling the few short gaps cost `sysbench threads` (8 threads on 2 vCPUs, about 1% idle)
 /// 8% here: 0.91-0.92x of stock with kernel polling in 12-round compares, 1.00-1.02x without
-/// it. The built-in pipeline leaves 3-6% idle and gains from kernel polling (1.04x of stock).
+/// it. The built-in pipeline leaves 3-6% idle and keeps its polling (0.93-1.04x of stock in
+/// three 5-round compares on 2026-11-25, 0.996x in a 9-round one: within its run-to-run spread).
 pub const SATURATED_IDLE_SHARE: f64 = 0.02;
 
 /// Below this share left idle, the yielding threads are not planned either. A `SCHED_IDLE`

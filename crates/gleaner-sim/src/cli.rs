@@ -67,7 +67,7 @@ pub struct PredictArgs {
     /// Take the wake costs from the agent's calibration record of this machine (default
     /// /run/gleaner/calibration.json, written by `gleaner run`, `compare` or `diagnose`)
     /// instead of the scenario's (the Gleaner paper's Table 2).
-    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "/run/gleaner/calibration.json")]
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = crate::scenario::DEFAULT_CALIBRATION)]
     pub from_calibration: Option<std::path::PathBuf>,
     /// RNG seed (default: the scenario's).
     #[arg(long)]

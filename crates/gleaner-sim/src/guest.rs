@@ -465,7 +465,8 @@ impl Engine {
         }
         self.vcpus[vi].inbox.push(t);
         let delay = if src == NONE {
-            if injected {
+            // Without `injected` only a halted or yielding vCPU gets here, and `irq` is 0.
+            if self.virt {
                 self.costs.irq
             } else {
                 0
@@ -481,6 +482,25 @@ impl Engine {
             self.costs.ipi + if yielding { self.costs.yield_wake } else { 0 }
         };
         self.kick(v, delay);
+    }
+
+    /// Blocks thread `t` until `at`: a timer (a TSC_DEADLINE exit in a VM) or, `io`, a
+    /// device's completion (an I/O exit).
+    fn block_until(&mut self, t: u32, v: u32, p: u32, at: Ns, io: bool) {
+        let th = &mut self.threads[t as usize];
+        th.timer_gen = th.timer_gen.wrapping_add(1);
+        let gen = th.timer_gen;
+        th.io_pending |= io;
+        if self.virt {
+            let c = &mut self.vcpus[v as usize].c;
+            if io {
+                c.exits_io += 1;
+            } else {
+                c.exits_timer += 1;
+            }
+        }
+        self.q.push(at, Ev::ThreadTimer { t, gen });
+        self.block_thread(t, v, p);
     }
 
     fn block_thread(&mut self, t: u32, v: u32, p: u32) {
@@ -565,15 +585,16 @@ impl Engine {
                     }
                 }
                 Op::Push(q) => {
-                    let stamp = self.stamps[t as usize];
                     let qu = &mut self.queues[q as usize];
                     if let Some(w) = qu.pop_w.pop_front() {
-                        self.stamps[w as usize] = stamp;
+                        if qu.stamped {
+                            self.stamps[w as usize] = self.stamps[t as usize];
+                        }
                         self.wake_thread(w, v);
                     } else if qu.len < qu.cap {
                         qu.len += 1;
                         if qu.stamped {
-                            qu.stamps.push_back(stamp);
+                            qu.stamps.push_back(self.stamps[t as usize]);
                         }
                     } else {
                         qu.push_w.push_back(t);
@@ -686,31 +707,16 @@ impl Engine {
                     self.arrivals[t as usize] = next + self.sample_exp(mean_gap_ns);
                     self.stamps[t as usize] = next;
                     if next > self.now {
-                        let th = &mut self.threads[t as usize];
-                        th.timer_gen = th.timer_gen.wrapping_add(1);
-                        let gen = th.timer_gen;
-                        if self.virt {
-                            self.vcpus[v as usize].c.exits_timer += 1;
-                        }
-                        self.q.push(next, Ev::ThreadTimer { t, gen });
-                        self.block_thread(t, v, p);
+                        self.block_until(t, v, p, next, false);
                         return;
                     }
                 }
-                Op::Sleep(ns) | Op::Io(ns) => {
-                    let th = &mut self.threads[t as usize];
-                    th.timer_gen = th.timer_gen.wrapping_add(1);
-                    let gen = th.timer_gen;
-                    if let Op::Io(_) = op {
-                        th.io_pending = true;
-                        if self.virt {
-                            self.vcpus[v as usize].c.exits_io += 1;
-                        }
-                    } else if self.virt {
-                        self.vcpus[v as usize].c.exits_timer += 1;
-                    }
-                    self.q.push(self.now + ns, Ev::ThreadTimer { t, gen });
-                    self.block_thread(t, v, p);
+                Op::Sleep(ns) => {
+                    self.block_until(t, v, p, self.now + ns, false);
+                    return;
+                }
+                Op::Io(ns) => {
+                    self.block_until(t, v, p, self.now + ns, true);
                     return;
                 }
             }

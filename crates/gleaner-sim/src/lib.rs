@@ -219,21 +219,14 @@ pub fn sweep_text(text: &str, sets: &[String]) -> anyhow::Result<String> {
 /// `gleaner sim predict`: runs `vm-matrix` (with the machine's wake costs when asked) and puts
 /// its ratios beside the measured ones.
 pub fn run_predict(a: &PredictArgs) -> anyhow::Result<predict::Prediction> {
-    let (name, text) = load_scenario("vm-matrix")?;
-    let text = match &a.from_calibration {
-        Some(path) => {
-            let mut doc: toml::Value = toml::from_str(&text).map_err(|e| BadInput::new("scenario", e.message(), "TOML"))?;
-            scenario::apply_override(&mut doc, "costs.calibration", toml::Value::String(path.display().to_string()))?;
-            toml::to_string(&doc)?
-        }
-        None => text,
-    };
     if let Some(d) = &a.measured {
         if !d.is_dir() {
             return Err(BadInput::new("--measured", d.display(), "a directory of `gleaner compare --json` documents").into());
         }
     }
-    let report = run_text(&name, &text, a.seed, false)?;
+    let (name, text) = load_scenario("vm-matrix")?;
+    let cases = cli_cases(&name, &text, a.from_calibration.as_deref())?;
+    let report = run_cases(&cases[0].1.name, &cases[0].1.description, &cases, a.seed.unwrap_or(cases[0].1.seed), false)?;
     predict::compare(&report, a.from_calibration.clone(), a.measured.as_deref())
 }
 

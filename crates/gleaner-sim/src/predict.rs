@@ -44,13 +44,32 @@ pub enum Metric {
     Wall,
 }
 
+/// The ratio a row compares (stock's over the policy's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ratio {
+    LatencyP50,
+    LatencyP99,
+    /// Wall time: the speed.
+    Speed,
+}
+
+impl Ratio {
+    pub fn label(self) -> &'static str {
+        match self {
+            Ratio::LatencyP50 => "latency_p50",
+            Ratio::LatencyP99 => "latency_p99",
+            Ratio::Speed => "speed",
+        }
+    }
+}
+
 /// One compared number.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Row {
     pub case: String,
     pub policy: String,
-    /// `latency_p50`, `latency_p99` or `speed`.
-    pub metric: &'static str,
+    pub metric: Ratio,
     /// Stock's value over the policy's, in the model.
     pub predicted: f64,
     /// The same from the measurement (`None`: no measurement of this case or policy).
@@ -106,13 +125,13 @@ fn measured_values(doc: &CompareDoc) -> Vec<Values> {
 }
 
 /// Stock's over the policy's, per metric: (metric, ratio).
-fn ratios(metric: Metric, stock: &Values, x: &Values) -> Vec<(&'static str, Option<f64>)> {
+fn ratios(metric: Metric, stock: &Values, x: &Values) -> Vec<(Ratio, Option<f64>)> {
     match metric {
         Metric::Latency => {
             let l = stock.latency.zip(x.latency);
-            vec![("latency_p50", l.and_then(|(s, x)| ratio(s.0, x.0))), ("latency_p99", l.and_then(|(s, x)| ratio(s.1, x.1)))]
+            vec![(Ratio::LatencyP50, l.and_then(|(s, x)| ratio(s.0, x.0))), (Ratio::LatencyP99, l.and_then(|(s, x)| ratio(s.1, x.1)))]
         }
-        Metric::Wall => vec![("speed", ratio(stock.wall_s, x.wall_s))],
+        Metric::Wall => vec![(Ratio::Speed, ratio(stock.wall_s, x.wall_s))],
     }
 }
 
@@ -141,7 +160,7 @@ pub fn case_rows(case: &CaseReport, metric: Metric, measured: Option<&CompareDoc
     let r_stock = meas.iter().find(|v| v.policy == "stock");
     let mut rows = Vec::new();
     for x in model.iter().filter(|v| v.policy != "stock") {
-        let measured: Vec<(&'static str, Option<f64>)> = match (r_stock, meas.iter().find(|v| v.policy == x.policy)) {
+        let measured: Vec<(Ratio, Option<f64>)> = match (r_stock, meas.iter().find(|v| v.policy == x.policy)) {
             (Some(s), Some(r)) => ratios(metric, s, r),
             _ => Vec::new(),
         };
@@ -213,7 +232,7 @@ pub fn render(p: &Prediction) -> String {
             "  {:<16} {:<9} {:<12} {:>9.2} {:>9} {:>9}{}",
             r.case,
             r.policy,
-            r.metric,
+            r.metric.label(),
             r.predicted,
             opt(r.measured),
             opt(r.error),
@@ -303,16 +322,16 @@ mod tests {
             summary(Policy::Naive, 50.0 * n50 / s50, 200.0, 3.0),
         ]);
         let rows = case_rows(case, Metric::Latency, Some(&measured));
-        let row = |p: &str, m: &str| rows.iter().find(|r| r.policy == p && r.metric == m).expect("row").clone();
-        let h = row("haltpoll", "latency_p50");
+        let row = |p: &str, m: Ratio| rows.iter().find(|r| r.policy == p && r.metric == m).expect("row").clone();
+        let h = row("haltpoll", Ratio::LatencyP50);
         assert!((h.error.expect("measured") - 1.0).abs() < 1e-9, "{h:?}");
         assert_eq!(h.within_tolerance, Some(true));
-        let n = row("naive", "latency_p50");
+        let n = row("naive", Ratio::LatencyP50);
         assert!((n.error.expect("measured") - 0.5).abs() < 1e-9, "{n:?}");
         assert_eq!(n.within_tolerance, Some(false));
-        assert!((row("haltpoll", "latency_p99").measured.expect("measured") - 200.0 / 150.0).abs() < 1e-9);
+        assert!((row("haltpoll", Ratio::LatencyP99).measured.expect("measured") - 200.0 / 150.0).abs() < 1e-9);
         // gleaner was not measured: predicted only.
-        let g = row("gleaner", "latency_p50");
+        let g = row("gleaner", Ratio::LatencyP50);
         assert_eq!((g.measured, g.within_tolerance), (None, None));
         assert!((g.predicted - s50 / lat("gleaner").0).abs() < 1e-9 && s99 > 0.0);
     }
@@ -326,7 +345,7 @@ mod tests {
         let p = compare(&report, None, Some(dir.path())).expect("compares");
         assert_eq!(p.compared, 1, "only the saturated case was measured");
         let r = p.rows.iter().find(|r| r.measured.is_some()).expect("a measured row");
-        assert_eq!((r.case.as_str(), r.policy.as_str(), r.metric), ("saturated", "gleaner", "speed"));
+        assert_eq!((r.case.as_str(), r.policy.as_str(), r.metric), ("saturated", "gleaner", Ratio::Speed));
         assert!((r.measured.expect("m") - 0.8).abs() < 1e-9);
         assert!(render(&p).contains("of 1 measured ratios predicted within 25%"));
         std::fs::write(dir.path().join("pingpong.json"), "{ not json").expect("write");

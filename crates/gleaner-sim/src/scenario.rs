@@ -509,7 +509,8 @@ impl Costs {
             ipi_send: base.ipi_send,
             poll_wake: base.poll_wake,
             ple_exit: base.ple_exit,
-            // A guest timer on this VM wakes a sleeper as late as an IPI would (a vCPU kept
+            // A guest timer on this VM wakes a sleeper as late as an IPI would (scripts/bench/
+            // timer-lateness.c; a vCPU kept
             // busy: 29-36 us p50 after 0.1-5 ms sleeps, B 29 us; a halted one 22-59 us, like
             // C(g)): the host delivers both the same way.
             irq: b.saturating_sub(rt),

@@ -395,7 +395,7 @@ fn a_closed_loop_stamps_and_records_on_one_thread() {
 }
 
 #[test]
-fn queues_of_a_workload_without_records_carry_no_stamps() {
+fn a_workload_without_records_reports_no_request_latency() {
     let w =
         wl(vec![group("p", 1, Some(100), vec![], &["compute 10us", "push q"]), group("c", 1, None, vec![], &["pop q", "compute 10us"])]);
     let o = run(setup(2, vec![vm("app", w, 2, Some(0), false, GuestPolicy::Stock)]));

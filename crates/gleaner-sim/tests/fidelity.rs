@@ -262,8 +262,9 @@ fn vm_matrix_predicts_the_stored_measurements_of_the_development_vm() {
     let p = gleaner_sim::run_predict(&args).expect("predicts");
     assert_eq!(p.compared, 30, "every ratio measured: {p:?}");
     assert!(p.within >= 21, "{} of 30 within 25%:\n{}", p.within, gleaner_sim::predict::render(&p));
-    for r in p.rows.iter().filter(|r| r.metric == "latency_p50" && ["pingpong", "openloop-200", "openloop-2000"].contains(&r.case.as_str()))
-    {
+    for r in p.rows.iter().filter(|r| {
+        r.metric == gleaner_sim::predict::Ratio::LatencyP50 && ["pingpong", "openloop-200", "openloop-2000"].contains(&r.case.as_str())
+    }) {
         assert_eq!(r.within_tolerance, Some(true), "{r:?}");
     }
 }
