@@ -125,7 +125,8 @@ pub struct GuestStep {
     pub mode: RetentionMode,
     /// The next period is a probe of the other mode.
     pub probe: bool,
-    /// What the governor read and decided (`None` without a governor).
+    /// What the governor read and decided (`None` without a governor, or while it holds: the
+    /// plan forced, [`GuestController::plan_forced`]).
     pub governor: Option<GovernorStep>,
     /// The epoch the governor read.
     pub reading: EpochReading,
@@ -136,6 +137,17 @@ pub struct GuestStep {
     /// How long the next period should last, as a share of the configured period: a probe
     /// of the other mode is short ([`PROBE_SHARE`]), since it runs in the mode believed worse.
     pub next_period_share: f64,
+}
+
+/// Whether a period should be traced ([`GuestController::trace_need`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceNeed {
+    /// Not at all: the plan does not depend on what a trace would show.
+    Skip,
+    /// At the tracer's own cadence (its cost bounded).
+    Cadence,
+    /// This period: the governor compares it, the workload is not seen yet, or its rate moved.
+    Now,
 }
 
 /// The haltpoll module's default `guest_halt_poll_ns`: the window a run starts with before it
@@ -190,6 +202,8 @@ pub struct GuestController {
     /// Share of the managed vCPUs' time (steal excepted) the workload left idle (yielders' time
     /// counted idle), smoothed like the idle periods; `None` before the first reading with idle times.
     idle_share: Option<f64>,
+    /// The time `idle_share` stands for, ns, halved each period.
+    idle_share_weight: f64,
 }
 
 /// Below this share of the managed vCPUs' time left idle by the workload (smoothed over
@@ -278,6 +292,7 @@ impl GuestController {
             last_rate: 0.0,
             last_active: 0,
             idle_share: None,
+            idle_share_weight: 0.0,
         }
     }
 
@@ -327,7 +342,20 @@ impl GuestController {
     /// server that only now gets requests: a sockperf ping-pong started half a second after
     /// its agent ran at stock latency for a second, until the tracer's next turn).
     pub fn wants_trace(&self) -> bool {
+        self.trace_need() == TraceNeed::Now
+    }
+
+    /// Whether the coming period should be traced: now ([`Self::wants_trace`]), at the
+    /// tracer's own cadence, or not at all while the workload leaves too little idle time for
+    /// any mechanism the machine offers ([`Self::plan_forced`]): every vCPU halts whatever
+    /// its idle periods, so tracing them buys nothing and costs the workload most (`sysbench
+    /// threads`, 8 threads on 2 vCPUs: 1.8 million switches a second, 105 ns of the programs'
+    /// time each, 9.7% of the VM while attached).
+    pub fn trace_need(&self) -> TraceNeed {
         use crate::retention::Phase;
+        if self.plan_forced() {
+            return TraceNeed::Skip;
+        }
         let governor = self.governor.as_ref().is_some_and(|g| match g.state().phase {
             Phase::Baseline { left } => left <= 1,
             Phase::Probe | Phase::Confirm => true,
@@ -339,7 +367,20 @@ impl GuestController {
                 hi >= MIN_RATE_CHANGE && hi >= 2.0 * lo
             }
         };
-        governor || !self.informed || changed
+        if governor || !self.informed || changed {
+            TraceNeed::Now
+        } else {
+            TraceNeed::Cadence
+        }
+    }
+
+    /// Every vCPU halts whatever its idle periods: the workload leaves too little idle time
+    /// for kernel polling ([`SATURATED_IDLE_SHARE`]) and for the yielders
+    /// ([`SATURATED_YIELD_IDLE_SHARE`]) or the machine has no kernel polling. A fixed yielding
+    /// window (`--timeout-us`) is never forced.
+    pub fn plan_forced(&self) -> bool {
+        self.cfg.fixed_yield_ns.is_none()
+            && (self.saturated() || (!self.cfg.means.kernel_polling() && self.saturated_for(crate::idle::Mechanism::Yield)))
     }
 
     /// Stops consolidating for good: every vCPU back (the adapter could not apply a set).
@@ -405,7 +446,11 @@ impl GuestController {
         self.informed |=
             planned.vcpus.iter().any(|v| matches!(v.why, PlanReason::BestValue | PlanReason::NothingPays | PlanReason::VmShare));
         let reading = epoch_reading(r, u32::try_from(active.len()).unwrap_or(u32::MAX));
-        let governor = self.governor.as_mut().map(|g| g.step(&reading));
+        // While the plan is forced both modes apply the same plan: the governor holds (its
+        // probes would compare a plan with itself) until the workload leaves idle time again.
+        let hold = self.plan_forced()
+            && self.governor.as_ref().is_some_and(|g| matches!(g.state().phase, crate::retention::Phase::Baseline { .. }));
+        let governor = if hold { None } else { self.governor.as_mut().map(|g| g.step(&reading)) };
         self.mode = governor.map_or(self.mode, |g| g.mode);
         let plan = if self.mode.is_on() { planned.clone() } else { IdlePlan::off(self.cfg.cpus.iter().copied()) };
         // A period after which the vCPUs go from halting to retaining, or back, is no basis
@@ -495,7 +540,18 @@ impl GuestController {
         let free: u64 = seen.iter().map(|v| v.idle_ns.saturating_add(v.yield_ns)).sum();
         let had: u64 = seen.iter().map(|v| period_ns.saturating_sub(v.steal_ns)).sum();
         let share = (free as f64 / had.max(1) as f64).min(1.0);
-        self.idle_share = Some(self.idle_share.map_or(share, |s| (s + share) / 2.0));
+        // Weighed by the periods' lengths, the older halved each period: a short period (the
+        // first, a probe) counts for less. `sysbench threads` left its first 50 ms (start-up)
+        // half idle and no idle time after: counted as a full period, its start kept it
+        // polling for 5 periods, a second.
+        // (A first reading weighs as two of its periods: full periods halve the older.)
+        let p = period_ns as f64;
+        let (s, w) = self.idle_share.map_or((share, 2.0 * p), |s| {
+            let w = self.idle_share_weight / 2.0;
+            ((s * w + share * p) / (w + p), w + p)
+        });
+        self.idle_share = Some(s);
+        self.idle_share_weight = w;
     }
 
     /// Tightens the budget of a vCPU whose polling or yielding took more than its budget in

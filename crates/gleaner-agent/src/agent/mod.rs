@@ -367,7 +367,7 @@ impl Session {
 
         let mut sampler = Sampler::new(procfs.clone(), sysfs.clone(), cpus.clone());
         sampler.prime(&managed.tids(procfs), self.yielders.as_ref(), cpus);
-        tracing.arm_next(&managed.pids(procfs), workload, true);
+        tracing.arm_next(&managed.pids(procfs), workload, gleaner_policy::guest::TraceNeed::Now);
         let waiter = child_pid.map(ChildWaiter::new).transpose()?;
         let full_period = Duration::from_millis(cfg.period_ms);
         let mut period = full_period.mul_f64(gleaner_policy::guest::FIRST_PERIOD_SHARE);
@@ -425,7 +425,7 @@ impl Session {
             // Decide.
             let before = guest.applied().clone();
             let step = guest.step(&reading);
-            tracing.arm_next(&managed.pids(procfs), workload, guest.wants_trace());
+            tracing.arm_next(&managed.pids(procfs), workload, guest.trace_need());
             // Apply.
             let active = CpuSet::from_iter(step.active.iter().copied());
             if active != active_before {

@@ -13,8 +13,10 @@
 //! ```text
 //!  start       load (root; verifier) + BPF run-time statistics on (kept on: toggling them
 //!              patches kernel text too)
-//!  arm_next    traced next period if it is the EVERY-th or the governor wants it: attach;
-//!              the managed processes refreshed (the cgroup's, or the command's tree)
+//!  arm_next    traced next period if the guest loop needs it now (the governor compares it,
+//!              the workload is new or changed its rate) or it is the EVERY-th, never while
+//!              the plan is forced (a saturated VM halts whatever a trace shows): the managed
+//!              processes refreshed (the cgroup's, or the command's tree), attach
 //!  slice       how long to stay attached: COST_SHARE x period x EVERY x SANDWICH / cost
 //!              while attached (MIN_SLICE .. the period)
 //!  end_slice   detach
@@ -30,6 +32,7 @@ use std::time::Duration;
 use gleaner_os::bpf::{ProgStats, StatsGuard, TracerConfig, WakeTracer};
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::idle::IdleOffer;
+use gleaner_policy::guest::TraceNeed;
 use gleaner_policy::idle::WakeTrace;
 
 use crate::config::AgentConfig;
@@ -165,18 +168,19 @@ impl Tracing {
         Some(delta)
     }
 
-    /// Arms the next period: traced if it is the planner's (one in [`EVERY`]) or `must` (the
-    /// governor compares it); the managed processes are refreshed either way.
-    pub fn arm_next(&mut self, pids: &[i32], workload: bool, must: bool) {
+    /// Arms the next period: traced if the guest loop needs it now, or at the tracer's own
+    /// cadence (one period in [`EVERY`]), not at all when it says the plan does not depend on
+    /// a trace; the managed processes are refreshed before attaching.
+    pub fn arm_next(&mut self, pids: &[i32], workload: bool, need: TraceNeed) {
         let Some(t) = self.tracer.as_mut() else { return };
-        Self::follow(t, pids, workload);
         self.since += 1;
-        if !(must || self.since >= EVERY) {
-            return;
+        match need {
+            TraceNeed::Skip => return,
+            TraceNeed::Cadence if self.since < EVERY => return,
+            TraceNeed::Cadence => self.since = 0,
+            TraceNeed::Now => {}
         }
-        if !must {
-            self.since = 0;
-        }
+        Self::follow(t, pids, workload);
         if let Err(e) = t.attach() {
             tracing::warn!("tracer: attach: {e:#}");
         }

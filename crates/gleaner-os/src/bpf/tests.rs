@@ -224,14 +224,18 @@ fn a_workload_timer_on_the_last_vcpu_ends_local_idle_periods_there() {
     // binary's other threads (tests running beside this one) have timers too.
     let sleeps = 300u32;
     let mut go = [0i32; 2];
+    // SAFETY: `go` is an array of the two ints pipe(2) writes.
     assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0, "pipe: {}", std::io::Error::last_os_error());
+    // SAFETY: a cpu_set_t is a plain bit array; all zeros is the empty set.
     let mut mask: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is an online CPU, below CPU_SETSIZE.
     unsafe { libc::CPU_SET(cpu as usize, &mut mask) };
     // SAFETY: the child calls only async-signal-safe functions (read, sched_setaffinity,
     // nanosleep, _exit) before it exits.
     let child = unsafe { libc::fork() };
     assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
     if child == 0 {
+        // SAFETY: the forked child's buffers are its own; it ends with _exit.
         unsafe {
             let mut b = 0u8;
             libc::read(go[0], (&raw mut b).cast(), 1);
@@ -246,12 +250,14 @@ fn a_workload_timer_on_the_last_vcpu_ends_local_idle_periods_there() {
     t.set_managed(&[child]).unwrap();
     t.attach().unwrap();
     let before = t.read().unwrap();
+    // SAFETY: a one-byte buffer, and the pipe's fds, ours, closed once.
     unsafe {
         libc::write(go[1], [1u8].as_ptr().cast(), 1);
         libc::close(go[0]);
         libc::close(go[1]);
     }
     let mut status = 0;
+    // SAFETY: `child` is the process forked above; `status` an int it writes.
     assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "sleeper: status {status}");
     let d = t.read().unwrap().delta_since(&before);

@@ -501,6 +501,16 @@ fn a_saturated_workload_gets_no_kernel_polling() {
     assert!(g.saturated());
     assert!(!s.plan.retains(), "{:?}", s.plan);
     assert!(s.planned.vcpus.iter().all(|v| v.why == PlanReason::Saturated), "{:?}", s.planned);
+    // Nothing a trace could show changes that: none is taken (it cost the workload most).
+    assert!(g.plan_forced());
+    assert_eq!(g.trace_need(), TraceNeed::Skip);
+    // Nor does the governor probe a plan against itself: it holds.
+    let before = g.governor_state().expect("a governor");
+    for _ in 0..100 {
+        let s = g.step(&saturated());
+        assert!(s.governor.is_none() && !s.probe && s.next_period_share == 1.0);
+    }
+    assert_eq!(g.governor_state().unwrap().probes, before.probes);
     // The same periods without saturation (steal, not the workload, took the time): polled.
     let mut g = GuestController::new(cfg(HALTPOLL));
     let stolen = || {
@@ -514,6 +524,7 @@ fn a_saturated_workload_gets_no_kernel_polling() {
     let s = g.step(&stolen());
     assert!(!g.saturated());
     assert_eq!(s.plan.of(1).unwrap().mechanism, Mechanism::Poll, "{:?}", s.plan);
+    assert_ne!(g.trace_need(), TraceNeed::Skip);
     // Yielders only: not planned either.
     let mut y = cfg(Means { poll_window: false, poll_always: false, yielders: true });
     y.governor = None;
@@ -526,9 +537,11 @@ fn a_saturated_workload_gets_no_kernel_polling() {
     for _ in 0..3 {
         g.step(&saturated());
     }
+    assert_eq!(g.trace_need(), TraceNeed::Skip);
     let s = g.step(&server_period(0, 50_000));
     assert!(!g.saturated());
     assert_eq!(s.plan.of(1).unwrap().mechanism, Mechanism::Poll, "{:?}", s.plan);
+    assert_ne!(g.trace_need(), TraceNeed::Skip, "traced again with the idle time");
 }
 
 /// A busy workload (the built-in pipeline: about a tenth of the vCPUs' time idle, in many short
@@ -558,16 +571,52 @@ fn a_busy_workload_gets_kernel_polling_but_no_yielders() {
     let s = g.step(&busy(PERIOD / 10));
     assert!(g.saturated_for(Mechanism::Yield) && !g.saturated_for(Mechanism::Poll));
     assert!(!s.plan.retains(), "{:?}", s.plan);
+    assert_eq!(g.trace_need(), TraceNeed::Skip, "yielders only: nothing to plan from a trace");
     // The vCPU the yielder would have kept says why; the other had too few wakeups anyway.
     assert_eq!(s.planned.of(1).unwrap().why, PlanReason::Saturated, "{:?}", s.planned);
     let mut p = GuestController::new(cfg(HALTPOLL));
     p.step(&busy(PERIOD / 10));
     let s = p.step(&busy(PERIOD / 10));
     assert_eq!(s.plan.of(1).unwrap().mechanism, Mechanism::Poll, "{:?}", s.plan);
+    assert!(!p.plan_forced(), "kernel polling still pays: traced");
     // Half the time idle: the yielders catch the same wakeups.
     let mut g = yielders();
     g.step(&busy(PERIOD / 2));
     let s = g.step(&busy(PERIOD / 2));
     assert!(!g.saturated_for(Mechanism::Yield));
     assert_eq!(s.plan.of(1).unwrap().mechanism, Mechanism::Yield, "{:?}", s.plan);
+}
+
+/// Regression: `sysbench threads` left its first, short period (start-up, 50 ms) half idle
+/// and none after; counted as a full period it kept kernel polling on for a second. Weighed
+/// by length, the share is under the line after three full periods.
+#[test]
+fn a_short_period_weighs_less_in_the_idle_share() {
+    // `idle_pct`: percent of the period idle.
+    let period = |len_ns: u64, idle_pct: u64| {
+        let mut r = server_period(0, 50_000);
+        r.snapshot.period_ns = len_ns;
+        for v in &mut r.idle {
+            v.idle_ns = len_ns * idle_pct / 100;
+        }
+        r
+    };
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    g.step(&period(PERIOD / 4, 50));
+    let mut saturated_after = None;
+    for n in 1..=6 {
+        g.step(&period(PERIOD, 0));
+        if g.saturated() {
+            saturated_after = Some(n);
+            break;
+        }
+    }
+    assert_eq!(saturated_after, Some(3));
+    // Full periods alone smooth as before: the older halved.
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    g.step(&period(PERIOD, 5));
+    g.step(&period(PERIOD, 0));
+    assert!(!g.saturated(), "(5% + 0) / 2");
+    g.step(&period(PERIOD, 0));
+    assert!(g.saturated(), "(2.5% + 0) / 2");
 }
