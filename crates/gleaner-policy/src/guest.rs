@@ -204,7 +204,22 @@ pub struct GuestController {
     idle_share: Option<f64>,
     /// The time `idle_share` stands for, ns, halved each period.
     idle_share_weight: f64,
+    /// How long the workload has been quiet (under [`QUIET_RATE`] sync points a second), ns,
+    /// in the periods up to the last one; 0 once it is not.
+    quiet_ns: u64,
 }
+
+/// Sync points a second under which the workload counts as quiet: it has no wakeups to buy.
+pub const QUIET_RATE: f64 = 10.0;
+
+/// A workload quiet this long before it was seen gives up the start plan: its vCPUs halt
+/// until it makes wakeups (then the next period is traced and planned from them). The start
+/// plan polls every idle entry of every vCPU for up to [`INITIAL_POLL_WINDOW_NS`] whatever
+/// woke it: `gleaner run -- sleep 2` polled 40-52 ms of its 4 vCPU-seconds on this VM
+/// (2026-11-26, the machine's own timers and daemons), its whole cost. A second covers a
+/// server started before its client (the sockperf harness waits 0.5 s): a client coming
+/// later than that finds its first period halted, as it would under stock.
+pub const QUIET_START_NS: u64 = 1_000_000_000;
 
 /// Below this share of the managed vCPUs' time left idle by the workload (smoothed over
 /// periods), kernel polling is not planned: what it can win is bounded by that share (no idle
@@ -293,6 +308,7 @@ impl GuestController {
             last_active: 0,
             idle_share: None,
             idle_share_weight: 0.0,
+            quiet_ns: 0,
         }
     }
 
@@ -393,6 +409,7 @@ impl GuestController {
         let period_ns = r.snapshot.period_ns.max(1);
         let gaps_from = self.observe(r);
         self.last_rate = r.snapshot.s_work as f64 * 1e9 / period_ns as f64;
+        self.quiet_ns = if self.last_rate < QUIET_RATE { self.quiet_ns.saturating_add(period_ns) } else { 0 };
         if r.trace.as_ref().is_some_and(|t| t.traced_ns > 0) {
             self.traced_rate = Some(self.last_rate);
         }
@@ -407,7 +424,9 @@ impl GuestController {
         // refuses the pinning a starting workload may do (`taskset -c 1` of a sockperf server
         // started 0.5 s before its client failed with EINVAL).
         let probe_now = self.probing();
-        let polls = self.applied.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
+        // A quiet start that gave up polling is still unseen: no basis either.
+        let start_polls = !self.informed && self.start.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
+        let polls = start_polls || self.applied.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
         let light = self.informed && r.snapshot.util() <= POLL_CONSOLIDATION_UTIL;
         let consolidation_before = self.consolidation.clone();
         let mut decisions = match (&mut self.consolidation, probe_now, polls) {
@@ -593,14 +612,23 @@ impl GuestController {
             .map(|s| VcpuInput { gaps: &s.gaps, observed_ns: s.observed_ns, budget: self.cfg.plan.budget * s.scale() })
             .collect();
         if inputs.is_empty() {
-            return if self.informed { IdlePlan::halt(self.cfg.cpus.iter().copied()) } else { self.start.clone() };
+            return if self.informed { IdlePlan::halt(self.cfg.cpus.iter().copied()) } else { self.unseen() };
         }
         let p = plan(&self.cfg.means, curve, &self.cfg.plan, &inputs);
         if !self.informed && p.vcpus.iter().all(|v| v.why == PlanReason::TooFewWakeups) {
-            // Nothing seen of the workload yet: what the run started with stands.
-            return self.start.clone();
+            return self.unseen();
         }
         p
+    }
+
+    /// The plan while nothing is seen of the workload: what the run started with, unless the
+    /// workload has been quiet for [`QUIET_START_NS`] (then every vCPU halts).
+    fn unseen(&self) -> IdlePlan {
+        if self.quiet_ns >= QUIET_START_NS && self.start.retains() {
+            IdlePlan::halt_because(self.cfg.cpus.iter().copied(), PlanReason::TooFewWakeups)
+        } else {
+            self.start.clone()
+        }
     }
 }
 

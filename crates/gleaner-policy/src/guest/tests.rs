@@ -365,9 +365,13 @@ fn a_handful_of_wakeups_does_not_end_the_start() {
     for _ in 0..2 {
         assert!(g.step(&quiet).plan.retains(), "an idle server is not halted on a handful of wakeups");
     }
-    // Once those few have faded from the smoothed periods: the start plan, not a halt.
-    let s = (0..6).map(|_| g.step(&quiet)).last().unwrap();
+    // Once those few have faded from the smoothed periods: the start plan, not a halt (0.8 s
+    // quiet, under QUIET_START_NS).
+    let s = (0..2).map(|_| g.step(&quiet)).last().unwrap();
     assert_eq!(s.plan, start, "the start plan stands: {:?}", s.plan);
+    // Quiet for a second: halted for that, not as if planned from the handful.
+    let s = (0..2).map(|_| g.step(&quiet)).last().unwrap();
+    assert!(s.plan.vcpus.iter().all(|v| v.why == PlanReason::TooFewWakeups), "{:?}", s.plan);
 }
 
 /// The host took the vCPU away (steal) while it polled: the budget halves at once and grows
@@ -619,4 +623,67 @@ fn a_short_period_weighs_less_in_the_idle_share() {
     assert!(!g.saturated(), "(5% + 0) / 2");
     g.step(&period(PERIOD, 0));
     assert!(g.saturated(), "(2.5% + 0) / 2");
+}
+
+/// Regression: `gleaner run -- sleep 2` kept the start plan's 200 us window on both vCPUs
+/// the whole run (nothing of the workload was ever seen) and polled 40-52 ms of its 4
+/// vCPU-seconds. A workload quiet for a second halts until it makes wakeups.
+#[test]
+fn a_quiet_workload_gives_up_the_start_plan_until_it_wakes() {
+    let mut c = cfg(HALTPOLL);
+    c.consolidation = Some(Params::default());
+    let mut g = GuestController::new(c);
+    let start = g.applied().clone();
+    assert!(start.retains());
+    let mut quiet = server_period(0, 50_000);
+    quiet.snapshot.s_work = 0;
+    for v in &mut quiet.snapshot.vcpus {
+        (v.t_work_ns, v.t_idle_ns, v.s_yield) = (0, PERIOD, 0);
+    }
+    let t = quiet.trace.as_mut().unwrap();
+    t.vcpus[1].woken = Log2Hist::default();
+    t.latency = Default::default();
+    let periods = QUIET_START_NS / PERIOD;
+    for k in 1..periods {
+        let s = g.step(&quiet);
+        assert_eq!(s.plan, start, "period {k}: the start stands for a second");
+    }
+    let s = g.step(&quiet);
+    assert!(!s.plan.retains(), "quiet for a second: halted, {:?}", s.plan);
+    assert!(s.plan.vcpus.iter().all(|v| v.why == PlanReason::TooFewWakeups), "{:?}", s.plan);
+    for _ in 0..10 {
+        let s = g.step(&quiet);
+        assert!(!s.plan.retains());
+        assert_eq!(s.active.len(), 2, "an unseen workload is not consolidated");
+    }
+    assert!(g.wants_trace(), "unseen: every period traced");
+    // A little activity under the quiet rate changes nothing.
+    let mut few = quiet.clone();
+    few.snapshot.s_work = 1;
+    assert!(!g.step(&few).plan.retains());
+    // It wakes, untraced: the start plan is back at once and the next period traced...
+    let mut woke = quiet.clone();
+    woke.trace = None;
+    woke.snapshot.s_work = 400;
+    let s = g.step(&woke);
+    assert_eq!(s.plan, start);
+    assert!(g.wants_trace());
+    // ...and planned from.
+    let s = g.step(&server_period(0, 50_000));
+    assert_eq!(s.plan.of(1).unwrap().why, PlanReason::BestValue, "{:?}", s.plan);
+}
+
+/// A machine without kernel polling starts halted: the quiet rule changes nothing there.
+#[test]
+fn a_quiet_start_without_kernel_polling_halts_as_before() {
+    let mut c = cfg(Means { poll_window: false, poll_always: false, yielders: true });
+    c.governor = None;
+    let mut g = GuestController::new(c);
+    assert!(!g.applied().retains());
+    let mut quiet = server_period(0, 50_000);
+    quiet.snapshot.s_work = 0;
+    quiet.trace.as_mut().unwrap().vcpus[1].woken = Log2Hist::default();
+    for _ in 0..10 {
+        assert!(!g.step(&quiet).plan.retains());
+    }
 }
