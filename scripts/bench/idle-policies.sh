@@ -9,7 +9,8 @@
 #   sudo ONLY=latency scripts/bench/idle-policies.sh                # one group: latency, throughput, nopoll, budget
 #
 # Needs root (the haltpoll policy and gleaner turn the idle knobs, put back after each run),
-# sockperf, redis-server and redis-benchmark, stress-ng and sysbench (Debian packages).
+# sockperf, redis-server and redis-benchmark, nginx and wrk, stress-ng and sysbench (Debian
+# packages).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-5}
@@ -32,6 +33,7 @@ if [[ $ONLY == all || $ONLY == latency ]]; then
   run sockperf-pp "$all" -- scripts/bench/sockperf-doc.py pp 3
   run sockperf-ul2000 "$all" -- scripts/bench/sockperf-doc.py ul 3 2000
   run pingpong "$all" -- "$G" bench workload pingpong --duration-ms 3000 --json
+  run nginx-c1 "$all" -- scripts/bench/nginx-doc.py 1 3
   # 2,000 requests a run at each rate: at 200/s a 3 s run's p99 was its sixth-worst request.
   for rate in 200 2000 20000; do
     ms=$(( rate >= 2000 ? 3000 : 10000 ))
@@ -44,6 +46,7 @@ if [[ $ONLY == all || $ONLY == throughput ]]; then
   run stress-ng-cpu2 "$all" -- stress-ng --cpu 2 --cpu-ops 16000 --cpu-method matrixprod --quiet
   run sysbench-threads "$all" -- sysbench threads --threads=8 --time=0 --events=20000 run
   run redis-c50 "$all" -- scripts/bench/redis-doc.py 50 200000
+  run nginx-c50 "$all" -- scripts/bench/nginx-doc.py 50 3
 fi
 if [[ $ONLY == all || $ONLY == nopoll ]]; then
   # A guest without kernel polling: the agent leaves the knobs alone and keeps vCPUs with

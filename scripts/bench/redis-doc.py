@@ -10,16 +10,13 @@ throughput is their mean requests/s. A benchmark harness: it reads redis-benchma
 
 import csv
 import io
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
 
-
-def summary(v):
-    return {"n": 1, "mean": v, "min": v, "p10": v, "p50": v, "p90": v, "p99": v, "max": v}
+from benchdoc import print_doc
 
 
 def main():
@@ -44,16 +41,7 @@ def main():
     rows = [r for r in csv.reader(io.StringIO(out)) if r and r[0] != "test"]
     rps = [float(r[1]) for r in rows]
     tput = sum(rps) / len(rps)
-    run = {"wall_ns": wall, "user_ns": 0, "sys_ns": 0, "vcsw": 0, "nivcsw": 0, "idle_entries": None, "idle_source": "none",
-           "idle_entries_per_s": None, "idle_ns": 0, "busy_ns": 0, "steal_ns": 0, "cpus_available": 2, "exit_code": None,
-           "items": 2 * requests, "throughput": tput, "maxrss_kib": 0}
-    doc = {"kind": "run", "name": f"redis-benchmark -c {clients} -n {requests} -t set,get", "params": {"clients": clients, "requests": requests},
-           "runs": [run],
-           "summary": {"runs": 1, "wall_ns": summary(wall), "cpu_ns": summary(0.0), "user_ns": summary(0.0), "sys_ns": summary(0.0),
-                       "vcsw": summary(0.0), "nivcsw": summary(0.0), "steal_ns": summary(0.0)},
-           "host": {"kernel": "", "cpus": 2, "allowed_cpus": "0-1", "virtualized": True, "hypervisor": None,
-                    "cpuidle_driver": None, "cpuidle_governor": None, "git_revision": None, "date": ""}}
-    print(json.dumps(doc))
+    print_doc(f"redis-benchmark -c {clients} -n {requests} -t set,get", {"clients": clients, "requests": requests}, wall, 2 * requests, tput)
 
 
 if __name__ == "__main__":

@@ -10,15 +10,12 @@ Modes: pp (ping-pong: mean one-way latency, sockperf's --mps max) and ul (under-
 rate, --reply-every 1). Latencies are sockperf's own (one-way, us); percentiles from its
 summary. A benchmark harness: it reads sockperf's text output, not part of gleaner."""
 
-import json
 import re
 import subprocess
 import sys
 import time
 
-
-def summary(v):
-    return {"n": 1, "mean": v, "min": v, "p10": v, "p50": v, "p90": v, "p99": v, "max": v}
+from benchdoc import print_doc
 
 
 def main():
@@ -57,16 +54,7 @@ def main():
     obs = lambda name: float(re.search(r"<%s> observation\s*=\s*([0-9.]+)" % name, text).group(1)) * 1000.0
     latency = {"samples": samples, "mean_ns": avg * 1000.0, "min_ns": int(obs("MIN")),
                "p50_ns": us(50.0), "p90_ns": us(90.0), "p99_ns": us(99.0), "p999_ns": us(99.9), "max_ns": int(obs("MAX"))}
-    run = {"wall_ns": wall, "user_ns": 0, "sys_ns": 0, "vcsw": 0, "nivcsw": 0, "idle_entries": None, "idle_source": "none",
-           "idle_entries_per_s": None, "idle_ns": 0, "busy_ns": 0, "steal_ns": 0, "cpus_available": 2, "exit_code": None,
-           "items": samples, "throughput": samples * 1e9 / wall if wall else None, "maxrss_kib": 0, "latency": latency}
-    doc = {"kind": "run", "name": "sockperf " + " ".join(args[1:]), "params": {"command": args},
-           "runs": [run],
-           "summary": {"runs": 1, "wall_ns": summary(wall), "cpu_ns": summary(0.0), "user_ns": summary(0.0), "sys_ns": summary(0.0),
-                       "vcsw": summary(0.0), "nivcsw": summary(0.0), "steal_ns": summary(0.0)},
-           "host": {"kernel": "", "cpus": 2, "allowed_cpus": "0-1", "virtualized": True, "hypervisor": None,
-                    "cpuidle_driver": None, "cpuidle_governor": None, "git_revision": None, "date": ""}}
-    print(json.dumps(doc))
+    print_doc("sockperf " + " ".join(args[1:]), {"command": args}, wall, samples, samples * 1e9 / wall if wall else None, latency)
 
 
 if __name__ == "__main__":
