@@ -23,7 +23,11 @@ def main():
     for name in sorted(os.listdir(out)):
         if not name.endswith(".json"):
             continue
-        d = json.load(open(os.path.join(out, name)))
+        try:
+            d = json.load(open(os.path.join(out, name)))
+        except ValueError:
+            print(f"\n{name[:-5]}: not a complete document (still running, or the compare failed)")
+            continue
         sums = {s["policy"]: s for s in d["summaries"]}
         print(f"\n{name[:-5]}: {' '.join(d['command'])}  ({d['runs']} runs each)")
         lat = any(s.get("latency_p50_us") for s in sums.values())

@@ -173,6 +173,9 @@ struct Seen {
     budget_scale: f64,
     /// Multiplier of the budget after the host took the vCPU away while it retained (1: none).
     steal_scale: f64,
+    /// Share of its time the workload left it idle, measured (not traced), smoothed like the
+    /// gaps; `None` before a reading had it.
+    idle_share: Option<f64>,
 }
 
 /// The guest loop's state machine (module documentation).
@@ -290,7 +293,13 @@ impl GuestController {
         let seen = cfg
             .cpus
             .iter()
-            .map(|&cpu| Seen { gaps: VcpuGaps { cpu, ..VcpuGaps::default() }, observed_ns: 0, budget_scale: 1.0, steal_scale: 1.0 })
+            .map(|&cpu| Seen {
+                gaps: VcpuGaps { cpu, ..VcpuGaps::default() },
+                observed_ns: 0,
+                budget_scale: 1.0,
+                steal_scale: 1.0,
+                idle_share: None,
+            })
             .collect();
         let start = applied.clone();
         Self {
@@ -559,6 +568,13 @@ impl GuestController {
         let free: u64 = seen.iter().map(|v| v.idle_ns.saturating_add(v.yield_ns)).sum();
         let had: u64 = seen.iter().map(|v| period_ns.saturating_sub(v.steal_ns)).sum();
         let share = (free as f64 / had.max(1) as f64).min(1.0);
+        for s in &mut self.seen {
+            if let Some(v) = seen.iter().find(|v| v.cpu == s.gaps.cpu) {
+                let had = period_ns.saturating_sub(v.steal_ns).max(1);
+                let own = (v.idle_ns.saturating_add(v.yield_ns) as f64 / had as f64).min(1.0);
+                s.idle_share = Some(s.idle_share.map_or(own, |o| (o + own) / 2.0));
+            }
+        }
         // Weighed by the periods' lengths, the older halved each period: a short period (the
         // first, a probe) counts for less. `sysbench threads` left its first 50 ms (start-up)
         // half idle and no idle time after: counted as a full period, its start kept it
@@ -609,7 +625,12 @@ impl GuestController {
             .seen
             .iter()
             .filter(|s| s.observed_ns > 0)
-            .map(|s| VcpuInput { gaps: &s.gaps, observed_ns: s.observed_ns, budget: self.cfg.plan.budget * s.scale() })
+            .map(|s| VcpuInput {
+                gaps: &s.gaps,
+                observed_ns: s.observed_ns,
+                budget: self.cfg.plan.budget * s.scale(),
+                idle_share: s.idle_share,
+            })
             .collect();
         if inputs.is_empty() {
             return if self.informed { IdlePlan::halt(self.cfg.cpus.iter().copied()) } else { self.unseen() };

@@ -687,3 +687,37 @@ fn a_quiet_start_without_kernel_polling_halts_as_before() {
         assert!(!g.step(&quiet).plan.retains());
     }
 }
+
+/// Regression: consolidated onto vCPU 0, the open loop at 200 requests/s left vCPU 1 halted in
+/// one long idle period the tracer never saw end; counted as busy, it took the VM share from
+/// vCPU 0, whose window shrank from "until work" to 4 ms (63% of wakeups caught, p50 99 us
+/// against 43). The VM share counts the measured idle time.
+#[test]
+fn a_vcpu_idle_all_along_counts_as_idle_in_the_vm_share() {
+    let mut c = cfg(HALTPOLL);
+    c.plan.vm_share = 0.9;
+    let mut g = GuestController::new(c);
+    let light = || {
+        let mut t = WakeTrace::empty(TraceSource::Bpf, [0, 1]);
+        t.traced_ns = PERIOD;
+        t.vcpus[0].woken.record_n(4_800_000, 40);
+        t.latency.halt.record_n(40_000, 40);
+        GuestReading {
+            snapshot: snapshot(80),
+            idle: vec![
+                VcpuIdle { cpu: 0, idle_ns: PERIOD * 97 / 100, entries: Some(40), poll_ns: 0, yield_ns: 0, steal_ns: 0 },
+                VcpuIdle { cpu: 1, idle_ns: PERIOD, entries: Some(0), poll_ns: 0, yield_ns: 0, steal_ns: 0 },
+            ],
+            trace: Some(t),
+            caught: Vec::new(),
+        }
+    };
+    let mut s = g.step(&light());
+    for _ in 0..5 {
+        s = g.step(&light());
+    }
+    let v0 = s.plan.of(0).unwrap();
+    assert_eq!((v0.window_ns, v0.why), (ALWAYS, PlanReason::BestValue), "{:?}", s.plan);
+    assert_eq!(s.plan.poll_always, vec![0]);
+    assert!(s.plan.of(1).unwrap().mechanism != Mechanism::Poll || s.plan.poll_window_ns == 0, "{:?}", s.plan);
+}

@@ -45,7 +45,7 @@ fn gaps(cpu: u32, woken: &[(u64, u64)], other: &[(u64, u64)]) -> VcpuGaps {
 }
 
 fn input(g: &VcpuGaps) -> VcpuInput<'_> {
-    VcpuInput { gaps: g, observed_ns: SEC, budget: DEFAULT_BUDGET }
+    VcpuInput { gaps: g, observed_ns: SEC, budget: DEFAULT_BUDGET, idle_share: None }
 }
 
 const HALTPOLL: Means = Means { poll_window: true, poll_always: true, yielders: true };
