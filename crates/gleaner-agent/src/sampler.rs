@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use gleaner_os::cpuset::CpuSet;
-use gleaner_os::procfs::{Procfs, SchedstatFile, StatFile, StatusFile};
+use gleaner_os::procfs::{ticks_to_ns, Procfs, SchedstatFile, StatFile, StatusFile};
 use gleaner_os::sysfs::Sysfs;
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 use gleaner_policy::guest::VcpuIdle;
@@ -214,7 +214,7 @@ impl Sampler {
         let mut tick_ns = 0;
         let mut steal_delta: BTreeMap<u32, u64> = BTreeMap::new();
         if let Some(Ok(stat)) = stat {
-            tick_ns = 1_000_000_000 / stat.clk_tck.max(1);
+            tick_ns = ticks_to_ns(1, stat.clk_tck);
             for (&cpu, t) in &stat.cpus {
                 let ns = t.busy_ns(stat.clk_tck);
                 let prev = self.cpu_busy_ns.insert(cpu, ns).unwrap_or(ns);

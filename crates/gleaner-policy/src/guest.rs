@@ -164,6 +164,32 @@ const MIN_RATE_CHANGE: f64 = 100.0;
 /// by wakeup (latency), and a probe of "off" under a server costs its halted wakeups.
 pub const PROBE_SHARE: f64 = 0.25;
 
+/// A share smoothed over periods, each weighed by its length and the older halved each period:
+/// a short period (the first, a probe) counts for less. `sysbench threads` left its first 50 ms
+/// (start-up) half idle and no idle time after: counted as a full period, its start kept it
+/// polling for 5 periods, a second. A first reading weighs as two of its periods (full periods
+/// then halve the older, as the idle periods are smoothed).
+#[derive(Debug, Clone, Copy, Default)]
+struct Smoothed {
+    value: f64,
+    /// The time `value` stands for, ns.
+    weight: f64,
+}
+
+impl Smoothed {
+    /// `prev` with a period of `period_ns` at `x` folded in.
+    fn fold(prev: Option<Self>, x: f64, period_ns: u64) -> Self {
+        let p = period_ns as f64;
+        match prev {
+            None => Self { value: x, weight: 2.0 * p },
+            Some(s) => {
+                let w = s.weight / 2.0;
+                Self { value: (s.value * w + x * p) / (w + p), weight: w + p }
+            }
+        }
+    }
+}
+
 /// The smoothed idle periods of one vCPU and the time they stand for.
 #[derive(Debug, Clone, Default)]
 struct Seen {
@@ -173,9 +199,9 @@ struct Seen {
     budget_scale: f64,
     /// Multiplier of the budget after the host took the vCPU away while it retained (1: none).
     steal_scale: f64,
-    /// Share of its time the workload left it idle, measured (not traced), smoothed like the
-    /// gaps; `None` before a reading had it.
-    idle_share: Option<f64>,
+    /// Share of its time the workload left it idle, measured (not traced), smoothed; `None`
+    /// before a reading had it.
+    idle_share: Option<Smoothed>,
 }
 
 /// The guest loop's state machine (module documentation).
@@ -203,10 +229,8 @@ pub struct GuestController {
     /// How many vCPUs the workload had last period.
     last_active: usize,
     /// Share of the managed vCPUs' time (steal excepted) the workload left idle (yielders' time
-    /// counted idle), smoothed like the idle periods; `None` before the first reading with idle times.
-    idle_share: Option<f64>,
-    /// The time `idle_share` stands for, ns, halved each period.
-    idle_share_weight: f64,
+    /// counted idle), smoothed; `None` before the first reading with idle times.
+    idle_share: Option<Smoothed>,
     /// How long the workload has been quiet (under [`QUIET_RATE`] sync points a second), ns,
     /// in the periods up to the last one; 0 once it is not.
     quiet_ns: u64,
@@ -316,7 +340,6 @@ impl GuestController {
             last_rate: 0.0,
             last_active: 0,
             idle_share: None,
-            idle_share_weight: 0.0,
             quiet_ns: 0,
         }
     }
@@ -360,22 +383,19 @@ impl GuestController {
         self.governor.as_ref().is_some_and(RetentionGovernor::probing)
     }
 
-    /// Whether the coming period should be traced whatever the tracer's own cadence: the
-    /// governor compares it with its neighbours by latency (the period before a probe, the
-    /// probe, and the one after it); the plan has not seen enough of the workload yet; or the
-    /// workload's rate of sync points has changed twofold since the last traced period (a
-    /// server that only now gets requests: a sockperf ping-pong started half a second after
-    /// its agent ran at stock latency for a second, until the tracer's next turn).
-    pub fn wants_trace(&self) -> bool {
-        self.trace_need() == TraceNeed::Now
-    }
-
-    /// Whether the coming period should be traced: now ([`Self::wants_trace`]), at the
-    /// tracer's own cadence, or not at all while the workload leaves too little idle time for
-    /// any mechanism the machine offers ([`Self::plan_forced`]): every vCPU halts whatever
-    /// its idle periods, so tracing them buys nothing and costs the workload most (`sysbench
-    /// threads`, 8 threads on 2 vCPUs: 1.8 million switches a second, 105 ns of the programs'
-    /// time each, 9.7% of the VM while attached).
+    /// Whether the coming period should be traced:
+    /// - now, whatever the tracer's own cadence: the governor compares it with its neighbours
+    ///   by latency (the period before a probe, the probe, and the one after it); the plan has
+    ///   not seen enough of the workload yet; or the workload's rate of sync points has
+    ///   changed twofold since the last traced period (a server that only now gets requests:
+    ///   a sockperf ping-pong started half a second after its agent ran at stock latency for a
+    ///   second, until the tracer's next turn);
+    /// - not at all while the workload leaves too little idle time for any mechanism the
+    ///   machine offers ([`Self::plan_forced`]): every vCPU halts whatever its idle periods,
+    ///   so tracing them buys nothing and costs the workload most (`sysbench threads`, 8
+    ///   threads on 2 vCPUs: 1.8 million switches a second, 105 ns of the programs' time
+    ///   each, 9.7% of the VM while attached);
+    /// - otherwise at the tracer's own cadence.
     pub fn trace_need(&self) -> TraceNeed {
         use crate::retention::Phase;
         if self.plan_forced() {
@@ -553,40 +573,27 @@ impl GuestController {
             crate::idle::Mechanism::Yield => SATURATED_YIELD_IDLE_SHARE,
             crate::idle::Mechanism::Halt => return false,
         };
-        self.idle_share.is_some_and(|s| s < limit)
+        self.idle_share.is_some_and(|s| s.value < limit)
     }
 
-    /// Folds the period's idle share into the smoothed one (halves the older, like the idle
-    /// periods).
+    /// Folds the period's idle share, the VM's and each vCPU's, into the smoothed ones
+    /// ([`Smoothed`]).
     fn observe_idle_share(&mut self, r: &GuestReading, period_ns: u64) {
-        let seen: Vec<&VcpuIdle> = r.idle.iter().filter(|v| self.cfg.cpus.contains(&v.cpu)).collect();
+        // Of the time a vCPU had: steal (the host ran something else) is neither the
+        // workload's nor idle; the yielders' time is the workload's idle time.
+        let free_had = |v: &VcpuIdle| (v.idle_ns.saturating_add(v.yield_ns), period_ns.saturating_sub(v.steal_ns));
+        let share = |(free, had): (u64, u64)| (free as f64 / had.max(1) as f64).min(1.0);
+        let seen: Vec<(u32, (u64, u64))> = r.idle.iter().filter(|v| self.cfg.cpus.contains(&v.cpu)).map(|v| (v.cpu, free_had(v))).collect();
         if seen.is_empty() {
             return;
         }
-        // Of the time the vCPUs had: steal (the host ran something else) is neither the
-        // workload's nor idle.
-        let free: u64 = seen.iter().map(|v| v.idle_ns.saturating_add(v.yield_ns)).sum();
-        let had: u64 = seen.iter().map(|v| period_ns.saturating_sub(v.steal_ns)).sum();
-        let share = (free as f64 / had.max(1) as f64).min(1.0);
         for s in &mut self.seen {
-            if let Some(v) = seen.iter().find(|v| v.cpu == s.gaps.cpu) {
-                let had = period_ns.saturating_sub(v.steal_ns).max(1);
-                let own = (v.idle_ns.saturating_add(v.yield_ns) as f64 / had as f64).min(1.0);
-                s.idle_share = Some(s.idle_share.map_or(own, |o| (o + own) / 2.0));
+            if let Some(&(_, fh)) = seen.iter().find(|(cpu, _)| *cpu == s.gaps.cpu) {
+                s.idle_share = Some(Smoothed::fold(s.idle_share, share(fh), period_ns));
             }
         }
-        // Weighed by the periods' lengths, the older halved each period: a short period (the
-        // first, a probe) counts for less. `sysbench threads` left its first 50 ms (start-up)
-        // half idle and no idle time after: counted as a full period, its start kept it
-        // polling for 5 periods, a second.
-        // (A first reading weighs as two of its periods: full periods halve the older.)
-        let p = period_ns as f64;
-        let (s, w) = self.idle_share.map_or((share, 2.0 * p), |s| {
-            let w = self.idle_share_weight / 2.0;
-            ((s * w + share * p) / (w + p), w + p)
-        });
-        self.idle_share = Some(s);
-        self.idle_share_weight = w;
+        let total = seen.iter().fold((0, 0), |(f, h), (_, (free, had))| (f + free, h + had));
+        self.idle_share = Some(Smoothed::fold(self.idle_share, share(total), period_ns));
     }
 
     /// Tightens the budget of a vCPU whose polling or yielding took more than its budget in
@@ -629,7 +636,7 @@ impl GuestController {
                 gaps: &s.gaps,
                 observed_ns: s.observed_ns,
                 budget: self.cfg.plan.budget * s.scale(),
-                idle_share: s.idle_share,
+                idle_share: s.idle_share.map(|x| x.value),
             })
             .collect();
         if inputs.is_empty() {
