@@ -182,6 +182,48 @@ fn kernel_polling_is_planned_from_traced_wakeups_and_put_back() {
     assert_idle_knobs_as(&knobs);
 }
 
+/// The tracer's exit record of `gleaner run --events F -- gleaner bench workload ARGS`.
+fn traced_run(args: &[&str]) -> serde_json::Value {
+    let knobs = idle_knobs();
+    let run_dir = tempfile::tempdir().unwrap();
+    let events = run_dir.path().join("events.jsonl");
+    let out = gleaner()
+        .args(["run", "--period-ms", "50", "--events"])
+        .arg(&events)
+        .arg("--run-dir")
+        .arg(run_dir.path().join("run"))
+        .args(["--", env!("CARGO_BIN_EXE_gleaner"), "bench", "workload"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&events).unwrap();
+    let exit =
+        text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).find(|l| l["event"] == "exit").expect("an exit line");
+    assert_no_leftovers(&run_dir.path().join("run"));
+    assert_idle_knobs_as(&knobs);
+    exit["tracer"].clone()
+}
+
+/// Attaching or detaching a tracepoint patches kernel text and stops every CPU: a light
+/// workload's tracer is attached once and paused between its slices; a workload that switches
+/// so often that even paused programs cost more than their bound gets them detached.
+#[test]
+#[serial(host)]
+fn the_tracer_stays_attached_paused_unless_that_costs_too_much() {
+    require_root_and_cpuset();
+    let light = traced_run(&["openloop", "--rate", "500", "--duration-ms", "2500"]);
+    assert!(light["traced_periods"].as_u64().unwrap() >= 3, "{light}");
+    assert_eq!(light["attaches"], 1, "a light workload's tracer was attached again: {light}");
+    assert_eq!(light["resident"], true, "{light}");
+    let storm = traced_run(&["pingpong", "--think-us", "0", "--duration-ms", "2500"]);
+    let traced = storm["traced_periods"].as_u64().unwrap();
+    assert!(traced >= 4, "{storm}");
+    assert!(storm["cost_detaches"].as_u64().unwrap() >= 1, "a switch storm's paused programs cost more than their bound: {storm}");
+    // Detached at (nearly) every slice's end since.
+    assert!(storm["attaches"].as_u64().unwrap() * 2 >= traced, "{storm}");
+}
+
 #[test]
 #[serial(host)]
 fn status_reports_a_running_agent() {

@@ -93,6 +93,26 @@ pub struct EventRecord {
     /// Each vCPU's budget after the period (`period` events with an idle policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Vec<(u32, f64)>>,
+    /// What the eBPF tracer cost and did over the run (`exit` events, when it ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracer: Option<TracerUse>,
+}
+
+/// What the eBPF tracer cost and did over a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TracerUse {
+    /// Its programs' run time, ns (counting and paused; `BPF_ENABLE_STATS`).
+    pub cpu_ns: u64,
+    /// Periods traced.
+    pub traced_periods: u64,
+    /// Times its programs were attached to their tracepoints (each attach and detach patches
+    /// kernel text): 1 when they stayed attached, paused between slices, all run.
+    pub attaches: u64,
+    /// Times the paused programs were detached because they cost more than their bound
+    /// (a workload that switches very often).
+    pub cost_detaches: u64,
+    /// Pausing between slices (rather than detaching) when the run ended.
+    pub resident: bool,
 }
 
 impl EventRecord {
@@ -116,6 +136,7 @@ impl EventRecord {
             plan: None,
             poll_ns: None,
             budget: None,
+            tracer: None,
         }
     }
 

@@ -5,6 +5,8 @@
 //! `cargo run -p gleaner-os --release --example wake_trace -- [SECONDS] [--ping-pong]` (root).
 //! `--ping-pong` runs a light load meanwhile: two threads on the first and last online CPU
 //! hand a token back and forth through a Mutex + Condvar, pausing 200 us between hand-overs.
+//! `--paused` attaches the programs but pauses them at once (what they cost between the
+//! agent's slices; `scripts/bench/tracer-cost.sh` compares that with detached and counting).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -69,6 +71,10 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let seconds: f64 = args.iter().find(|a| !a.starts_with("--")).map_or(Ok(3.0), |s| s.parse()).context("SECONDS must be a number")?;
     let with_load = args.iter().any(|a| a == "--ping-pong");
+    let paused = args.iter().any(|a| a == "--paused");
+    if let Some(bad) = args.iter().find(|a| a.starts_with("--") && !matches!(a.as_str(), "--ping-pong" | "--paused")) {
+        anyhow::bail!("unknown option {bad}: allowed are SECONDS, --ping-pong, --paused");
+    }
 
     let sysfs = Sysfs::new();
     let cfg = TracerConfig::detect(&sysfs)?;
@@ -87,8 +93,13 @@ fn main() -> anyhow::Result<()> {
     let (trace0, stats0) = (tracer.read()?, tracer.prog_stats());
     let each0 = tracer.prog_stats_each();
     tracer.attach()?;
+    if paused {
+        tracer.pause();
+    }
+    let t1 = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(seconds));
     tracer.detach();
+    let wall_s = t1.elapsed().as_secs_f64();
     let trace = tracer.read()?.delta_since(&trace0);
     let each = tracer.prog_stats_each();
     let stats = tracer.prog_stats();
@@ -97,7 +108,8 @@ fn main() -> anyhow::Result<()> {
 
     let traced_s = trace.traced_ns as f64 / 1e9;
     println!(
-        "traced {traced_s:.2} s on CPUs {} (POLL state {:?}), tracer loaded in {load_ms:.1} ms{}",
+        "{} {wall_s:.2} s, counted {traced_s:.2} s on CPUs {} (POLL state {:?}), tracer loaded in {load_ms:.1} ms{}",
+        if paused { "attached, paused," } else { "attached" },
         cfg.cpus,
         cfg.poll_state,
         handovers.map(|n| format!(", ping-pong hand-overs {n}")).unwrap_or_default()
@@ -118,14 +130,14 @@ fn main() -> anyhow::Result<()> {
         println!("  {i:>2} {c:>7} {:>10.2}", sum as f64 / c as f64 / 1e3);
     }
 
-    println!("\nprogram cost while attached (BPF_ENABLE_STATS):");
+    println!("\nprogram cost while attached{} (BPF_ENABLE_STATS):", if paused { " and paused" } else { "" });
     for ((name, after), (_, before)) in each.iter().zip(&each0) {
         if let (Some(a), Some(b)) = (after, before) {
             let d = a.delta_since(b);
             println!(
                 "  {name:<16} {:>8} runs {:>9.0} /s {:>7.1} ns/run  recursion misses {}",
                 d.run_cnt,
-                d.run_cnt as f64 / traced_s,
+                d.run_cnt as f64 / wall_s,
                 d.ns_per_run().unwrap_or(0.0),
                 d.recursion_misses
             );
@@ -133,12 +145,12 @@ fn main() -> anyhow::Result<()> {
     }
     if let (Some(a), Some(b)) = (stats, stats0) {
         let d = a.delta_since(&b);
-        let share = d.run_time_ns as f64 / (trace.traced_ns as f64 * cfg.cpus.len() as f64) * 100.0;
+        let share = d.run_time_ns as f64 / (wall_s * 1e9 * cfg.cpus.len() as f64) * 100.0;
         println!(
             "  {:<16} {:>8} runs {:>9.0} /s {:>7.1} ns/run  = {share:.3}% of {} CPUs",
             "total",
             d.run_cnt,
-            d.run_cnt as f64 / traced_s,
+            d.run_cnt as f64 / wall_s,
             d.ns_per_run().unwrap_or(0.0),
             cfg.cpus.len()
         );

@@ -458,13 +458,14 @@ impl Session {
             let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
             log.write(&EventRecord {
                 agent_cpu_ns: self_cpu_ns(),
+                tracer: tracing.usage(),
                 ..EventRecord::new(t_ms, EventKind::Exit, CpuSet::from_iter(guest.active()).to_string(), guest.metrics())
             })?;
         }
+        let used = tracing.usage();
         tracing.stop();
-        let (cost, traced) = tracing.cost();
-        outcome.tracer_cpu_ns = tracing.note().is_none().then_some(cost);
-        outcome.traced_periods = traced;
+        outcome.tracer_cpu_ns = used.map(|u| u.cpu_ns);
+        outcome.traced_periods = used.map_or(0, |u| u.traced_periods);
         Ok(outcome)
     }
 

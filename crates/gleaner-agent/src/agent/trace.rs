@@ -5,29 +5,36 @@
 //! Two costs bound how it runs. The programs sit in the scheduler's path (0.1-0.5 us per
 //! event here): a ping-pong traced all the time ran 20% slower. And attaching or detaching a
 //! raw tracepoint patches kernel text, which interrupts every CPU (`smp_text_poke`): doing it
-//! every period took a third of the agent's CPU and showed in the workload's tail latency. So
-//! a traced period is one in [`EVERY`] (the planner keeps its smoothed idle periods between
-//! them) plus the ones the governor compares (the periods around a probe), and of each only
-//! the first `slice`, sized from the programs' measured cost:
+//! every period took a third of the agent's CPU, and doing it at each slice put a latency
+//! server's p99 at 2-6x of untraced (sockperf under load: 157 us against 26). So a traced
+//! period is one in [`EVERY`] (the planner keeps its smoothed idle periods between them) plus
+//! the ones the governor compares (the periods around a probe), and of each only the first
+//! `slice`, sized from the programs' measured cost; between slices the programs stay attached
+//! but paused (their epoch 0: they return at their first test) while that costs at most
+//! [`RESIDENT_SHARE`] of a vCPU, and are detached otherwise (a workload switching so often
+//! that even a paused program's lookup per event counts):
 //!
 //! ```text
 //!  start       load (root; verifier) + BPF run-time statistics on (kept on: toggling them
 //!              patches kernel text too)
 //!  arm_next    traced next period if the guest loop needs it now (the governor compares it,
 //!              the workload is new or changed its rate) or it is the EVERY-th, never while
-//!              the plan is forced (a saturated VM halts whatever a trace shows): the managed
-//!              processes refreshed (the cgroup's, or the command's tree), attach
-//!  slice       how long to stay attached: COST_SHARE x period x EVERY x SANDWICH / cost
-//!              while attached (MIN_SLICE .. the period)
-//!  end_slice   detach
+//!              the plan is forced (a saturated VM halts whatever a trace shows: detached
+//!              then): the managed processes refreshed (the cgroup's, or the command's
+//!              tree), attach (or resume, when paused)
+//!  slice       how long to count: (COST_SHARE - paused cost) x period x EVERY / (1 +
+//!              SANDWICH) / cost while counting (MIN_SLICE .. the period)
+//!  end_slice   pause (resident) or detach
 //!  read_period read (cumulative) - last read = the slice's trace; the programs' run time
 //!              over it sets the next slices
+//!  each period the paused programs' cost over it: above RESIDENT_SHARE, detach, and detach
+//!              at each slice's end for the next RETRY_SLICES slices
 //! ```
 //!
 //! Where the tracer cannot run (not root, BPF unavailable, a verifier refusal) the note says
 //! why, and the guest loop estimates idle periods from cpuidle counters instead.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gleaner_os::bpf::{ProgStats, StatsGuard, TracerConfig, WakeTracer};
 use gleaner_os::cpuset::CpuSet;
@@ -36,6 +43,7 @@ use gleaner_policy::guest::TraceNeed;
 use gleaner_policy::idle::WakeTrace;
 
 use crate::config::AgentConfig;
+use crate::status::TracerUse;
 
 /// The tracer's cost, about, as a share of one vCPU.
 pub const COST_SHARE: f64 = 0.005;
@@ -46,6 +54,14 @@ pub const EVERY: u64 = 5;
 const SANDWICH: f64 = 3.5;
 /// The shortest slice traced.
 pub const MIN_SLICE: Duration = Duration::from_millis(5);
+/// The most the programs may cost while paused between slices, as a share of one vCPU, for
+/// them to stay attached; it comes out of [`COST_SHARE`], so the slices shorten.
+pub const RESIDENT_SHARE: f64 = COST_SHARE / 2.0;
+
+/// `ns` of CPU over `wall`, as a share of one vCPU.
+fn share_of(ns: u64, wall: Duration) -> f64 {
+    ns as f64 / wall.as_nanos().max(1) as f64
+}
 
 /// The tracer of one run (module documentation).
 #[derive(Debug)]
@@ -55,16 +71,34 @@ pub struct Tracing {
     note: Option<String>,
     /// The cumulative trace at the last read.
     last: Option<WakeTrace>,
-    last_stats: Option<ProgStats>,
     /// The programs' cost while attached, as a share of one vCPU (`None` before measured).
     attached_share: Option<f64>,
     /// Periods since the tracer was armed for the planner.
     since: u64,
-    /// The programs' run time so far, ns.
-    cost_ns: u64,
     /// Periods traced.
     traced: u64,
+    /// Stay attached, paused, between slices (module documentation).
+    resident: bool,
+    /// The programs' statistics at load.
+    at_load: Option<ProgStats>,
+    /// ... when the slice began.
+    at_resume: Option<ProgStats>,
+    /// ... when the paused stretch began or was last measured, and when.
+    at_pause: Option<(Instant, ProgStats)>,
+    /// What the last slice cost.
+    slice_cost: Option<ProgStats>,
+    /// The paused programs' cost as a share of a vCPU (the last paused stretch's).
+    paused_share: f64,
+    /// Slices traced since the paused programs were last detached for their cost.
+    detached_slices: u64,
+    /// Times they were.
+    cost_detaches: u64,
 }
+
+/// Detached for their cost, the programs are paused again after this many slices, in case
+/// the workload calmed down: if not, they are detached at the next period's end instead of at
+/// the slice's end, no more attachments than detaching at once.
+const RETRY_SLICES: u64 = 8;
 
 impl Tracing {
     /// Loads the tracer and attaches it for the first period, or says why not (`cfg.trace`
@@ -75,11 +109,17 @@ impl Tracing {
             _stats: None,
             note: None,
             last: None,
-            last_stats: None,
             attached_share: None,
             since: 0,
-            cost_ns: 0,
             traced: 0,
+            resident: false,
+            at_load: None,
+            at_resume: None,
+            at_pause: None,
+            slice_cost: None,
+            paused_share: 0.0,
+            detached_slices: 0,
+            cost_detaches: 0,
         };
         if !cfg.retention {
             me.note = Some("retention off".into());
@@ -98,7 +138,10 @@ impl Tracing {
             Ok(t) => {
                 // Without statistics the slice stays at its shortest.
                 me._stats = WakeTracer::enable_stats().ok();
+                // Pausing instead of detaching only where its cost can be measured.
+                me.resident = me._stats.is_some();
                 me.last = t.read().ok();
+                me.at_load = t.prog_stats();
                 me.tracer = Some(t);
             }
             Err(e) => me.note = Some(format!("{e:#}")),
@@ -111,9 +154,20 @@ impl Tracing {
         self.note.as_deref()
     }
 
-    /// The programs' run time so far, ns, and the periods traced.
-    pub fn cost(&self) -> (u64, u64) {
-        (self.cost_ns, self.traced)
+    /// What the tracer cost and did so far (`None`: no tracer).
+    pub fn usage(&self) -> Option<TracerUse> {
+        let t = self.tracer.as_ref()?;
+        let cost = match (t.prog_stats(), self.at_load) {
+            (Some(s), Some(l)) => s.delta_since(&l).run_time_ns,
+            _ => 0,
+        };
+        Some(TracerUse {
+            cpu_ns: cost,
+            traced_periods: self.traced,
+            attaches: t.attaches(),
+            cost_detaches: self.cost_detaches,
+            resident: self.resident,
+        })
     }
 
     /// Follows `pids` (the workload's processes), or every task when there is no workload.
@@ -124,13 +178,15 @@ impl Tracing {
         }
     }
 
-    /// How long to stay attached in a period of `period` (zero: not traced this period).
+    /// How long to count in a period of `period` (zero: not traced this period).
     pub fn slice(&self, period: Duration) -> Duration {
-        if !self.tracer.as_ref().is_some_and(WakeTracer::attached) {
+        if !self.tracer.as_ref().is_some_and(WakeTracer::counting) {
             return Duration::ZERO;
         }
+        // What the paused programs cost comes out of the budget (at most half of it).
+        let budget = COST_SHARE - self.paused_share.min(RESIDENT_SHARE);
         let want = match self.attached_share {
-            Some(c) if c > 0.0 => period.mul_f64((COST_SHARE * EVERY as f64 / (1.0 + SANDWICH) / c).min(1.0)),
+            Some(c) if c > 0.0 => period.mul_f64((budget * EVERY as f64 / (1.0 + SANDWICH) / c).min(1.0)),
             Some(_) => period,
             None if self._stats.is_some() => MIN_SLICE.max(period / 10),
             None => MIN_SLICE,
@@ -138,18 +194,61 @@ impl Tracing {
         want.clamp(MIN_SLICE.min(period), period)
     }
 
-    /// The slice is over: detach until the next traced period.
+    /// The slice is over: pause (resident) or detach until the next traced period.
     pub fn end_slice(&mut self) {
-        if let Some(t) = &mut self.tracer {
+        let Some(t) = self.tracer.as_mut() else { return };
+        if !t.counting() {
+            return;
+        }
+        let s = t.prog_stats();
+        self.slice_cost = s.zip(self.at_resume).map(|(s, r)| s.delta_since(&r));
+        if self.resident {
+            t.pause();
+            self.at_pause = s.map(|s| (Instant::now(), s));
+        } else {
             t.detach();
+            self.at_pause = None;
+        }
+    }
+
+    /// Measures what the paused programs cost since the last measure; detaches them, and
+    /// stops pausing, when that is above [`RESIDENT_SHARE`].
+    fn check_paused(&mut self) {
+        let Some(t) = self.tracer.as_mut() else { return };
+        if !t.attached() || t.counting() {
+            return;
+        }
+        let (Some((at, before)), Some(now)) = (self.at_pause, t.prog_stats()) else { return };
+        let wall = at.elapsed();
+        if wall < MIN_SLICE {
+            return; // too short a stretch to judge a rate by: it goes on
+        }
+        self.at_pause = Some((Instant::now(), now));
+        let d = now.delta_since(&before);
+        let share = share_of(d.run_time_ns, wall);
+        self.paused_share = share;
+        if share > RESIDENT_SHARE {
+            tracing::debug!(
+                share,
+                wall_us = u64::try_from(wall.as_micros()).unwrap_or(u64::MAX),
+                runs = d.run_cnt,
+                ns = d.run_time_ns,
+                "tracer: paused programs cost too much; detaching between slices"
+            );
+            self.resident = false;
+            self.paused_share = 0.0;
+            self.detached_slices = 0;
+            self.cost_detaches += 1;
+            t.detach();
+            self.at_pause = None;
         }
     }
 
     /// The period's trace (the slice traced in it, if one was), and the programs' cost over
     /// it, which sizes the next slices.
     pub fn read_period(&mut self) -> Option<WakeTrace> {
+        self.end_slice();
         let t = self.tracer.as_mut()?;
-        t.detach();
         let now = t.read().ok()?;
         let delta = match &self.last {
             Some(l) => now.delta_since(l),
@@ -160,10 +259,13 @@ impl Tracing {
             return None;
         }
         self.traced += 1;
-        if let (Some(s), Some(l)) = (t.prog_stats(), self.last_stats) {
-            let d = s.delta_since(&l).run_time_ns;
-            self.cost_ns += d;
-            self.attached_share = Some(d as f64 / delta.traced_ns as f64);
+        if let Some(c) = self.slice_cost.take() {
+            let traced_ns = delta.traced_ns as f64;
+            self.attached_share = Some(c.run_time_ns as f64 / traced_ns);
+            if !self.resident && self._stats.is_some() {
+                self.detached_slices += 1;
+                self.resident = self.detached_slices >= RETRY_SLICES;
+            }
         }
         Some(delta)
     }
@@ -172,10 +274,19 @@ impl Tracing {
     /// cadence (one period in [`EVERY`]), not at all when it says the plan does not depend on
     /// a trace; the managed processes are refreshed before attaching.
     pub fn arm_next(&mut self, pids: &[i32], workload: bool, need: TraceNeed) {
+        self.check_paused();
         let Some(t) = self.tracer.as_mut() else { return };
         self.since += 1;
         match need {
-            TraceNeed::Skip => return,
+            // A saturated VM: the paused programs would run at its (high) switch rate for
+            // nothing.
+            TraceNeed::Skip => {
+                if !t.counting() && t.attached() {
+                    t.detach();
+                    self.at_pause = None;
+                }
+                return;
+            }
             TraceNeed::Cadence if self.since < EVERY => return,
             TraceNeed::Cadence => self.since = 0,
             TraceNeed::Now => {}
@@ -184,7 +295,7 @@ impl Tracing {
         if let Err(e) = t.attach() {
             tracing::warn!("tracer: attach: {e:#}");
         }
-        self.last_stats = t.prog_stats();
+        self.at_resume = t.prog_stats();
     }
 
     /// Detaches (the programs and maps go with the tracer).
@@ -192,5 +303,16 @@ impl Tracing {
         if let Some(t) = &mut self.tracer {
             t.detach();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_paused_program_s_share_is_its_run_time_over_the_wall_time() {
+        assert!((share_of(5_000_000, Duration::from_secs(1)) - 0.005).abs() < 1e-12);
+        assert!(share_of(1, Duration::ZERO).is_finite());
     }
 }

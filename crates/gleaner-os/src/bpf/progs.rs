@@ -2,7 +2,9 @@
 //! layouts of the maps they share with user space.
 //!
 //! ```text
-//!  sched_waking(p)             wake[p] = { now, this CPU }
+//!  every program first         cfg.epoch == 0 (paused): return at once; a per-CPU state or
+//!                              a wakeup of another epoch is stale: reset, or ignored
+//!  sched_waking(p)             wake[p] = { now, this CPU, epoch }
 //!  cpu_idle(state, cpu)        cpu.idle_state = state + 1           (exit event ignored)
 //!  sched_switch(preempt, prev, next, prev_state)   on CPU c, current = prev:
 //!   1. commit   cpu.pend_task == prev (the task switched in last time, current now, so its
@@ -24,6 +26,13 @@
 //!
 //! Every map index is bounds-checked by the kernel's lookup helper (out of range gives NULL,
 //! which the programs test before any access).
+//!
+//! The epoch lets the programs stay attached while the tracer pauses: attaching or detaching
+//! a raw tracepoint patches kernel text, which stops every CPU, and showed in a latency
+//! server's tail; writing the epoch is one map update. A paused program costs an array lookup
+//! per event. Each resume starts a new epoch, so what the programs kept from before the pause
+//! (a CPU's last switch, a wakeup whose switch-in was not seen) is never paired with what
+//! they see after it.
 
 use gleaner_policy::idle::hist::BUCKETS;
 
@@ -45,7 +54,9 @@ pub mod cpu_state {
     pub const PEND_FLAGS: i16 = 36;
     /// Last cpuidle state entered + 1 since the last switch (0: none).
     pub const IDLE_STATE: i16 = 40;
-    pub const SIZE: u32 = 48;
+    /// The epoch the fields above belong to (another: they are stale, read as zeros).
+    pub const EPOCH: i16 = 48;
+    pub const SIZE: u32 = 56;
 
     /// The previous task was the idle task.
     pub const FLAG_PREV_IDLE: i32 = 1;
@@ -59,6 +70,17 @@ pub mod cpu_state {
 pub mod wake {
     pub const TS: i16 = 0;
     pub const CPU: i16 = 8;
+    /// The epoch it was recorded in (another: stale, dropped).
+    pub const EPOCH: i16 = 16;
+    pub const SIZE: u32 = 24;
+}
+
+/// The configuration (`gl_cfg`, an array of one element): byte offsets.
+pub mod cfg {
+    /// Count every task's wakeups, managed or not (non-zero).
+    pub const TRACK_ALL: i16 = 0;
+    /// The current epoch; 0: paused.
+    pub const EPOCH: i16 = 8;
     pub const SIZE: u32 = 16;
 }
 
@@ -101,6 +123,7 @@ const NBUCKETS: i32 = BUCKETS as i32;
 const KEY32: i16 = -4;
 const KEY64: i16 = -16;
 const CPU: i16 = -24;
+const EPOCH_SLOT: i16 = -32;
 
 /// The maps the programs reference, by fd.
 #[derive(Debug, Clone, Copy)]
@@ -176,11 +199,39 @@ fn emit_return_zero(a: &mut Asm) {
     a.emit(&[insn::mov64_imm(R0, 0), insn::exit()]);
 }
 
+/// `dst = cfg.epoch`, or return (to `out`) when it is 0: paused. Clobbers R0-R5.
+fn emit_epoch_or_out(a: &mut Asm, m: &MapFds, dst: Reg, out: Label) {
+    a.emit(&[insn::st_imm(op::W, R10, KEY32, 0)]);
+    emit_map_call(a, m.cfg, KEY32, helper::MAP_LOOKUP_ELEM);
+    a.jmp_imm(op::JEQ, R0, 0, out);
+    a.emit(&[insn::ldx(op::DW, dst, R0, cfg::EPOCH)]);
+    a.jmp_imm(op::JEQ, dst, 0, out);
+}
+
+/// The per-CPU state at `state` belongs to `epoch`: if it was written in another, its fields
+/// are zeroed (nothing seen yet in this epoch). `tmp` is clobbered.
+fn emit_fresh_cpu_state(a: &mut Asm, state: Reg, epoch: Reg, tmp: Reg) {
+    let fresh = a.label();
+    a.emit(&[insn::ldx(op::DW, tmp, state, cpu_state::EPOCH)]);
+    a.jmp_reg(op::JEQ, tmp, epoch, fresh);
+    let mut off = 0;
+    while off < cpu_state::EPOCH {
+        a.emit(&[insn::st_imm(op::DW, state, off, 0)]);
+        off += 8;
+    }
+    a.emit(&[insn::stx(op::DW, state, epoch, cpu_state::EPOCH)]);
+    a.bind(fresh);
+}
+
 /// `sched_waking(struct task_struct *p)`: remember when `p` was woken, and from which CPU.
 pub fn sched_waking(m: &MapFds) -> Result<Vec<Insn>, AsmError> {
     let mut a = Asm::new();
-    let value = KEY64 - 16; // {ts, cpu} below the key
-    a.emit(&[insn::ldx(op::DW, R6, R1, 0), insn::stx(op::DW, R10, R6, KEY64), insn::call(helper::KTIME_GET_NS)]);
+    let out = a.label();
+    const _: () = assert!(wake::SIZE == 24);
+    let value = KEY64 - 24; // {ts, cpu, epoch} below the key
+    a.emit(&[insn::ldx(op::DW, R6, R1, 0)]);
+    emit_epoch_or_out(&mut a, m, R7, out);
+    a.emit(&[insn::stx(op::DW, R10, R6, KEY64), insn::stx(op::DW, R10, R7, value + wake::EPOCH), insn::call(helper::KTIME_GET_NS)]);
     a.emit(&[insn::stx(op::DW, R10, R0, value + wake::TS), insn::call(helper::GET_SMP_PROCESSOR_ID)]);
     a.emit(&[insn::stx(op::DW, R10, R0, value + wake::CPU)]);
     a.emit(&insn::ld_map_fd(R1, m.wake));
@@ -192,6 +243,7 @@ pub fn sched_waking(m: &MapFds) -> Result<Vec<Insn>, AsmError> {
         insn::mov64_imm(R4, 0), // BPF_ANY
         insn::call(helper::MAP_UPDATE_ELEM),
     ]);
+    a.bind(out);
     emit_return_zero(&mut a);
     a.finish()
 }
@@ -204,9 +256,11 @@ pub fn cpu_idle(m: &MapFds) -> Result<Vec<Insn>, AsmError> {
     // state + 1 in 32 bits: the exit event (u32::MAX) wraps to 0.
     a.emit(&[insn::ldx(op::DW, R6, R1, 0), insn::alu32_imm(op::ADD, R6, 1)]);
     a.jmp_imm(op::JEQ, R6, 0, out);
+    emit_epoch_or_out(&mut a, m, R7, out);
     a.emit(&[insn::st_imm(op::W, R10, KEY32, 0)]);
     emit_map_call(&mut a, m.cpu, KEY32, helper::MAP_LOOKUP_ELEM);
     a.jmp_imm(op::JEQ, R0, 0, out);
+    emit_fresh_cpu_state(&mut a, R0, R7, R1);
     a.emit(&[insn::stx(op::W, R0, R6, cpu_state::IDLE_STATE)]);
     a.bind(out);
     emit_return_zero(&mut a);
@@ -222,12 +276,16 @@ pub fn sched_switch(m: &MapFds, poll_state: Option<u32>) -> Result<Vec<Insn>, As
     let mut a = Asm::new();
     let out = a.label();
 
-    a.emit(&[insn::mov64_reg(R6, R1), insn::call(helper::KTIME_GET_NS), insn::mov64_reg(R7, R0)]);
+    a.emit(&[insn::mov64_reg(R6, R1)]);
+    emit_epoch_or_out(&mut a, m, R7, out);
+    a.emit(&[insn::stx(op::DW, R10, R7, EPOCH_SLOT), insn::call(helper::KTIME_GET_NS), insn::mov64_reg(R7, R0)]);
     a.emit(&[insn::call(helper::GET_SMP_PROCESSOR_ID), insn::stx(op::DW, R10, R0, CPU)]);
     a.emit(&[insn::st_imm(op::W, R10, KEY32, 0)]);
     emit_map_call(&mut a, m.cpu, KEY32, helper::MAP_LOOKUP_ELEM);
     a.jmp_imm(op::JEQ, R0, 0, out);
-    a.emit(&[insn::mov64_reg(R8, R0), insn::call(helper::GET_CURRENT_PID_TGID), insn::mov64_reg(R9, R0)]);
+    a.emit(&[insn::mov64_reg(R8, R0), insn::ldx(op::DW, R2, R10, EPOCH_SLOT)]);
+    emit_fresh_cpu_state(&mut a, R8, R2, R1);
+    a.emit(&[insn::call(helper::GET_CURRENT_PID_TGID), insn::mov64_reg(R9, R0)]);
 
     emit_commit(&mut a, m);
     emit_forget_prev(&mut a, m);
@@ -259,7 +317,7 @@ fn emit_commit(a: &mut Asm, m: &MapFds) {
     a.emit(&[insn::st_imm(op::W, R10, KEY32, 0)]);
     emit_map_call(a, m.cfg, KEY32, helper::MAP_LOOKUP_ELEM);
     a.jmp_imm(op::JEQ, R0, 0, check_set);
-    a.emit(&[insn::ldx(op::DW, R1, R0, 0)]);
+    a.emit(&[insn::ldx(op::DW, R1, R0, cfg::TRACK_ALL)]);
     a.jmp_imm(op::JNE, R1, 0, managed);
     a.bind(check_set);
     a.emit(&[insn::mov64_reg(R1, R9), insn::alu64_imm(op::RSH, R1, 32), insn::stx(op::W, R10, R1, KEY32)]);
@@ -365,10 +423,13 @@ fn emit_next_wakeup(a: &mut Asm, m: &MapFds, out: Label) {
     use cpu_state::*;
     let no_wake = a.label();
     let same_cpu = a.label();
+    let stale = a.label();
 
     a.emit(&[insn::ldx(op::DW, R1, R6, 16), insn::stx(op::DW, R10, R1, KEY64)]);
     emit_map_call(a, m.wake, KEY64, helper::MAP_LOOKUP_ELEM);
     a.jmp_imm(op::JEQ, R0, 0, no_wake);
+    a.emit(&[insn::ldx(op::DW, R1, R0, wake::EPOCH), insn::ldx(op::DW, R2, R10, EPOCH_SLOT)]);
+    a.jmp_reg(op::JNE, R1, R2, stale); // recorded before a pause
     a.emit(&[
         insn::ldx(op::DW, R1, R0, wake::TS),
         insn::ldx(op::DW, R2, R0, wake::CPU),
@@ -387,6 +448,8 @@ fn emit_next_wakeup(a: &mut Asm, m: &MapFds, out: Label) {
     a.emit(&[insn::ldx(op::DW, R1, R6, 16), insn::stx(op::DW, R8, R1, PEND_TASK)]);
     a.goto(out);
 
+    a.bind(stale);
+    emit_map_call(a, m.wake, KEY64, helper::MAP_DELETE_ELEM);
     a.bind(no_wake);
     a.emit(&[insn::ldx(op::W, R1, R8, PEND_FLAGS), insn::alu64_imm(op::AND, R1, FLAG_GAP)]);
     a.jmp_imm(op::JEQ, R1, 0, out);
@@ -415,8 +478,8 @@ mod tests {
     fn programs_assemble_and_reference_only_their_maps() {
         let m = fds();
         for (name, p, maps) in [
-            ("sched_waking", sched_waking(&m).unwrap(), vec![6]),
-            ("cpu_idle", cpu_idle(&m).unwrap(), vec![3]),
+            ("sched_waking", sched_waking(&m).unwrap(), vec![4, 6]),
+            ("cpu_idle", cpu_idle(&m).unwrap(), vec![3, 4]),
             ("sched_switch", sched_switch(&m, Some(0)).unwrap(), vec![3, 4, 5, 6, 7, 8]),
         ] {
             assert_eq!(p.last().map(|i| i.code), Some(op::JMP | op::EXIT), "{name} ends with exit");

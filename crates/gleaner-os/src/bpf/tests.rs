@@ -88,6 +88,7 @@ fn programs_follow_the_state_machine() {
     let cpus = Sysfs::new().online_cpus().unwrap();
     let (waker, target) = (cpus.first().unwrap(), cpus.last().unwrap());
     t.set_managed(&[me()]).unwrap();
+    t.set_counting(true).unwrap();
     const P: u64 = 0xffff_8880_0000_1000; // fake task pointers: only compared, never read
     const X: u64 = 0xffff_8880_0000_2000;
     const Y: u64 = 0xffff_8880_0000_3000;
@@ -146,6 +147,34 @@ fn programs_follow_the_state_machine() {
     // cpu_idle's exit event (u32::MAX) and a real state run without error.
     run(&t, target, "gl_cpu_idle", &[u64::from(u32::MAX), u64::from(target)]);
     run(&t, target, "gl_cpu_idle", &[1, u64::from(target)]);
+
+    // Paused: the programs run and count nothing, and traced time stands still.
+    t.set_managed(&[me()]).unwrap();
+    t.track_all(false).unwrap();
+    let before = t.read().unwrap();
+    wake_and_run(&t);
+    assert_eq!(t.read().unwrap().delta_since(&before).latency.all().count(), 1, "counting again");
+    t.set_counting(false).unwrap();
+    let paused = t.read().unwrap();
+    wake_and_run(&t);
+    let after = t.read().unwrap();
+    assert_eq!(after, paused, "counts or traced time grew while paused");
+
+    // A wakeup recorded before a pause is not paired with a switch-in after it (the task's
+    // switch-in while paused was not seen), nor is a CPU's last switch from before it.
+    let before = t.read().unwrap();
+    t.set_counting(true).unwrap();
+    run(&t, waker, "gl_sched_waking", &[P]);
+    run(&t, target, "gl_sched_switch", &[0, X, Y, SLEEPING]); // the target's last switch
+    t.set_counting(false).unwrap();
+    t.set_counting(true).unwrap();
+    run(&t, target, "gl_sched_switch", &[0, Y, P, SLEEPING]);
+    run(&t, target, "gl_sched_switch", &[0, P, X, SLEEPING]);
+    let d = t.read().unwrap().delta_since(&before);
+    assert_eq!(d.latency.all().count(), 0, "a wakeup from the epoch before the pause was counted: {d:?}");
+    // And the next epoch's own wakeup is.
+    wake_and_run(&t);
+    assert_eq!(t.read().unwrap().delta_since(&before).latency.all().count(), 1, "a wakeup of the new epoch");
 }
 
 /// Two threads of this process, pinned to two vCPUs, hand a token back and forth through a
@@ -360,7 +389,17 @@ fn real_ping_pong_is_traced() {
     let after = t.read().unwrap();
     assert_eq!(after, frozen, "counts and traced time grew while detached");
 
+    // Paused, still attached: nothing grows either.
+    t.attach().unwrap();
+    t.pause();
+    assert!(t.attached() && !t.counting());
+    let paused = t.read().unwrap();
+    ping_pong(pair, 50, Duration::from_micros(200));
+    let after = t.read().unwrap();
+    assert_eq!(after, paused, "counts and traced time grew while paused");
+
     // Attached again: it counts again, traced time resumes from where it was.
+    t.detach();
     t.attach().unwrap();
     ping_pong(pair, 20, Duration::from_micros(200));
     let again = t.read().unwrap();

@@ -138,9 +138,15 @@ pub struct WakeTracer {
     /// CPU ids the per-CPU histograms have room for (highest possible CPU + 1).
     cpu_ids: u32,
     managed: BTreeSet<u32>,
-    /// Attached time before the current attachment.
+    /// Every task counted, managed or not.
+    track_all: bool,
+    /// The current epoch (`progs::cfg::EPOCH`): 0 while paused, a new one at each resume.
+    epoch: u64,
+    /// Counting time before the current epoch.
     traced: Duration,
-    attached_at: Option<Instant>,
+    /// Times the programs were attached.
+    attaches: u64,
+    counting_since: Option<Instant>,
 }
 
 /// Why this process may not trace, from its effective capabilities (`None`: it may, or they
@@ -202,8 +208,11 @@ impl WakeTracer {
             cpus: cfg.cpus.clone(),
             cpu_ids,
             managed: BTreeSet::new(),
+            track_all: false,
+            epoch: 0,
             traced: Duration::ZERO,
-            attached_at: None,
+            attaches: 0,
+            counting_since: None,
         })
     }
 
@@ -223,7 +232,7 @@ impl WakeTracer {
             )?,
             cfg: create(
                 "BPF_MAP_CREATE gl_cfg",
-                MapSpec { map_type: map_type::ARRAY, key_size: 4, value_size: 8, max_entries: 1, name: "gl_cfg" },
+                MapSpec { map_type: map_type::ARRAY, key_size: 4, value_size: progs::cfg::SIZE, max_entries: 1, name: "gl_cfg" },
             )?,
             managed: create(
                 "BPF_MAP_CREATE gl_managed",
@@ -262,14 +271,41 @@ impl WakeTracer {
         })
     }
 
-    /// Attaches the programs to their raw tracepoints (nothing to do when attached). Per-CPU
-    /// state and pending wakeups left from an earlier attachment are cleared first: they
-    /// would describe events the tracer did not see.
+    /// Attaches the programs to their raw tracepoints (unless attached) and counts from now
+    /// on, in a new epoch: what the programs kept from before (a CPU's last switch, a wakeup
+    /// whose switch-in they did not see) describes events the tracer missed, and is dropped.
     pub fn attach(&mut self) -> Result<(), TraceError> {
-        if self.attached() {
+        if !self.attached() {
+            self.link()?;
+        }
+        self.resume()
+    }
+
+    /// Counts from now on, in a new epoch, attached or not (attached: [`attach`](Self::attach)).
+    fn resume(&mut self) -> Result<(), TraceError> {
+        if self.counting() {
             return Ok(());
         }
-        self.reset_state()?;
+        self.write_cfg(self.epoch.wrapping_add(1).max(1))?;
+        self.counting_since = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Stops counting but stays attached: the programs return at their first test, and
+    /// resuming ([`attach`](Self::attach)) patches no kernel text.
+    pub fn pause(&mut self) {
+        if let Err(e) = self.write_cfg(0) {
+            // The update of an array element we created cannot fail but for a lack of
+            // memory; then detaching stops the counting instead.
+            tracing::warn!("tracer: pausing: {e:#}; detaching instead");
+            self.links.clear();
+        }
+        if let Some(t) = self.counting_since.take() {
+            self.traced += t.elapsed();
+        }
+    }
+
+    fn link(&mut self) -> Result<(), TraceError> {
         let mut links = Vec::with_capacity(self.progs.len());
         for p in &self.progs {
             let link = sys::raw_tracepoint_open(p.tracepoint, p.fd.as_fd()).map_err(|e| match e.raw_os_error() {
@@ -288,29 +324,44 @@ impl WakeTracer {
             links.push(link);
         }
         self.links = links;
-        self.attached_at = Some(Instant::now());
+        self.attaches += 1;
         Ok(())
     }
 
-    /// Detaches the programs (closes the tracepoint fds); counters and the managed set stay.
-    pub fn detach(&mut self) {
-        self.links.clear();
-        if let Some(t) = self.attached_at.take() {
-            self.traced += t.elapsed();
-        }
+    /// Times the programs were attached since [`load`](Self::load).
+    #[must_use]
+    pub fn attaches(&self) -> u64 {
+        self.attaches
     }
 
-    /// True while the programs are attached.
+    /// Stops counting and detaches the programs (closes the tracepoint fds); counters and
+    /// the managed set stay.
+    pub fn detach(&mut self) {
+        self.pause();
+        self.links.clear();
+    }
+
+    /// True while the programs are attached (counting or paused).
     #[must_use]
     pub fn attached(&self) -> bool {
         !self.links.is_empty()
     }
 
-    fn reset_state(&self) -> Result<(), TraceError> {
-        let zeros = vec![0u8; self.maps.cpu.value_len()];
-        self.maps.cpu.update(&0u32.to_ne_bytes(), &zeros, sys::UPDATE_ANY).map_err(|e| sys_err("BPF_MAP_UPDATE_ELEM gl_cpu", e))?;
-        for k in self.maps.wake.keys().map_err(|e| sys_err("BPF_MAP_GET_NEXT_KEY gl_wake", e))? {
-            self.maps.wake.delete(&k).map_err(|e| sys_err("BPF_MAP_DELETE_ELEM gl_wake", e))?;
+    /// True while the programs count (attached and not paused).
+    #[must_use]
+    pub fn counting(&self) -> bool {
+        self.counting_since.is_some()
+    }
+
+    /// Writes the configuration element: `track_all` and `epoch` (0: paused).
+    fn write_cfg(&mut self, epoch: u64) -> Result<(), TraceError> {
+        let mut v = [0u8; progs::cfg::SIZE as usize];
+        let at = |off: i16| usize::try_from(off).unwrap_or(0);
+        v[at(progs::cfg::TRACK_ALL)..][..8].copy_from_slice(&u64::from(self.track_all).to_ne_bytes());
+        v[at(progs::cfg::EPOCH)..][..8].copy_from_slice(&epoch.to_ne_bytes());
+        self.maps.cfg.update(&0u32.to_ne_bytes(), &v, sys::UPDATE_ANY).map_err(|e| sys_err("BPF_MAP_UPDATE_ELEM gl_cfg", e))?;
+        if epoch != 0 {
+            self.epoch = epoch;
         }
         Ok(())
     }
@@ -343,16 +394,14 @@ impl WakeTracer {
 
     /// Counts every task's wakeups, managed or not (a daemon without targets).
     pub fn track_all(&mut self, all: bool) -> Result<(), TraceError> {
-        self.maps
-            .cfg
-            .update(&0u32.to_ne_bytes(), &u64::from(all).to_ne_bytes(), sys::UPDATE_ANY)
-            .map_err(|e| sys_err("BPF_MAP_UPDATE_ELEM gl_cfg", e))
+        self.track_all = all;
+        self.write_cfg(if self.counting() { self.epoch } else { 0 })
     }
 
-    /// Total time attached.
+    /// Total time counting.
     #[must_use]
     pub fn traced(&self) -> Duration {
-        self.traced + self.attached_at.map_or(Duration::ZERO, |t| t.elapsed())
+        self.traced + self.counting_since.map_or(Duration::ZERO, |t| t.elapsed())
     }
 
     /// Everything counted since [`load`](Self::load) (take differences of two reads for a
@@ -438,6 +487,17 @@ impl WakeTracer {
     #[cfg(test)]
     pub(crate) fn try_load(name: &'static str, insns: Vec<Insn>) -> Result<(), TraceError> {
         load_prog(c"sched_switch", name, Ok(insns)).map(|_| ())
+    }
+
+    /// Counts (a new epoch) or pauses without attaching, for [`test_run`](Self::test_run).
+    #[cfg(test)]
+    pub(crate) fn set_counting(&mut self, on: bool) -> Result<(), TraceError> {
+        if on {
+            self.resume()
+        } else {
+            self.pause();
+            Ok(())
+        }
     }
 
     /// Runs program `name` once on this CPU with `args` as its tracepoint arguments

@@ -261,7 +261,7 @@ fn the_periods_around_a_probe_want_a_trace() {
     let mut g = GuestController::new(c);
     let mut wanted = Vec::new();
     for _ in 0..12 {
-        wanted.push((g.trace_need() == TraceNeed::Now));
+        wanted.push(g.trace_need() == TraceNeed::Now);
         g.step(&server_period(0, 50_000));
     }
     // Nothing traced yet; then baseline x4 (the last one is "before"), probe, confirm; again.
