@@ -721,3 +721,58 @@ fn a_vcpu_idle_all_along_counts_as_idle_in_the_vm_share() {
     assert_eq!(s.plan.poll_always, vec![0]);
     assert!(s.plan.of(1).unwrap().mechanism != Mechanism::Poll || s.plan.poll_window_ns == 0, "{:?}", s.plan);
 }
+
+/// nginx with one wrk connection: a start-up period traced before the load came (a handful of
+/// long idle periods: nothing pays, every vCPU halts), then an untraced period at 25,000 sync
+/// points a second. Consolidation waits for the trace the new rate asks for instead of packing
+/// the workload under the stale plan; once traced, the plan polls and the busy workload keeps
+/// its vCPUs.
+#[test]
+fn consolidation_waits_for_a_trace_at_a_new_rate() {
+    let mut c = cfg(HALTPOLL);
+    c.consolidation = Some(Params::default());
+    c.governor = None;
+    let start_up = || {
+        let mut t = WakeTrace::empty(TraceSource::Bpf, [0, 1]);
+        t.traced_ns = PERIOD;
+        for cpu in 0..2 {
+            t.vcpus[cpu].woken.record_n(15_000_000, 10);
+        }
+        t.latency.halt.record_n(60_000, 20);
+        let mut snapshot = snapshot(20);
+        for v in &mut snapshot.vcpus {
+            v.t_work_ns = PERIOD / 100;
+            v.t_idle_ns = PERIOD * 99 / 100;
+        }
+        GuestReading { snapshot, idle: Vec::new(), trace: Some(t), caught: Vec::new() }
+    };
+    let loaded = |traced: bool| {
+        let mut r = server_period(0, 50_000);
+        r.snapshot.s_work = 5_000;
+        for v in &mut r.snapshot.vcpus {
+            v.t_work_ns = PERIOD * 4 / 10;
+            v.t_idle_ns = PERIOD * 6 / 10;
+        }
+        if !traced {
+            r.trace.as_mut().unwrap().traced_ns = 0;
+            r.trace = None;
+        }
+        r
+    };
+    let mut g = GuestController::new(c);
+    let first = g.step(&start_up());
+    assert!(!first.plan.vcpus.iter().any(|v| v.mechanism == Mechanism::Poll), "{:?}", first.plan);
+    let untraced = g.step(&loaded(false));
+    assert_eq!(untraced.active, vec![0, 1], "consolidated under a stale plan: {:?}", untraced.decisions);
+    assert_eq!(g.trace_need(), TraceNeed::Now);
+    for _ in 0..5 {
+        let s = g.step(&loaded(true));
+        assert_eq!(s.active, vec![0, 1], "{:?}", s.decisions);
+        assert!(s.plan.vcpus.iter().any(|v| v.mechanism == Mechanism::Poll), "{:?}", s.plan);
+    }
+    // What was held: the consolidation controller alone gives a vCPU up on the untraced
+    // period's readings.
+    let mut alone = Controller::new(vec![0, 1], Params::default());
+    let d = alone.step(&loaded(false).snapshot);
+    assert!(d.iter().any(|d| matches!(d, Decision::Deactivate { .. })), "{d:?}");
+}
