@@ -3,7 +3,9 @@
 per workload and policy the medians [min..max] of latency p50 and p99 (latency workloads) or
 throughput / wall time, the CPU taken (busy + kernel polling, vCPUs), and gleaner's ratio to
 the best of the other policies (latency: gleaner / best, <= 1.05 is the target; throughput:
-gleaner / stock, >= 0.98)."""
+gleaner / stock, >= 0.98). Latency workloads also get each policy's steal time (the host ran
+something else on a vCPU: /proc/stat, in 10 ms ticks): how many runs had any, and the median
+p99 of the runs that had none, since the host's preemptions make p99 bimodal here."""
 
 import json
 import os
@@ -16,6 +18,16 @@ def med(s):
 
 def fmt(s, d=1):
     return "-" if not s else f"{s['p50']:.{d}f} [{s['min']:.{d}f}..{s['max']:.{d}f}]"
+
+
+def steal(d, policy):
+    runs = [x for x in d.get("samples", []) if x.get("mode") == policy and x.get("latency")]
+    if not runs:
+        return ""
+    stolen = [x for x in runs if x.get("steal_ns")]
+    calm = sorted(x["latency"]["p99_ns"] / 1e3 for x in runs if not x.get("steal_ns"))
+    calm_p99 = f", p99 without {calm[(len(calm) - 1) // 2]:.1f} us ({len(calm)} runs)" if calm else ""
+    return f"  steal in {len(stolen)}/{len(runs)} runs{calm_p99}"
 
 
 def main():
@@ -34,7 +46,7 @@ def main():
         for p, s in sums.items():
             cpu = f"{s['total_vcpus']['p50']:.2f} ({s['poll_vcpus']['p50']:.2f} polling)"
             if lat:
-                print(f"  {p:9} p50 {fmt(s['latency_p50_us']):>24} us  p99 {fmt(s['latency_p99_us']):>28} us  CPU {cpu}")
+                print(f"  {p:9} p50 {fmt(s['latency_p50_us']):>24} us  p99 {fmt(s['latency_p99_us']):>28} us  CPU {cpu}{steal(d, p)}")
             elif s.get("throughput"):
                 print(f"  {p:9} {fmt(s['throughput'], 0):>30} items/s  wall {fmt(s['wall_s'], 3):>24} s  CPU {cpu}")
             else:
