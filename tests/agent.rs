@@ -154,20 +154,8 @@ fn kernel_polling_is_planned_from_traced_wakeups_and_put_back() {
         driver.trim(),
         poll_state.trim()
     );
-    let knobs = idle_knobs();
-    let run_dir = tempfile::tempdir().unwrap();
-    let events = run_dir.path().join("events.jsonl");
-    let out = gleaner()
-        .args(["run", "--period-ms", "100", "--events"])
-        .arg(&events)
-        .arg("--run-dir")
-        .arg(run_dir.path().join("run"))
-        .args(["--", env!("CARGO_BIN_EXE_gleaner"), "bench", "workload", "pingpong", "--think-us", "50", "--duration-ms", "1500"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("idle policy: kernel polling"), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&events).unwrap();
+    let (stderr, text) = run_workload_with_events("100", &["pingpong", "--think-us", "50", "--duration-ms", "1500"]);
+    assert!(stderr.contains("idle policy: kernel polling"), "{stderr}");
     let periods: Vec<serde_json::Value> =
         text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|l| l["event"] == "period").collect();
     // The tracer saw the workload's wakeups in some periods, and a plan polled.
@@ -178,17 +166,16 @@ fn kernel_polling_is_planned_from_traced_wakeups_and_put_back() {
     assert!(polled, "no plan polled: {text}");
     let poll_ns: u64 = periods.iter().filter_map(|p| p["poll_ns"].as_u64()).sum();
     assert!(poll_ns > 0, "the POLL state's time did not grow: {text}");
-    assert_no_leftovers(&run_dir.path().join("run"));
-    assert_idle_knobs_as(&knobs);
 }
 
-/// The tracer's exit record of `gleaner run --events F -- gleaner bench workload ARGS`.
-fn traced_run(args: &[&str]) -> serde_json::Value {
+/// `gleaner run --period-ms PERIOD --events F -- gleaner bench workload ARGS`, which must
+/// succeed and leave nothing behind: its stderr and the events' text.
+fn run_workload_with_events(period_ms: &str, args: &[&str]) -> (String, String) {
     let knobs = idle_knobs();
     let run_dir = tempfile::tempdir().unwrap();
     let events = run_dir.path().join("events.jsonl");
     let out = gleaner()
-        .args(["run", "--period-ms", "50", "--events"])
+        .args(["run", "--period-ms", period_ms, "--events"])
         .arg(&events)
         .arg("--run-dir")
         .arg(run_dir.path().join("run"))
@@ -196,12 +183,18 @@ fn traced_run(args: &[&str]) -> serde_json::Value {
         .args(args)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&events).unwrap();
-    let exit =
-        text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).find(|l| l["event"] == "exit").expect("an exit line");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
     assert_no_leftovers(&run_dir.path().join("run"));
     assert_idle_knobs_as(&knobs);
+    (stderr, std::fs::read_to_string(&events).unwrap())
+}
+
+/// The tracer's exit record of a run of `gleaner bench workload ARGS` at a 50 ms period.
+fn traced_run(args: &[&str]) -> serde_json::Value {
+    let (_, text) = run_workload_with_events("50", args);
+    let exit =
+        text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).find(|l| l["event"] == "exit").expect("an exit line");
     exit["tracer"].clone()
 }
 
