@@ -101,7 +101,8 @@ pub struct EventRecord {
 /// What the eBPF tracer cost and did over a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TracerUse {
-    /// Its programs' run time, ns (counting and paused; `BPF_ENABLE_STATS`).
+    /// Its programs' run time, ns (counting and paused; `BPF_ENABLE_STATS`: 0 where the
+    /// statistics could not be turned on).
     pub cpu_ns: u64,
     /// Periods traced.
     pub traced_periods: u64,

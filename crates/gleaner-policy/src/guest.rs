@@ -301,14 +301,17 @@ impl Seen {
     }
 }
 
-/// A rate of sync points `now` is another workload than `then` for the plan: twofold either
-/// way, and at least [`MIN_RATE_CHANGE`].
-fn rate_changed(then: f64, now: f64) -> bool {
-    let (lo, hi) = if then < now { (then, now) } else { (now, then) };
-    hi >= MIN_RATE_CHANGE && hi >= 2.0 * lo
-}
-
 impl GuestController {
+    /// The last period's rate of sync points is another workload than the last traced
+    /// period's for the plan: twofold either way, and at least [`MIN_RATE_CHANGE`] (false
+    /// before any traced period).
+    fn rate_moved_since_trace(&self) -> bool {
+        self.traced_rate.is_some_and(|then| {
+            let (lo, hi) = if then < self.last_rate { (then, self.last_rate) } else { (self.last_rate, then) };
+            hi >= MIN_RATE_CHANGE && hi >= 2.0 * lo
+        })
+    }
+
     pub fn new(cfg: GuestConfig) -> Self {
         let consolidation = cfg.consolidation.clone().map(|p| Controller::new(cfg.cpus.clone(), p));
         let governor = cfg.governor.map(|g| RetentionGovernor::with_prior(g, cfg.prior, cfg.prior_strength()));
@@ -412,8 +415,7 @@ impl GuestController {
             Phase::Baseline { left } => left <= 1,
             Phase::Probe | Phase::Confirm => true,
         });
-        let changed = self.traced_rate.is_none_or(|t| rate_changed(t, self.last_rate));
-        if governor || !self.informed || changed {
+        if governor || !self.informed || self.traced_rate.is_none() || self.rate_moved_since_trace() {
             TraceNeed::Now
         } else {
             TraceNeed::Cadence
@@ -515,7 +517,7 @@ impl GuestController {
         // period traced before the load came planned halting; the next, untraced, at 28,000
         // sync points a second, packed server and client onto one vCPU for a period, until
         // the rollback; its p99 doubled). Giving vCPUs back is never held.
-        let stale = self.traced_before && self.traced_rate.is_some_and(|t| rate_changed(t, self.last_rate));
+        let stale = self.traced_before && self.rate_moved_since_trace();
         let gives_up = decisions.iter().any(|d| matches!(d, Decision::Deactivate { .. }));
         if !decisions.is_empty() && (plan.retains() != self.applied.retains() || (stale && gives_up)) {
             self.consolidation = consolidation_before;

@@ -454,15 +454,15 @@ impl Session {
         }
         outcome.wake = (all_wakes.all().count() > 0).then(|| WakeSummary::of(&all_wakes));
         // The last, partial period: what the run ended with and what the agent cost in all.
+        let used = tracing.usage();
         if let Some(log) = &mut events {
             let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
             log.write(&EventRecord {
                 agent_cpu_ns: self_cpu_ns(),
-                tracer: tracing.usage(),
+                tracer: used,
                 ..EventRecord::new(t_ms, EventKind::Exit, CpuSet::from_iter(guest.active()).to_string(), guest.metrics())
             })?;
         }
-        let used = tracing.usage();
         tracing.stop();
         outcome.tracer_cpu_ns = used.map(|u| u.cpu_ns);
         outcome.traced_periods = used.map_or(0, |u| u.traced_periods);

@@ -5,8 +5,9 @@
 //! Two costs bound how it runs. The programs sit in the scheduler's path (0.1-0.5 us per
 //! event here): a ping-pong traced all the time ran 20% slower. And attaching or detaching a
 //! raw tracepoint patches kernel text, which interrupts every CPU (`smp_text_poke`): doing it
-//! every period took a third of the agent's CPU, and doing it at each slice put a latency
-//! server's p99 at 2-6x of untraced (sockperf under load: 157 us against 26). So a traced
+//! every period took a third of the agent's CPU (a latency server's p99 was suspected too,
+//! but alternated runs could not tell detaching at each slice from pausing: 45.3 against
+//! 50.8 us on sockperf under load, p99s ranging 24-781 us). So a traced
 //! period is one in [`EVERY`] (the planner keeps its smoothed idle periods between them) plus
 //! the ones the governor compares (the periods around a probe), and of each only the first
 //! `slice`, sized from the programs' measured cost; between slices the programs stay attached
@@ -264,12 +265,19 @@ impl Tracing {
                 "tracer: paused programs cost too much; detaching between slices"
             );
             self.resident = false;
-            self.paused_share = 0.0;
             self.detached_slices = 0;
             self.cost_detaches += 1;
-            t.detach();
-            self.at_pause = None;
+            self.detach_paused();
         }
+    }
+
+    /// Detaches the paused programs: nothing of the budget goes to them any more.
+    fn detach_paused(&mut self) {
+        if let Some(t) = self.tracer.as_mut() {
+            t.detach();
+        }
+        self.at_pause = None;
+        self.paused_share = 0.0;
     }
 
     /// The period's trace (the slice traced in it, if one was), and the programs' cost over
@@ -311,8 +319,7 @@ impl Tracing {
             // nothing.
             TraceNeed::Skip => {
                 if !t.counting() && t.attached() {
-                    t.detach();
-                    self.at_pause = None;
+                    self.detach_paused();
                 }
                 return;
             }
@@ -349,10 +356,10 @@ mod tests {
     fn pausing_again_backs_off_and_needs_a_light_slice() {
         assert_eq!((retry_after(0), retry_after(1), retry_after(2), retry_after(3)), (8, 8, 16, 32));
         assert_eq!(retry_after(100), 8 << 5);
-        let slice = 10_000_000; // 10 ms
-                                // sockperf under load at 2,000 messages/s: ~16,000 events/s, 160 in the slice, at
-                                // 60 ns each and doubled: 0.19% of a vCPU, over half the bound (0.125%). (It pauses
-                                // from the start, and its paused cost, ~0.1%, never detaches it.)
+        // A 10 ms slice. sockperf under load at 2,000 messages/s: ~16,000 events/s, 160 in
+        // the slice, at 60 ns each and doubled: 0.19% of a vCPU, over half the bound
+        // (0.125%). (It pauses from the start, and its paused cost, ~0.1%, never detaches it.)
+        let slice = 10_000_000;
         assert!(!pausing_fits(160, slice, Some(60.0)));
         // An open loop at 500 requests/s: ~4,000 events/s: 0.05%.
         assert!(pausing_fits(40, slice, Some(60.0)));

@@ -28,8 +28,8 @@
 //! which the programs test before any access).
 //!
 //! The epoch lets the programs stay attached while the tracer pauses: attaching or detaching
-//! a raw tracepoint patches kernel text, which stops every CPU, and showed in a latency
-//! server's tail; writing the epoch is one map update. A paused program costs an array lookup
+//! a raw tracepoint patches kernel text, which interrupts every CPU; writing the epoch is one
+//! map update. A paused program costs an array lookup
 //! per event. Each resume starts a new epoch, so what the programs kept from before the pause
 //! (a CPU's last switch, a wakeup whose switch-in was not seen) is never paired with what
 //! they see after it.

@@ -283,13 +283,13 @@ fn the_start_stands_until_the_workload_is_seen_and_a_new_rate_asks_for_a_trace()
     t.latency = Default::default();
     let s = g.step(&quiet);
     assert_eq!(s.plan, start, "the start stands while nothing is seen");
-    assert!((g.trace_need() == TraceNeed::Now), "and the next period is traced");
+    assert_eq!(g.trace_need(), TraceNeed::Now, "and the next period is traced");
     // The workload starts, untraced: its rate changed, so the next period is traced.
     let mut busy = quiet.clone();
     busy.trace = None;
     busy.snapshot.s_work = 400;
     g.step(&busy);
-    assert!((g.trace_need() == TraceNeed::Now));
+    assert_eq!(g.trace_need(), TraceNeed::Now);
     // Traced: planned from it.
     let s = g.step(&server_period(0, 50_000));
     assert_ne!(s.plan, start);
@@ -299,7 +299,7 @@ fn the_start_stands_until_the_workload_is_seen_and_a_new_rate_asks_for_a_trace()
     let mut same = server_period(0, 50_000);
     same.trace = None;
     g.step(&same);
-    assert!(!(g.trace_need() == TraceNeed::Now));
+    assert_ne!(g.trace_need(), TraceNeed::Now);
 }
 
 /// Regression: vCPUs given back by a consolidation reset had seen nothing of the workload, and
@@ -342,7 +342,7 @@ fn vcpus_given_back_start_over_from_the_start_plan() {
     let s = (0..5).map(|_| g.step(&busy)).find(|s| s.active.len() == 2).expect("a full vCPU resets consolidation");
     // ...and the plan starts over: the start plan, traced next period.
     assert_eq!(s.plan, start, "{:?}", s.plan);
-    assert!((g.trace_need() == TraceNeed::Now));
+    assert_eq!(g.trace_need(), TraceNeed::Now);
 }
 
 /// Regression: a window shared from a handful of wakeups (a server's start-up) made the loop
@@ -656,7 +656,7 @@ fn a_quiet_workload_gives_up_the_start_plan_until_it_wakes() {
         assert!(!s.plan.retains());
         assert_eq!(s.active.len(), 2, "an unseen workload is not consolidated");
     }
-    assert!((g.trace_need() == TraceNeed::Now), "unseen: every period traced");
+    assert_eq!(g.trace_need(), TraceNeed::Now, "unseen: every period traced");
     // A little activity under the quiet rate changes nothing.
     let mut few = quiet.clone();
     few.snapshot.s_work = 1;
@@ -667,7 +667,7 @@ fn a_quiet_workload_gives_up_the_start_plan_until_it_wakes() {
     woke.snapshot.s_work = 400;
     let s = g.step(&woke);
     assert_eq!(s.plan, start);
-    assert!((g.trace_need() == TraceNeed::Now));
+    assert_eq!(g.trace_need(), TraceNeed::Now);
     // ...and planned from.
     let s = g.step(&server_period(0, 50_000));
     assert_eq!(s.plan.of(1).unwrap().why, PlanReason::BestValue, "{:?}", s.plan);
@@ -754,7 +754,6 @@ fn consolidation_waits_for_a_trace_at_a_new_rate() {
             v.t_idle_ns = PERIOD * 6 / 10;
         }
         if !traced {
-            r.trace.as_mut().unwrap().traced_ns = 0;
             r.trace = None;
         }
         r
