@@ -140,8 +140,9 @@ fn status_and_compare_say_where_the_calibration_came_from() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let (found, report) = wait_status(run_dir.path(), Duration::from_secs(5), |r| r.as_array().is_some_and(|a| !a.is_empty()));
-    assert!(found, "no status from the agent: {report}");
+    // The socket opens before the agent has read its record: wait for the status to name it.
+    let (found, report) = wait_status(run_dir.path(), Duration::from_secs(5), |r| r[0]["calibration"]["origin"].is_string());
+    assert!(found, "no status naming the calibration from the agent: {report}");
     assert_eq!(report[0]["calibration"]["origin"], "cached", "{report}");
     assert!(report[0]["calibration"]["age_s"].is_u64(), "{report}");
     let text = gleaner().args(["status", "--run-dir"]).arg(run_dir.path()).output().unwrap();

@@ -347,18 +347,24 @@ fn a_refused_cpuset_write_stops_consolidation_and_says_so() {
     let run_dir = dir.path().join("run");
     let workload = sleeper();
     let w = workload.0.id();
-    let (cg, _guard) = test_cgroup("refused", &all, w);
+    // The group starts on the first CPU only, so the agent's taking it over (its first write,
+    // all managed CPUs) is seen in the file.
+    let first = all.split(['-', ',']).next().unwrap().to_string();
+    let (cg, _guard) = test_cgroup("refused", &first, w);
     let file = cg.join("cpuset.cpus");
     let original = std::fs::read_to_string(&file).unwrap();
+    let cpus_now = || std::fs::read_to_string(&file).unwrap_or_default().trim().to_string();
 
     // Refused mid-run: the shrink of an idle workload fails, the agent says so once and runs on.
-    // 1 s periods: the first decision comes a period after the status socket is up, long after
-    // the chmod below (with 50 ms periods a loaded machine let the agent shrink first).
+    // The file is made read-only once the agent has taken the group over (the status socket
+    // opens before that, so waiting for it raced the take-over: CI saw the agent's first
+    // write refused). 1 s periods: the first decision comes a quarter period after the
+    // take-over, long after the chmod below.
     let mut cmd = gleaner_without_dac_override();
     cmd.args(["attach", "--timeout-us", "50", "--period-ms", "1000", "--run-dir"]).arg(&run_dir).arg("--cgroup").arg(&cg);
     let mut agent = Agent::spawn(cmd, dir.path());
-    let (up, _) = wait_status(&run_dir, Duration::from_secs(5), |r| r.as_array().is_some_and(|a| !a.is_empty()));
-    assert!(up, "agent never reported; stderr: {}", agent.stderr());
+    let taken = wait_until(Duration::from_secs(10), || cpus_now() == all);
+    assert!(taken, "the agent never gave the group every CPU ({all}; the file has {}); stderr: {}", cpus_now(), agent.stderr());
     set_mode(&file, 0o444);
     let t0 = Instant::now();
     let refused = wait_until(Duration::from_secs(10), || agent.stderr().contains("was refused"));
@@ -368,7 +374,7 @@ fn a_refused_cpuset_write_stops_consolidation_and_says_so() {
     assert!(err.contains(&format!("to {} was refused", cg.display())) && err.contains("Permission denied"), "{err}");
     assert!(err.contains("consolidation stopped for the rest of this run"), "{err}");
     assert_eq!(err.matches("was refused").count(), 1, "said once, not every period: {err}");
-    assert_eq!(std::fs::read_to_string(&file).unwrap(), original, "the workload kept every CPU");
+    assert_eq!(cpus_now(), all, "the workload kept every CPU");
     eprintln!("refusal reported {:?} after the file became read-only", t0.elapsed());
     let (_, st) = wait_status(&run_dir, Duration::from_secs(2), |r| r[0]["consolidation"] == false);
     assert_eq!(st[0]["consolidation"], false, "{st}");
@@ -376,13 +382,12 @@ fn a_refused_cpuset_write_stops_consolidation_and_says_so() {
     signal(agent.pid().cast_signed(), libc::SIGINT);
     let status = agent.wait(Duration::from_secs(10));
     assert_eq!(status.code(), Some(128 + libc::SIGINT), "stderr: {}", agent.stderr());
-    assert_eq!(std::fs::read_to_string(&file).unwrap(), original);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), original, "the group's own CPUs are back");
     assert_no_leftovers(&run_dir);
 
     // Refused at start: the agent's first write fails; it says which file and why, changes
     // nothing and exits 1.
-    let first = all.split(['-', ',']).next().unwrap().to_string();
-    std::fs::write(&file, &first).unwrap();
+    assert_eq!(cpus_now(), first);
     set_mode(&file, 0o444);
     let out = gleaner_without_dac_override()
         .args(["attach", "--timeout-us", "50", "--run-dir"])
@@ -512,8 +517,10 @@ fn a_second_agent_on_the_same_target_is_refused() {
     let mut cmd = gleaner();
     cmd.args(["attach", "--timeout-us", "50", "--period-ms", "50", "--run-dir"]).arg(&run_a).arg("--cgroup").arg(&cg);
     let mut first = Agent::spawn(cmd, dir.path());
-    let (up, _) = wait_status(&run_a, Duration::from_secs(5), |r| r.as_array().is_some_and(|a| !a.is_empty()));
-    assert!(up, "stderr: {}", first.stderr());
+    // A finished period: the group is taken and locked before the first one (the status
+    // socket opens earlier, and a second agent started then could take the lock first).
+    let (up, _) = wait_status(&run_a, Duration::from_secs(10), |r| r[0]["periods"].as_u64().is_some_and(|p| p >= 1));
+    assert!(up, "the first agent never finished a period; stderr: {}", first.stderr());
     let out = gleaner().args(["attach", "--timeout-us", "50", "--run-dir"]).arg(&run_b).arg("--cgroup").arg(&cg).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
