@@ -25,3 +25,65 @@ def print_doc(name, params, wall_ns, items, throughput, latency=None):
            "host": {"kernel": "", "cpus": 2, "allowed_cpus": "0-1", "virtualized": True, "hypervisor": None,
                     "cpuidle_driver": None, "cpuidle_governor": None, "git_revision": None, "date": ""}}
     print(json.dumps(doc))
+
+
+def conns_and_secs(argv):
+    """The harnesses' two arguments: connections (default 1) and seconds (default 3), both at
+    least 1, or an exit naming them."""
+    import sys
+    conns = int(argv[1]) if len(argv) > 1 else 1
+    secs = int(argv[2]) if len(argv) > 2 else 3
+    if conns < 1 or secs < 1:
+        sys.exit(f"connections {conns}, seconds {secs}: both must be at least 1")
+    return conns, secs
+
+
+def print_kv_latency(server, proto, port, secs):
+    """Runs `kv_latency` against `server` (its name for the document) and prints its document:
+    one run of the requests counted, their rate and latency."""
+    lat, wall = kv_latency(proto, port, secs)
+    n = lat["samples"]
+    print_doc(f"{server} + kv-latency -c 1 -t {secs}s", {"connections": 1, "seconds": secs}, wall, n, n * 1e9 / lat["wall_ns"],
+              {k: lat[k] for k in ("samples", "mean_ns", "min_ns", "p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns")})
+
+
+def kv_latency(proto, port, secs):
+    """Runs `kv-latency.c` (compiled once into ~/.cache/gleaner-bench, again when the source
+    is newer) on CPU 0 against a server on the loopback `port`: a closed loop of one
+    connection for `secs` seconds. Returns (its latency summary, wall ns)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kv-latency.c")
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gleaner-bench")
+    exe = os.path.join(cache, "kv-latency")
+    if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
+        os.makedirs(cache, exist_ok=True)
+        cc = subprocess.run(["cc", "-O2", "-o", exe + ".tmp", src], capture_output=True, text=True)
+        if cc.returncode != 0:
+            sys.exit(f"compiling {src} failed: {cc.stderr.strip()[-300:]}")
+        os.replace(exe + ".tmp", exe)
+    t0 = time.monotonic_ns()
+    p = subprocess.run(["taskset", "-c", "0", exe, proto, "127.0.0.1", str(port), str(secs)], capture_output=True, text=True)
+    wall = time.monotonic_ns() - t0
+    if p.returncode != 0:
+        sys.exit(f"kv-latency {proto} exited {p.returncode}: {p.stderr.strip()[-300:]}")
+    return json.loads(p.stdout), wall
+
+
+def wait_for_port(port, server, name):
+    """Waits (5 s at most) until a TCP server listens on the loopback `port`; exits naming
+    `name` if `server` (its Popen) exits first or it never does."""
+    import socket
+    import sys
+    import time
+    for _ in range(100):
+        if server.poll() is not None:
+            sys.exit(f"{name} exited at once (status {server.returncode})")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"{name} never listened on 127.0.0.1:{port}")

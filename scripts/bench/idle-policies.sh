@@ -9,8 +9,8 @@
 #   sudo ONLY=latency scripts/bench/idle-policies.sh                # one group: latency, throughput, nopoll, budget
 #
 # Needs root (the haltpoll policy and gleaner turn the idle knobs, put back after each run),
-# sockperf, redis-server and redis-benchmark, nginx and wrk, stress-ng and sysbench (Debian
-# packages).
+# sockperf, redis-server and redis-benchmark, nginx and wrk, memcached and libmemcached-tools,
+# stress-ng and sysbench (Debian packages), and a C compiler (scripts/bench/kv-latency.c).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-5}
@@ -34,6 +34,8 @@ if [[ $ONLY == all || $ONLY == latency ]]; then
   run sockperf-ul2000 "$all" -- scripts/bench/sockperf-doc.py ul 3 2000
   run pingpong "$all" -- "$G" bench workload pingpong --duration-ms 3000 --json
   run nginx-c1 "$all" -- scripts/bench/nginx-doc.py 1 3
+  run memcached-c1 "$all" -- scripts/bench/memcached-doc.py 1 3
+  run redis-c1 "$all" -- scripts/bench/redis-doc.py lat 3
   # 2,000 requests a run at each rate: at 200/s a 3 s run's p99 was its sixth-worst request.
   for rate in 200 2000 20000; do
     ms=$(( rate >= 2000 ? 3000 : 10000 ))
@@ -47,6 +49,7 @@ if [[ $ONLY == all || $ONLY == throughput ]]; then
   run sysbench-threads "$all" -- sysbench threads --threads=8 --time=0 --events=20000 run
   run redis-c50 "$all" -- scripts/bench/redis-doc.py 50 200000
   run nginx-c50 "$all" -- scripts/bench/nginx-doc.py 50 3
+  run memcached-c50 "$all" -- scripts/bench/memcached-doc.py 50 3
 fi
 if [[ $ONLY == all || $ONLY == nopoll ]]; then
   # A guest without kernel polling: the agent leaves the knobs alone and keeps vCPUs with

@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.request
 
-from benchdoc import print_doc
+from benchdoc import conns_and_secs, print_doc
 
 CONF = """worker_processes 1;
 worker_cpu_affinity 10;
@@ -49,10 +49,7 @@ end
 
 
 def main():
-    conns = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-    secs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    if conns < 1 or secs < 1:
-        sys.exit(f"connections {conns}, seconds {secs}: both must be at least 1")
+    conns, secs = conns_and_secs(sys.argv)
     port = 18080 + os.getpid() % 1000
     with tempfile.TemporaryDirectory(prefix="gleaner-nginx-") as d:
         os.chmod(d, 0o755)  # the worker runs as nobody

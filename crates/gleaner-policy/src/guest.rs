@@ -137,6 +137,11 @@ pub struct GuestStep {
     /// How long the next period should last, as a share of the configured period: a probe
     /// of the other mode is short ([`PROBE_SHARE`]), since it runs in the mode believed worse.
     pub next_period_share: f64,
+    /// Set each vCPU's own haltpoll window back to 0 while applying `plan` (it then grows to
+    /// the plan's): a window lowered earlier is still polled at the older, larger one
+    /// ([`STALE_WINDOW_EXCESS`]).
+    #[serde(default)]
+    pub reset_poll_windows: bool,
 }
 
 /// Whether a period should be traced ([`GuestController::trace_need`]).
@@ -234,7 +239,28 @@ pub struct GuestController {
     /// How long the workload has been quiet (under [`QUIET_RATE`] sync points a second), ns,
     /// in the periods up to the last one; 0 once it is not.
     quiet_ns: u64,
+    /// The largest haltpoll window applied since each vCPU's own was last reset (0: none, or
+    /// the machine's own settings, which the adapter restores with a reset): what a vCPU may
+    /// still poll at ([`STALE_WINDOW_EXCESS`]).
+    kernel_window_ns: u64,
 }
+
+/// Realized kernel polling above what the applied plan estimated, summed over the vCPUs that
+/// poll a window (shares of a vCPU), above which a lowered haltpoll window is taken to be still
+/// polled at an older, larger one, and each vCPU's own window is reset.
+///
+/// The haltpoll governor keeps a window per CPU, grown up to `guest_halt_poll_ns` and shrunk
+/// only after a halt longer than it (and the agent turns shrinking off, so that the window the
+/// kernel keeps is the planned one): lowering the cap leaves a CPU that polls through its idle
+/// periods at its old window. The only reset is switching the cpuidle governor away and back,
+/// which takes ~10 ms per switch here and runs every CPU on the default idle (a halt) meanwhile.
+/// Done at each lowering, as before, it cost a redis server with one client its tail: the
+/// plan lowered the window 3-4 times a run, and p99 was 49.6 us against 26.6 with 1 s periods
+/// and 27.0 under the kernel's own haltpoll (7 alternated rounds, `gleaner run --no-trace
+/// --no-consolidation`). The estimate runs high, not low (realized 0.49-0.55 of a vCPU against
+/// 0.66-0.74 estimated, redis and memcached with one client), so an excess over it is the stale
+/// window's.
+pub const STALE_WINDOW_EXCESS: f64 = 0.05;
 
 /// Sync points a second under which the workload counts as quiet: it has no wakeups to buy.
 pub const QUIET_RATE: f64 = 10.0;
@@ -336,6 +362,7 @@ impl GuestController {
             })
             .collect();
         let start = applied.clone();
+        let kernel_window_ns = if applied.retains() { applied.poll_window_ns } else { 0 };
         Self {
             cfg,
             consolidation,
@@ -351,6 +378,7 @@ impl GuestController {
             last_active: 0,
             idle_share: None,
             quiet_ns: 0,
+            kernel_window_ns,
         }
     }
 
@@ -525,6 +553,7 @@ impl GuestController {
         }
         let active = self.active();
         self.last_active = active.len();
+        let reset_poll_windows = self.track_kernel_window(r, period_ns, &plan);
         self.applied = plan.clone();
         GuestStep {
             active,
@@ -538,7 +567,42 @@ impl GuestController {
             gaps_from,
             budget: self.seen.iter().map(|s| (s.gaps.cpu, self.cfg.plan.budget * s.scale())).collect(),
             next_period_share: if self.probing() { PROBE_SHARE } else { 1.0 },
+            reset_poll_windows,
         }
+    }
+
+    /// Whether applying `next` should reset each vCPU's own haltpoll window: the kernel may
+    /// still poll at a larger window than the applied plan's, and the vCPUs polled more than
+    /// its estimate by [`STALE_WINDOW_EXCESS`]. A lowered window is otherwise just written: a
+    /// reset runs every vCPU halted for the governor's switch (module constant's note).
+    fn track_kernel_window(&mut self, r: &GuestReading, period_ns: u64, next: &IdlePlan) -> bool {
+        if !next.retains() {
+            // The machine's own settings: the adapter restores them, windows reset.
+            self.kernel_window_ns = 0;
+            return false;
+        }
+        let applied = &self.applied;
+        let excess: f64 = applied
+            .vcpus
+            .iter()
+            .filter(|v| {
+                v.mechanism == crate::idle::Mechanism::Poll
+                    && applied.poll_window_ns > 0
+                    && !applied.poll_always.contains(&v.cpu)
+                    && matches!(v.why, PlanReason::BestValue | PlanReason::SharedWindow | PlanReason::VmShare)
+            })
+            .filter_map(|v| {
+                let real = r.idle.iter().find(|i| i.cpu == v.cpu)?.poll_ns as f64 / period_ns as f64;
+                Some((real - v.estimate.cost_share).max(0.0))
+            })
+            .sum();
+        let stale = applied.retains() && self.kernel_window_ns > applied.poll_window_ns && excess > STALE_WINDOW_EXCESS;
+        if stale {
+            self.kernel_window_ns = next.poll_window_ns;
+        } else {
+            self.kernel_window_ns = self.kernel_window_ns.max(next.poll_window_ns);
+        }
+        stale
     }
 
     /// Folds this period's idle periods into the smoothed ones (the older weigh half as much

@@ -33,7 +33,7 @@ use gleaner_policy::idle::{IdlePlan, Mechanism, TraceSource, WakeTrace};
 use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{KnownProbe, RetentionAction};
 
-use crate::engine::{ms_to_ns, Engine, Host, Idle, Ts, YState, NONE};
+use crate::engine::{ms_to_ns, Engine, Host, Idle, Ts, YState, GOVERNOR_SWITCH_NS, NONE};
 use crate::policy::{HostView, SimVcpuCounters};
 use crate::queue::{Ev, Ns};
 
@@ -252,7 +252,7 @@ impl Engine {
             self.retention_apply(vm, step.mode.is_on(), &windows, hold);
         }
         if self.vms[vmi].kpoll.is_some() {
-            self.kernel_poll_apply(vm, step.mode.is_on(), &step.plan, true);
+            self.kernel_poll_apply(vm, step.mode.is_on(), &step.plan, true, step.reset_poll_windows);
         }
         self.vms[vmi].period_start = self.now;
         let next = saturating_u64((period as f64 * step.next_period_share).round()).max(1);
@@ -299,12 +299,13 @@ impl Engine {
 
     /// Applies the plan's kernel polling as the agent does (`IdleActuator::apply`): with
     /// retention on and a plan that retains, the haltpoll window fixed at `poll_window_ns`
-    /// (a lowered cap resets every vCPU's own window, as re-attaching the governor does) and
-    /// `poll_always` polling until work; otherwise the machine's own settings, which in the
-    /// model are the stock guest's (halt). A vCPU polling now follows at once (an always
-    /// poller that no longer is polls out its own window from now, or halts). `count`: a
-    /// period of the guest loop (not the start plan).
-    pub(crate) fn kernel_poll_apply(&mut self, vm: u32, on: bool, plan: &IdlePlan, count: bool) {
+    /// (`reset`: every vCPU's own window back to 0, the governor switched away and back, no
+    /// polling for [`GOVERNOR_SWITCH_NS`]; a lowered cap alone leaves them) and `poll_always`
+    /// polling until work; otherwise the machine's own settings, which in the model are the
+    /// stock guest's (halt; the agent's restore resets the windows). A vCPU polling now
+    /// follows at once (an always poller that no longer is polls out its own window from
+    /// now, or halts). `count`: a period of the guest loop (not the start plan).
+    pub(crate) fn kernel_poll_apply(&mut self, vm: u32, on: bool, plan: &IdlePlan, count: bool, reset: bool) {
         let vmi = vm as usize;
         let (base, n) = (self.vms[vmi].vcpu_base, self.vms[vmi].nvcpus);
         if count {
@@ -315,20 +316,25 @@ impl Engine {
         let cap = if retains { plan.poll_window_ns } else { 0 };
         let always: Vec<bool> = (0..n).map(|i| retains && plan.poll_always.contains(&i)).collect();
         let Some(kp) = self.vms[vmi].kpoll.as_mut() else { return };
-        let lowered = cap < kp.cap_ns;
+        let now = self.now;
+        // The agent's restore to the machine's settings resets the windows too; only a reset
+        // while polling goes on switches governors under a workload.
+        let reset = (reset && retains) || (!retains && kp.cap_ns > 0);
+        if reset && retains {
+            kp.reset_until = now + GOVERNOR_SWITCH_NS;
+        }
         kp.cap_ns = cap;
         kp.always.clone_from(&always);
-        let now = self.now;
         for i in 0..n {
             let vi = (base + i) as usize;
-            if lowered {
+            if reset {
                 self.vcpus[vi].guest_poll_limit = 0;
             }
             let Idle::Poll { until } = self.vcpus[vi].idle else { continue };
             let limit = self.vcpus[vi].guest_poll_limit;
             let to = if always[i as usize] {
                 Ns::MAX
-            } else if until == Ns::MAX || lowered {
+            } else if until == Ns::MAX || reset {
                 now + limit
             } else {
                 until

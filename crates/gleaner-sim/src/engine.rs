@@ -339,12 +339,21 @@ pub(crate) struct VmState {
 /// the cap, no shrinking: a vCPU's own window, `Vcpu::guest_poll_limit`, goes from 0 to the cap
 /// after its first idle period inside the cap, and stays), and the vCPUs polling until work
 /// (resume latency limit 0). Retention off: the cap 0 and no vCPU always polling (the model's
-/// stock guest halts).
+/// stock guest halts). A lowered cap leaves each vCPU's own window where it was, as in the
+/// kernel, until the guest loop asks for a reset (`GuestStep::reset_poll_windows`), which
+/// switches the cpuidle governor away and back: every vCPU halts for [`GOVERNOR_SWITCH_NS`].
 #[derive(Debug, Clone)]
 pub(crate) struct KernelPolling {
     pub cap_ns: u64,
     pub always: Vec<bool>,
+    /// Until when a reset's governor switch keeps every vCPU from polling.
+    pub reset_until: Ns,
 }
+
+/// How long resetting the vCPUs' own haltpoll windows keeps them from polling: the agent
+/// writes another cpuidle governor and `haltpoll` back, ~10 ms each on this VM (2026-11-26,
+/// `strace -tt` of the agent), every CPU on the default idle (HLT) meanwhile.
+pub(crate) const GOVERNOR_SWITCH_NS: Ns = 20_000_000;
 
 /// The engine's clock and sizes; its thousands of threads and sync objects are left out.
 impl std::fmt::Debug for Engine {
@@ -705,7 +714,7 @@ impl Engine {
             req: Hist::default(),
             trace: has_agent.then(|| WakeTrace::empty(TraceSource::Model, 0..vm.vcpus)),
             prev_caught: vec![Log2Hist::default(); vm.vcpus as usize],
-            kpoll: kernel_polling.then(|| KernelPolling { cap_ns: 0, always: vec![false; vm.vcpus as usize] }),
+            kpoll: kernel_polling.then(|| KernelPolling { cap_ns: 0, always: vec![false; vm.vcpus as usize], reset_until: 0 }),
             prev_poll: vec![0; vm.vcpus as usize],
         });
     }
@@ -729,7 +738,7 @@ impl Engine {
                     self.start_retention(vm as u32, on, &windows);
                 }
                 if self.vms[vm].kpoll.is_some() {
-                    self.kernel_poll_apply(vm as u32, on, &start, false);
+                    self.kernel_poll_apply(vm as u32, on, &start, false, false);
                 }
                 let p = ms_to_ns(self.vms[vm].gleaner.period_ms) as f64 * FIRST_PERIOD_SHARE;
                 self.q.push(saturating_u64(p.round()).max(1), Ev::GleanerPeriod { vm: vm as u32 });

@@ -250,7 +250,8 @@ impl Engine {
             // The agent's kernel polling: until work on a vCPU it polls always, else the
             // haltpoll governor's window (this vCPU's own, grown to the fixed cap), then HLT.
             let always = kp.always[(v - self.vms[vm].vcpu_base) as usize];
-            let limit = self.vcpus[vi].guest_poll_limit;
+            // Mid-reset (the governor switched away) nothing polls but an always poller.
+            let limit = if now < kp.reset_until { 0 } else { self.vcpus[vi].guest_poll_limit };
             if always || limit > 0 {
                 self.trace_idle_start(v);
                 self.vcpus[vi].idle = Idle::Poll { until: if always { Ns::MAX } else { now + limit } };
@@ -364,6 +365,9 @@ impl Engine {
             // The agent's fixed window: grow_start = the cap, so a block inside it grows the
             // vCPU's window straight to the cap; allow_shrink = N, so a longer one keeps it.
             let cap = kp.cap_ns;
+            if self.now < kp.reset_until {
+                return; // no governor installed to adjust the window
+            }
             let vc = &mut self.vcpus[vi];
             let block = self.now - vc.idle_since;
             if block > vc.guest_poll_limit && block <= cap {

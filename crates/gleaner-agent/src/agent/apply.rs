@@ -3,7 +3,9 @@
 //!
 //! ```text
 //!  plan (retention on)   poll_window_ns -> guest_halt_poll_ns       (written when it changes;
-//!                                          fixed: grow_start = it, allow_shrink = N)
+//!                                          fixed: grow_start = it, allow_shrink = N; each
+//!                                          CPU's own window reset only when the guest loop
+//!                                          says a lowered one is still polled at an older)
 //!                        poll_always    -> cpuN resume latency n/a  (others: their original)
 //!                        Yield windows  -> Yielders::set_windows    (0 parks a thread)
 //!  retention off         every knob back to what the agent found (stock); threads parked
@@ -40,21 +42,23 @@ impl IdleActuator {
     }
 
     /// Applies `plan` (or, when `on` is false, the machine's own settings). Every knob's
-    /// original is journaled before its first change. An error leaves what was written
-    /// written (the journal restores it) and says which knob.
-    pub fn apply(&mut self, journal: &mut StateFile, plan: &IdlePlan, on: bool) -> anyhow::Result<()> {
+    /// original is journaled before its first change. `reset_windows`: each CPU's own haltpoll
+    /// window back to 0 too (`GuestStep::reset_poll_windows`: a CPU whose idle periods stay
+    /// below its window goes on polling past a lowered cap, but the reset switches the cpuidle
+    /// governor, which halts every CPU for ~20 ms, so the guest loop asks for it only where the
+    /// old window is seen to cost). An error leaves what was written written (the journal
+    /// restores it) and says which knob.
+    pub fn apply(&mut self, journal: &mut StateFile, plan: &IdlePlan, on: bool, reset_windows: bool) -> anyhow::Result<()> {
         if !on || !plan.retains() {
             return self.stock();
         }
         let offer = self.writer.offer().clone();
         if offer.poll_window() && self.window_ns != Some(plan.poll_window_ns) {
             self.writer.set_fixed_poll_window(journal, plan.poll_window_ns)?;
-            // A CPU's own window shrinks only after it halts: one whose idle periods stay
-            // below its window would go on polling past a lowered cap.
-            if self.window_ns.is_some_and(|w| plan.poll_window_ns < w) {
-                self.writer.knobs().reset_poll_windows()?;
-            }
             self.window_ns = Some(plan.poll_window_ns);
+        }
+        if offer.poll_window() && reset_windows {
+            self.writer.knobs().reset_poll_windows()?;
         }
         if offer.poll_always() {
             let want: BTreeSet<u32> = plan.poll_always.iter().copied().collect();

@@ -321,7 +321,7 @@ impl Session {
         // The first plan (the kernel's upstream haltpoll window where it is offered) before
         // the workload starts.
         if let (Some(k), Some(j)) = (self.knobs.as_mut(), self.state.as_mut()) {
-            if let Err(e) = k.apply(j, guest.applied(), guest.mode().is_on()) {
+            if let Err(e) = k.apply(j, guest.applied(), guest.mode().is_on(), false) {
                 warn!("applying the first idle plan: {e:#}");
             }
         }
@@ -499,7 +499,7 @@ impl Session {
     fn apply_idle(&mut self, step: &GuestStep, status: &SharedStatus) {
         let on = step.mode.is_on();
         if let (Some(k), Some(j)) = (self.knobs.as_mut(), self.state.as_mut()) {
-            let r = k.apply(j, &step.plan, on);
+            let r = k.apply(j, &step.plan, on, step.reset_poll_windows);
             if r.is_ok() && on && step.plan.vcpus.iter().any(|v| v.mechanism == gleaner_policy::idle::Mechanism::Poll) {
                 crate::seam::stop_at(crate::seam::AFTER_POLL);
             }

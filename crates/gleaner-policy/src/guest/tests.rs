@@ -775,3 +775,82 @@ fn consolidation_waits_for_a_trace_at_a_new_rate() {
     let d = alone.step(&loaded(false).snapshot);
     assert!(d.iter().any(|d| matches!(d, Decision::Deactivate { .. })), "{d:?}");
 }
+
+/// The haltpoll governor's window only (no per-CPU always-polling).
+const WINDOW_ONLY: Means = Means { poll_window: true, poll_always: false, yielders: false };
+
+/// A server on vCPU 1 woken 400 times a period after `gap_ns` idle, the kernel having polled
+/// `poll_share` of the period there.
+fn server_gaps(gap_ns: u64, poll_share: f64) -> GuestReading {
+    let mut r = server_period((PERIOD as f64 * poll_share) as u64, 50_000);
+    let t = r.trace.as_mut().unwrap();
+    t.vcpus[1].woken = Log2Hist::default();
+    t.vcpus[1].woken.record_n(gap_ns, 400);
+    r
+}
+
+/// Steps `g` on `reading(poll share the applied plan expects on vCPU 1)` until the applied
+/// haltpoll window satisfies `until`; returns the steps' reset flags.
+fn step_until(g: &mut GuestController, gap_ns: u64, extra: f64, until: impl Fn(u64) -> bool) -> Vec<bool> {
+    let mut resets = Vec::new();
+    for _ in 0..40 {
+        let expected = g.applied().of(1).map_or(0.0, |v| v.estimate.cost_share);
+        let s = g.step(&server_gaps(gap_ns, (expected + extra).min(1.0)));
+        resets.push(s.reset_poll_windows);
+        if until(s.plan.poll_window_ns) {
+            return resets;
+        }
+    }
+    panic!("the window never got there: {:?}", g.applied());
+}
+
+#[test]
+fn a_lowered_window_resets_the_vcpus_own_only_when_they_poll_past_it() {
+    let mut c = cfg(WINDOW_ONLY);
+    c.governor = None;
+    let mut g = GuestController::new(c);
+    // Long idle periods: a window above them.
+    let resets = step_until(&mut g, 480_000, 0.0, |w| w > 480_000);
+    assert!(resets.iter().all(|r| !r), "raising a window never resets: {resets:?}");
+    let high = g.applied().poll_window_ns;
+    // Short ones: the window comes down, and the vCPUs polled what the plan expected, so it
+    // is just written (a reset switches the cpuidle governor, halting every vCPU meanwhile).
+    let resets = step_until(&mut g, 20_000, 0.0, |w| w > 0 && w < high);
+    assert!(resets.iter().all(|r| !r), "{resets:?}");
+    let low = g.applied().poll_window_ns;
+    for _ in 0..5 {
+        let expected = g.applied().of(1).unwrap().estimate.cost_share;
+        assert!(!g.step(&server_gaps(20_000, expected + STALE_WINDOW_EXCESS / 2.0)).reset_poll_windows, "within the excess allowed");
+    }
+    // Polling well past the estimate: the old window still runs; one reset, then none.
+    let expected = g.applied().of(1).unwrap().estimate.cost_share;
+    let s = g.step(&server_gaps(20_000, expected + 0.2));
+    assert!(s.reset_poll_windows, "{:?}", s.plan);
+    assert_eq!(g.applied().poll_window_ns, low);
+    let expected = g.applied().of(1).unwrap().estimate.cost_share;
+    assert!(!g.step(&server_gaps(20_000, expected + 0.2)).reset_poll_windows, "the windows are the plan's now");
+}
+
+#[test]
+fn the_machines_own_settings_reset_the_windows_so_none_is_stale_after() {
+    let mut c = cfg(WINDOW_ONLY);
+    c.governor = None;
+    let mut g = GuestController::new(c);
+    step_until(&mut g, 480_000, 0.0, |w| w > 480_000);
+    // Nothing to catch: every vCPU halts (the adapter restores the machine's settings, which
+    // resets the windows).
+    let mut quiet = server_gaps(480_000, 0.0);
+    quiet.trace.as_mut().unwrap().vcpus[1].woken = Log2Hist::default();
+    quiet.snapshot.s_work = 0;
+    for _ in 0..40 {
+        if !g.step(&quiet).plan.retains() {
+            break;
+        }
+    }
+    assert!(!g.applied().retains(), "{:?}", g.applied());
+    // Polling again at a lower window, past its estimate: nothing older is left to reset.
+    let resets = step_until(&mut g, 20_000, 0.3, |w| w > 0);
+    let expected = g.applied().of(1).unwrap().estimate.cost_share;
+    let more = g.step(&server_gaps(20_000, expected + 0.3)).reset_poll_windows;
+    assert!(resets.iter().all(|r| !r) && !more, "{resets:?} {more}");
+}
