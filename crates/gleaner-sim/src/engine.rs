@@ -1385,15 +1385,13 @@ mod tests {
     use super::{round_at_least_1, Counters, Engine, Host, Idle, Setup, SetupVm, Vcpu, NONE};
     use std::mem::{offset_of, size_of};
 
-    /// Four always-runnable vCPUs stacked on one of two pCPUs (three queued behind a running
-    /// one, which only an idle pCPU would pull): a balancing pass leaves two on each.
-    #[test]
-    fn periodic_balancing_moves_queued_vcpus_to_the_lighter_pcpu() {
-        let w = crate::workload::builtin("matmul", 4, 1.0, true).expect("builtin").resolve("m", 4, 4).expect("resolves");
+    /// One background VM of `vcpus` always-runnable vCPUs on two pCPUs, not started.
+    fn two_pcpu_engine(vcpus: u32) -> Engine {
+        let w = crate::workload::builtin("matmul", vcpus, 1.0, true).expect("builtin").resolve("m", vcpus, vcpus).expect("resolves");
         let vm = SetupVm {
             name: "a".into(),
             workload: w,
-            vcpus: 4,
+            vcpus,
             pin_offset: None,
             background: true,
             guest: crate::scenario::GuestPolicy::Stock,
@@ -1401,7 +1399,7 @@ mod tests {
             haltpoll: Default::default(),
         };
         let costs = crate::scenario::Costs::from_table2(&crate::scenario::CostsCfg::default().vm, 1.0, 2.0, 1.0);
-        let mut e = Engine::new(Setup {
+        Engine::new(Setup {
             pcpus: 2,
             host_slice_ns: 3_000_000,
             wakeup_preemption: true,
@@ -1417,7 +1415,14 @@ mod tests {
             stop_at: Some(1),
             max_ns: 1,
             host_policy: Box::new(crate::policy::StockHost),
-        });
+        })
+    }
+
+    /// Four always-runnable vCPUs stacked on one of two pCPUs (three queued behind a running
+    /// one, which only an idle pCPU would pull): a balancing pass leaves two on each.
+    #[test]
+    fn periodic_balancing_moves_queued_vcpus_to_the_lighter_pcpu() {
+        let mut e = two_pcpu_engine(4);
         e.pcpus[0].cur = 0;
         e.vcpus[0].host = Host::Running(0);
         e.idle_pcpus = 0;
@@ -1431,6 +1436,36 @@ mod tests {
         assert_eq!(e.pcpus[1].rq, vec![1, 2], "the oldest queued vCPUs move");
         e.on_host_balance();
         assert_eq!(e.pcpus[1].rq, vec![1, 2], "a balanced host stays as it is");
+    }
+
+    /// The agent's kernel polling as applied: a lowered cap leaves each vCPU's own window (the
+    /// haltpoll governor shrinks it only after a long halt, and the agent turns that off); a
+    /// reset zeroes them and lets nothing poll for the governor switch; the machine's own
+    /// settings (a plan that retains nothing) zero them without that pause.
+    #[test]
+    fn a_lowered_poll_window_stays_until_a_reset_which_pauses_polling() {
+        use gleaner_policy::idle::IdlePlan;
+        let mut e = two_pcpu_engine(2);
+        e.vms[0].kpoll = Some(super::KernelPolling { cap_ns: 0, always: vec![false; 2], reset_until: 0 });
+        e.now = 1_000_000_000;
+        e.kernel_poll_apply(0, true, &IdlePlan::initial_poll([0, 1], 1_048_576), true, false);
+        for v in 0..2 {
+            e.vcpus[v].guest_poll_limit = 1_048_576; // grown to the cap
+        }
+        e.kernel_poll_apply(0, true, &IdlePlan::initial_poll([0, 1], 65_536), true, false);
+        let limits = |e: &Engine| e.vcpus.iter().map(|v| v.guest_poll_limit).collect::<Vec<_>>();
+        assert_eq!(limits(&e), vec![1_048_576; 2], "a lowered cap alone leaves the vCPUs' windows");
+        assert_eq!(e.vms[0].kpoll.as_ref().map(|k| (k.cap_ns, k.reset_until)), Some((65_536, 0)));
+        e.kernel_poll_apply(0, true, &IdlePlan::initial_poll([0, 1], 65_536), true, true);
+        assert_eq!(limits(&e), vec![0; 2]);
+        assert_eq!(e.vms[0].kpoll.as_ref().map(|k| k.reset_until), Some(1_000_000_000 + super::GOVERNOR_SWITCH_NS));
+        for v in 0..2 {
+            e.vcpus[v].guest_poll_limit = 65_536;
+        }
+        e.now += super::GOVERNOR_SWITCH_NS;
+        e.kernel_poll_apply(0, true, &IdlePlan::halt([0, 1]), true, false);
+        assert_eq!(limits(&e), vec![0; 2], "the machine's settings restored, windows reset");
+        assert_eq!(e.vms[0].kpoll.as_ref().map(|k| (k.cap_ns, k.reset_until)), Some((0, 1_000_000_000 + super::GOVERNOR_SWITCH_NS)));
     }
 
     /// The planner's curve is the model's: without an RV curve today's two flat points; with
