@@ -4,6 +4,11 @@ result as it reads the built-in kernels'. Fields a harness cannot know (CPU time
 are 0; `gleaner compare` measures those itself around the command."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
 
 
 def summary(v):
@@ -30,7 +35,6 @@ def print_doc(name, params, wall_ns, items, throughput, latency=None):
 def conns_and_secs(argv):
     """The harnesses' two arguments: connections (default 1) and seconds (default 3), both at
     least 1, or an exit naming them."""
-    import sys
     conns = int(argv[1]) if len(argv) > 1 else 1
     secs = int(argv[2]) if len(argv) > 2 else 3
     if conns < 1 or secs < 1:
@@ -38,12 +42,12 @@ def conns_and_secs(argv):
     return conns, secs
 
 
-def print_kv_latency(server, proto, port, secs):
-    """Runs `kv_latency` against `server` (its name for the document) and prints its document:
-    one run of the requests counted, their rate and latency."""
+def print_kv_latency(proto, port, secs):
+    """Runs `kv_latency` against the `proto` server (memcached, redis) and prints its
+    document: one run of the requests counted, their rate and latency."""
     lat, wall = kv_latency(proto, port, secs)
     n = lat["samples"]
-    print_doc(f"{server} + kv-latency -c 1 -t {secs}s", {"connections": 1, "seconds": secs}, wall, n, n * 1e9 / lat["wall_ns"],
+    print_doc(f"{proto} + kv-latency -c 1 -t {secs}s", {"connections": 1, "seconds": secs}, wall, n, n * 1e9 / lat["wall_ns"],
               {k: lat[k] for k in ("samples", "mean_ns", "min_ns", "p50_ns", "p90_ns", "p99_ns", "p999_ns", "max_ns")})
 
 
@@ -51,10 +55,6 @@ def kv_latency(proto, port, secs):
     """Runs `kv-latency.c` (compiled once into ~/.cache/gleaner-bench, again when the source
     is newer) on CPU 0 against a server on the loopback `port`: a closed loop of one
     connection for `secs` seconds. Returns (its latency summary, wall ns)."""
-    import os
-    import subprocess
-    import sys
-    import time
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kv-latency.c")
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gleaner-bench")
     exe = os.path.join(cache, "kv-latency")
@@ -75,9 +75,6 @@ def kv_latency(proto, port, secs):
 def wait_for_port(port, server, name):
     """Waits (5 s at most) until a TCP server listens on the loopback `port`; exits naming
     `name` if `server` (its Popen) exits first or it never does."""
-    import socket
-    import sys
-    import time
     for _ in range(100):
         if server.poll() is not None:
             sys.exit(f"{name} exited at once (status {server.returncode})")

@@ -5,7 +5,7 @@
 # without kernel polling (yielders only) and a budget. Writes one `gleaner compare --json`
 # document per line of the plan into OUT and prints a summary (scripts/bench/summarize.py).
 #
-#   sudo RUNS=5 OUT=bench-out scripts/bench/idle-policies.sh        # about 25 minutes on 2 vCPUs
+#   sudo RUNS=5 OUT=bench-out scripts/bench/idle-policies.sh        # about 40 minutes on 2 vCPUs
 #   sudo ONLY=latency scripts/bench/idle-policies.sh                # one group: latency, throughput, nopoll, budget
 #
 # Needs root (the haltpoll policy and gleaner turn the idle knobs, put back after each run),

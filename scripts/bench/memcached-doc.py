@@ -29,7 +29,7 @@ def main():
     try:
         wait_for_port(port, server, "memcached")
         if conns == 1:
-            print_kv_latency("memcached", "memcached", port, secs)
+            print_kv_latency("memcached", port, secs)
             return
         t0 = time.monotonic_ns()
         out = subprocess.run(["taskset", "-c", "0", "memcaslap", "-s", f"127.0.0.1:{port}", "-T", "1", "-c", str(conns), "-t", f"{secs}s"],

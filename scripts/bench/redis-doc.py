@@ -43,7 +43,7 @@ def main():
                     break
                 time.sleep(0.05)
             if latency:
-                print_kv_latency("redis", "redis", port, secs)
+                print_kv_latency("redis", port, secs)
                 return
             t0 = time.monotonic_ns()
             out = subprocess.run(["redis-benchmark", "-p", port, "-c", clients, "-n", str(requests), "-t", "set,get", "--csv", "-q"],

@@ -582,21 +582,23 @@ impl GuestController {
             return false;
         }
         let applied = &self.applied;
-        let excess: f64 = applied
-            .vcpus
-            .iter()
-            .filter(|v| {
-                v.mechanism == crate::idle::Mechanism::Poll
-                    && applied.poll_window_ns > 0
-                    && !applied.poll_always.contains(&v.cpu)
-                    && matches!(v.why, PlanReason::BestValue | PlanReason::SharedWindow | PlanReason::VmShare)
-            })
-            .filter_map(|v| {
-                let real = r.idle.iter().find(|i| i.cpu == v.cpu)?.poll_ns as f64 / period_ns as f64;
-                Some((real - v.estimate.cost_share).max(0.0))
-            })
-            .sum();
-        let stale = applied.retains() && self.kernel_window_ns > applied.poll_window_ns && excess > STALE_WINDOW_EXCESS;
+        // Only vCPUs polling the window with a planned estimate (not the start plan's).
+        let excess = || -> f64 {
+            applied
+                .vcpus
+                .iter()
+                .filter(|v| {
+                    v.mechanism == crate::idle::Mechanism::Poll
+                        && !applied.poll_always.contains(&v.cpu)
+                        && matches!(v.why, PlanReason::BestValue | PlanReason::SharedWindow | PlanReason::VmShare)
+                })
+                .filter_map(|v| {
+                    let real = r.idle.iter().find(|i| i.cpu == v.cpu)?.poll_ns as f64 / period_ns as f64;
+                    Some((real - v.estimate.cost_share).max(0.0))
+                })
+                .sum()
+        };
+        let stale = applied.poll_window_ns > 0 && self.kernel_window_ns > applied.poll_window_ns && excess() > STALE_WINDOW_EXCESS;
         if stale {
             self.kernel_window_ns = next.poll_window_ns;
         } else {
