@@ -254,9 +254,9 @@ retention = true
 # an idle vCPU's time may go, but only where it buys wakeups at `price` (an idle workload
 # spends nothing; a vCPU that is never idle has nothing to spend).
 budget = 1.0
-# Wakeup latency (ns) one ns of that CPU must save to be spent: 0.01 means a microsecond of
-# wakeup latency is worth up to 100 us of otherwise idle vCPU.
-price = 0.01
+# Wakeup latency (ns) one ns of that CPU must save to be spent: 0.005 means a microsecond of
+# wakeup latency is worth up to 200 us of otherwise idle vCPU.
+price = 0.005
 # Share of the managed vCPUs' time the workload and retention together may fill, (0, 1].
 # Polling is busy time to the host, and a host that caps the VM's CPU at its vCPU count (a
 # cgroup quota) stops the whole VM for the rest of its period when the VM uses it up (here:

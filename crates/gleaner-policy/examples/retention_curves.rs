@@ -91,6 +91,7 @@ fn governor() {
             wakes_per_s: 0.0,
             wake_off_ns: 0.0,
             wake_on_ns: 0.0,
+            probe_share: 1.0,
         }
     };
     for prior in [RetentionMode::On, RetentionMode::Off] {

@@ -736,7 +736,7 @@ fn consolidation_waits_for_a_trace_at_a_new_rate() {
         let mut t = WakeTrace::empty(TraceSource::Bpf, [0, 1]);
         t.traced_ns = PERIOD;
         for cpu in 0..2 {
-            t.vcpus[cpu].woken.record_n(15_000_000, 10);
+            t.vcpus[cpu].woken.record_n(24_000_000, 8);
         }
         t.latency.halt.record_n(60_000, 20);
         let mut snapshot = snapshot(20);

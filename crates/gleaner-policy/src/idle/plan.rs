@@ -16,7 +16,7 @@
 //!  choose the W of highest value with cost(W) <= budget * traced time; none pays: halt (W = 0)
 //!  then over every vCPU: workload busy + retention <= vm_share * vCPUs, lowering the windows
 //!  that lose least value per vCPU freed until it holds, or until what a move loses is more
-//!  than the overrun's price (OVER_SHARE_FACTOR x price)
+//!  than the overrun's price (OVER_SHARE_PRICE)
 //! ```
 //!
 //! Kernel polling beats yielding wherever the machine has it (no IPI, no `SCHED_IDLE` thread
@@ -113,7 +113,7 @@ pub struct PlanConfig {
 /// wakeups at the price (an idle workload spends nothing; see docs/agent.md).
 pub const DEFAULT_BUDGET: f64 = 1.0;
 /// The default price: a microsecond of wakeup latency is worth up to 100 us of idle vCPU.
-pub const DEFAULT_PRICE: f64 = 0.01;
+pub const DEFAULT_PRICE: f64 = 0.005;
 /// The default VM share: 90% of the managed vCPUs, a margin under the 95% at which this
 /// VM's host was never seen to stop it (polling's use varies period to period).
 pub const DEFAULT_VM_SHARE: f64 = 0.9;
@@ -380,8 +380,8 @@ fn best_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &VcpuInp
 }
 
 /// The price of a vCPU-second of retention over the VM's share, ns of wakeup latency.
-fn over_price(cfg: &PlanConfig) -> f64 {
-    OVER_SHARE_FACTOR * cfg.price * 1e9
+fn over_price() -> f64 {
+    OVER_SHARE_PRICE * 1e9
 }
 
 /// Share of its observed time a vCPU was idle (the workload left it), unclamped: the same
@@ -401,12 +401,16 @@ fn vm_allowance(cfg: &PlanConfig, inputs: &[VcpuInput<'_>]) -> f64 {
     (idle - (1.0 - cfg.vm_share) * inputs.len() as f64).max(0.0)
 }
 
-/// A vCPU's worth of retention over the VM's share is priced this many times the price: the
-/// share is a cost, not a wall, because a shared haltpoll window leaves some workloads no
-/// cheaper option than halting a vCPU whose every wakeup it would save (a ping-pong whose two
-/// ends each idle half their vCPU in 6 us gaps: over the share by polling both, but ~50 us a
-/// round trip saved), while the host's stop it risks costs a closed loop one round trip.
-pub const OVER_SHARE_FACTOR: f64 = 10.0;
+/// Retention over the VM's share is priced at this (ns of wakeup latency per ns of CPU over
+/// the share): the share is a cost, not a wall, because a shared haltpoll window leaves some
+/// workloads no cheaper option than halting a vCPU whose every wakeup it would save (a
+/// ping-pong whose two ends each idle half their vCPU in 6 us gaps: over the share by polling
+/// both, but ~50 us a round trip saved), while the host's stop it risks costs a closed loop one
+/// round trip. A constant, not a multiple of `price` (it was 10x the price): what it prices is
+/// the host's stop, which a tenant valuing its idle vCPU time less does not make any cheaper
+/// (at price 0.005 a multiple let the open loop at 200 requests/s poll both vCPUs past the
+/// share).
+pub const OVER_SHARE_PRICE: f64 = 0.1;
 
 /// Picks one option per vCPU (`options[v]`, any order) for the most value less the price of
 /// the VM share overrun: each vCPU starts at its most valuable option, then, while the sum of
@@ -451,7 +455,7 @@ pub fn plan(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuIn
     }
     let options: Vec<Vec<Choice>> = inputs.iter().map(|i| options_alone(curve, Mechanism::Yield, cfg, i, true, true)).collect();
     // Halting is every vCPU's last option: the fit always exists.
-    let (fitted, _) = fit_vm(&options, vm_allowance(cfg, inputs), over_price(cfg)).unwrap_or_default();
+    let (fitted, _) = fit_vm(&options, vm_allowance(cfg, inputs), over_price()).unwrap_or_default();
     IdlePlan { vcpus: fitted.iter().map(|o| o.plan).collect(), poll_window_ns: 0, poll_always: Vec::new() }
 }
 
@@ -497,7 +501,7 @@ fn plan_polling(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[Vc
                 opts
             })
             .collect();
-        let Some((fitted, overrun)) = fit_vm(&options, allowance, over_price(cfg)) else { continue };
+        let Some((fitted, overrun)) = fit_vm(&options, allowance, over_price()) else { continue };
         let total: f64 = fitted.iter().map(|o| o.value).sum::<f64>() - overrun;
         if best.as_ref().is_none_or(|(bv, _, _)| total > *bv) {
             best = Some((total, cap, fitted.iter().map(|o| o.plan).collect()));

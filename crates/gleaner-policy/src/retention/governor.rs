@@ -230,7 +230,20 @@ pub struct Comparison {
     pub on_wake_ns: Option<f64>,
     #[serde(default)]
     pub off_wake_ns: Option<f64>,
+    /// How far the gain may be from the true one by chance alone ([`progress_noise`]): a
+    /// fall of progress within it does not keep latency from deciding.
+    #[serde(default)]
+    pub progress_noise: f64,
     pub verdict: Verdict,
+}
+
+/// Twice the relative standard deviation of the ratio of two counts of sync points, `a` and
+/// `b`, were they Poisson: `2 sqrt(1/a + 1/b)`. A server at a fixed request rate counts its
+/// arrivals; at 600 a second a 50 ms probe holds about 30, so a probe's "progress" is off by
+/// 20-40% by chance (seen: gains of -13% to +67% for an open loop whose rate no mode can
+/// move), while a CPU-bound workload's thousands of sync points an epoch give a few percent.
+pub fn progress_noise(a: u64, b: u64) -> f64 {
+    2.0 * (1.0 / a.max(1) as f64 + 1.0 / b.max(1) as f64).sqrt()
 }
 
 /// Where the governor is in its probe cycle.
@@ -455,16 +468,24 @@ impl RetentionGovernor {
         };
         let break_even = self.cfg.cpu_price * burn_vcpus;
         let gain = if off_rate > 0.0 { on_rate / off_rate - 1.0 } else { 0.0 };
-        let too_small = [before, probe, after].iter().any(|e| e.progress < self.cfg.min_progress || e.duration_ns == 0);
-        let traced = [before, probe, after].iter().all(|e| e.wakeups >= self.cfg.min_wakeups);
+        // The minimum counts are per full epoch: a shorter one (the agent's probe runs a
+        // quarter period) needs as much less. Judged by raw counts, a server at 600 sync
+        // points a second (about 30 in a 50 ms probe, under min_progress and min_wakeups) was
+        // "too small to compare" at every probe, so the polling "lost" and went off, halting
+        // its wakeups for seconds (`gleaner bench workload openloop --rate 200`).
+        let longest = [before, probe, after].iter().map(|e| e.duration_ns).max().unwrap_or(0).max(1);
+        let enough = |n: u64, e: &EpochReading, min: u64| n as f64 >= min as f64 * e.duration_ns as f64 / longest as f64;
+        let too_small = [before, probe, after].iter().any(|e| e.duration_ns == 0 || !enough(e.progress, e, self.cfg.min_progress));
+        let traced = [before, probe, after].iter().all(|e| enough(e.wakeups, e, self.cfg.min_wakeups));
         let moved = before.active_vcpus != probe.active_vcpus || probe.active_vcpus != after.active_vcpus;
         let latency = match (traced, on_wake, off_wake) {
             (true, Some(on), Some(off)) if on > 0.0 => Some(off / on - 1.0),
             _ => None,
         };
+        let progress_noise = progress_noise(before.progress + after.progress, probe.progress);
         let verdict = if moved {
             Verdict::Inconclusive
-        } else if let Some(lg) = latency.filter(|_| gain > -self.cfg.margin) {
+        } else if let Some(lg) = latency.filter(|_| gain > -self.cfg.margin.max(progress_noise)) {
             // Wakeups measured, progress held: latency decides. Faster by latency_gain pays;
             // not faster at all (within the margin) loses if the CPU had a price.
             if lg >= self.cfg.latency_gain {
@@ -497,6 +518,7 @@ impl RetentionGovernor {
             break_even,
             on_wake_ns: on_wake.filter(|_| traced),
             off_wake_ns: off_wake.filter(|_| traced),
+            progress_noise,
             verdict,
         }
     }
@@ -558,6 +580,7 @@ mod tests {
             wakes_per_s: 0.0,
             wake_off_ns: 0.0,
             wake_on_ns: 0.0,
+            probe_share: 1.0,
         }
     }
     /// The development VM: the host polls halted vCPUs, forced retention costs 7%.
@@ -829,6 +852,48 @@ mod tests {
         let trace = drive_governor(&mut g, 400, 6, |_| EpochModel { on_gain: -0.2, ..server(40_000.0, 20_000.0, 0.6) });
         assert_eq!(switches(&trace).len(), 1);
         assert_eq!(g.state().baseline, RetentionMode::Off);
+    }
+
+    /// One epoch of a traced server: `ms` long, `n` sync points and as many traced wakeups of
+    /// mean `wake_ns`, 2 vCPUs, `poll_ms` of polling.
+    fn epoch(ms: u64, n: u64, wake_ns: f64, poll_ms: u64) -> EpochReading {
+        EpochReading {
+            duration_ns: ms * 1_000_000,
+            progress: n,
+            retention_cpu_ns: poll_ms * 1_000_000,
+            active_vcpus: 2,
+            wakeups: n,
+            wake_mean_ns: wake_ns,
+        }
+    }
+
+    #[test]
+    fn a_quarter_period_probe_of_a_slow_server_is_judged_by_its_wakeups() {
+        // Two sandwiches of `gleaner run --events` on `gleaner bench workload openloop --rate
+        // 200` (600 sync points a second, one vCPU polling): a 50-66 ms probe with retention
+        // off holds 45 of them, and its wakeups are slower. Both were "too small" and lost.
+        let cfg = GovernorConfig::default();
+        let mut g = RetentionGovernor::new(cfg, RetentionMode::On);
+        let c = g.compare(&epoch(200, 123, 5_304.0, 196), &epoch(66, 45, 6_808.0, 0), &epoch(201, 114, 5_301.0, 236));
+        assert_eq!(c.verdict, Verdict::Pays, "{c:?}");
+        // The progress of the probe fell 13%: within what 45 arrivals give by chance.
+        assert!(c.gain < -cfg.margin && c.gain > -c.progress_noise, "{c:?}");
+        // A real fall of progress, beyond chance, still keeps latency from excusing it.
+        let c = g.compare(&epoch(200, 4_000, 5_304.0, 196), &epoch(50, 1_500, 8_000.0, 0), &epoch(200, 4_000, 5_301.0, 196));
+        assert!(c.gain < -c.progress_noise && c.verdict != Verdict::Pays, "{c:?}");
+        // A probe shorter than the rest needs as much fewer sync points, no fewer: 10 in 50 ms
+        // next to 200 ms epochs is under a quarter of min_progress (50).
+        let c = g.compare(&epoch(200, 123, 5_304.0, 196), &epoch(50, 10, 6_808.0, 0), &epoch(200, 114, 5_301.0, 196));
+        assert_eq!(c.verdict, Verdict::Loses, "too few to compare, and it burned a vCPU: {c:?}");
+        assert!(c.on_wake_ns.is_none());
+
+        // Driven: such a server, quarter probes, readings +-15%, stays on for 2,000 epochs.
+        let slow = EpochModel { rate_per_s: 600.0, wakes_per_s: 600.0, noise: 0.15, probe_share: 0.25, ..server(10_000.0, 5_500.0, 1.0) };
+        let mut g = RetentionGovernor::with_prior(cfg, RetentionMode::On, PriorStrength::Confident);
+        let trace = drive_governor(&mut g, 2_000, 21, |_| slow);
+        assert!(switches(&trace).is_empty(), "{:?}", switches(&trace));
+        let c: Vec<Comparison> = trace.iter().filter_map(|(_, s)| s.comparison).collect();
+        assert!(c.len() >= 50 && c.iter().all(|c| c.verdict == Verdict::Pays), "{c:?}");
     }
 
     #[test]

@@ -133,19 +133,27 @@ pub struct EpochModel {
     pub wakes_per_s: f64,
     pub wake_off_ns: f64,
     pub wake_on_ns: f64,
+    /// A probe epoch lasts this share of `epoch_ns` (the agent's: `guest::PROBE_SHARE`); 1.0:
+    /// as long as the others.
+    pub probe_share: f64,
 }
 
 impl EpochModel {
-    /// One epoch in `mode`.
+    /// One epoch in `mode`, of the full length.
     pub fn reading(&self, mode: RetentionMode, rng: &mut SplitMix64) -> EpochReading {
-        let secs = self.epoch_ns as f64 / 1e9;
+        self.epoch(mode, self.epoch_ns, rng)
+    }
+
+    /// One epoch in `mode` lasting `epoch_ns`.
+    fn epoch(&self, mode: RetentionMode, epoch_ns: u64, rng: &mut SplitMix64) -> EpochReading {
+        let secs = epoch_ns as f64 / 1e9;
         let gain = if mode.is_on() { 1.0 + self.on_gain } else { 1.0 };
         let jitter = 1.0 + self.noise * (2.0 * rng.unit() - 1.0);
         let burn = if mode.is_on() { self.burn_vcpus } else { 0.0 };
         EpochReading {
-            duration_ns: self.epoch_ns,
+            duration_ns: epoch_ns,
             progress: whole(self.rate_per_s * secs * gain * jitter),
-            retention_cpu_ns: whole(burn * self.epoch_ns as f64),
+            retention_cpu_ns: whole(burn * epoch_ns as f64),
             active_vcpus: self.active_vcpus,
             wakeups: whole(self.wakes_per_s * secs),
             wake_mean_ns: if mode.is_on() { self.wake_on_ns } else { self.wake_off_ns } * jitter,
@@ -154,7 +162,8 @@ impl EpochModel {
 }
 
 /// Runs `gov` for `epochs` epochs; epoch `k` is read from `model(k)` in the mode the governor
-/// applies. Returns, per epoch, the mode it ran in and the governor's step after it.
+/// applies, a probe lasting the model's `probe_share`. Returns, per epoch, the mode it ran in
+/// and the governor's step after it.
 pub fn drive_governor(
     gov: &mut RetentionGovernor,
     epochs: usize,
@@ -165,7 +174,9 @@ pub fn drive_governor(
     (0..epochs)
         .map(|k| {
             let mode = gov.mode();
-            let r = model(k).reading(mode, &mut rng);
+            let m = model(k);
+            let ns = if gov.probing() { whole(m.epoch_ns as f64 * m.probe_share) } else { m.epoch_ns };
+            let r = m.epoch(mode, ns, &mut rng);
             (mode, gov.step(&r))
         })
         .collect()

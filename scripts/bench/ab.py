@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Alternated rounds of one workload under several variants, outside `gleaner compare`: two
+gleaner binaries, one binary with different flags or configs, against stock and the kernel's
+guest haltpoll. Each round runs every variant once, the order rotated by one each round; the
+first variant is the reference the others are compared with, round by round.
+
+A variant is NAME=PREFIX: PREFIX (split on spaces) goes before the workload command. An empty
+PREFIX runs the command alone (stock). `@haltpoll` runs it alone with the kernel's guest
+haltpoll at its upstream defaults (guest_halt_poll_ns 200000, grow 2, grow_start 50000, shrink
+2, allow_shrink Y), every parameter put back after the run (needs the haltpoll cpuidle driver).
+
+The metric: the request latency (p50 and p99) of the BenchDoc the command prints (`gleaner
+bench workload ... --json`, scripts/bench/*-doc.py), or the wall seconds of the command where
+it prints none (sysbench, stress-ng). Root where a variant runs gleaner or @haltpoll.
+
+    scripts/bench/ab.py --rounds 9 --variant 'new=target/release/gleaner run --' \\
+        --variant 'old=/tmp/gleaner-base run --' --variant 'stock=' --variant 'haltpoll=@haltpoll' \\
+        -- scripts/bench/sockperf-doc.py ul 3 2000
+
+Summary per variant: medians [min..max], and beside every variant after the first the median
+of its per-round ratios to the first and their geometric mean (latency: first / variant,
+wall: first / variant; above 1 the variant was faster).
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HALTPOLL = "/sys/module/haltpoll/parameters"
+HALTPOLL_UPSTREAM = {"guest_halt_poll_ns": "200000", "guest_halt_poll_grow": "2",
+                     "guest_halt_poll_grow_start": "50000", "guest_halt_poll_shrink": "2",
+                     "guest_halt_poll_allow_shrink": "Y"}
+
+
+def measure(out, wall_s):
+    """(p50 us, p99 us) from the last BenchDoc in `out` with a latency (one line, or pretty
+    printed), else (wall s, None)."""
+    dec = json.JSONDecoder()
+    starts = [i for i in range(len(out)) if out[i] == "{" and (i == 0 or out[i - 1] == "\n")]
+    for i in reversed(starts):
+        try:
+            doc, _ = dec.raw_decode(out, i)
+        except json.JSONDecodeError:
+            continue
+        lat = doc.get("runs", [{}])[0].get("latency") if isinstance(doc, dict) else None
+        if lat:
+            return lat["p50_ns"] / 1e3, lat["p99_ns"] / 1e3
+    return wall_s, None
+
+
+def run_haltpoll(cmd):
+    """Runs `cmd` with the guest haltpoll knobs at upstream defaults; puts them back."""
+    if not os.path.isdir(HALTPOLL):
+        sys.exit(f"ab: variant @haltpoll needs the haltpoll cpuidle driver ({HALTPOLL} is missing)")
+    saved = {k: open(os.path.join(HALTPOLL, k)).read().strip() for k in HALTPOLL_UPSTREAM}
+    try:
+        for k, v in HALTPOLL_UPSTREAM.items():
+            with open(os.path.join(HALTPOLL, k), "w") as f:
+                f.write(v)
+        return subprocess.run(cmd, capture_output=True, text=True)
+    finally:
+        for k, v in saved.items():
+            with open(os.path.join(HALTPOLL, k), "w") as f:
+                f.write(v)
+
+
+def parse_variant(s):
+    name, sep, prefix = s.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"variant {s!r}: expected NAME=PREFIX (PREFIX may be empty or @haltpoll)")
+    return name, prefix.split()
+
+
+def fmt(v):
+    s = sorted(v)
+    return f"{statistics.median(s):8.2f} [{s[0]:.2f}..{s[-1]:.2f}]"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variant", action="append", type=parse_variant, required=True,
+                    help="NAME=PREFIX, at least two; the first is the reference")
+    ap.add_argument("--rounds", type=int, default=9, help="rounds (default 9)")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the workload command")
+    a = ap.parse_args()
+    cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    names = [n for n, _ in a.variant]
+    if not cmd or a.rounds < 1 or len(a.variant) < 2 or len(set(names)) != len(names):
+        ap.error("give --rounds >= 1, two or more variants with distinct names, and a command after --")
+    variants = dict(a.variant)
+    res = {k: [] for k in variants}
+    for r in range(a.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            pre = variants[k]
+            t0 = time.monotonic()
+            p = run_haltpoll(cmd) if pre == ["@haltpoll"] else subprocess.run(pre + cmd, capture_output=True, text=True)
+            wall = time.monotonic() - t0
+            if p.returncode != 0:
+                sys.exit(f"ab: {' '.join(pre + cmd)} exited {p.returncode}: {p.stderr[-300:]}")
+            res[k].append(measure(p.stdout, wall))
+        print(f"round {r + 1}/{a.rounds}: " + ", ".join(
+            f"{k} {v[-1][0]:.2f}" + (f"/{v[-1][1]:.1f}" if v[-1][1] is not None else "") for k, v in res.items()), flush=True)
+    print()
+    ref = names[0]
+    latency = res[ref][0][1] is not None
+    for k, v in res.items():
+        line = f"{k:16} "
+        cols = [("p50", 0), ("p99", 1)] if latency else [("wall s", 0)]
+        for label, i in cols:
+            xs = [x[i] for x in v]
+            line += f"{label} {fmt(xs)}  "
+            if k != ref:
+                ratios = [b[i] / x[i] for b, x in zip(res[ref], v)]
+                gm = math.exp(sum(math.log(q) for q in ratios) / len(ratios))
+                line += f"({ref}/{k} per round: median {statistics.median(ratios):.3f}, geomean {gm:.3f})  "
+        print(line.rstrip())
+
+
+if __name__ == "__main__":
+    main()
