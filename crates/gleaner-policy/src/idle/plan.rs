@@ -112,7 +112,8 @@ pub struct PlanConfig {
 /// The default budget: all of a vCPU's idle time may be spent, but only where it buys
 /// wakeups at the price (an idle workload spends nothing; see docs/agent.md).
 pub const DEFAULT_BUDGET: f64 = 1.0;
-/// The default price: a microsecond of wakeup latency is worth up to 100 us of idle vCPU.
+/// The default price: a microsecond of wakeup latency is worth up to 200 us of idle vCPU
+/// (0.01 until 2026-11-26: docs/idle-policy.md, "Why the price").
 pub const DEFAULT_PRICE: f64 = 0.005;
 /// The default VM share: 90% of the managed vCPUs, a margin under the 95% at which this
 /// VM's host was never seen to stop it (polling's use varies period to period).
@@ -380,9 +381,7 @@ fn best_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &VcpuInp
 }
 
 /// The price of a vCPU-second of retention over the VM's share, ns of wakeup latency.
-fn over_price() -> f64 {
-    OVER_SHARE_PRICE * 1e9
-}
+const OVER_PRICE_NS: f64 = OVER_SHARE_PRICE * 1e9;
 
 /// Share of its observed time a vCPU was idle (the workload left it), unclamped: the same
 /// sums the costs come from, so that no option costs more than its vCPU's idle share.
@@ -455,7 +454,7 @@ pub fn plan(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuIn
     }
     let options: Vec<Vec<Choice>> = inputs.iter().map(|i| options_alone(curve, Mechanism::Yield, cfg, i, true, true)).collect();
     // Halting is every vCPU's last option: the fit always exists.
-    let (fitted, _) = fit_vm(&options, vm_allowance(cfg, inputs), over_price()).unwrap_or_default();
+    let (fitted, _) = fit_vm(&options, vm_allowance(cfg, inputs), OVER_PRICE_NS).unwrap_or_default();
     IdlePlan { vcpus: fitted.iter().map(|o| o.plan).collect(), poll_window_ns: 0, poll_always: Vec::new() }
 }
 
@@ -501,7 +500,7 @@ fn plan_polling(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[Vc
                 opts
             })
             .collect();
-        let Some((fitted, overrun)) = fit_vm(&options, allowance, over_price()) else { continue };
+        let Some((fitted, overrun)) = fit_vm(&options, allowance, OVER_PRICE_NS) else { continue };
         let total: f64 = fitted.iter().map(|o| o.value).sum::<f64>() - overrun;
         if best.as_ref().is_none_or(|(bv, _, _)| total > *bv) {
             best = Some((total, cap, fitted.iter().map(|o| o.plan).collect()));
