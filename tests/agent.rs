@@ -606,3 +606,50 @@ fn the_workload_starts_only_once_the_guardian_is_armed() {
     assert_eq!(masks[0] & (sigterm | sigpipe), sigterm | sigpipe, "guardian not armed when the workload started: SigIgn {:#x}", masks[0]);
     assert_no_leftovers(run_dir.path());
 }
+
+/// The scheduling policy of thread `tid` of process `pid` (`policy` in /proc/PID/task/TID/sched).
+fn thread_policy(pid: u32, tid: u32) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/sched")).ok()?;
+    text.lines().find(|l| l.starts_with("policy")).and_then(|l| l.split(':').nth(1)).and_then(|v| v.trim().parse().ok())
+}
+
+/// The agent's period work runs SCHED_IDLE (5) while the workload leaves idle time, so that a
+/// workload thread woken on its vCPU preempts it at once, and at its own priority (SCHED_OTHER,
+/// 0) while the workload saturates the vCPUs; the workload itself is never moved.
+#[test]
+#[serial(host)]
+fn the_agents_period_work_runs_in_the_idle_time_the_workload_leaves() {
+    require_root_and_cpuset();
+    let run_dir = tempfile::tempdir().unwrap();
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    // Idle for 2 s, then every vCPU busy for 4 s.
+    let script = format!("sleep 2; for i in $(seq {cpus}); do timeout 4 sh -c 'while :; do :; done' & done; wait");
+    let mut agent = gleaner()
+        .args(["run", "--no-consolidation", "--run-dir"])
+        .arg(run_dir.path())
+        .args(["--", "sh", "-c", &script])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = agent.id();
+    let (found, report) = wait_status(run_dir.path(), Duration::from_secs(3), |r| {
+        r.as_array().is_some_and(|a| !a.is_empty() && a[0]["periods"].as_u64().unwrap_or(0) >= 2)
+    });
+    assert!(found, "no status from the agent: {report}");
+    assert_eq!(report[0]["agent_in_background"], true, "{report}");
+    assert_eq!(thread_policy(pid, pid), Some(5), "the agent's main thread is not SCHED_IDLE with an idle workload");
+    let (found, report) = wait_status(run_dir.path(), Duration::from_secs(4), |r| r[0]["agent_in_background"] == false);
+    assert!(found, "the agent stayed in the background while the workload saturated the VM: {report}");
+    assert_eq!(thread_policy(pid, pid), Some(0), "the agent's main thread is not back at SCHED_OTHER");
+    let workload: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    assert!(!workload.is_empty(), "no workload process under the agent");
+    for w in workload {
+        assert_eq!(thread_policy(w, w), Some(0), "the workload (pid {w}) was moved out of SCHED_OTHER");
+    }
+    assert!(agent.wait().unwrap().success());
+    assert_no_leftovers(run_dir.path());
+}

@@ -139,9 +139,8 @@ impl KnobWriter {
         if ns == 0 {
             return Ok(());
         }
-        let params = self.knobs.haltpoll_params()?;
         for (name, value) in [(HALTPOLL_GROW_START_PARAM, ns.to_string()), (HALTPOLL_ALLOW_SHRINK_PARAM, "N".to_string())] {
-            if params.contains_key(name) {
+            if self.knobs.haltpoll_param(name)?.is_some() {
                 self.set_haltpoll_param(journal, name, &value)?;
             }
         }
@@ -150,8 +149,7 @@ impl KnobWriter {
 
     /// Sets one haltpoll module parameter.
     pub fn set_haltpoll_param(&mut self, journal: &mut StateFile, name: &str, value: &str) -> anyhow::Result<()> {
-        let now = self.knobs.haltpoll_params()?;
-        let original = now.get(name).cloned().with_context(|| format!("haltpoll parameter {name} is missing"))?;
+        let original = self.knobs.haltpoll_param(name)?.with_context(|| format!("haltpoll parameter {name} is missing"))?;
         if original == value && !self.changed.contains_key(&Key::Param(name.into())) {
             return Ok(());
         }

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::{ticks_to_ns, Procfs, SchedstatFile, StatFile, StatusFile};
-use gleaner_os::sysfs::Sysfs;
+use gleaner_os::sysfs::{IdleCounters, Sysfs};
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 use gleaner_policy::guest::VcpuIdle;
 use gleaner_policy::idle::Log2Hist;
@@ -116,6 +116,9 @@ pub struct Sampler {
     state_idle_ns: BTreeMap<u32, u64>,
     /// Every managed vCPU (the snapshot covers only the active ones).
     managed: CpuSet,
+    /// The managed vCPUs' cpuidle counters, kept open (`None` until opened, and again after
+    /// a read failed: reopened next period).
+    idle_counters: Option<IdleCounters>,
     at: Instant,
 }
 
@@ -152,6 +155,7 @@ impl Sampler {
             yielder: HashMap::new(),
             caught: HashMap::new(),
             idle_entries: BTreeMap::new(),
+            idle_counters: None,
             at: Instant::now(),
         }
     }
@@ -307,21 +311,31 @@ impl Sampler {
         let mut entries_delta: BTreeMap<u32, u64> = BTreeMap::new();
         let mut poll_delta: BTreeMap<u32, u64> = BTreeMap::new();
         let mut state_idle_delta: BTreeMap<u32, u64> = BTreeMap::new();
-        for cpu in self.managed.iter() {
-            let Ok(states) = self.sysfs.cpuidle_states(cpu) else { continue };
-            if states.is_empty() {
-                continue;
+        // Kept open; a switch of the cpuidle governor (the windows' reset) recreates the
+        // states' files (reads of the old fail with ENODEV): reopened and read again then.
+        let mut counts = None;
+        for _ in 0..2 {
+            if self.idle_counters.is_none() {
+                self.idle_counters = self.sysfs.idle_counters(&self.managed).ok();
             }
-            let usage: u64 = states.iter().map(|s| s.usage).sum();
-            let prev = self.idle_entries.insert(cpu, usage).unwrap_or(usage);
-            entries_delta.insert(cpu, usage.saturating_sub(prev));
+            match self.idle_counters.as_ref().map(IdleCounters::read) {
+                Some(Ok(c)) => {
+                    counts = Some(c);
+                    break;
+                }
+                Some(Err(_)) => self.idle_counters = None,
+                None => break,
+            }
+        }
+        for c in counts.unwrap_or_default() {
+            let cpu = c.cpu;
+            let prev = self.idle_entries.insert(cpu, c.entries).unwrap_or(c.entries);
+            entries_delta.insert(cpu, c.entries.saturating_sub(prev));
             // The POLL state's time is kernel polling: idle for /proc/stat, work for the bill.
-            let poll = states.iter().filter(|s| s.name == "POLL").map(|s| s.time_us.saturating_mul(1000)).sum::<u64>();
-            let prev = self.poll_ns.insert(cpu, poll).unwrap_or(poll);
-            poll_delta.insert(cpu, poll.saturating_sub(prev));
-            let idle = states.iter().map(|s| s.time_us.saturating_mul(1000)).sum::<u64>();
-            let prev = self.state_idle_ns.insert(cpu, idle).unwrap_or(idle);
-            state_idle_delta.insert(cpu, idle.saturating_sub(prev));
+            let prev = self.poll_ns.insert(cpu, c.poll_ns).unwrap_or(c.poll_ns);
+            poll_delta.insert(cpu, c.poll_ns.saturating_sub(prev));
+            let prev = self.state_idle_ns.insert(cpu, c.idle_ns).unwrap_or(c.idle_ns);
+            state_idle_delta.insert(cpu, c.idle_ns.saturating_sub(prev));
         }
         extras.idle = self
             .managed

@@ -241,6 +241,10 @@ pub struct StatusReport {
     #[serde(default)]
     pub vcpu_timeouts: Vec<VcpuTimeout>,
     pub consolidation: bool,
+    /// The agent's period work runs SCHED_IDLE, in the time the workload leaves idle
+    /// (`GuestController::agent_in_background`; false while the VM is saturated).
+    #[serde(default)]
+    pub agent_in_background: bool,
     /// Why consolidation is off although it was asked for.
     pub note: Option<String>,
     pub all_cpus: String,

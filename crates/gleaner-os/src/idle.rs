@@ -207,6 +207,11 @@ impl IdleKnobs {
         self.sysfs.module_params(HALTPOLL_MODULE)
     }
 
+    /// One haltpoll parameter (`None`: this kernel lacks it, or the module is not loaded).
+    pub fn haltpoll_param(&self, name: &str) -> Result<Option<String>> {
+        self.sysfs.module_param(HALTPOLL_MODULE, name)
+    }
+
     /// Writes one haltpoll parameter; returns the value it replaced.
     pub fn set_haltpoll_param(&self, name: &str, value: &str) -> Result<String> {
         self.sysfs.write_module_param(HALTPOLL_MODULE, name, value)

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::error::{OsError, Result};
-use crate::util::{self, parse_err, parse_u64};
+use crate::util::{self, parse_err, parse_u64, Reread};
 
 /// Kernel tick rate assumed for fixtures (`USER_HZ` is 100 on every Linux architecture
 /// gleaner runs on).
@@ -169,56 +169,6 @@ pub struct MountInfo {
 /// One line of `/proc/<pid>/cgroup`: hierarchy id, controllers (empty for cgroup v2 `0::`),
 /// path within the hierarchy.
 pub type CgroupLine = (u32, Vec<String>, String);
-
-/// A procfs file kept open and re-read from offset 0 with one `pread` (the kernel regenerates
-/// the text at each read), no allocation: cheap enough for a hot loop.
-#[derive(Debug)]
-struct Reread {
-    path: PathBuf,
-    file: std::fs::File,
-}
-
-impl Reread {
-    fn open(path: PathBuf) -> Result<Self> {
-        let file = std::fs::File::open(&path).map_err(|source| OsError::Read { path: path.clone(), source })?;
-        Ok(Self { path, file })
-    }
-
-    /// The file's current text, in `buf`.
-    fn read<'b>(&self, buf: &'b mut [u8]) -> Result<&'b [u8]> {
-        use std::os::unix::fs::FileExt;
-        let n = self.file.read_at(buf, 0).map_err(|source| OsError::Read { path: self.path.clone(), source })?;
-        Ok(&buf[..n])
-    }
-
-    /// The file's current text, which must be shorter than `buf` (a text that fills it may be
-    /// cut short, and a prefix could parse as a wrong value): `what` names the file in the error.
-    fn read_short<'b>(&self, buf: &'b mut [u8], what: &str) -> Result<&'b [u8]> {
-        let len = buf.len();
-        let text = self.read(buf)?;
-        if text.len() == len {
-            return Err(parse_err(&self.path, 1, format!("{len} bytes or more: longer than any {what}")));
-        }
-        Ok(text)
-    }
-
-    /// The file's whole current text, read with one `pread` into `buf` (kept between reads),
-    /// which grows and reads again while the text fills it.
-    fn read_text<'b>(&self, buf: &'b mut Vec<u8>) -> Result<&'b str> {
-        if buf.len() < 512 {
-            buf.resize(4096, 0);
-        }
-        let n = loop {
-            let n = self.read(buf)?.len();
-            if n < buf.len() {
-                break n;
-            }
-            let grown = buf.len() * 2;
-            buf.resize(grown, 0);
-        };
-        std::str::from_utf8(&buf[..n]).map_err(|_| parse_err(&self.path, 1, "not UTF-8"))
-    }
-}
 
 /// An open `/proc/<pid>/task/<tid>/status`: each [`StatusFile::read`] re-reads it with one
 /// `pread`. Under TCG an open + read + close of a procfs file took 240-350 us of guest time

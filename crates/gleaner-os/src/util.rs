@@ -2,7 +2,7 @@
 
 use std::fs;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{is_gone, OsError, Result};
 
@@ -56,4 +56,54 @@ pub(crate) fn parse_err(path: &Path, line: usize, reason: impl Into<String>) -> 
 /// Parses an unsigned integer field, naming it in the error.
 pub(crate) fn parse_u64(path: &Path, line: usize, what: &str, s: &str) -> Result<u64> {
     s.trim().parse::<u64>().map_err(|_| parse_err(path, line, format!("{what}: '{s}' is not an unsigned integer")))
+}
+
+/// A procfs or sysfs file kept open and re-read from offset 0 with one `pread` (the kernel regenerates
+/// the text at each read), no allocation: cheap enough for a hot loop.
+#[derive(Debug)]
+pub(crate) struct Reread {
+    pub(crate) path: PathBuf,
+    file: std::fs::File,
+}
+
+impl Reread {
+    pub(crate) fn open(path: PathBuf) -> Result<Self> {
+        let file = std::fs::File::open(&path).map_err(|source| OsError::Read { path: path.clone(), source })?;
+        Ok(Self { path, file })
+    }
+
+    /// The file's current text, in `buf`.
+    pub(crate) fn read<'b>(&self, buf: &'b mut [u8]) -> Result<&'b [u8]> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.read_at(buf, 0).map_err(|source| OsError::Read { path: self.path.clone(), source })?;
+        Ok(&buf[..n])
+    }
+
+    /// The file's current text, which must be shorter than `buf` (a text that fills it may be
+    /// cut short, and a prefix could parse as a wrong value): `what` names the file in the error.
+    pub(crate) fn read_short<'b>(&self, buf: &'b mut [u8], what: &str) -> Result<&'b [u8]> {
+        let len = buf.len();
+        let text = self.read(buf)?;
+        if text.len() == len {
+            return Err(parse_err(&self.path, 1, format!("{len} bytes or more: longer than any {what}")));
+        }
+        Ok(text)
+    }
+
+    /// The file's whole current text, read with one `pread` into `buf` (kept between reads),
+    /// which grows and reads again while the text fills it.
+    pub(crate) fn read_text<'b>(&self, buf: &'b mut Vec<u8>) -> Result<&'b str> {
+        if buf.len() < 512 {
+            buf.resize(4096, 0);
+        }
+        let n = loop {
+            let n = self.read(buf)?.len();
+            if n < buf.len() {
+                break n;
+            }
+            let grown = buf.len() * 2;
+            buf.resize(grown, 0);
+        };
+        std::str::from_utf8(&buf[..n]).map_err(|_| parse_err(&self.path, 1, "not UTF-8"))
+    }
 }

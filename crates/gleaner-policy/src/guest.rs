@@ -283,6 +283,10 @@ pub const QUIET_START_NS: u64 = 1_000_000_000;
 /// three 5-round compares on 2026-11-25, 0.996x in a 9-round one: within its run-to-run spread).
 pub const SATURATED_IDLE_SHARE: f64 = 0.02;
 
+/// The most sync points a second per active vCPU at which the agent's period work still runs
+/// in the background ([`GuestController::agent_in_background`]).
+pub const BACKGROUND_MAX_RATE: f64 = 5_000.0;
+
 /// Below this share left idle, the yielding threads are not planned either. A `SCHED_IDLE`
 /// yielder keeps its vCPU from going newly idle (a thread queued on the other vCPU waits for
 /// the periodic balancer) and its `sched_yield()` loop takes the run queue's lock the wakers
@@ -640,6 +644,27 @@ impl GuestController {
     /// The workload leaves the vCPUs (almost) no idle time ([`SATURATED_IDLE_SHARE`]).
     pub fn saturated(&self) -> bool {
         self.saturated_for(crate::idle::Mechanism::Poll)
+    }
+
+    /// Whether the agent's own period work runs in the background (the adapter makes it
+    /// SCHED_IDLE) rather than at the workload's priority: while the VM is not
+    /// [`Self::saturated`] and the workload blocks at most [`BACKGROUND_MAX_RATE`] times a
+    /// second per active vCPU.
+    ///
+    /// The period's work (reading the counters, deciding, writing knobs) takes the agent
+    /// 0.5-1 ms of a vCPU at a stretch, and the scheduler lets a running task finish its
+    /// protected slice before a woken one of equal priority runs: a server woken on the vCPU
+    /// the agent ran on waited for it (sockperf under load at 2,000 msg/s under `perf sched`:
+    /// 14 of 15 such wakeups 481-821 us late). Any task preempts a SCHED_IDLE one at once
+    /// (the same wakeups: 18-29 us). But a SCHED_IDLE agent runs in the workload's idle
+    /// periods and is preempted at each wakeup, which then needs an interrupt where the vCPU
+    /// would have been polling: a ping-pong blocking 90,000 times a second per vCPU chopped
+    /// the agent's work into hundreds of pieces and its p99 doubled (7.9 to 15.8 us, 11
+    /// alternated rounds). Hence the rate: at 5,000 a second a millisecond of work is cut
+    /// about five times. A saturated VM leaves the background no time: there the agent takes
+    /// its fair share, or its periods would wait for an idle task's turn (~0.5 s).
+    pub fn agent_in_background(&self) -> bool {
+        !self.saturated() && self.last_rate <= BACKGROUND_MAX_RATE * self.last_active.max(1) as f64
     }
 
     /// The workload leaves the vCPUs too little idle time for `mechanism` to pay

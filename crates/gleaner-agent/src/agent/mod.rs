@@ -17,6 +17,7 @@
 //! [`child`] (the workload as a process), [`trace`] (the eBPF tracer, duty-cycled).
 
 pub mod apply;
+pub mod background;
 pub mod child;
 pub mod session;
 pub mod setup;
@@ -377,6 +378,9 @@ impl Session {
         // (`cargo run -p gleaner-policy --example replay -- FILE`): a development aid.
         let mut dump = std::env::var_os("GLEANER_DUMP_READINGS").map(std::fs::File::create).transpose().context("GLEANER_DUMP_READINGS")?;
 
+        // The period's work in the workload's idle time (background.rs).
+        let mut background = background::Background::for_this_thread();
+        self.run_in_background(&mut background, &guest, status);
         loop {
             // A traced period is traced for its first slice (the tracer's cost bounded), then
             // the rest is waited detached.
@@ -425,6 +429,7 @@ impl Session {
             // Decide.
             let before = guest.applied().clone();
             let step = guest.step(&reading);
+            self.run_in_background(&mut background, &guest, status);
             tracing.arm_next(&managed.pids(procfs), workload, guest.trace_need());
             // Apply.
             let active = CpuSet::from_iter(step.active.iter().copied());
@@ -452,6 +457,8 @@ impl Session {
             };
             self.publish(ctx, ended, &guest, events.as_mut(), &mut outcome)?;
         }
+        // The clean-up at the agent's own priority.
+        drop(background);
         outcome.wake = (all_wakes.all().count() > 0).then(|| WakeSummary::of(&all_wakes));
         // The last, partial period: what the run ended with and what the agent cost in all.
         let used = tracing.usage();
@@ -491,6 +498,20 @@ impl Session {
                 ctx.cfg.budget,
                 describe_curve(c)
             );
+        }
+    }
+
+    /// Puts the agent's main thread in the workload's idle time or takes it out, as the guest
+    /// loop says; a refusal is said once and the agent stays at its own priority.
+    fn run_in_background(&self, background: &mut Result<background::Background, String>, guest: &GuestController, status: &SharedStatus) {
+        let Ok(b) = background else { return };
+        if let Err(why) = b.set(guest.agent_in_background()) {
+            warn!("{why}");
+            *background = Err(why);
+        }
+        let now = background.as_ref().is_ok_and(background::Background::is_background);
+        if let Ok(mut st) = status.lock() {
+            st.agent_in_background = now;
         }
     }
 

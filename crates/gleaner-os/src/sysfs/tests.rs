@@ -52,6 +52,15 @@ fn cpuidle_valid() {
     assert_eq!(s.total_idle_entries(&CpuSet::parse("0-1").unwrap()).unwrap(), Some(10 + 500 + 1 + 5 + 200));
     assert_eq!(s.total_idle_entries(&CpuSet::parse("1").unwrap()).unwrap(), Some(205));
     assert_eq!(s.total_idle_entries(&CpuSet::parse("7").unwrap()).unwrap(), None);
+    // The kept-open counters: the same sums, re-read at each call, POLL's time apart.
+    let c = s.idle_counters(&CpuSet::parse("0-1,7").unwrap()).unwrap();
+    let want0 = IdleCount { cpu: 0, entries: 511, idle_ns: 90_101_000, poll_ns: 100_000 };
+    assert_eq!(c.read().unwrap(), vec![want0, IdleCount { cpu: 1, entries: 205, idle_ns: 1_050_000, poll_ns: 50_000 }], "CPU 7 has no states");
+    state(d.path(), 1, 0, "POLL", 6, 80, 0);
+    assert_eq!(c.read().unwrap()[1], IdleCount { cpu: 1, entries: 206, idle_ns: 1_080_000, poll_ns: 80_000 });
+    write(d.path(), "devices/system/cpu/cpu1/cpuidle/state1/time", "12x\n");
+    let e = c.read().unwrap_err().to_string();
+    assert!(e.contains("state1/time"), "names the file: {e}");
     // current_governor wins over current_governor_ro
     write(d.path(), "devices/system/cpu/cpuidle/current_governor", "menu\n");
     assert_eq!(s.cpuidle_governor().unwrap().as_deref(), Some("menu"));
@@ -88,6 +97,12 @@ fn module_params_read_write_restore() {
     let old = s.write_module_param("haltpoll", "guest_halt_poll_ns", "0").unwrap();
     assert_eq!(old, "200000");
     assert_eq!(s.module_params("haltpoll").unwrap()["guest_halt_poll_ns"], "0");
+    // One parameter alone: the same value; absent parameter or module, none.
+    assert_eq!(s.module_param("haltpoll", "guest_halt_poll_ns").unwrap().as_deref(), Some("0"));
+    assert_eq!(s.module_param("haltpoll", "guest_halt_poll_grow").unwrap().as_deref(), Some("2"));
+    assert_eq!(s.module_param("haltpoll", "nope").unwrap(), None);
+    assert_eq!(s.module_param("kvm", "halt_poll_ns").unwrap(), None);
+    assert!(matches!(s.module_param("haltpoll", "../x").unwrap_err(), OsError::BadInput(_)));
     assert!(matches!(s.write_module_param("haltpoll", "nope", "1").unwrap_err(), OsError::Read { .. }));
     assert!(matches!(s.write_module_param("haltpoll", "../x", "1").unwrap_err(), OsError::BadInput(_)));
     assert!(matches!(s.module_params("..").unwrap_err(), OsError::BadInput(_)));
@@ -143,6 +158,16 @@ fn real_sysfs() {
         std::thread::sleep(std::time::Duration::from_millis(5));
         let b = s.total_idle_entries(&online).unwrap().unwrap();
         assert!(b >= a, "idle entries went back: {a} -> {b}");
+        // The kept-open counters re-read the kernel's (pread at 0 regenerates the text) and
+        // agree with a fresh read.
+        let c = s.idle_counters(&online).unwrap();
+        let first = c.read().unwrap();
+        assert_eq!(first.len(), online.len());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let fresh = s.total_idle_entries(&online).unwrap().unwrap();
+        let second = c.read().unwrap();
+        let (e1, e2): (u64, u64) = (first.iter().map(|x| x.entries).sum(), second.iter().map(|x| x.entries).sum());
+        assert!(e1 <= fresh && fresh <= e2, "kept-open entries {e1} then {e2} around a fresh read's {fresh}");
     } else {
         assert_eq!(s.total_idle_entries(&online).unwrap(), None);
     }
@@ -193,4 +218,29 @@ fn debugfs_base_slice_when_readable() {
     assert_eq!(s.debug_sched_base_slice_ns().unwrap(), Some(700_000));
     write(d.path(), "kernel/debug/sched/base_slice_ns", "fast\n");
     assert!(s.debug_sched_base_slice_ns().unwrap_err().to_string().contains("base_slice_ns"));
+}
+
+/// What the agent's sampler relies on: a switch of the cpuidle governor (how the haltpoll
+/// windows are reset) recreates the states' sysfs files, so the kept-open counters fail to
+/// read (ENODEV) and must be reopened; the reopened ones read on from where the kernel's
+/// counters are. Under another governor, or without cpuidle, there is nothing to switch.
+#[test]
+#[serial_test::serial(host)]
+fn kept_open_idle_counters_fail_after_a_governor_switch_and_reopen() {
+    let s = Sysfs::new();
+    let knobs = crate::idle::IdleKnobs::new();
+    let online = s.online_cpus().unwrap();
+    let before = s.idle_counters(&online).unwrap();
+    let first = before.read().unwrap();
+    if !knobs.reset_poll_windows().unwrap() {
+        assert!(s.cpuidle_governor().unwrap().as_deref() != Some("haltpoll") || first.is_empty(), "haltpoll governor but no switch");
+        return;
+    }
+    let e = before.read().expect_err("the old files read on after the governor switch");
+    assert!(e.to_string().contains("cpuidle/state"), "{e}");
+    let again = s.idle_counters(&online).unwrap().read().unwrap();
+    assert_eq!(again.len(), first.len());
+    for (a, b) in first.iter().zip(&again) {
+        assert!(b.entries >= a.entries && b.idle_ns >= a.idle_ns, "counters went back: {a:?} -> {b:?}");
+    }
 }

@@ -500,9 +500,11 @@ fn a_saturated_workload_gets_no_kernel_polling() {
         r
     };
     let mut g = GuestController::new(cfg(HALTPOLL));
+    assert!(g.agent_in_background(), "before the first period: in the background");
     g.step(&saturated());
     let s = g.step(&saturated());
     assert!(g.saturated());
+    assert!(!g.agent_in_background(), "a saturated VM leaves the agent no idle time to run in");
     assert!(!s.plan.retains(), "{:?}", s.plan);
     assert!(s.planned.vcpus.iter().all(|v| v.why == PlanReason::Saturated), "{:?}", s.planned);
     // Nothing a trace could show changes that: none is taken (it cost the workload most).
@@ -544,6 +546,7 @@ fn a_saturated_workload_gets_no_kernel_polling() {
     assert_eq!(g.trace_need(), TraceNeed::Skip);
     let s = g.step(&server_period(0, 50_000));
     assert!(!g.saturated());
+    assert!(g.agent_in_background(), "the agent back in the idle time");
     assert_eq!(s.plan.of(1).unwrap().mechanism, Mechanism::Poll, "{:?}", s.plan);
     assert_ne!(g.trace_need(), TraceNeed::Skip, "traced again with the idle time");
 }
@@ -853,4 +856,27 @@ fn the_machines_own_settings_reset_the_windows_so_none_is_stale_after() {
     let expected = g.applied().of(1).unwrap().estimate.cost_share;
     let more = g.step(&server_gaps(20_000, expected + 0.3)).reset_poll_windows;
     assert!(resets.iter().all(|r| !r) && !more, "{resets:?} {more}");
+}
+
+/// The agent's period work runs in the background (SCHED_IDLE) for a workload that leaves
+/// idle time and blocks a few thousand times a second per vCPU (a server at 2,000 requests a
+/// second), at its own priority for a ping-pong (its wakeups would chop the work) and for a
+/// saturated VM (above).
+#[test]
+fn the_agent_runs_in_the_background_only_for_a_slow_workload_with_idle_time() {
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    assert!(g.agent_in_background(), "before the first period");
+    g.step(&server_period(0, 50_000));
+    assert!(g.agent_in_background(), "2,000 sync points a second");
+    let with_rate = |per_vcpu_per_s: f64| {
+        let mut r = server_period(0, 50_000);
+        r.snapshot.s_work = (per_vcpu_per_s * 2.0 * PERIOD as f64 / 1e9).round() as u64;
+        r
+    };
+    g.step(&with_rate(90_000.0));
+    assert!(!g.agent_in_background(), "a ping-pong's rate");
+    g.step(&with_rate(BACKGROUND_MAX_RATE));
+    assert!(g.agent_in_background(), "at the limit");
+    g.step(&with_rate(BACKGROUND_MAX_RATE * 1.01));
+    assert!(!g.agent_in_background(), "over it");
 }
