@@ -69,7 +69,10 @@ impl Background {
                     self.now = false;
                 }
                 self.original = None;
-                Err(format!("moving the agent {} the workload's idle time failed ({e}); it runs at its own priority", if background { "into" } else { "out of" }))
+                Err(format!(
+                    "moving the agent {} the workload's idle time failed ({e}); it runs at its own priority",
+                    if background { "into" } else { "out of" }
+                ))
             }
         }
     }

@@ -55,7 +55,11 @@ fn cpuidle_valid() {
     // The kept-open counters: the same sums, re-read at each call, POLL's time apart.
     let c = s.idle_counters(&CpuSet::parse("0-1,7").unwrap()).unwrap();
     let want0 = IdleCount { cpu: 0, entries: 511, idle_ns: 90_101_000, poll_ns: 100_000 };
-    assert_eq!(c.read().unwrap(), vec![want0, IdleCount { cpu: 1, entries: 205, idle_ns: 1_050_000, poll_ns: 50_000 }], "CPU 7 has no states");
+    assert_eq!(
+        c.read().unwrap(),
+        vec![want0, IdleCount { cpu: 1, entries: 205, idle_ns: 1_050_000, poll_ns: 50_000 }],
+        "CPU 7 has no states"
+    );
     state(d.path(), 1, 0, "POLL", 6, 80, 0);
     assert_eq!(c.read().unwrap()[1], IdleCount { cpu: 1, entries: 206, idle_ns: 1_080_000, poll_ns: 80_000 });
     write(d.path(), "devices/system/cpu/cpu1/cpuidle/state1/time", "12x\n");

@@ -868,15 +868,17 @@ fn the_agent_runs_in_the_background_only_for_a_slow_workload_with_idle_time() {
     assert!(g.agent_in_background(), "before the first period");
     g.step(&server_period(0, 50_000));
     assert!(g.agent_in_background(), "2,000 sync points a second");
-    let with_rate = |per_vcpu_per_s: f64| {
+    // Sync points in a period of the two vCPUs: the limit is 2,000 (5,000 a second each).
+    assert_eq!(BACKGROUND_MAX_RATE * 2.0 * PERIOD as f64 / 1e9, 2_000.0);
+    let with_sync_points = |n: u64| {
         let mut r = server_period(0, 50_000);
-        r.snapshot.s_work = (per_vcpu_per_s * 2.0 * PERIOD as f64 / 1e9).round() as u64;
+        r.snapshot.s_work = n;
         r
     };
-    g.step(&with_rate(90_000.0));
-    assert!(!g.agent_in_background(), "a ping-pong's rate");
-    g.step(&with_rate(BACKGROUND_MAX_RATE));
+    g.step(&with_sync_points(36_000));
+    assert!(!g.agent_in_background(), "a ping-pong's rate (90,000 a second per vCPU)");
+    g.step(&with_sync_points(2_000));
     assert!(g.agent_in_background(), "at the limit");
-    g.step(&with_rate(BACKGROUND_MAX_RATE * 1.01));
+    g.step(&with_sync_points(2_020));
     assert!(!g.agent_in_background(), "over it");
 }
