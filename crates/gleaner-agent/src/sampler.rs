@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::{ticks_to_ns, Procfs, SchedstatFile, StatFile, StatusFile};
-use gleaner_os::sysfs::{IdleCounters, Sysfs};
+use gleaner_os::sysfs::{IdleCount, IdleCounters, Sysfs};
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 use gleaner_policy::guest::VcpuIdle;
 use gleaner_policy::idle::Log2Hist;
@@ -116,8 +116,7 @@ pub struct Sampler {
     state_idle_ns: BTreeMap<u32, u64>,
     /// Every managed vCPU (the snapshot covers only the active ones).
     managed: CpuSet,
-    /// The managed vCPUs' cpuidle counters, kept open (`None` until opened, and again after
-    /// a read failed: reopened next period).
+    /// The managed vCPUs' cpuidle counters, kept open ([`Self::read_idle_counters`]).
     idle_counters: Option<IdleCounters>,
     at: Instant,
 }
@@ -158,6 +157,18 @@ impl Sampler {
             idle_counters: None,
             at: Instant::now(),
         }
+    }
+
+    /// The managed vCPUs' cpuidle counters, from the files kept open. They are (re)opened on
+    /// the first period and after a read failed: a switch of the cpuidle governor (the
+    /// windows' reset) recreates them, and reads of the old fail with ENODEV. `None`: no
+    /// cpuidle, or unreadable.
+    fn read_idle_counters(&mut self) -> Option<Vec<IdleCount>> {
+        if let Some(Ok(c)) = self.idle_counters.as_ref().map(IdleCounters::read) {
+            return Some(c);
+        }
+        self.idle_counters = self.sysfs.idle_counters(&self.managed).ok();
+        self.idle_counters.as_ref()?.read().ok()
     }
 
     /// Takes baseline readings so the next sample covers exactly one period.
@@ -311,22 +322,7 @@ impl Sampler {
         let mut entries_delta: BTreeMap<u32, u64> = BTreeMap::new();
         let mut poll_delta: BTreeMap<u32, u64> = BTreeMap::new();
         let mut state_idle_delta: BTreeMap<u32, u64> = BTreeMap::new();
-        // Kept open; a switch of the cpuidle governor (the windows' reset) recreates the
-        // states' files (reads of the old fail with ENODEV): reopened and read again then.
-        let mut counts = None;
-        for _ in 0..2 {
-            if self.idle_counters.is_none() {
-                self.idle_counters = self.sysfs.idle_counters(&self.managed).ok();
-            }
-            match self.idle_counters.as_ref().map(IdleCounters::read) {
-                Some(Ok(c)) => {
-                    counts = Some(c);
-                    break;
-                }
-                Some(Err(_)) => self.idle_counters = None,
-                None => break,
-            }
-        }
+        let counts = self.read_idle_counters();
         for c in counts.unwrap_or_default() {
             let cpu = c.cpu;
             let prev = self.idle_entries.insert(cpu, c.entries).unwrap_or(c.entries);
@@ -593,6 +589,29 @@ mod tests {
         let (snap, _) = s.sample(&[7], None, &cpus);
         assert_eq!(snap.s_work, 100);
         snap.vcpus.iter().map(|v| v.s_yield).collect()
+    }
+
+    /// The cpuidle files are kept open, and a governor switch recreates them (the kept ones
+    /// then fail to read): a failed read reopens them, the period it happens in has no idle
+    /// entries rather than wrong ones, and the next reads the new files.
+    #[test]
+    fn the_cpuidle_files_are_reopened_after_a_failed_read() {
+        let f = Fixture::new(true);
+        let cpus = CpuSet::parse("0-1").unwrap();
+        let mut s = f.sampler();
+        s.prime(&[7], None, &cpus);
+        f.set(0, 0, 30);
+        let (_, e) = s.sample(&[7], None, &cpus);
+        assert_eq!(e.idle[0].entries, Some(30));
+        // Unreadable where it is kept (a fixture's stand-in for ENODEV), then a new file.
+        let usage = f.sys().join("devices/system/cpu/cpu0/cpuidle/state0/usage");
+        std::fs::write(&usage, "gone\n").unwrap();
+        let (_, e) = s.sample(&[7], None, &cpus);
+        assert_eq!(e.idle[0].entries, None, "{:?}", e.idle);
+        std::fs::remove_file(&usage).unwrap();
+        std::fs::write(&usage, "45\n").unwrap();
+        let (_, e) = s.sample(&[7], None, &cpus);
+        assert_eq!((e.idle[0].entries, e.idle[1].entries), (Some(15), Some(0)), "{:?}", e.idle);
     }
 
     #[test]

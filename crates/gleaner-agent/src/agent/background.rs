@@ -14,8 +14,8 @@ use gleaner_os::sched::{self, Policy, SchedAttr};
 #[derive(Debug)]
 pub struct Background {
     tid: i32,
-    /// The thread's attributes at start (`None`: not ours to move).
-    original: Option<SchedAttr>,
+    /// The thread's attributes at start.
+    original: SchedAttr,
     /// SCHED_IDLE now.
     now: bool,
 }
@@ -41,7 +41,7 @@ impl Background {
                 ));
             }
         }
-        Ok(Self { tid, original: Some(attr), now: false })
+        Ok(Self { tid, original: attr, now: false })
     }
 
     /// SCHED_IDLE now or not.
@@ -49,26 +49,23 @@ impl Background {
         self.now
     }
 
-    /// Moves the calling thread to SCHED_IDLE (`true`) or back to its own attributes. An
-    /// error leaves it where it was and stops further moves (a security module may refuse).
+    /// Moves the thread to SCHED_IDLE (`true`) or back to its own attributes. An error (a
+    /// security module may refuse) puts it back as it started; the caller stops moving it.
     pub fn set(&mut self, background: bool) -> Result<(), String> {
-        let Some(original) = self.original else { return Ok(()) };
         if background == self.now {
             return Ok(());
         }
-        let r = if background { sched::set_idle(self.tid) } else { sched::set_attr(self.tid, &original) };
+        let r = if background { sched::set_idle(self.tid) } else { sched::set_attr(self.tid, &self.original) };
         match r {
             Ok(()) => {
                 self.now = background;
                 Ok(())
             }
             Err(e) => {
-                // Back where it started, once, then left alone.
                 if self.now {
-                    let _ = sched::set_attr(self.tid, &original);
+                    let _ = sched::set_attr(self.tid, &self.original);
                     self.now = false;
                 }
-                self.original = None;
                 Err(format!(
                     "moving the agent {} the workload's idle time failed ({e}); it runs at its own priority",
                     if background { "into" } else { "out of" }

@@ -238,6 +238,7 @@ fn kept_open_idle_counters_fail_after_a_governor_switch_and_reopen() {
     let first = before.read().unwrap();
     if !knobs.reset_poll_windows().unwrap() {
         assert!(s.cpuidle_governor().unwrap().as_deref() != Some("haltpoll") || first.is_empty(), "haltpoll governor but no switch");
+        eprintln!("no haltpoll governor to switch on this machine: only that was checked");
         return;
     }
     let e = before.read().expect_err("the old files read on after the governor switch");
