@@ -20,6 +20,11 @@ it prints none (sysbench, stress-ng). Root where a variant runs gleaner or @halt
 Summary per variant: medians [min..max], and beside every variant after the first the median
 of its per-round ratios to the first and their geometric mean (latency: first / variant,
 wall: first / variant; above 1 the variant was faster).
+
+Steal: the host's time taken from this VM during each run (/proc/stat `steal`, all CPUs, ms)
+is printed per round where it is not 0, and the summary adds the median of the runs with less
+than --steal-ms (default 1 ms) of it, with their count: these machines are shared, and a run
+the host interrupted says nothing about the policy.
 """
 
 import argparse
@@ -69,6 +74,13 @@ def run_haltpoll(cmd):
                 f.write(v)
 
 
+def steal_ms():
+    """The host's time taken from this VM so far, all CPUs (ms; /proc/stat `cpu` line, USER_HZ)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    return int(fields[8]) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
 def parse_variant(s):
     name, sep, prefix = s.partition("=")
     if not sep or not name:
@@ -86,6 +98,8 @@ def main():
     ap.add_argument("--variant", action="append", type=parse_variant, required=True,
                     help="NAME=PREFIX, at least two; the first is the reference")
     ap.add_argument("--rounds", type=int, default=9, help="rounds (default 9)")
+    ap.add_argument("--steal-ms", type=float, default=1.0,
+                    help="a run with at least this much steal (ms) is left out of the steal-free medians (default 1)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the workload command")
     a = ap.parse_args()
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
@@ -94,18 +108,22 @@ def main():
         ap.error("give --rounds >= 1, two or more variants with distinct names, and a command after --")
     variants = dict(a.variant)
     res = {k: [] for k in variants}
+    steal = {k: [] for k in variants}
     for r in range(a.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for k in order:
             pre = variants[k]
+            s0 = steal_ms()
             t0 = time.monotonic()
             p = run_haltpoll(cmd) if pre == ["@haltpoll"] else subprocess.run(pre + cmd, capture_output=True, text=True)
             wall = time.monotonic() - t0
+            steal[k].append(steal_ms() - s0)
             if p.returncode != 0:
                 sys.exit(f"ab: {' '.join(pre + cmd)} exited {p.returncode}: {p.stderr[-300:]}")
             res[k].append(measure(p.stdout, wall))
         print(f"round {r + 1}/{a.rounds}: " + ", ".join(
-            f"{k} {v[-1][0]:.2f}" + (f"/{v[-1][1]:.1f}" if v[-1][1] is not None else "") for k, v in res.items()), flush=True)
+            f"{k} {v[-1][0]:.2f}" + (f"/{v[-1][1]:.1f}" if v[-1][1] is not None else "")
+            + (f" [steal {steal[k][-1]:.0f} ms]" if steal[k][-1] > 0 else "") for k, v in res.items()), flush=True)
     print()
     ref = names[0]
     latency = res[ref][0][1] is not None
@@ -119,6 +137,11 @@ def main():
                 ratios = [b[i] / x[i] for b, x in zip(res[ref], v)]
                 gm = math.exp(sum(math.log(q) for q in ratios) / len(ratios))
                 line += f"({ref}/{k} per round: median {statistics.median(ratios):.3f}, geomean {gm:.3f})  "
+        clean = [x[1 if latency else 0] for x, st in zip(v, steal[k]) if st < a.steal_ms]
+        if clean:
+            line += f"steal-free {cols[-1][0]} {statistics.median(clean):.2f} ({len(clean)} of {len(v)})"
+        else:
+            line += f"steal-free: none of {len(v)}"
         print(line.rstrip())
 
 
