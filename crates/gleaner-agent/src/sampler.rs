@@ -20,6 +20,7 @@ use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 use gleaner_policy::guest::VcpuIdle;
 use gleaner_policy::idle::Log2Hist;
 
+use crate::agent::pace::Pacer;
 use crate::status::VcpuTimeout;
 use crate::yielders::Yielders;
 
@@ -173,12 +174,13 @@ impl Sampler {
 
     /// Takes baseline readings so the next sample covers exactly one period.
     pub fn prime(&mut self, tids: &[i32], yielders: Option<&Yielders>, cpus: &CpuSet) {
-        let _ = self.sample(tids, yielders, cpus);
+        let _ = self.sample(tids, yielders, cpus, &mut Pacer::off());
     }
 
     /// Samples one period ending now. `cpus` are the active vCPUs (the snapshot covers only
-    /// them); `tids` the workload's threads.
-    pub fn sample(&mut self, tids: &[i32], yielders: Option<&Yielders>, cpus: &CpuSet) -> (Snapshot, PeriodExtras) {
+    /// them); `tids` the workload's threads. `pace`: a point after each thread's files and
+    /// each group of counters (a woken thread runs there, [`Pacer`]).
+    pub fn sample(&mut self, tids: &[i32], yielders: Option<&Yielders>, cpus: &CpuSet, pace: &mut Pacer) -> (Snapshot, PeriodExtras) {
         let now = Instant::now();
         let period_ns = u64::try_from(now.duration_since(self.at).as_nanos()).unwrap_or(u64::MAX).max(1);
         self.at = now;
@@ -211,6 +213,7 @@ impl Sampler {
             t_work_total += ss.run_ns.saturating_sub(prev.run_ns);
             s_work += vcsw.saturating_sub(prev.vcsw);
             seen.insert(tid, ThreadPrev { run_ns: ss.run_ns, vcsw });
+            pace.point();
         }
         self.threads = seen;
         // Files of threads no longer listed close here.
@@ -242,6 +245,8 @@ impl Sampler {
                 steal_delta.insert(cpu, ns.saturating_sub(prev));
             }
         }
+
+        pace.point();
 
         // Yielding threads: their own run time, slow yields, idle yielding.
         let mut extras = PeriodExtras { threads: tids.len(), ..PeriodExtras::default() };
@@ -312,6 +317,7 @@ impl Sampler {
         }
 
         self.yielder_files = yielder_files;
+        pace.point();
 
         // Idle-state entries (S_yield without retention). A CPU without cpuidle states (no
         // cpuidle driver, as on the development VM) has no count: it falls back to the
@@ -501,11 +507,11 @@ mod tests {
         assert_eq!(s.files.len(), MAX_KEPT_THREADS);
         for round in 2..4u64 {
             write(round);
-            let (snap, extras) = s.sample(&tids, None, &cpus);
+            let (snap, extras) = s.sample(&tids, None, &cpus, &mut Pacer::off());
             assert_eq!((snap.s_work, extras.threads), (n as u64, n), "round {round}");
         }
         // A thread no longer listed has its files closed.
-        let (snap, _) = s.sample(&tids[..10], None, &cpus);
+        let (snap, _) = s.sample(&tids[..10], None, &cpus, &mut Pacer::off());
         assert_eq!((snap.s_work, s.files.len()), (0, 10));
     }
 
@@ -528,7 +534,7 @@ mod tests {
         std::fs::write(f.proc().join("stat"), "cpu  0 0 0 50 0 0 0 0 0 0\ncpu0 0 0 0 20 0 0 0 0 0 0\ncpu1 0 0 0 30 0 0 0 0 0 0\nctxt 0\nbtime 0\nprocesses 0\nprocs_running 1\nprocs_blocked 0\n").unwrap();
         f.set(0, 0, 5);
         // The snapshot covers the active vCPU 0; the idle counters every managed vCPU.
-        let (snap, extras) = s.sample(&[7], None, &cpus);
+        let (snap, extras) = s.sample(&[7], None, &cpus, &mut Pacer::off());
         assert_eq!(snap.vcpus.len(), 1);
         assert_eq!(extras.idle.len(), 2);
         // Idle time from the states' residency, within a tick of /proc/stat's 20 and 30 ticks.
@@ -573,7 +579,7 @@ mod tests {
         let mut s = f.sampler();
         s.prime(&[7], None, &cpus);
         std::fs::write(f.proc().join("stat"), "cpu  0 0 0 50 0 0 0 0 0 0\ncpu0 0 0 0 20 0 0 0 0 0 0\ncpu1 0 0 0 30 0 0 0 0 0 0\nctxt 0\nbtime 0\nprocesses 0\nprocs_running 1\nprocs_blocked 0\n").unwrap();
-        let (_, extras) = s.sample(&[7], None, &cpus);
+        let (_, extras) = s.sample(&[7], None, &cpus, &mut Pacer::off());
         // 20 and 30 ticks of idle time, whatever a tick is here.
         let tick = extras.idle[0].idle_ns / 20;
         assert!(tick > 0, "{:?}", extras.idle);
@@ -586,7 +592,7 @@ mod tests {
         let mut s = f.sampler();
         s.prime(&[7], None, &cpus);
         f.set(1_000_000, 100, 30);
-        let (snap, _) = s.sample(&[7], None, &cpus);
+        let (snap, _) = s.sample(&[7], None, &cpus, &mut Pacer::off());
         assert_eq!(snap.s_work, 100);
         snap.vcpus.iter().map(|v| v.s_yield).collect()
     }
@@ -601,16 +607,16 @@ mod tests {
         let mut s = f.sampler();
         s.prime(&[7], None, &cpus);
         f.set(0, 0, 30);
-        let (_, e) = s.sample(&[7], None, &cpus);
+        let (_, e) = s.sample(&[7], None, &cpus, &mut Pacer::off());
         assert_eq!(e.idle[0].entries, Some(30));
         // Unreadable where it is kept (a fixture's stand-in for ENODEV), then a new file.
         let usage = f.sys().join("devices/system/cpu/cpu0/cpuidle/state0/usage");
         std::fs::write(&usage, "gone\n").unwrap();
-        let (_, e) = s.sample(&[7], None, &cpus);
+        let (_, e) = s.sample(&[7], None, &cpus, &mut Pacer::off());
         assert_eq!(e.idle[0].entries, None, "{:?}", e.idle);
         std::fs::remove_file(&usage).unwrap();
         std::fs::write(&usage, "45\n").unwrap();
-        let (_, e) = s.sample(&[7], None, &cpus);
+        let (_, e) = s.sample(&[7], None, &cpus, &mut Pacer::off());
         assert_eq!((e.idle[0].entries, e.idle[1].entries), (Some(15), Some(0)), "{:?}", e.idle);
     }
 

@@ -80,6 +80,10 @@ pub struct EventRecord {
     /// since it started (`period` and `exit` events): what managing the workload costs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_cpu_ns: Option<u64>,
+    /// Times the agent's period work stepped aside for a woken thread (`sched_yield()`
+    /// between its steps, `agent/pace.rs`) since it started (`period` and `exit` events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_yields: Option<u64>,
     /// The workload's wakeup latency in the period, by target vCPU state (`period` events,
     /// where the tracer ran).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,6 +137,7 @@ impl EventRecord {
             comparison: None,
             governor: None,
             agent_cpu_ns: None,
+            agent_yields: None,
             wake: None,
             plan: None,
             poll_ns: None,
@@ -245,6 +250,10 @@ pub struct StatusReport {
     /// (`GuestController::agent_in_background`; false while the VM is saturated).
     #[serde(default)]
     pub agent_in_background: bool,
+    /// The agent's period work is cut into pieces a woken thread need not wait out
+    /// (`GuestController::agent_paced`; false while the VM is saturated).
+    #[serde(default)]
+    pub agent_paced: bool,
     /// Why consolidation is off although it was asked for.
     pub note: Option<String>,
     pub all_cpus: String,

@@ -19,6 +19,7 @@
 pub mod apply;
 pub mod background;
 pub mod child;
+pub mod pace;
 pub mod session;
 pub mod setup;
 pub mod target;
@@ -253,6 +254,8 @@ struct PeriodEnd {
     wake: Option<WakeSummary>,
     /// The plan applied from the next period on changed.
     plan_changed: bool,
+    /// The agent's yields to woken threads so far ([`pace::Pacer`]).
+    yields: u64,
 }
 
 impl Session {
@@ -380,6 +383,7 @@ impl Session {
 
         // The period's work in the workload's idle time (background.rs).
         let mut background = background::Background::for_this_thread();
+        let mut pacer = pace::Pacer::new(Duration::from_nanos(gleaner_policy::guest::AGENT_PACE_NS));
         self.run_in_background(&mut background, &guest, status);
         loop {
             // A traced period is traced for its first slice (the tracer's cost bounded), then
@@ -392,7 +396,12 @@ impl Session {
                 tracing.end_slice();
                 rest = period - slice;
             }
-            if ended || wait_period(waiter.as_ref(), rest, child_pid, workload_start, &mut outcome)? || managed.workload_gone(target) {
+            if ended || wait_period(waiter.as_ref(), rest, child_pid, workload_start, &mut outcome)? {
+                break;
+            }
+            // The period's work from here, in pieces a woken thread need not wait out (pace.rs).
+            pacer.start(guest.agent_paced());
+            if managed.workload_gone(target) {
                 break;
             }
             // Someone else removed the cgroup we manage (they had to move the workload out
@@ -415,8 +424,11 @@ impl Session {
             // Sample.
             let active_before = CpuSet::from_iter(guest.active());
             let ran = guest.mode();
-            let (snapshot, extras) = sampler.sample(&managed.tids(procfs), self.yielders.as_ref(), &active_before);
+            let tids = managed.tids(procfs);
+            pacer.point();
+            let (snapshot, extras) = sampler.sample(&tids, self.yielders.as_ref(), &active_before, &mut pacer);
             let traced = tracing.read_period();
+            pacer.point();
             if let Some(t) = &traced {
                 all_wakes.merge(&t.latency);
             }
@@ -430,7 +442,9 @@ impl Session {
             let before = guest.applied().clone();
             let step = guest.step(&reading);
             self.run_in_background(&mut background, &guest, status);
+            pacer.point();
             tracing.arm_next(&managed.pids(procfs), workload, guest.trace_need());
+            pacer.point();
             // Apply.
             let active = CpuSet::from_iter(step.active.iter().copied());
             if active != active_before {
@@ -444,12 +458,15 @@ impl Session {
                     y.set_active(&CpuSet::from_iter(guest.active()));
                 }
             }
+            pacer.point();
             self.apply_idle(&step, status);
+            pacer.point();
             period = full_period.mul_f64(step.next_period_share.clamp(0.05, 1.0));
             // Publish.
             let ended = PeriodEnd {
                 t_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
                 plan_changed: step.plan != before,
+                yields: pacer.yields(),
                 step,
                 extras,
                 ran,
@@ -466,6 +483,7 @@ impl Session {
             let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
             log.write(&EventRecord {
                 agent_cpu_ns: self_cpu_ns(),
+                agent_yields: Some(pacer.yields()),
                 tracer: used,
                 ..EventRecord::new(t_ms, EventKind::Exit, CpuSet::from_iter(guest.active()).to_string(), guest.metrics())
             })?;
@@ -502,16 +520,19 @@ impl Session {
     }
 
     /// Puts the agent's main thread in the workload's idle time or takes it out, as the guest
-    /// loop says; a refusal is said once and the agent stays at its own priority.
+    /// loop says (a refusal is said once and the agent stays at its own priority), and shows
+    /// that and whether its work is paced in the status.
     fn run_in_background(&self, background: &mut Result<background::Background, String>, guest: &GuestController, status: &SharedStatus) {
-        let Ok(b) = background else { return };
-        if let Err(why) = b.set(guest.agent_in_background()) {
-            warn!("{why}");
-            *background = Err(why);
+        if let Ok(b) = background {
+            if let Err(why) = b.set(guest.agent_in_background()) {
+                warn!("{why}");
+                *background = Err(why);
+            }
         }
         let now = background.as_ref().is_ok_and(background::Background::is_background);
         if let Ok(mut st) = status.lock() {
             st.agent_in_background = now;
+            st.agent_paced = guest.agent_paced();
         }
     }
 
@@ -566,6 +587,7 @@ impl Session {
             reading: Some(p.step.reading),
             comparison: gov.and_then(|s| s.comparison),
             agent_cpu_ns: self_cpu_ns(),
+            agent_yields: Some(p.yields),
             wake: p.wake,
             plan: p.plan_changed.then(|| p.step.plan.clone()),
             poll_ns: Some(p.extras.poll_ns),

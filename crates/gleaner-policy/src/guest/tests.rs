@@ -501,10 +501,12 @@ fn a_saturated_workload_gets_no_kernel_polling() {
     };
     let mut g = GuestController::new(cfg(HALTPOLL));
     assert!(g.agent_in_background(), "before the first period: in the background");
+    assert!(g.agent_paced(), "before the first period: paced");
     g.step(&saturated());
     let s = g.step(&saturated());
     assert!(g.saturated());
     assert!(!g.agent_in_background(), "a saturated VM leaves the agent no idle time to run in");
+    assert!(!g.agent_paced(), "a saturated VM: the agent's work in one piece");
     assert!(!s.plan.retains(), "{:?}", s.plan);
     assert!(s.planned.vcpus.iter().all(|v| v.why == PlanReason::Saturated), "{:?}", s.planned);
     // Nothing a trace could show changes that: none is taken (it cost the workload most).
@@ -547,6 +549,7 @@ fn a_saturated_workload_gets_no_kernel_polling() {
     let s = g.step(&server_period(0, 50_000));
     assert!(!g.saturated());
     assert!(g.agent_in_background(), "the agent back in the idle time");
+    assert!(g.agent_paced(), "and paced again");
     assert_eq!(s.plan.of(1).unwrap().mechanism, Mechanism::Poll, "{:?}", s.plan);
     assert_ne!(g.trace_need(), TraceNeed::Skip, "traced again with the idle time");
 }
@@ -877,6 +880,7 @@ fn the_agent_runs_in_the_background_only_for_a_slow_workload_with_idle_time() {
     };
     g.step(&with_sync_points(36_000));
     assert!(!g.agent_in_background(), "a ping-pong's rate (90,000 a second per vCPU)");
+    assert!(g.agent_paced(), "at the workload's priority, but stepping aside for its wakeups");
     g.step(&with_sync_points(2_000));
     assert!(g.agent_in_background(), "at the limit");
     g.step(&with_sync_points(2_020));
