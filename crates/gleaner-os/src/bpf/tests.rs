@@ -421,6 +421,15 @@ fn stats_count_runs_while_the_guard_lives() {
     let d = t.prog_stats().unwrap().delta_since(&s0);
     assert!(d.run_cnt > 0 && d.run_time_ns > 0, "no runs counted with stats on: {d:?}");
     assert!(t.prog_stats_each().iter().all(|(_, s)| s.is_some()));
+    // The statistics from BPF_OBJ_GET_INFO_BY_FD are those /proc/self/fdinfo shows.
+    t.detach();
+    for p in t.prog_fds() {
+        let (run_time_ns, run_cnt, misses) = sys::prog_run_stats(p).unwrap().expect("statistics in bpf_prog_info");
+        let info = sys::FdInfo::of(p).unwrap();
+        assert_eq!(Some(run_time_ns), info.u64("run_time_ns"));
+        assert_eq!(Some(run_cnt), info.u64("run_cnt"));
+        assert_eq!(misses, info.u64("recursion_misses").unwrap_or(0));
+    }
     drop(guard);
     assert_eq!(sysctl(), before, "kernel.bpf_stats_enabled changed");
 }

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::insn::{AsmError, Insn};
 use super::progs::{self, MapFds};
-use super::sys::{self, map_type, FdInfo, Map, MapSpec};
+use super::sys::{self, map_type, Map, MapSpec};
 use super::TraceError;
 use crate::cpuset::CpuSet;
 use crate::error::OsError;
@@ -433,23 +433,26 @@ impl WakeTracer {
         Ok(WakeTrace { source: TraceSource::Bpf, traced_ns, latency, vcpus })
     }
 
-    /// Each program's statistics, by name (`None` where its fdinfo has none: a kernel before
-    /// 5.1).
+    /// Each program's statistics, by name (`None` where the kernel keeps none: before 5.1).
     #[must_use]
     pub fn prog_stats_each(&self) -> Vec<(&'static str, Option<ProgStats>)> {
         self.progs
             .iter()
             .map(|p| {
-                let s = FdInfo::of(p.fd.as_fd()).ok().and_then(|i| {
-                    Some(ProgStats {
-                        run_time_ns: i.u64("run_time_ns")?,
-                        run_cnt: i.u64("run_cnt")?,
-                        recursion_misses: i.u64("recursion_misses").unwrap_or(0),
-                    })
+                let s = sys::prog_run_stats(p.fd.as_fd()).ok().flatten().map(|(run_time_ns, run_cnt, recursion_misses)| ProgStats {
+                    run_time_ns,
+                    run_cnt,
+                    recursion_misses,
                 });
                 (p.name, s)
             })
             .collect()
+    }
+
+    /// The programs' descriptors (tests compare what the kernel says about them two ways).
+    #[cfg(test)]
+    pub(crate) fn prog_fds(&self) -> impl Iterator<Item = std::os::fd::BorrowedFd<'_>> {
+        self.progs.iter().map(|p| p.fd.as_fd())
     }
 
     /// The programs' run time and count, summed (they grow only while
@@ -475,7 +478,7 @@ impl WakeTracer {
     #[cfg(test)]
     pub(crate) fn object_ids(&self) -> (Vec<u32>, Vec<u32>) {
         let id = |fd: std::os::fd::BorrowedFd<'_>, key: &str| {
-            FdInfo::of(fd).ok().and_then(|i| i.u64(key)).and_then(|v| u32::try_from(v).ok()).expect("fdinfo id")
+            sys::FdInfo::of(fd).ok().and_then(|i| i.u64(key)).and_then(|v| u32::try_from(v).ok()).expect("fdinfo id")
         };
         let progs = self.progs.iter().map(|p| id(p.fd.as_fd(), "prog_id")).collect();
         let m = &self.maps;
