@@ -371,7 +371,7 @@ impl Session {
 
         let mut sampler = Sampler::new(procfs.clone(), sysfs.clone(), cpus.clone());
         sampler.prime(&managed.tids(procfs), self.yielders.as_ref(), cpus);
-        tracing.arm_next(&managed.pids(procfs), workload, gleaner_policy::guest::TraceNeed::Now);
+        tracing.arm_next(|| managed.pids(procfs), workload, gleaner_policy::guest::TraceNeed::Now);
         let waiter = child_pid.map(ChildWaiter::new).transpose()?;
         let full_period = Duration::from_millis(cfg.period_ms);
         let mut period = full_period.mul_f64(gleaner_policy::guest::FIRST_PERIOD_SHARE);
@@ -443,7 +443,7 @@ impl Session {
             let step = guest.step(&reading);
             self.run_in_background(&mut background, &guest, status);
             pacer.point();
-            tracing.arm_next(&managed.pids(procfs), workload, guest.trace_need());
+            tracing.arm_next(|| managed.pids(procfs), workload, guest.trace_need());
             pacer.point();
             // Apply.
             let active = CpuSet::from_iter(step.active.iter().copied());
