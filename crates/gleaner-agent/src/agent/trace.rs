@@ -24,9 +24,8 @@
 //!              then): the managed processes refreshed (the cgroup's, or the command's
 //!              tree), attach (or resume, when paused)
 //!  slice       how long to count: (COST_SHARE - paused cost) x period x EVERY / (1 +
-//!              SANDWICH) / cost while counting (MIN_SLICE .. the period; a cost counts
-//!              once measured over MIN_SHARE_RUNS events, and a slice is at most
-//!              MAX_SLICE_GROWTH times the last)
+//!              SANDWICH) / cost while counting (MIN_SLICE .. the period; at most
+//!              MAX_SLICE_GROWTH times the last slice)
 //!  end_slice   pause (resident) or detach
 //!  read_period read (cumulative) - last read = the slice's trace; the programs' run time
 //!              over it sets the next slices
@@ -59,15 +58,13 @@ const SANDWICH: f64 = 3.5;
 /// The shortest slice traced.
 pub const MIN_SLICE: Duration = Duration::from_millis(5);
 
-/// The fewest events a slice must have counted for its cost to size the next slices: one
-/// counted while the workload was starting (a few events) reads as nearly free and made the
-/// next slice a whole period at the workload's full rate (redis with one connection: a 200 ms
-/// slice of ~18,500 wakeups, its p99 1.3x haltpoll's over 7 alternated rounds, 1.0x with
-/// `--no-trace`).
-pub const MIN_SHARE_RUNS: u64 = 1_000;
-
 /// A slice is at most this many times the last one: a cost measured at a lower event rate
-/// understates the next.
+/// understates the next. The first slices come while the workload is starting, read as
+/// nearly free, and made the next slice a whole period at its full rate (redis with one
+/// connection: a 200 ms slice of ~18,500 wakeups, its p99 1.3x haltpoll's over 7 alternated
+/// rounds, 1.0x with `--no-trace`); growing step by step, each slice is measured at the rate
+/// it will see. (Ignoring costs measured over few events instead kept a slow workload's
+/// slices at a tenth of the period for good.)
 pub const MAX_SLICE_GROWTH: u32 = 2;
 /// The most the programs may cost while paused between slices, as a share of one vCPU, for
 /// them to stay attached; it comes out of [`COST_SHARE`], so the slices shorten.
@@ -329,9 +326,7 @@ impl Tracing {
         self.last_slice = Some(Duration::from_nanos(delta.traced_ns));
         if let Some(c) = self.slice_cost.take() {
             let traced_ns = delta.traced_ns as f64;
-            if c.run_cnt >= MIN_SHARE_RUNS {
-                self.attached_share = Some(c.run_time_ns as f64 / traced_ns);
-            }
+            self.attached_share = Some(c.run_time_ns as f64 / traced_ns);
             if !self.resident && self._stats.is_some() {
                 self.detached_slices += 1;
                 self.resident = self.detached_slices >= retry_after(self.cost_detaches)
