@@ -353,6 +353,10 @@ min_progress = 50
 # not fall by more than margin), and loses when it shortens it by less than margin.
 min_wakeups = 50
 latency_gain = 0.1
+# Where the workload moved at least this many bytes through read/write calls in every period
+# of a comparison (per full period), progress is those bytes instead of its sync points, and
+# only chance (not margin) excuses a fall of them.
+min_io_bytes = 65536
 
 # Workloads the daemon manages: one [[target]] per workload, with either a cgroup or a pid.
 # [[target]]

@@ -92,6 +92,8 @@ fn governor() {
             wake_off_ns: 0.0,
             wake_on_ns: 0.0,
             probe_share: 1.0,
+            io_bytes_per_s: 0.0,
+            io_on_gain: 0.0,
         }
     };
     for prior in [RetentionMode::On, RetentionMode::Off] {

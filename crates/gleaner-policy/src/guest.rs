@@ -29,7 +29,9 @@ use serde::{Deserialize, Serialize};
 use crate::gleaner::{Controller, Decision, Metrics, Params, Snapshot};
 use crate::idle::plan::{exponential_gaps, plan, IdlePlan, Means, PlanConfig, PlanReason, VcpuInput};
 use crate::idle::{Log2Hist, TraceSource, VcpuGaps, WakeCurve, WakeTrace};
-use crate::retention::{EpochReading, GovernorConfig, GovernorState, GovernorStep, PriorStrength, RetentionGovernor, RetentionMode};
+use crate::retention::{
+    EpochReading, GovernorConfig, GovernorState, GovernorStep, PriorStrength, RetentionGovernor, RetentionMode, WorkloadIo,
+};
 
 /// One vCPU's idle counters over a period.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,6 +64,11 @@ pub struct GuestReading {
     /// not the idle task, held the vCPU), so they join the traced or estimated ones as woken.
     #[serde(default)]
     pub caught: Vec<(u32, Log2Hist)>,
+    /// What the workload's threads moved through read/write calls in the period (the
+    /// governor's progress where it is enough: [`crate::retention::ProgressUnit`]); zero
+    /// where not measured.
+    #[serde(default)]
+    pub io: WorkloadIo,
 }
 
 /// How the guest loop runs.
@@ -796,6 +803,7 @@ fn epoch_reading(r: &GuestReading, active_vcpus: u32) -> EpochReading {
         active_vcpus,
         wakeups: latency.as_ref().map_or(0, Log2Hist::count),
         wake_mean_ns: latency.as_ref().and_then(Log2Hist::mean_ns).unwrap_or(0.0),
+        io: r.io,
     }
 }
 

@@ -89,8 +89,8 @@ pub mod governor;
 pub mod synthetic;
 
 pub use governor::{
-    ChangeCause, Comparison, EpochReading, GovernorConfig, GovernorState, GovernorStep, ModeChange, Phase, PriorStrength,
-    RetentionGovernor, RetentionMode, Verdict,
+    ChangeCause, Comparison, EpochReading, GovernorConfig, GovernorState, GovernorStep, ModeChange, Phase, PriorStrength, ProgressUnit,
+    RetentionGovernor, RetentionMode, Verdict, WorkloadIo,
 };
 
 /// Configuration of one yielding thread.

@@ -234,7 +234,9 @@ impl Engine {
             }
             self.vms[vmi].prev_caught[i as usize] = now;
         }
-        let reading = GuestReading { snapshot: Snapshot { period_ns: elapsed, vcpus: samples, s_work }, idle, trace, caught };
+        // The model's threads synchronize but move no bytes: the governor judges by sync points.
+        let io = gleaner_policy::retention::WorkloadIo::default();
+        let reading = GuestReading { snapshot: Snapshot { period_ns: elapsed, vcpus: samples, s_work }, idle, trace, caught, io };
         let Some(agent) = self.vms[vmi].agent.as_mut() else { return };
         let step = agent.step(&reading);
         self.vms[vmi].decisions += step.decisions.len() as u64;

@@ -433,7 +433,7 @@ impl Session {
                 all_wakes.merge(&t.latency);
             }
             let wake = traced.as_ref().filter(|t| t.latency.all().count() > 0).map(|t| WakeSummary::of(&t.latency));
-            let reading = GuestReading { snapshot, idle: extras.idle.clone(), trace: traced, caught: extras.caught.clone() };
+            let reading = GuestReading { snapshot, idle: extras.idle.clone(), trace: traced, caught: extras.caught.clone(), io: extras.io };
             if let Some(f) = &mut dump {
                 use std::io::Write;
                 writeln!(f, "{}", serde_json::to_string(&reading)?)?;

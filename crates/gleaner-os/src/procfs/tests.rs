@@ -599,6 +599,30 @@ fn task_io_valid_malformed_empty() {
 }
 
 #[test]
+fn task_io_file_rereads_the_counters_on_a_fixture_and_for_real() {
+    let (d, p) = fixture();
+    write(d.path(), "7/task/8/io", "rchar: 1\nwchar: 2\nsyscr: 3\nsyscw: 4\n");
+    let mut f = p.open_task_io(7, 8).unwrap();
+    assert_eq!(f.read().unwrap(), TaskIo { syscr: 3, syscw: 4, rchar: 1, wchar: 2 });
+    write(d.path(), "7/task/8/io", "rchar: 10\nwchar: 20\nsyscr: 30\nsyscw: 40\n");
+    assert_eq!(f.read().unwrap().wchar, 20, "a kept file reads the new text");
+    write(d.path(), "7/task/8/io", "rchar: 10\n");
+    assert!(f.read().unwrap_err().to_string().contains("no 'syscr' field"));
+    assert!(p.open_task_io(7, 9).is_err(), "no such thread");
+    // This thread's own counters grow by what it writes to a pipe.
+    let pid = i32::try_from(std::process::id()).unwrap();
+    let tid = nix::unistd::gettid().as_raw();
+    let mut f = Procfs::new().open_task_io(pid, tid).unwrap();
+    let before = f.read().unwrap();
+    let (mut r, mut w) = std::io::pipe().unwrap();
+    std::io::Write::write_all(&mut w, &[0u8; 1000]).unwrap();
+    std::io::Read::read_exact(&mut r, &mut [0u8; 1000]).unwrap();
+    let after = f.read().unwrap();
+    assert!(after.wchar >= before.wchar + 1000 && after.rchar >= before.rchar + 1000, "{before:?} -> {after:?}");
+    assert!(after.syscw > before.syscw && after.syscr > before.syscr);
+}
+
+#[test]
 fn task_io_cgroup_and_alive_on_fixture() {
     let (d, p) = fixture();
     write(d.path(), "7/task/8/io", "rchar: 1\nwchar: 2\nsyscr: 3\nsyscw: 4\n");

@@ -51,6 +51,7 @@ fn server_period(poll_ns: u64, wake_ns: u64) -> GuestReading {
         ],
         trace: Some(t),
         caught: Vec::new(),
+        io: WorkloadIo::default(),
     }
 }
 
@@ -716,6 +717,7 @@ fn a_vcpu_idle_all_along_counts_as_idle_in_the_vm_share() {
             ],
             trace: Some(t),
             caught: Vec::new(),
+            io: WorkloadIo::default(),
         }
     };
     let mut s = g.step(&light());
@@ -750,7 +752,7 @@ fn consolidation_waits_for_a_trace_at_a_new_rate() {
             v.t_work_ns = PERIOD / 100;
             v.t_idle_ns = PERIOD * 99 / 100;
         }
-        GuestReading { snapshot, idle: Vec::new(), trace: Some(t), caught: Vec::new() }
+        GuestReading { snapshot, idle: Vec::new(), trace: Some(t), caught: Vec::new(), io: WorkloadIo::default() }
     };
     let loaded = |traced: bool| {
         let mut r = server_period(0, 50_000);

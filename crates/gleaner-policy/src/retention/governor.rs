@@ -13,13 +13,24 @@
 //! ```
 //!
 //! Progress is the workload's voluntary context switches per second (its blocking sync points;
-//! the controller's progress proxy too). Retention's cost is the CPU its yielding threads burn,
-//! in vCPUs. One comparison:
+//! the controller's progress proxy too), or, where the workload moves bytes through read/write
+//! calls in every epoch of the comparison (a server, a pipe, a file), those bytes per second:
+//! the work itself. Sync points are no measure of a server's work under a policy that changes
+//! how much it batches: kernel polling wakes nginx serving 50 connections at once for every
+//! request, where a halted vCPU's slower wakeup lets several queue, and its context switches
+//! per request rose from 0.45 to 0.74 while its requests a second fell (see
+//! [`ProgressUnit`]). Retention's cost is the CPU its yielding threads burn (or the kernel
+//! polled), in vCPUs. One comparison:
 //!
 //! ```text
 //!  gain       = rate(on) / rate(off) - 1
 //!  break_even = cpu_price * burned vCPUs (in the on epochs)
-//!  verdict    = Pays   if gain >= break_even + margin
+//!  latency    = mean wakeup off / on - 1, where every epoch has min_wakeups traced wakeups
+//!  verdict    = by latency where measured and progress did not fall beyond the tolerance
+//!               (margin, or chance if larger; chance alone when progress is bytes):
+//!               Pays if latency >= latency_gain, Loses if it is under margin and gain < break_even
+//!               otherwise by progress:
+//!               Pays   if gain >= break_even + margin
 //!               Loses  if gain <  break_even
 //!               Neutral otherwise (the dead band: neither mode is wrong enough to leave)
 //!               Inconclusive if the number of active vCPUs changed within the sandwich
@@ -136,6 +147,10 @@ pub struct GovernorConfig {
     /// Retention pays when it shortens the mean wakeup by this share (and the workload's
     /// progress did not fall by more than `margin`).
     pub latency_gain: f64,
+    /// Epochs in which the workload moved fewer bytes than this through read/write calls (per
+    /// full epoch) are judged by sync points; with at least this many in every epoch of a
+    /// comparison, progress is the bytes ([`ProgressUnit::IoBytes`]).
+    pub min_io_bytes: u64,
 }
 
 impl Default for GovernorConfig {
@@ -150,6 +165,9 @@ impl Default for GovernorConfig {
             min_progress: 50,
             min_wakeups: 50,
             latency_gain: 0.10,
+            // 320 KB/s at 200 ms epochs: a server answering a few hundred requests a second;
+            // less is a log or a trickle that says nothing of the work.
+            min_io_bytes: 64 * 1024,
         }
     }
 }
@@ -201,6 +219,32 @@ pub struct EpochReading {
     /// Their mean latency, `sched_waking` to running, ns.
     #[serde(default)]
     pub wake_mean_ns: f64,
+    /// What the workload's threads moved through read/write calls in the epoch (zero where
+    /// not measured: the simulator).
+    #[serde(default)]
+    pub io: WorkloadIo,
+}
+
+/// Bytes a workload's threads moved through read/write-like calls, and the calls
+/// (`/proc/<pid>/task/<tid>/io`: `rchar + wchar`, `syscr + syscw`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadIo {
+    pub bytes: u64,
+    pub calls: u64,
+}
+
+/// What a comparison measured progress in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgressUnit {
+    /// The workload's blocking sync points (voluntary context switches).
+    #[default]
+    SyncPoints,
+    /// Bytes the workload moved through read/write calls: chosen where every epoch of the
+    /// comparison moved at least [`GovernorConfig::min_io_bytes`] (per full epoch). A loss of
+    /// bytes beyond chance always decides (no margin): the bytes are the work, and a 3-6% loss
+    /// is what kernel polling cost nginx with 50 connections on the development VM.
+    IoBytes,
 }
 
 /// The outcome of one on/off comparison.
@@ -216,7 +260,7 @@ pub enum Verdict {
 /// One on/off comparison and the numbers behind it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
-    /// Sync points per second with retention on / off.
+    /// Progress per second (in `unit`) with retention on / off.
     pub on_rate: f64,
     pub off_rate: f64,
     /// `on_rate / off_rate - 1`.
@@ -234,6 +278,9 @@ pub struct Comparison {
     /// fall of progress within it does not keep latency from deciding.
     #[serde(default)]
     pub progress_noise: f64,
+    /// What progress was counted in.
+    #[serde(default)]
+    pub unit: ProgressUnit,
     pub verdict: Verdict,
 }
 
@@ -448,8 +495,31 @@ impl RetentionGovernor {
             }
         };
         let base_ns = before.duration_ns + after.duration_ns;
-        let base_rate = rate(before.progress + after.progress, base_ns);
-        let probe_rate = rate(probe.progress, probe.duration_ns);
+        // The minimum counts are per full epoch: a shorter one (the agent's probe runs a
+        // quarter period) needs as much less. Judged by raw counts, a server at 600 sync
+        // points a second (about 30 in a 50 ms probe, under min_progress and min_wakeups) was
+        // "too small to compare" at every probe, so the polling "lost" and went off, halting
+        // its wakeups for seconds (`gleaner bench workload openloop --rate 200`).
+        let longest = [before, probe, after].iter().map(|e| e.duration_ns).max().unwrap_or(0).max(1);
+        let enough = |n: u64, e: &EpochReading, min: u64| n as f64 >= min as f64 * e.duration_ns as f64 / longest as f64;
+        let unit = if [before, probe, after].iter().all(|e| enough(e.io.bytes, e, self.cfg.min_io_bytes.max(1))) {
+            ProgressUnit::IoBytes
+        } else {
+            ProgressUnit::SyncPoints
+        };
+        let amount = |e: &EpochReading| match unit {
+            ProgressUnit::SyncPoints => e.progress,
+            ProgressUnit::IoBytes => e.io.bytes,
+        };
+        // Chance is judged from a count of events: the sync points, or for bytes the fewer of
+        // the calls and the sync points (a request is a few calls and a block or two).
+        let events = |e: &EpochReading| match unit {
+            ProgressUnit::SyncPoints => e.progress,
+            ProgressUnit::IoBytes if e.progress > 0 => e.io.calls.min(e.progress),
+            ProgressUnit::IoBytes => e.io.calls,
+        };
+        let base_rate = rate(amount(before) + amount(after), base_ns);
+        let probe_rate = rate(amount(probe), probe.duration_ns);
         let base_wakes = before.wakeups + after.wakeups;
         let base_wake = (base_wakes > 0)
             .then(|| (before.wake_mean_ns * before.wakeups as f64 + after.wake_mean_ns * after.wakeups as f64) / base_wakes as f64);
@@ -468,13 +538,6 @@ impl RetentionGovernor {
         };
         let break_even = self.cfg.cpu_price * burn_vcpus;
         let gain = if off_rate > 0.0 { on_rate / off_rate - 1.0 } else { 0.0 };
-        // The minimum counts are per full epoch: a shorter one (the agent's probe runs a
-        // quarter period) needs as much less. Judged by raw counts, a server at 600 sync
-        // points a second (about 30 in a 50 ms probe, under min_progress and min_wakeups) was
-        // "too small to compare" at every probe, so the polling "lost" and went off, halting
-        // its wakeups for seconds (`gleaner bench workload openloop --rate 200`).
-        let longest = [before, probe, after].iter().map(|e| e.duration_ns).max().unwrap_or(0).max(1);
-        let enough = |n: u64, e: &EpochReading, min: u64| n as f64 >= min as f64 * e.duration_ns as f64 / longest as f64;
         let too_small = [before, probe, after].iter().any(|e| e.duration_ns == 0 || !enough(e.progress, e, self.cfg.min_progress));
         let traced = [before, probe, after].iter().all(|e| enough(e.wakeups, e, self.cfg.min_wakeups));
         let moved = before.active_vcpus != probe.active_vcpus || probe.active_vcpus != after.active_vcpus;
@@ -482,10 +545,17 @@ impl RetentionGovernor {
             (true, Some(on), Some(off)) if on > 0.0 => Some(off / on - 1.0),
             _ => None,
         };
-        let progress_noise = progress_noise(before.progress + after.progress, probe.progress);
+        let progress_noise = progress_noise(events(before) + events(after), events(probe));
+        // How far progress may fall while latency still decides: sync points are a proxy,
+        // so a fall within the margin is not held against a faster wakeup; bytes are the
+        // work, and only chance excuses a fall of them.
+        let tolerance = match unit {
+            ProgressUnit::SyncPoints => self.cfg.margin.max(progress_noise),
+            ProgressUnit::IoBytes => progress_noise,
+        };
         let verdict = if moved {
             Verdict::Inconclusive
-        } else if let Some(lg) = latency.filter(|_| gain > -self.cfg.margin.max(progress_noise)) {
+        } else if let Some(lg) = latency.filter(|_| gain > -tolerance) {
             // Wakeups measured, progress held: latency decides. Faster by latency_gain pays;
             // not faster at all (within the margin) loses if the CPU had a price.
             if lg >= self.cfg.latency_gain {
@@ -519,6 +589,7 @@ impl RetentionGovernor {
             on_wake_ns: on_wake.filter(|_| traced),
             off_wake_ns: off_wake.filter(|_| traced),
             progress_noise,
+            unit,
             verdict,
         }
     }
@@ -581,6 +652,8 @@ mod tests {
             wake_off_ns: 0.0,
             wake_on_ns: 0.0,
             probe_share: 1.0,
+            io_bytes_per_s: 0.0,
+            io_on_gain: 0.0,
         }
     }
     /// The development VM: the host polls halted vCPUs, forced retention costs 7%.
@@ -864,6 +937,7 @@ mod tests {
             active_vcpus: 2,
             wakeups: n,
             wake_mean_ns: wake_ns,
+            io: WorkloadIo::default(),
         }
     }
 
@@ -894,6 +968,69 @@ mod tests {
         assert!(switches(&trace).is_empty(), "{:?}", switches(&trace));
         let c: Vec<Comparison> = trace.iter().filter_map(|(_, s)| s.comparison).collect();
         assert!(c.len() >= 50 && c.iter().all(|c| c.verdict == Verdict::Pays), "{c:?}");
+    }
+
+    /// A busy server like nginx serving 50 connections on the development VM: under kernel
+    /// polling each request wakes it at once, so it blocks more often per request (sync points
+    /// +30%) and serves fewer of them (bytes -6%: more than nginx lost, 1-4%, so that a quarter
+    /// -period probe can show it), with wakeups 13 -> 5 us; 0.1 vCPU polls.
+    fn batching_server(io_bytes_per_s: f64) -> EpochModel {
+        EpochModel {
+            rate_per_s: 100_000.0,
+            on_gain: 0.3,
+            wakes_per_s: 5_000.0,
+            wake_off_ns: 13_000.0,
+            wake_on_ns: 5_000.0,
+            probe_share: 0.25,
+            io_bytes_per_s,
+            io_on_gain: -0.06,
+            ..host(0.0, 0.1, 0.01)
+        }
+    }
+
+    #[test]
+    fn a_busy_server_that_batches_less_under_polling_loses_it_by_bytes_though_its_sync_points_rise() {
+        let cfg = GovernorConfig::default();
+        let mut g = RetentionGovernor::with_prior(cfg, RetentionMode::On, PriorStrength::Confident);
+        let trace = drive_governor(&mut g, 200, 7, |_| batching_server(300e6));
+        assert_eq!(switches(&trace).len(), 1, "{:?}", switches(&trace));
+        assert_eq!(g.state().baseline, RetentionMode::Off);
+        let c = trace.iter().find_map(|(_, s)| s.comparison).unwrap();
+        assert_eq!((c.unit, c.verdict), (ProgressUnit::IoBytes, Verdict::Loses), "{c:?}");
+        assert!(c.gain < -c.progress_noise && c.gain > -c.progress_noise - 0.05, "{c:?}");
+        // Without its bytes (not measured), the sync points and the faster wakeups keep it on.
+        let mut g = RetentionGovernor::with_prior(cfg, RetentionMode::On, PriorStrength::Confident);
+        let trace = drive_governor(&mut g, 200, 7, |_| batching_server(0.0));
+        assert!(switches(&trace).is_empty());
+        let c = trace.iter().find_map(|(_, s)| s.comparison).unwrap();
+        assert_eq!((c.unit, c.verdict), (ProgressUnit::SyncPoints, Verdict::Pays), "{c:?}");
+        // A closed loop whose bytes rise with polling keeps it, judged by bytes.
+        let mut g = RetentionGovernor::with_prior(cfg, RetentionMode::On, PriorStrength::Confident);
+        let trace = drive_governor(&mut g, 200, 7, |_| EpochModel { io_on_gain: 0.5, ..batching_server(20e6) });
+        assert!(switches(&trace).is_empty());
+        let c: Vec<Comparison> = trace.iter().filter_map(|(_, s)| s.comparison).collect();
+        assert!(!c.is_empty() && c.iter().all(|c| c.unit == ProgressUnit::IoBytes && c.verdict == Verdict::Pays), "{c:?}");
+    }
+
+    #[test]
+    fn bytes_count_as_progress_only_where_every_epoch_moved_enough_of_them() {
+        let cfg = GovernorConfig::default();
+        let mut g = RetentionGovernor::new(cfg, RetentionMode::On);
+        let with = |e: EpochReading, bytes: u64| EpochReading { io: WorkloadIo { bytes, calls: bytes / 100 }, ..e };
+        let (b, p, a) = (epoch(200, 40_000, 5_000.0, 20), epoch(50, 10_000, 12_000.0, 0), epoch(200, 40_000, 5_000.0, 20));
+        // A quarter-length probe needs a quarter of min_io_bytes.
+        let c = g.compare(&with(b, 1 << 20), &with(p, cfg.min_io_bytes / 4), &with(a, 1 << 20));
+        assert_eq!(c.unit, ProgressUnit::IoBytes, "{c:?}");
+        let c = g.compare(&with(b, 1 << 20), &with(p, cfg.min_io_bytes / 4 - 1), &with(a, 1 << 20));
+        assert_eq!(c.unit, ProgressUnit::SyncPoints, "{c:?}");
+        let c = g.compare(&b, &p, &a);
+        assert_eq!((c.unit, c.verdict), (ProgressUnit::SyncPoints, Verdict::Pays), "{c:?}");
+        // Bytes fell 4% with polling on (within the 5% margin, beyond chance): a loss, though
+        // the wakeups were 2.4x faster. The same fall of sync points is within the margin.
+        let c = g.compare(&with(b, 96_000_000), &with(p, 25_000_000), &with(a, 96_000_000));
+        assert_eq!((c.unit, c.verdict), (ProgressUnit::IoBytes, Verdict::Loses), "{c:?}");
+        let c = g.compare(&epoch(200, 38_400, 5_000.0, 20), &epoch(50, 10_000, 12_000.0, 0), &epoch(200, 38_400, 5_000.0, 20));
+        assert_eq!((c.unit, c.verdict), (ProgressUnit::SyncPoints, Verdict::Pays), "{c:?}");
     }
 
     #[test]

@@ -136,6 +136,11 @@ pub struct EpochModel {
     /// A probe epoch lasts this share of `epoch_ns` (the agent's: `guest::PROBE_SHARE`); 1.0:
     /// as long as the others.
     pub probe_share: f64,
+    /// Bytes the workload moves a second through read/write calls with retention off (0: no
+    /// I/O), `io_bytes_per_s * (1 + io_on_gain)` with it on, in calls of 1 KiB each; the same
+    /// jitter as the sync points.
+    pub io_bytes_per_s: f64,
+    pub io_on_gain: f64,
 }
 
 impl EpochModel {
@@ -150,6 +155,7 @@ impl EpochModel {
         let gain = if mode.is_on() { 1.0 + self.on_gain } else { 1.0 };
         let jitter = 1.0 + self.noise * (2.0 * rng.unit() - 1.0);
         let burn = if mode.is_on() { self.burn_vcpus } else { 0.0 };
+        let bytes = self.io_bytes_per_s * secs * if mode.is_on() { 1.0 + self.io_on_gain } else { 1.0 } * jitter;
         EpochReading {
             duration_ns: epoch_ns,
             progress: whole(self.rate_per_s * secs * gain * jitter),
@@ -157,6 +163,7 @@ impl EpochModel {
             active_vcpus: self.active_vcpus,
             wakeups: whole(self.wakes_per_s * secs),
             wake_mean_ns: if mode.is_on() { self.wake_on_ns } else { self.wake_off_ns } * jitter,
+            io: super::WorkloadIo { bytes: whole(bytes), calls: whole(bytes / 1024.0) },
         }
     }
 }
