@@ -91,8 +91,6 @@ struct Tournament {
     /// are `tree[n + key]` with `n = tree.len() / 2`, a power of two, and `tree[1]` is the
     /// overall winner (`tree[0]` is unused).
     tree: Vec<Node>,
-    /// Keys that hold an event.
-    present: usize,
 }
 
 /// One match's winner: its time and `seq << KEY_BITS | key`.
@@ -119,7 +117,7 @@ const ABSENT: Node = Node { time: Ns::MAX, tag: u64::MAX };
 impl Default for Tournament {
     fn default() -> Self {
         // One leaf, which is also the root.
-        Self { tree: vec![ABSENT; 2], present: 0 }
+        Self { tree: vec![ABSENT; 2] }
     }
 }
 
@@ -147,23 +145,26 @@ impl Tournament {
 
     /// Sets key `k`'s leaf and replays the matches on its path to the root.
     #[inline]
-    fn update(&mut self, k: usize, mut best: Node) {
+    fn update(&mut self, k: usize, best: Node) {
         if k >= self.leaves() {
             self.grow(k);
         }
-        let mut node = self.leaves() + k;
-        let was = self.tree[node];
-        self.present = self.present + usize::from(best != ABSENT) - usize::from(was != ABSENT);
-        self.tree[node] = best;
+        let tree = &mut self.tree[..];
+        // The length is a power of two: masking keeps every index in range, which the
+        // compiler can see, so the walk has no bounds checks (`node` never exceeds it anyway).
+        let mask = tree.len() - 1;
+        let mut node = tree.len() / 2 + k;
+        tree[node & mask] = best;
+        let (mut time, mut tag) = (best.time, best.tag);
         while node > 1 {
-            let sib = self.tree[node ^ 1];
+            let sib = tree[(node ^ 1) & mask];
             // Which side wins is data, not a pattern: a branch would mispredict often. (`|` and
             // `&` rather than `||`, `&&` or a 128-bit comparison, which compile to branches.)
-            let lt = (sib.time < best.time) | ((sib.time == best.time) & (sib.tag < best.tag));
-            best.time = std::hint::select_unpredictable(lt, sib.time, best.time);
-            best.tag = std::hint::select_unpredictable(lt, sib.tag, best.tag);
+            let lt = (sib.time < time) | ((sib.time == time) & (sib.tag < tag));
+            time = std::hint::select_unpredictable(lt, sib.time, time);
+            tag = std::hint::select_unpredictable(lt, sib.tag, tag);
             node /= 2;
-            self.tree[node] = best;
+            tree[node & mask] = Node { time, tag };
         }
     }
 
@@ -187,8 +188,9 @@ impl Tournament {
         (w != ABSENT).then_some((w.time, w.tag >> KEY_BITS, (w.tag & ((1 << KEY_BITS) - 1)) as u32))
     }
 
+    /// Keys that hold an event (a scan of the leaves: only tests ask).
     fn len(&self) -> usize {
-        self.present
+        self.tree[self.leaves()..].iter().filter(|&&n| n != ABSENT).count()
     }
 }
 
