@@ -1236,7 +1236,7 @@ impl Engine {
         let vc = &mut self.vcpus[v as usize];
         if !vc.kick_pending {
             vc.kick_pending = true;
-            self.q.push(self.now + delay, Ev::Kick { v });
+            self.q.push_after(self.now, delay, Ev::Kick { v });
         }
     }
 

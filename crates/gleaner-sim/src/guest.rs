@@ -9,6 +9,15 @@ use crate::queue::{Ev, Ns};
 use crate::scenario::GuestPolicy;
 use crate::workload::Op;
 
+/// When a blocked thread's timer fires.
+#[derive(Debug, Clone, Copy)]
+enum Wake {
+    /// At this time.
+    At(Ns),
+    /// This long after now.
+    After(Ns),
+}
+
 impl Engine {
     /// One step of the vCPU `v` running on pCPU `p` (settled, no overhead left). Returns true
     /// if something changed (the caller loops), false when the vCPU just keeps going.
@@ -489,8 +498,9 @@ impl Engine {
     }
 
     /// Blocks thread `t` until `at`: a timer (a TSC_DEADLINE exit in a VM) or, `io`, a
-    /// device's completion (an I/O exit).
-    fn block_until(&mut self, t: u32, v: u32, p: u32, at: Ns, io: bool) {
+    /// device's completion (an I/O exit). `Wake::After(ns)` is `now + ns`, a fixed length
+    /// (the event queue keeps those in a sorted lane).
+    fn block_until(&mut self, t: u32, v: u32, p: u32, at: Wake, io: bool) {
         let th = &mut self.threads[t as usize];
         th.timer_gen = th.timer_gen.wrapping_add(1);
         let gen = th.timer_gen;
@@ -503,7 +513,10 @@ impl Engine {
                 c.exits_timer += 1;
             }
         }
-        self.q.push(at, Ev::ThreadTimer { t, gen });
+        match at {
+            Wake::At(at) => self.q.push(at, Ev::ThreadTimer { t, gen }),
+            Wake::After(ns) => self.q.push_after(self.now, ns, Ev::ThreadTimer { t, gen }),
+        }
         self.block_thread(t, v, p);
     }
 
@@ -711,16 +724,16 @@ impl Engine {
                     self.arrivals[t as usize] = next + self.sample_exp(mean_gap_ns);
                     self.stamps[t as usize] = next;
                     if next > self.now {
-                        self.block_until(t, v, p, next, false);
+                        self.block_until(t, v, p, Wake::At(next), false);
                         return;
                     }
                 }
                 Op::Sleep(ns) => {
-                    self.block_until(t, v, p, self.now + ns, false);
+                    self.block_until(t, v, p, Wake::After(ns), false);
                     return;
                 }
                 Op::Io(ns) => {
-                    self.block_until(t, v, p, self.now + ns, true);
+                    self.block_until(t, v, p, Wake::After(ns), true);
                     return;
                 }
             }
