@@ -135,6 +135,7 @@ impl Engine {
 
     /// Appends thread `t` to vCPU `v`'s run queue, counting it in the VM's queued threads and
     /// the compact `rqlen`.
+    #[inline]
     pub(crate) fn rq_push(&mut self, v: u32, t: u32) {
         let vc = &mut self.vcpus[v as usize];
         vc.rq.push_back(t);
@@ -144,6 +145,7 @@ impl Engine {
 
     /// Takes the thread at position `pos` of vCPU `v`'s run queue (the counterpart of
     /// [`Self::rq_push`]).
+    #[inline]
     fn rq_take(&mut self, v: u32, pos: usize) -> Option<u32> {
         let vc = &mut self.vcpus[v as usize];
         let t = if pos == 0 { vc.rq.pop_front() } else { vc.rq.remove(pos) }?;
