@@ -105,14 +105,17 @@ const FROM_HEAP: usize = usize::MAX;
 /// `(time, seq)` are kept as two `u64`s rather than one `u128`: the backend turns a selection
 /// of `u128`s in a loop back into a branch, but keeps conditional moves of `u64`s. The key
 /// rides in the low [`KEY_BITS`] of the second word (`seq << KEY_BITS | key`): seqs are unique,
-/// so the order is still `(time, seq)`, and a match moves two words instead of three.
+/// so the order is still `(time, seq)`, and a match moves two words instead of three. The two
+/// words live in two arrays, so that a node's index addresses both without a multiply.
 /// [`ABSENT`] marks a key without an event.
 #[derive(Debug)]
 struct Tournament {
-    /// Node `i` (1-based; children `2i`, `2i + 1`) holds the winner of its subtree; the leaves
-    /// are `tree[n + key]` with `n = tree.len() / 2`, a power of two, and `tree[1]` is the
-    /// overall winner (`tree[0]` is unused).
-    tree: Vec<Node>,
+    /// Node `i` (1-based; children `2i`, `2i + 1`) holds the winner of its subtree, its time
+    /// in `times[i]` and its tag in `tags[i]`; the leaves are node `n + key` with
+    /// `n = times.len() / 2`, a power of two, and node 1 is the overall winner (node 0 is
+    /// unused). Both arrays have the same length.
+    times: Vec<Ns>,
+    tags: Vec<u64>,
 }
 
 /// One match's winner: its time and `seq << KEY_BITS | key`.
@@ -133,13 +136,14 @@ impl Node {
 /// Bits of a tag that hold the key: pCPUs are at most 4096 (scenario validation).
 const KEY_BITS: u32 = 16;
 
-/// A key without an event: after every real event.
+/// A key without an event: after every real event. No real event is at `Ns::MAX` (the
+/// engine cancels a pCPU's boundary instead), which the matches rely on.
 const ABSENT: Node = Node { time: Ns::MAX, tag: u64::MAX };
 
 impl Default for Tournament {
     fn default() -> Self {
         // One leaf, which is also the root.
-        Self { tree: vec![ABSENT; 2] }
+        Self { times: vec![ABSENT.time; 2], tags: vec![ABSENT.tag; 2] }
     }
 }
 
@@ -147,7 +151,12 @@ impl Tournament {
     /// Number of leaves.
     #[inline]
     fn leaves(&self) -> usize {
-        self.tree.len() / 2
+        self.times.len() / 2
+    }
+
+    #[inline]
+    fn node(&self, i: usize) -> Node {
+        Node { time: self.times[i], tag: self.tags[i] }
     }
 
     /// Makes room for key `k` (doubling the leaves and rebuilding; only while a run starts).
@@ -157,12 +166,15 @@ impl Tournament {
         let old = self.leaves();
         let n = (k + 1).next_power_of_two();
         let mut tree = vec![ABSENT; 2 * n];
-        tree[n..n + old].copy_from_slice(&self.tree[old..]);
+        for (i, slot) in tree[n..n + old].iter_mut().enumerate() {
+            *slot = self.node(old + i);
+        }
         for i in (1..n).rev() {
             let (l, r) = (tree[2 * i], tree[2 * i + 1]);
             tree[i] = if r.packed() < l.packed() { r } else { l };
         }
-        self.tree = tree;
+        self.times = tree.iter().map(|n| n.time).collect();
+        self.tags = tree.iter().map(|n| n.tag).collect();
     }
 
     /// Sets key `k`'s leaf and replays the matches on its path to the root.
@@ -171,34 +183,43 @@ impl Tournament {
         if k >= self.leaves() {
             self.grow(k);
         }
-        let tree = &mut self.tree[..];
+        let times = &mut self.times[..];
+        let tags = &mut self.tags[..times.len()];
         // The length is a power of two: masking keeps every index in range, which the
         // compiler can see, so the walk has no bounds checks (`node` never exceeds it anyway).
-        let mask = tree.len() - 1;
-        let mut node = tree.len() / 2 + k;
-        tree[node & mask] = best;
+        let mask = times.len() - 1;
+        let mut node = times.len() / 2 + k;
+        times[node & mask] = best.time;
+        tags[node & mask] = best.tag;
         let (mut time, mut tag) = (best.time, best.tag);
         while node > 1 {
-            let sib = tree[(node ^ 1) & mask];
-            // Which side wins is data, not a pattern: a branch would mispredict often. (`|` and
-            // `&` rather than `||`, `&&` or a 128-bit comparison, which compile to branches.)
-            let lt = (sib.time < time) | ((sib.time == time) & (sib.tag < tag));
-            time = std::hint::select_unpredictable(lt, sib.time, time);
-            tag = std::hint::select_unpredictable(lt, sib.tag, tag);
+            let sib = (node ^ 1) & mask;
+            let (st, sg) = (times[sib], tags[sib]);
+            // `(st, sg) < (time, tag)`, as `st < time + [sg < tag]`: equal times fall to the
+            // tags, and the carry is a compare's flag (an add-with-carry), fewer operations
+            // than `st < time || st == time && sg < tag`. The addition saturates: at
+            // `time == Ns::MAX` (an absent key, whose tag is `u64::MAX`) it is 1 exactly when
+            // the sibling is real, and a real sibling is before `Ns::MAX`. Which side wins is
+            // data, not a pattern: conditional moves, not a branch that would mispredict.
+            let lt = st < time.saturating_add(u64::from(sg < tag));
+            time = std::hint::select_unpredictable(lt, st, time);
+            tag = std::hint::select_unpredictable(lt, sg, tag);
             node /= 2;
-            tree[node & mask] = Node { time, tag };
+            times[node & mask] = time;
+            tags[node & mask] = tag;
         }
     }
 
     fn set(&mut self, key: u32, time: Ns, seq: u64) {
         // 2^48 events: a year of one run at ten million events per second.
         assert!(seq < 1 << (64 - KEY_BITS), "event sequence number overflow");
+        debug_assert!(time != Ns::MAX, "an event at Ns::MAX would tie with an absent key");
         self.update(key as usize, Node { time, tag: seq << KEY_BITS | u64::from(key) });
     }
 
     fn remove(&mut self, key: u32) {
         let k = key as usize;
-        if k < self.leaves() && self.tree[self.leaves() + k] != ABSENT {
+        if k < self.leaves() && self.node(self.leaves() + k) != ABSENT {
             self.update(k, ABSENT);
         }
     }
@@ -206,13 +227,13 @@ impl Tournament {
     /// The earliest `(time, seq, key)`.
     #[inline]
     fn peek(&self) -> Option<(Ns, u64, u32)> {
-        let w = self.tree[1];
+        let w = self.node(1);
         (w != ABSENT).then_some((w.time, w.tag >> KEY_BITS, (w.tag & ((1 << KEY_BITS) - 1)) as u32))
     }
 
     /// Keys that hold an event (a scan of the leaves: only tests ask).
     fn len(&self) -> usize {
-        self.tree[self.leaves()..].iter().filter(|&&n| n != ABSENT).count()
+        (self.leaves()..self.times.len()).filter(|&i| self.node(i) != ABSENT).count()
     }
 }
 
