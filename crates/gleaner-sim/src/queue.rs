@@ -210,6 +210,7 @@ impl Tournament {
         }
     }
 
+    #[inline]
     fn set(&mut self, key: u32, time: Ns, seq: u64) {
         // 2^48 events: a year of one run at ten million events per second.
         assert!(seq < 1 << (64 - KEY_BITS), "event sequence number overflow");
