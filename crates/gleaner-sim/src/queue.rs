@@ -1,4 +1,5 @@
-//! The event queue: a binary min-heap keyed by `(time, seq)`.
+//! The event queue, ordered by `(time, seq)`: a tournament tree of the pCPUs' boundaries, a
+//! sorted FIFO lane per fixed delay, and a binary min-heap for the rest.
 //!
 //! `seq` is a global insertion counter, so events at the same nanosecond pop in the order they
 //! were scheduled (FIFO tie-breaking): the model is deterministic by construction. Payloads are
