@@ -213,9 +213,7 @@ impl IoFile {
     pub fn read(&mut self) -> Result<TaskIo> {
         // Seven lines of at most ~40 bytes: 512 is far more than any io file holds.
         let mut buf = [0u8; 512];
-        let text = self.0.read_short(&mut buf, "io file")?;
-        let text = std::str::from_utf8(text).map_err(|_| parse_err(&self.0.path, 1, "not UTF-8"))?;
-        parse_task_io(&self.0.path, text)
+        parse_task_io(&self.0.path, self.0.read_short_str(&mut buf, "io file")?)
     }
 }
 
@@ -243,9 +241,7 @@ impl SchedstatFile {
     /// The thread's run time, run-queue delay and timeslices now.
     pub fn read(&mut self) -> Result<SchedStat> {
         let mut buf = [0u8; 96];
-        let text = self.0.read_short(&mut buf, "schedstat line")?;
-        let text = std::str::from_utf8(text).map_err(|_| parse_err(&self.0.path, 1, "not UTF-8"))?;
-        parse_schedstat(&self.0.path, text)
+        parse_schedstat(&self.0.path, self.0.read_short_str(&mut buf, "schedstat line")?)
     }
 }
 

@@ -45,11 +45,7 @@ impl IdleCounters {
     /// Every CPU's counters now (an error names the file: a driver change removed it).
     pub fn read(&self) -> Result<Vec<IdleCount>> {
         let mut buf = [0u8; 32];
-        let mut num = |f: &Reread, what: &str| -> Result<u64> {
-            let text = f.read_short(&mut buf, what)?;
-            let s = std::str::from_utf8(text).map_err(|_| parse_err(&f.path, 1, "not UTF-8"))?;
-            parse_u64(&f.path, 1, what, s)
-        };
+        let mut num = |f: &Reread, what: &str| -> Result<u64> { parse_u64(&f.path, 1, what, f.read_short_str(&mut buf, what)?) };
         let mut out = Vec::with_capacity(self.cpus.len());
         for (cpu, states) in &self.cpus {
             let mut c = IdleCount { cpu: *cpu, entries: 0, idle_ns: 0, poll_ns: 0 };

@@ -90,6 +90,12 @@ impl Reread {
         Ok(text)
     }
 
+    /// [`Self::read_short`] as UTF-8 text.
+    pub(crate) fn read_short_str<'b>(&self, buf: &'b mut [u8], what: &str) -> Result<&'b str> {
+        let text = self.read_short(buf, what)?;
+        std::str::from_utf8(text).map_err(|_| parse_err(&self.path, 1, "not UTF-8"))
+    }
+
     /// The file's whole current text, read with one `pread` into `buf` (kept between reads),
     /// which grows and reads again while the text fills it.
     pub(crate) fn read_text<'b>(&self, buf: &'b mut Vec<u8>) -> Result<&'b str> {

@@ -553,16 +553,18 @@ impl Engine {
                 Some(off) => off + i,
                 None => (vcpu_base + i) % pcpus,
             };
-            let yielder = yielders.then(|| Box::new(Yielder {
-                det: IdleDetector::new(vm.gleaner.retention),
-                state: YState::Awake,
-                paused_at: None,
-                paused_for_work: false,
-                run_ns: 0,
-                target_ns: 0,
-                work_at_sleep: None,
-                gen: 0,
-            }));
+            let yielder = yielders.then(|| {
+                Box::new(Yielder {
+                    det: IdleDetector::new(vm.gleaner.retention),
+                    state: YState::Awake,
+                    paused_at: None,
+                    paused_for_work: false,
+                    run_ns: 0,
+                    target_ns: 0,
+                    work_at_sleep: None,
+                    gen: 0,
+                })
+            });
             self.vcpus.push(Vcpu {
                 vm: vi,
                 idx: i,
