@@ -242,8 +242,9 @@ pub enum ProgressUnit {
     SyncPoints,
     /// Bytes the workload moved through read/write calls: chosen where every epoch of the
     /// comparison moved at least [`GovernorConfig::min_io_bytes`] (per full epoch). A loss of
-    /// bytes beyond chance always decides (no margin): the bytes are the work, and a 3-6% loss
-    /// is what kernel polling cost nginx with 50 connections on the development VM.
+    /// bytes beyond chance always decides (no margin): the bytes are the work (kernel polling cost
+    /// nginx with 50 connections 1-4% of them on the development VM, a loss the 5% margin
+    /// would have excused).
     IoBytes,
 }
 
