@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 # usage: abitems.py ROUNDS SECS name=prefix ... ; runs nginx-doc.py 50 SECS under each prefix; prints throughput medians
 import subprocess, sys, json, re, statistics, os
+# The repository's nginx harness, found from this file's place in docs/data/<run>/nginx-c50/.
+NGINX_DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), '../../../../scripts/bench/nginx-doc.py')
 rounds=int(sys.argv[1]); secs=sys.argv[2]; vs=[a.split('=',1) for a in sys.argv[3:]]
 HPD='/sys/module/haltpoll/parameters/'
 res={n:[] for n,_ in vs}
@@ -19,7 +21,7 @@ for r in range(rounds):
             open(HPD+'guest_halt_poll_ns','w').write('200000'); cmd=[]
         else: cmd=pre.split()
         try:
-            out=subprocess.run(cmd+['/work/main/scripts/bench/nginx-doc.py','50',secs],capture_output=True,text=True).stdout
+            out=subprocess.run(cmd+[NGINX_DOC,'50',secs],capture_output=True,text=True).stdout
         finally:
             if saved:
                 open(HPD+'guest_halt_poll_ns','w').write(saved['guest_halt_poll_ns'])

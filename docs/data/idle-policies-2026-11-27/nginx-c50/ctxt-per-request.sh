@@ -6,7 +6,7 @@ orig=$(cat $HP/guest_halt_poll_ns)
 [ "$mode" = haltpoll ] && echo 200000 > $HP/guest_halt_poll_ns
 c0=$(awk '/^ctxt/{print $2}' /proc/stat); i0=$(awk '/^intr/{print $2}' /proc/stat)
 r0=$(grep -h "" /sys/devices/system/cpu/cpu*/cpuidle/state0/usage | paste -sd+ | bc)
-out=$(cd /work/main && scripts/bench/nginx-doc.py 50 3)
+out=$(cd "$(dirname "$0")/../../../.." && scripts/bench/nginx-doc.py 50 3)
 c1=$(awk '/^ctxt/{print $2}' /proc/stat); i1=$(awk '/^intr/{print $2}' /proc/stat)
 r1=$(grep -h "" /sys/devices/system/cpu/cpu*/cpuidle/state0/usage | paste -sd+ | bc)
 echo $orig > $HP/guest_halt_poll_ns

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 # nginx c50 12 s; toggles between a fixed 64 us window (the agent's) and off every T s; bytes of nginx+wrk every 100 ms
 import subprocess, time, os, glob, sys, statistics
+# The repository's nginx harness, found from this file's place in docs/data/<run>/nginx-c50/.
+NGINX_DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), '../../../../scripts/bench/nginx-doc.py')
 HPD='/sys/module/haltpoll/parameters/'
 keys=['guest_halt_poll_ns','guest_halt_poll_grow_start','guest_halt_poll_allow_shrink']
 orig={k:open(HPD+k).read().strip() for k in keys}
@@ -10,7 +12,7 @@ ON={'guest_halt_poll_grow_start':65536,'guest_halt_poll_ns':65536,'guest_halt_po
 OFF={'guest_halt_poll_ns':0,'guest_halt_poll_grow_start':orig['guest_halt_poll_grow_start'],'guest_halt_poll_allow_shrink':'Y'}
 T=float(sys.argv[1]); W=sys.argv[2] if len(sys.argv)>2 else '65536'
 ON['guest_halt_poll_grow_start']=ON['guest_halt_poll_ns']=int(W)
-p=subprocess.Popen(['/work/main/scripts/bench/nginx-doc.py','50','12'],stdout=subprocess.DEVNULL)
+p=subprocess.Popen([NGINX_DOC,'50','12'],stdout=subprocess.DEVNULL)
 time.sleep(1.0)
 pids=subprocess.run(['pgrep','-x','nginx|wrk'],capture_output=True,text=True).stdout.split()
 files=[open(t) for pid in pids for t in glob.glob(f'/proc/{pid}/task/*/io')]
