@@ -169,6 +169,13 @@ pub const INITIAL_POLL_WINDOW_NS: u64 = 200_000;
 /// The first period lasts this share of a period: the plan follows it.
 pub const FIRST_PERIOD_SHARE: f64 = 0.25;
 
+/// The in-kernel tracer counts an idle period only if it began and ended inside its slice
+/// (each slice is a new epoch of its programs), so a slice of `S` sees one of length `g` whole
+/// with probability `(S - g) / S`: the long ones, the ones halting makes dear, are
+/// undercounted. The guest loop counts each traced one `S / (S - g)` times, at most this many
+/// (`Log2Hist::seen_whole_in`; docs/idle-policy.md, "The tracer's slices").
+pub const SLICE_MAX_WEIGHT: f64 = 4.0;
+
 /// Sync points per second below which a change of the workload's rate does not ask for a trace.
 const MIN_RATE_CHANGE: f64 = 100.0;
 
@@ -240,6 +247,9 @@ pub struct GuestController {
     last_rate: f64,
     /// How many vCPUs the workload had last period.
     last_active: usize,
+    /// The last period changed the workload's set of vCPUs: the idle periods of those left
+    /// are another workload's now, so the next period is traced ([`Self::trace_need`]).
+    moved: bool,
     /// Share of the managed vCPUs' time (steal excepted) the workload left idle (yielders' time
     /// counted idle), smoothed; `None` before the first reading with idle times.
     idle_share: Option<Smoothed>,
@@ -391,6 +401,7 @@ impl GuestController {
             traced_rate: None,
             last_rate: 0.0,
             last_active: 0,
+            moved: false,
             idle_share: None,
             quiet_ns: 0,
             kernel_window_ns,
@@ -399,6 +410,11 @@ impl GuestController {
 
     pub fn config(&self) -> &GuestConfig {
         &self.cfg
+    }
+
+    /// The workload's sync points a second over the last period (`None` before the first).
+    pub fn sync_rate(&self) -> Option<f64> {
+        (self.last_active > 0).then_some(self.last_rate)
     }
 
     /// The vCPUs the workload may use now.
@@ -439,10 +455,13 @@ impl GuestController {
     /// Whether the coming period should be traced:
     /// - now, whatever the tracer's own cadence: the governor compares it with its neighbours
     ///   by latency (the period before a probe, the probe, and the one after it); the plan has
-    ///   not seen enough of the workload yet; or the workload's rate of sync points has
+    ///   not seen enough of the workload yet; the workload's rate of sync points has
     ///   changed twofold since the last traced period (a server that only now gets requests:
     ///   a sockperf ping-pong started half a second after its agent ran at stock latency for a
-    ///   second, until the tracer's next turn);
+    ///   second, until the tracer's next turn); or consolidation changed the workload's vCPUs
+    ///   (the one left after packing the open loop at 200 requests/s hosts its client and
+    ///   server: its idle periods doubled, and its window planned from the two-vCPU ones, 4
+    ///   ms against ~5 ms idle periods, halted it for 0.6 s, until the tracer's next turn);
     /// - not at all while the workload leaves too little idle time for any mechanism the
     ///   machine offers ([`Self::plan_forced`]): every vCPU halts whatever its idle periods,
     ///   so tracing them buys nothing and costs the workload most (`sysbench threads`, 8
@@ -458,7 +477,7 @@ impl GuestController {
             Phase::Baseline { left } => left <= 1,
             Phase::Probe | Phase::Confirm => true,
         });
-        if governor || !self.informed || self.traced_rate.is_none() || self.rate_moved_since_trace() {
+        if governor || !self.informed || self.moved || self.traced_rate.is_none() || self.rate_moved_since_trace() {
             TraceNeed::Now
         } else {
             TraceNeed::Cadence
@@ -567,6 +586,7 @@ impl GuestController {
             decisions.clear();
         }
         let active = self.active();
+        self.moved = self.last_active > 0 && active.len() != self.last_active;
         self.last_active = active.len();
         let reset_poll_windows = self.track_kernel_window(r, period_ns, &plan);
         self.applied = plan.clone();
@@ -642,7 +662,17 @@ impl GuestController {
         for s in &mut self.seen {
             let Some(g) = trace.gaps(s.gaps.cpu) else { continue };
             s.gaps = s.gaps.scaled(1, 2);
-            s.gaps.merge(g);
+            if trace.source == TraceSource::Bpf {
+                // Reweighted, but never more idle time than the slice had.
+                let mut w = g.seen_whole_in(observed_ns, SLICE_MAX_WEIGHT);
+                let (idle, raw) = (w.all().sum_ns(), g.all().sum_ns());
+                if idle > observed_ns.max(raw) {
+                    w = w.scaled(observed_ns.max(raw), idle);
+                }
+                s.gaps.merge(&w);
+            } else {
+                s.gaps.merge(g);
+            }
             // The yielder's catches over the whole period, scaled to the time traced.
             if let Some((_, c)) = r.caught.iter().find(|(cpu, _)| *cpu == s.gaps.cpu) {
                 s.gaps.woken.merge(&c.scaled(observed_ns.min(period_ns), period_ns));

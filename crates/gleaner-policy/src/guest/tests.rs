@@ -213,6 +213,8 @@ fn under_kernel_polling_only_a_light_workload_is_consolidated() {
     let shrank = (0..10).any(|_| g.step(&light()).active.len() < 2);
     assert!(shrank);
     assert!(g.applied().vcpus.iter().any(|v| v.mechanism == Mechanism::Poll), "{:?}", g.applied());
+    // The vCPU left hosts the whole workload now: its next period is traced to plan from.
+    assert_eq!(g.trace_need(), TraceNeed::Now);
     // The same at 0.4 vCPUs each (0.8 in all, over POLL_CONSOLIDATION_UTIL): too busy to
     // pack while polling; every vCPU stays.
     let busy = || {
@@ -790,7 +792,7 @@ const WINDOW_ONLY: Means = Means { poll_window: true, poll_always: false, yielde
 /// A server on vCPU 1 woken 400 times a period after `gap_ns` idle, the kernel having polled
 /// `poll_share` of the period there.
 fn server_gaps(gap_ns: u64, poll_share: f64) -> GuestReading {
-    let mut r = server_period((PERIOD as f64 * poll_share) as u64, 50_000);
+    let mut r = server_period(crate::num::saturating_u64(PERIOD as f64 * poll_share), 50_000);
     let t = r.trace.as_mut().unwrap();
     t.vcpus[1].woken = Log2Hist::default();
     t.vcpus[1].woken.record_n(gap_ns, 400);

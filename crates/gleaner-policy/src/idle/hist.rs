@@ -144,6 +144,29 @@ impl Log2Hist {
         d
     }
 
+    /// The durations of a stationary stream as they were, from those a window of `window_ns`
+    /// saw whole (begun and ended inside it): a duration `g` falls whole inside with
+    /// probability `(window - g) / window` (its start anywhere in the stream, uniformly), so
+    /// each bucket counts `window / (window - g)` times, `g` its mean, at most `max_weight`
+    /// times (a duration near the window's length is seen rarely and would weigh without
+    /// bound). Counts are rounded down (a short duration's weight just above 1 adds none),
+    /// sums follow them (each bucket keeps its mean).
+    #[must_use]
+    pub fn seen_whole_in(&self, window_ns: u64, max_weight: f64) -> Self {
+        let s = window_ns as f64;
+        let mut d = self.clone();
+        for i in 0..BUCKETS {
+            if self.counts[i] == 0 {
+                continue;
+            }
+            let g = self.bucket_mean_ns(i);
+            let w = if g < s { (s / (s - g)).min(max_weight) } else { max_weight }.max(1.0);
+            d.counts[i] = crate::num::saturating_u64((self.counts[i] as f64 * w).floor()).max(self.counts[i]);
+            d.sums[i] = mul_div(self.sums[i], d.counts[i], self.counts[i]);
+        }
+        d
+    }
+
     /// Number of durations.
     #[must_use]
     pub fn count(&self) -> u64 {
@@ -308,6 +331,42 @@ mod tests {
         assert_eq!(m.count(), 14);
         // Per bucket, rounded down: 13 / 2 and 1 / 2.
         assert_eq!(m.scaled(1, 2).count(), 6);
+    }
+
+    /// An exponential stream of idle periods (mean 5 ms) seen through 20 ms windows, each
+    /// period kept only if it began and ended inside one (what the tracer's slices see): the
+    /// long ones are undercounted (a 10 ms one fits half as often), and reweighting gives back
+    /// the stream's own shares where the weight is not capped.
+    #[test]
+    fn durations_seen_whole_in_windows_are_reweighted_to_the_stream() {
+        let (window, mean) = (20_000_000u64, 5_000_000.0);
+        let (mut all, mut seen) = (Log2Hist::default(), Log2Hist::default());
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut t = 0u64;
+        for _ in 0..400_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let u = ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            let g = crate::num::saturating_u64(-mean * u.ln());
+            // The window `t` falls in; the period is seen if it ends there too.
+            if t / window == (t + g) / window {
+                seen.record(g);
+            }
+            all.record(g);
+            t += g + 1_000; // a short busy stretch between idle periods
+        }
+        let fixed = seen.seen_whole_in(window, 4.0);
+        let long = |h: &Log2Hist| h.count() - h.count_at_most(1 << 22); // above 4.2 ms
+        let share = |h: &Log2Hist, lo: usize, hi: usize| (lo..hi).map(|i| h.bucket(i).0).sum::<u64>() as f64 / h.count() as f64;
+        // Seen raw, the long ones are far fewer than in the stream; reweighted, within 5%
+        // (up to 8.4 ms, where the weight 20 / (20 - 8.4) = 1.7 is far from its cap).
+        assert!((long(&seen) as f64) < 0.8 * long(&all) as f64 * seen.count() as f64 / all.count() as f64);
+        for (lo, hi) in [(0, 22), (22, 23)] {
+            let (want, got) = (share(&all, lo, hi), share(&fixed, lo, hi));
+            assert!((got / want - 1.0).abs() < 0.05, "buckets {lo}..{hi}: {got} against the stream's {want}");
+        }
+        // Beyond the window nothing was seen, and nothing is made up.
+        assert_eq!(fixed.count() - fixed.count_at_most(window), 0);
+        assert_eq!(Log2Hist::default().seen_whole_in(window, 4.0), Log2Hist::default());
     }
 
     #[test]

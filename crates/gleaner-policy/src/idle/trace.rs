@@ -205,6 +205,18 @@ impl VcpuGaps {
         self.local.merge(&other.local);
     }
 
+    /// Every kind reweighted for a window that saw only the idle periods inside it whole
+    /// ([`Log2Hist::seen_whole_in`]).
+    #[must_use]
+    pub fn seen_whole_in(&self, window_ns: u64, max_weight: f64) -> Self {
+        Self {
+            cpu: self.cpu,
+            woken: self.woken.seen_whole_in(window_ns, max_weight),
+            other: self.other.seen_whole_in(window_ns, max_weight),
+            local: self.local.seen_whole_in(window_ns, max_weight),
+        }
+    }
+
     /// Every kind scaled by `num / den` in count (an exponential decay of the past).
     #[must_use]
     pub fn scaled(&self, num: u64, den: u64) -> Self {
