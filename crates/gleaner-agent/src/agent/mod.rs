@@ -388,7 +388,7 @@ impl Session {
         loop {
             // A traced period is traced for its first slice (the tracer's cost bounded), then
             // the rest is waited detached.
-            let slice = tracing.slice(period);
+            let slice = tracing.slice(period, guest.sync_rate());
             let mut ended = false;
             let mut rest = period;
             if !slice.is_zero() && slice < period {

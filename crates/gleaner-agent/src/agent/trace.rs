@@ -119,21 +119,55 @@ pub struct Tracing {
 /// ping-pong's tracer cost 0.37-0.72% of a vCPU, against 0.27-0.35% detaching each slice.)
 const RETRY_SLICES: u64 = 8;
 
+/// What tracing costs per sync point of the workload (a voluntary context switch), ns: a
+/// guess, high, for sizing a slice at the workload's rate before the programs' cost was
+/// measured at it (a sync point is a wakeup, two switches and a cpuidle event or two, at
+/// 0.1-0.5 us each here).
+pub const SYNC_POINT_COST_NS: f64 = 2_000.0;
+
 /// How long to count in a period of `period`: what the budget left by the paused programs'
-/// cost (`paused_share`) allows at the measured cost while counting (`attached_share`), or,
-/// unmeasured, a tenth of the period where the cost can be measured (`stats`) and
-/// [`MIN_SLICE`] where not; at most [`MAX_SLICE_GROWTH`] times the last slice.
-fn slice_for(period: Duration, paused_share: f64, attached_share: Option<f64>, stats: bool, last: Option<Duration>) -> Duration {
+/// cost (`paused_share`) allows at the measured cost while counting (`attached_share`), and no
+/// more than it allows at the workload's last rate of sync points (`rate`, a second) at
+/// [`SYNC_POINT_COST_NS`] each. Before the first rate (the first period, which is short) the
+/// whole period where the cost can be measured (`stats`), [`MIN_SLICE`] where not; a rate of
+/// zero bounds nothing; without a rate after the first slice, at most [`MAX_SLICE_GROWTH`]
+/// times the last slice.
+///
+/// Why the rate, not growth. A slice's cost measured at a lower event rate understates the
+/// next (the first slices come while the workload starts), so slices used to grow at most
+/// twofold from a tenth of the first period: 5, 10, 20, 40 ms. But a slice sees an idle
+/// period only if it began and ended inside it, so a light workload's long idle periods, the
+/// ones halting makes dear, went unseen for its first 0.7 s (docs/idle-policy.md, "The
+/// tracer's slices"). The last period's rate bounds a busy workload's slices from its first
+/// measured period on, growth or not.
+fn slice_for(
+    period: Duration,
+    paused_share: f64,
+    attached_share: Option<f64>,
+    stats: bool,
+    last: Option<Duration>,
+    rate: Option<f64>,
+) -> Duration {
     // What the paused programs cost comes out of the budget (at most half of it).
     let budget = COST_SHARE - paused_share.min(RESIDENT_SHARE);
+    let allowed = |cost_share: f64| {
+        if cost_share > 0.0 {
+            period.mul_f64((budget * EVERY as f64 / (1.0 + SANDWICH) / cost_share).min(1.0))
+        } else {
+            period
+        }
+    };
     let want = match attached_share {
-        Some(c) if c > 0.0 => period.mul_f64((budget * EVERY as f64 / (1.0 + SANDWICH) / c).min(1.0)),
-        Some(_) => period,
-        None if stats => MIN_SLICE.max(period / 10),
+        Some(c) => allowed(c),
+        None if stats => period,
         None => MIN_SLICE,
     };
-    let want = last.map_or(want, |l| want.min(l * MAX_SLICE_GROWTH));
-    want.clamp(MIN_SLICE.min(period), period)
+    let cap = match (rate, last) {
+        (Some(r), _) => allowed(r * SYNC_POINT_COST_NS / 1e9),
+        (None, Some(l)) => l * MAX_SLICE_GROWTH,
+        (None, None) => period,
+    };
+    want.min(cap).clamp(MIN_SLICE.min(period), period)
 }
 
 /// Slices to wait, detached, before pausing again after `detaches` detaches for cost.
@@ -234,12 +268,13 @@ impl Tracing {
         }
     }
 
-    /// How long to count in a period of `period` (zero: not traced this period).
-    pub fn slice(&self, period: Duration) -> Duration {
+    /// How long to count in a period of `period` (zero: not traced this period), the
+    /// workload's last rate of sync points a second being `rate` (`None`: not measured yet).
+    pub fn slice(&self, period: Duration, rate: Option<f64>) -> Duration {
         if !self.tracer.as_ref().is_some_and(WakeTracer::counting) {
             return Duration::ZERO;
         }
-        slice_for(period, self.paused_share, self.attached_share, self._stats.is_some(), self.last_slice)
+        slice_for(period, self.paused_share, self.attached_share, self._stats.is_some(), self.last_slice, rate)
     }
 
     /// The slice is over: pause (resident) or detach until the next traced period.
@@ -425,21 +460,31 @@ mod tests {
     }
 
     #[test]
-    fn a_slice_grows_at_most_twofold_and_starts_at_a_tenth_of_the_period() {
+    fn a_slice_is_bounded_by_the_workload_s_rate_and_before_one_grows_at_most_twofold() {
         let period = Duration::from_millis(200);
         let ms = Duration::from_millis;
-        // Unmeasured: a tenth with statistics, the shortest without.
-        assert_eq!(slice_for(period, 0.0, None, true, None), ms(20));
-        assert_eq!(slice_for(period, 0.0, None, false, None), MIN_SLICE);
-        // Measured nearly free: the whole period, but no more than twice the last slice.
-        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, None), period);
-        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, Some(ms(20))), ms(40));
-        // Costly: the budget's share (0.5% x 5 periods / 4.5 / 5% = 11.1% of the period).
-        let s = slice_for(period, 0.0, Some(0.05), true, Some(period));
+        // Unmeasured, the first period: all of it with statistics, the shortest without.
+        assert_eq!(slice_for(ms(50), 0.0, None, true, None, None), ms(50));
+        assert_eq!(slice_for(period, 0.0, None, false, None, None), MIN_SLICE);
+        // Measured nearly free, no rate: the whole period, but no more than twice the last.
+        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, None, None), period);
+        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, Some(ms(20)), None), ms(40));
+        // A light workload (800 sync points a second, the open loop at 200 requests/s): 0.16%
+        // of a vCPU at the guess, the whole period at once.
+        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, Some(ms(50)), Some(800.0)), period);
+        // A busy one (70,000 a second, redis with one connection) is held to the budget's
+        // share at the guessed cost, however cheap its start-up slice read: 0.5% x 5 / 4.5 /
+        // 14% = 4% of the period.
+        let s = slice_for(period, 0.0, Some(1e-6), true, Some(ms(50)), Some(70_000.0));
+        assert!((s.as_secs_f64() - 0.2 * 0.025 / 4.5 / 0.14).abs() < 1e-6, "{s:?}");
+        // Costly as measured: the budget's share (0.5% x 5 periods / 4.5 / 5% = 11.1%).
+        let s = slice_for(period, 0.0, Some(0.05), true, Some(period), Some(800.0));
         assert!((s.as_secs_f64() - 0.2 * 0.025 / 4.5 / 0.05).abs() < 1e-6, "{s:?}");
-        // Never below MIN_SLICE (unless the period is shorter), never past the period.
-        assert_eq!(slice_for(period, 0.0, Some(10.0), true, None), MIN_SLICE);
-        assert_eq!(slice_for(ms(2), 0.0, Some(10.0), true, None), ms(2));
+        // Never below MIN_SLICE (unless the period is shorter), never past the period; a
+        // workload with no sync points bounds nothing.
+        assert_eq!(slice_for(period, 0.0, Some(10.0), true, None, None), MIN_SLICE);
+        assert_eq!(slice_for(ms(2), 0.0, Some(10.0), true, None, None), ms(2));
+        assert_eq!(slice_for(period, 0.0, None, true, Some(ms(5)), Some(0.0)), period);
     }
 
     #[test]
