@@ -176,12 +176,6 @@ pub const FIRST_PERIOD_SHARE: f64 = 0.25;
 /// (`Log2Hist::seen_whole_in`; docs/idle-policy.md, "The tracer's slices").
 pub const SLICE_MAX_WEIGHT: f64 = 4.0;
 
-/// Every period of a run's first this many ns is traced: its first plans come from the
-/// workload's start (the agent traces the whole first period, docs/idle-policy.md), and a
-/// plan made from a start-up stood until the tracer's next turn, a second later (redis with
-/// one connection: p99 26 us against 20 under haltpoll, 9 alternated rounds).
-pub const START_TRACED_NS: u64 = 1_000_000_000;
-
 /// Sync points per second below which a change of the workload's rate does not ask for a trace.
 const MIN_RATE_CHANGE: f64 = 100.0;
 
@@ -256,8 +250,6 @@ pub struct GuestController {
     /// The last period changed the workload's set of vCPUs: the idle periods of those left
     /// are another workload's now, so the next period is traced ([`Self::trace_need`]).
     moved: bool,
-    /// Time the loop has run, ns (the periods' lengths summed).
-    elapsed_ns: u64,
     /// Share of the managed vCPUs' time (steal excepted) the workload left idle (yielders' time
     /// counted idle), smoothed; `None` before the first reading with idle times.
     idle_share: Option<Smoothed>,
@@ -410,7 +402,6 @@ impl GuestController {
             last_rate: 0.0,
             last_active: 0,
             moved: false,
-            elapsed_ns: 0,
             idle_share: None,
             quiet_ns: 0,
             kernel_window_ns,
@@ -486,8 +477,7 @@ impl GuestController {
             Phase::Baseline { left } => left <= 1,
             Phase::Probe | Phase::Confirm => true,
         });
-        let starting = self.elapsed_ns < START_TRACED_NS;
-        if governor || starting || !self.informed || self.moved || self.traced_rate.is_none() || self.rate_moved_since_trace() {
+        if governor || !self.informed || self.moved || self.traced_rate.is_none() || self.rate_moved_since_trace() {
             TraceNeed::Now
         } else {
             TraceNeed::Cadence
@@ -511,7 +501,6 @@ impl GuestController {
     /// One period (module documentation).
     pub fn step(&mut self, r: &GuestReading) -> GuestStep {
         let period_ns = r.snapshot.period_ns.max(1);
-        self.elapsed_ns = self.elapsed_ns.saturating_add(period_ns);
         let gaps_from = self.observe(r);
         self.last_rate = r.snapshot.s_work as f64 * 1e9 / period_ns as f64;
         self.quiet_ns = if self.last_rate < QUIET_RATE { self.quiet_ns.saturating_add(period_ns) } else { 0 };
