@@ -4,8 +4,9 @@
 //! [`GuestReading`] and apply the [`GuestStep`].
 //!
 //! ```text
-//!  GuestReading ----+--> idle periods per vCPU  (the tracer's, or estimated from cpuidle
-//!   snapshot        |    usage/time and the workload's blocks) -> smoothed (half-life 1 period)
+//!  GuestReading ----+--> idle periods per vCPU  (the tracer's, reweighted for its slice, or
+//!   snapshot        |    estimated from cpuidle usage/time and the workload's blocks)
+//!                   |    -> smoothed (half-life 1 period)
 //!   per-vCPU idle   |
 //!   trace (delta)   +--> consolidation: Controller::step(snapshot)  (not in a probe period)
 //!                   |

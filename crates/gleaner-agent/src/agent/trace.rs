@@ -19,13 +19,16 @@
 //!  start       load (root; verifier) + BPF run-time statistics on (kept on: toggling them
 //!              patches kernel text too)
 //!  arm_next    traced next period if the guest loop needs it now (the governor compares it,
-//!              the workload is new or changed its rate) or it is the EVERY-th, never while
+//!              the workload is new, changed its rate or was moved by consolidation) or it
+//!              is the EVERY-th, never while
 //!              the plan is forced (a saturated VM halts whatever a trace shows: detached
 //!              then): the managed processes refreshed (the cgroup's, or the command's
 //!              tree), attach (or resume, when paused)
 //!  slice       how long to count: (COST_SHARE - paused cost) x period x EVERY / (1 +
-//!              SANDWICH) / cost while counting (MIN_SLICE .. the period; at most
-//!              MAX_SLICE_GROWTH times the last slice)
+//!              SANDWICH) / cost while counting, and no more than that at the workload's last
+//!              rate of sync points x SYNC_POINT_COST_NS (before a rate, at most
+//!              MAX_SLICE_GROWTH times the last slice); the first slice the whole (short)
+//!              first period; MIN_SLICE .. the period
 //!  end_slice   pause (resident) or detach
 //!  read_period read (cumulative) - last read = the slice's trace; the programs' run time
 //!              over it sets the next slices
@@ -58,7 +61,8 @@ const SANDWICH: f64 = 3.5;
 /// The shortest slice traced.
 pub const MIN_SLICE: Duration = Duration::from_millis(5);
 
-/// A slice is at most this many times the last one: a cost measured at a lower event rate
+/// Where the workload's rate is not known yet, a slice is at most this many times the last
+/// one (where it is, the rate bounds it: [`slice_for`]): a cost measured at a lower event rate
 /// understates the next. The first slices come while the workload is starting, read as
 /// nearly free, and made the next slice a whole period at its full rate (redis with one
 /// connection: a 200 ms slice of ~18,500 wakeups, its p99 1.3x haltpoll's over 7 alternated

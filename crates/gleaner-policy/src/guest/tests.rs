@@ -239,6 +239,29 @@ fn under_kernel_polling_only_a_light_workload_is_consolidated() {
     assert!(shrank);
 }
 
+/// The in-kernel tracer's idle periods are counted for the slice that saw them (S / (S - g)
+/// times), never to more idle time than the slice had; a model's are taken as they are.
+#[test]
+fn traced_idle_periods_are_reweighted_for_their_slice() {
+    let woken = |source, gaps: u64| {
+        let mut r = server_period(0, 50_000);
+        let t = r.trace.as_mut().unwrap();
+        t.source = source;
+        t.traced_ns = 20_000_000;
+        t.vcpus[1].woken = Log2Hist::default();
+        t.vcpus[1].woken.record_n(10_000_000, gaps);
+        let mut g = GuestController::new(cfg(HALTPOLL));
+        g.step(&r);
+        g.seen().into_iter().find(|(v, _)| v.cpu == 1).unwrap().0.woken
+    };
+    // One 10 ms idle period in a 20 ms slice: seen whole half the time, so it counts twice.
+    assert_eq!(woken(TraceSource::Bpf, 1).count(), 2);
+    assert_eq!(woken(TraceSource::Model, 1).count(), 1);
+    // Two of them would count 40 ms of idle time in a 20 ms slice: held to the slice's.
+    let held = woken(TraceSource::Bpf, 2);
+    assert!(held.count() >= 2 && held.sum_ns() <= 20_000_000, "{held:?}");
+}
+
 /// Regression: the smoothing halved the woken and other idle periods but not the local ones
 /// (a workload's own timers), which piled up against a halving observed time until every
 /// window looked too dear (openloop at 20,000/s: the client's window shrank 524 -> 16 us).
