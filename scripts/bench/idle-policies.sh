@@ -5,7 +5,8 @@
 # without kernel polling (yielders only) and a budget. Writes one `gleaner compare --json`
 # document per line of the plan into OUT and prints a summary (scripts/bench/summarize.py).
 #
-#   sudo RUNS=5 OUT=bench-out scripts/bench/idle-policies.sh        # about 40 minutes on 2 vCPUs
+#   sudo OUT=bench-out scripts/bench/idle-policies.sh   # RUNS=8: a multiple of the 4 policies, so each
+#                                                       # takes each place in a round as often; ~60 min
 #   sudo ONLY=latency scripts/bench/idle-policies.sh                # one group: latency, throughput, nopoll, budget
 #
 # Needs root (the haltpoll policy and gleaner turn the idle knobs, put back after each run),
@@ -13,7 +14,7 @@
 # stress-ng and sysbench (Debian packages), and a C compiler (scripts/bench/kv-latency.c).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-RUNS=${RUNS:-5}
+RUNS=${RUNS:-8}
 OUT=${OUT:-bench-out}
 ONLY=${ONLY:-all}
 G=${GLEANER:-./target/release/gleaner}

@@ -3,7 +3,8 @@
 per workload and policy the medians [min..max] of latency p50 and p99 (latency workloads) or
 throughput / wall time, the CPU taken (busy + kernel polling, vCPUs), and gleaner's ratio to
 the best of the other policies (latency: gleaner / best, <= 1.05 is the target; throughput:
-gleaner / stock, >= 0.98). Latency workloads also get each policy's steal time (the host ran
+gleaner / stock, >= 0.98), both as ratios of medians and, where the document has rounds, as
+medians of each round's ratio (the worst against any other policy). Latency workloads also get each policy's steal time (the host ran
 something else on a vCPU: /proc/stat, in 10 ms ticks): how many runs had any, and the median
 p99 of the runs that had none, since the host's preemptions make p99 bimodal here."""
 
@@ -55,15 +56,27 @@ def main():
         if not g:
             continue
         others = [s for p, s in sums.items() if p != "gleaner"]
+        # Round by round (`per_round`, oriented "above 1: gleaner did better"): each round's
+        # ratio is of two runs minutes apart at most, so the VM's slow stretches cancel.
+        rounds = {r["against"]: r for r in d.get("per_round", []) if r["policy"] == "gleaner"}
         if lat:
             for key in ("latency_p50_us", "latency_p99_us"):
                 best = min(others, key=lambda s: med(s[key]))
-                print(f"  gleaner {key[8:11]} / best ({best['policy']}): {med(g[key]) / med(best[key]):.2f}")
+                line = f"  gleaner {key[8:11]} / best ({best['policy']}): {med(g[key]) / med(best[key]):.2f}"
+                paired = [(1 / r[key[:11]]["p50"], a) for a, r in rounds.items() if r.get(key[:11])]
+                if paired:
+                    worst, against = max(paired)
+                    line += f";  per round, worst of {len(paired)}: {worst:.2f} against {against}"
+                print(line)
         elif "stock" in sums:
             st = sums["stock"]
             if g.get("throughput") and st.get("throughput"):
                 print(f"  gleaner / stock throughput: {med(g['throughput']) / med(st['throughput']):.3f}")
             print(f"  gleaner / stock speed (wall): {med(st['wall_s']) / med(g['wall_s']):.3f}")
+            r = rounds.get("stock")
+            if r:
+                key = "throughput" if r.get("throughput") else "speedup"
+                print(f"  gleaner / stock {key}, per round: {r[key]['p50']:.3f} [{r[key]['min']:.3f}..{r[key]['max']:.3f}] ({r['rounds']} rounds)")
 
 
 if __name__ == "__main__":

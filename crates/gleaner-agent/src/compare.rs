@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use gleaner_measure::compare::{summarize, CompareDoc, Policy, PolicyRun};
+use gleaner_measure::compare::{per_round, summarize, CompareDoc, PerRound, Policy, PolicyRun};
 use gleaner_measure::measure::{self, SystemMeter};
 use gleaner_measure::report::BenchDoc;
 use gleaner_measure::RunMetrics;
@@ -124,6 +124,14 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
         }
     }
     let mut notes = Vec::new();
+    if policies.len() > 1 && args.runs % u32::try_from(policies.len()).unwrap_or(1) != 0 {
+        notes.push(format!(
+            "{} runs of {} policies: each policy takes each place in a round equally often only when --runs is a multiple of {}",
+            args.runs,
+            policies.len(),
+            policies.len()
+        ));
+    }
     // Calibrate once, so every Gleaner run plans from the same wake-cost curve.
     let calibration = (policies.contains(&Policy::Gleaner) && cfg.retention).then(|| {
         if cfg.timeout_us.is_some() {
@@ -163,7 +171,7 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
                     };
                     eprint!("\rgleaner compare: run {n}/{total} ({p}, round {}){eta}    ", i + 1);
                 }
-                let s = runner.run(p, &command, &cfg, &opts)?;
+                let s = runner.run(p, i, &command, &cfg, &opts)?;
                 if s.metrics.exit_code.unwrap_or(1) != 0 {
                     let err = std::fs::read_to_string(out_dir.path().join("err.txt")).unwrap_or_default();
                     anyhow::bail!(
@@ -185,6 +193,7 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
         eprintln!();
     }
     let (summaries, vs_stock) = summarize(&policies, &samples);
+    let per_round = per_round(&samples);
     Ok(CompareDoc {
         command,
         runs: args.runs,
@@ -196,6 +205,7 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
         samples,
         summaries,
         vs_stock,
+        per_round,
     })
 }
 
@@ -259,6 +269,7 @@ impl Runner {
     fn run(
         &mut self,
         policy: Policy,
+        round: u32,
         command: &[String],
         cfg: &crate::config::AgentConfig,
         opts: &RunOptions,
@@ -308,6 +319,7 @@ impl Runner {
         let policy_cpu_ns = Self::self_cpu_ns()?.saturating_sub(self0);
         Ok(PolicyRun {
             policy,
+            round: Some(round),
             cpu_ns: metrics.cpu_ns(),
             poll_ns,
             policy_cpu_ns,
@@ -414,6 +426,27 @@ pub fn print_table(d: &CompareDoc) {
         };
         println!("  {} vs stock:{wall}{lat}; CPU {:.2}x", v.policy, v.cpu);
     }
+    if !d.per_round.is_empty() {
+        println!("  round by round (median [min..max] of the rounds' ratios; above 1: the first did better):");
+        for r in &d.per_round {
+            println!("    {}", describe_per_round(r));
+        }
+    }
+}
+
+/// One line of the round-by-round comparison: latency where the workload reports it, else
+/// throughput, else wall time.
+fn describe_per_round(r: &PerRound) -> String {
+    let f = |s: &Summary| format!("{:.2}x [{:.2}..{:.2}]", s.p50, s.min, s.max);
+    let what = match (&r.latency_p50, &r.latency_p99, &r.throughput, &r.speedup) {
+        (Some(p50), p99, _, _) => {
+            format!("latency p50 {}{}", f(p50), p99.as_ref().map_or(String::new(), |p| format!(", p99 {}", f(p))))
+        }
+        (None, _, Some(t), _) => format!("throughput {}", f(t)),
+        (None, _, None, Some(w)) => format!("wall {}", f(w)),
+        _ => "no metric in both runs".into(),
+    };
+    format!("{} vs {} ({} rounds): {what}", r.policy, r.against, r.rounds)
 }
 
 /// Says "faster"/"slower" only when the runs do not overlap: a median ahead by less than
@@ -438,6 +471,26 @@ mod tests {
 
     fn runs(v: &[f64]) -> Summary {
         Summary::of(v).unwrap()
+    }
+
+    #[test]
+    fn a_round_by_round_line_names_both_policies_and_the_workload_s_own_metric() {
+        let r = |p50: Option<Summary>, thr: Option<Summary>| PerRound {
+            policy: Policy::Gleaner,
+            against: Policy::Haltpoll,
+            rounds: 3,
+            speedup: Some(runs(&[1.0, 1.1, 0.9])),
+            throughput: thr,
+            latency_p50: p50,
+            latency_p99: None,
+            latency_mean: None,
+        };
+        assert_eq!(
+            describe_per_round(&r(Some(runs(&[0.9, 1.0, 1.2])), None)),
+            "gleaner vs haltpoll (3 rounds): latency p50 1.00x [0.90..1.20]"
+        );
+        assert_eq!(describe_per_round(&r(None, Some(runs(&[0.98])))), "gleaner vs haltpoll (3 rounds): throughput 0.98x [0.98..0.98]");
+        assert_eq!(describe_per_round(&r(None, None)), "gleaner vs haltpoll (3 rounds): wall 1.00x [0.90..1.10]");
     }
 
     #[test]

@@ -57,6 +57,10 @@ pub struct PolicyRun {
     /// The policy (the key `mode`, as compare wrote it when it knew only stock and gleaner).
     #[serde(rename = "mode")]
     pub policy: Policy,
+    /// The round the run belonged to (0-based; every round runs each policy once). `None` in
+    /// documents written before rounds were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<u32>,
     #[serde(flatten)]
     pub metrics: RunMetrics,
     /// User + system CPU time of the workload, ns.
@@ -118,6 +122,25 @@ pub struct VsStock {
     pub cpu: f64,
 }
 
+/// One policy against another, round by round: each ratio is of two runs of the same round,
+/// so a stretch of minutes in which the machine is slower for every policy cancels out of it
+/// (it does not cancel out of a ratio of medians). Oriented as [`VsStock`]: above 1 means
+/// `policy` did better than `against` (`against`'s latency or wall time over `policy`'s, or
+/// `policy`'s throughput over `against`'s). Each field is the median [min..max] over the
+/// rounds that have both runs and the metric.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PerRound {
+    pub policy: Policy,
+    pub against: Policy,
+    /// Rounds paired.
+    pub rounds: usize,
+    pub speedup: Option<Summary>,
+    pub throughput: Option<Summary>,
+    pub latency_p50: Option<Summary>,
+    pub latency_p99: Option<Summary>,
+    pub latency_mean: Option<Summary>,
+}
+
 /// `gleaner compare --json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompareDoc {
@@ -135,6 +158,10 @@ pub struct CompareDoc {
     pub samples: Vec<PolicyRun>,
     pub summaries: Vec<PolicySummary>,
     pub vs_stock: Vec<VsStock>,
+    /// Every later policy of [`Policy::ALL`] against every earlier one, round by round
+    /// (absent in documents written before rounds were recorded).
+    #[serde(default)]
+    pub per_round: Vec<PerRound>,
 }
 
 impl CompareDoc {
@@ -142,6 +169,51 @@ impl CompareDoc {
     pub fn summary(&self, p: Policy) -> Option<&PolicySummary> {
         self.summaries.iter().find(|s| s.policy == p)
     }
+
+    /// `policy` against `against`, round by round, if both ran.
+    pub fn per_round(&self, policy: Policy, against: Policy) -> Option<&PerRound> {
+        self.per_round.iter().find(|r| r.policy == policy && r.against == against)
+    }
+}
+
+/// Pairs the runs of each round (module [`PerRound`]): for every two policies that ran, the
+/// later of [`Policy::ALL`] against the earlier. Runs without a round are left out.
+pub fn per_round(samples: &[PolicyRun]) -> Vec<PerRound> {
+    let find = |p: Policy, round: u32| samples.iter().find(|s| s.policy == p && s.round == Some(round));
+    let rounds: std::collections::BTreeSet<u32> = samples.iter().filter_map(|s| s.round).collect();
+    let mut out = Vec::new();
+    for (i, &against) in Policy::ALL.iter().enumerate() {
+        for &policy in &Policy::ALL[i + 1..] {
+            let pairs: Vec<(&PolicyRun, &PolicyRun)> = rounds.iter().filter_map(|&r| Some((find(policy, r)?, find(against, r)?))).collect();
+            if pairs.is_empty() {
+                continue;
+            }
+            // `better(p, a)` is above 1 when the policy's value `p` beats `against`'s `a`.
+            let ratios = |f: &dyn Fn(&PolicyRun) -> Option<f64>, lower_is_better: bool| {
+                let v: Vec<f64> = pairs
+                    .iter()
+                    .filter_map(|(p, a)| {
+                        let (p, a) = (f(p)?, f(a)?);
+                        let (num, den) = if lower_is_better { (a, p) } else { (p, a) };
+                        (den > 0.0 && num.is_finite()).then(|| num / den)
+                    })
+                    .collect();
+                summary(&v)
+            };
+            let lat = |g: fn(&crate::measure::LatencySummary) -> f64| ratios(&move |r: &PolicyRun| r.metrics.latency.as_ref().map(g), true);
+            out.push(PerRound {
+                policy,
+                against,
+                rounds: pairs.len(),
+                speedup: ratios(&|r| Some(r.metrics.wall_ns as f64), true),
+                throughput: ratios(&|r| r.metrics.throughput, false),
+                latency_p50: lat(|l| l.p50_ns),
+                latency_p99: lat(|l| l.p99_ns),
+                latency_mean: lat(|l| l.mean_ns),
+            });
+        }
+    }
+    out
 }
 
 fn summary(v: &[f64]) -> Option<Summary> {
@@ -214,6 +286,7 @@ mod tests {
             Some(LatencySummary { samples: 100, p50_ns: p50_us * 1e3, p99_ns: p50_us * 2e3, mean_ns: p50_us * 1e3, ..Default::default() });
         PolicyRun {
             policy,
+            round: None,
             metrics: RunMetrics {
                 wall_ns: wall_ms * 1_000_000,
                 busy_ns: busy_ms * 1_000_000,
@@ -251,6 +324,71 @@ mod tests {
         assert!((vs[0].latency_p50.unwrap() - 41.0 / 4.5).abs() < 1e-9, "{vs:?}");
         assert!((vs[0].cpu - 1000.0 / 300.0).abs() < 1e-9);
         assert!((vs[0].speedup - 1.0).abs() < 1e-12);
+    }
+
+    fn in_round(mut r: PolicyRun, round: u32) -> PolicyRun {
+        r.round = Some(round);
+        r
+    }
+
+    /// The machine turns twice as slow in the middle of round 2, between stock's run and
+    /// haltpoll's, and stays slow. Haltpoll is 1.25x better than stock at either speed. The
+    /// ratio of medians compares stock's fast median with haltpoll's slow one and says haltpoll
+    /// is worse; the per-round ratio says 1.25x, with the one split round as its minimum.
+    #[test]
+    fn per_round_ratios_cancel_a_slow_stretch_that_ratios_of_medians_do_not() {
+        let stock_speed = [1.0, 1.0, 1.0, 2.0, 2.0];
+        let haltpoll_speed = [1.0, 1.0, 2.0, 2.0, 2.0];
+        let mut samples = Vec::new();
+        for i in 0..5 {
+            let round = u32::try_from(i).unwrap();
+            samples.push(in_round(run(Policy::Stock, 1000, 50.0 * stock_speed[i], 300, 0), round));
+            samples.push(in_round(run(Policy::Haltpoll, 1000, 40.0 * haltpoll_speed[i], 300, 0), round));
+        }
+        let (_, vs) = summarize(&[Policy::Stock, Policy::Haltpoll], &samples);
+        assert!((vs[0].latency_p50.unwrap() - 50.0 / 80.0).abs() < 1e-9, "{vs:?}");
+        let pr = per_round(&samples);
+        assert_eq!(pr.len(), 1, "{pr:?}");
+        let r = &pr[0];
+        assert_eq!((r.policy, r.against, r.rounds), (Policy::Haltpoll, Policy::Stock, 5));
+        let p50 = r.latency_p50.unwrap();
+        assert!((p50.p50 - 1.25).abs() < 1e-9 && (p50.min - 0.625).abs() < 1e-9 && (p50.max - 1.25).abs() < 1e-9, "{p50:?}");
+        assert!((r.speedup.unwrap().p50 - 1.0).abs() < 1e-12);
+        assert!(r.throughput.is_none(), "no throughput in these runs");
+    }
+
+    #[test]
+    fn per_round_pairs_only_runs_of_the_same_round_and_later_policies_against_earlier_ones() {
+        let samples = vec![
+            in_round(run(Policy::Gleaner, 1000, 10.0, 300, 0), 0),
+            in_round(run(Policy::Stock, 1000, 20.0, 300, 0), 0),
+            in_round(run(Policy::Naive, 500, 40.0, 300, 0), 0),
+            // Round 1 lost its stock run; a run without a round pairs with nothing.
+            in_round(run(Policy::Gleaner, 1000, 10.0, 300, 0), 1),
+            in_round(run(Policy::Naive, 500, 5.0, 300, 0), 1),
+            run(Policy::Stock, 1000, 1.0, 300, 0),
+        ];
+        let pr = per_round(&samples);
+        let names: Vec<(Policy, Policy, usize)> = pr.iter().map(|r| (r.policy, r.against, r.rounds)).collect();
+        assert_eq!(names, [(Policy::Naive, Policy::Stock, 1), (Policy::Gleaner, Policy::Stock, 1), (Policy::Gleaner, Policy::Naive, 2)]);
+        let gn = &pr[2];
+        // Round 0: naive 40 over gleaner 10 = 4; round 1: 5 / 10 = 0.5; median 2.25.
+        let l = gn.latency_p50.unwrap();
+        assert!((l.p50 - 2.25).abs() < 1e-9 && (l.min - 0.5).abs() < 1e-9 && (l.max - 4.0).abs() < 1e-9, "{l:?}");
+        // Wall: naive's 500 ms over gleaner's 1000 ms in both rounds.
+        assert!((gn.speedup.unwrap().p50 - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_document_without_rounds_still_reads() {
+        let v = serde_json::json!({
+            "command": ["x"], "runs": 1, "cpus": "0", "policies": ["stock"], "machine": "",
+            "calibration": null, "notes": [], "samples": [], "summaries": [], "vs_stock": []
+        });
+        let d: CompareDoc = serde_json::from_value(v).unwrap();
+        assert!(d.per_round.is_empty());
+        let r = serde_json::to_value(run(Policy::Stock, 1, 1.0, 1, 0)).unwrap();
+        assert!(r.get("round").is_none());
     }
 
     #[test]

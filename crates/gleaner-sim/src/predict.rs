@@ -296,6 +296,7 @@ mod tests {
             samples: Vec::new(),
             summaries,
             vs_stock: Vec::new(),
+            per_round: Vec::new(),
         }
     }
 
