@@ -63,10 +63,12 @@ def main():
             for key in ("latency_p50_us", "latency_p99_us"):
                 best = min(others, key=lambda s: med(s[key]))
                 line = f"  gleaner {key[8:11]} / best ({best['policy']}): {med(g[key]) / med(best[key]):.2f}"
-                paired = [(1 / r[key[:11]]["p50"], a) for a, r in rounds.items() if r.get(key[:11])]
+                paired = [(1 / r[key[:11]]["p50"], a, r[key[:11]].get("median_ci95")) for a, r in rounds.items() if r.get(key[:11])]
                 if paired:
-                    worst, against = max(paired)
+                    worst, against, ci = max(paired, key=lambda x: x[0])
                     line += f";  per round, worst of {len(paired)}: {worst:.2f} against {against}"
+                    if ci:
+                        line += f" (95% {1 / ci['hi']:.2f}..{1 / ci['lo']:.2f})"
                 print(line)
         elif "stock" in sums:
             st = sums["stock"]
@@ -76,7 +78,9 @@ def main():
             r = rounds.get("stock")
             if r:
                 key = "throughput" if r.get("throughput") else "speedup"
-                print(f"  gleaner / stock {key}, per round: {r[key]['p50']:.3f} [{r[key]['min']:.3f}..{r[key]['max']:.3f}] ({r['rounds']} rounds)")
+                ci = r[key].get("median_ci95")
+                ci = f", 95% {ci['lo']:.3f}..{ci['hi']:.3f}" if ci else ""
+                print(f"  gleaner / stock {key}, per round: {r[key]['p50']:.3f} [{r[key]['min']:.3f}..{r[key]['max']:.3f}] ({r['rounds']} rounds{ci})")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use gleaner_measure::compare::{per_round, summarize, CompareDoc, PerRound, Policy, PolicyRun};
+use gleaner_measure::compare::{per_round, summarize, CompareDoc, PerRound, Policy, PolicyRun, RoundRatios};
 use gleaner_measure::measure::{self, SystemMeter};
 use gleaner_measure::report::BenchDoc;
 use gleaner_measure::RunMetrics;
@@ -55,6 +55,11 @@ pub struct CompareArgs {
     /// FILE (.png or .svg).
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+    /// Run nothing: read a document an earlier `compare --json` wrote to FILE and summarize its
+    /// runs again (medians, ratios to stock, round by round), e.g. one written before round
+    /// ratios or their intervals were reported.
+    #[arg(long, value_name = "FILE", conflicts_with = "cmd")]
+    pub from: Option<PathBuf>,
     #[command(flatten)]
     pub flags: AgentFlags,
     /// Command to measure instead of the built-in pipeline workload. Its output is captured
@@ -86,6 +91,9 @@ pub fn run(args: CompareArgs) -> anyhow::Result<ExitCode> {
 
 /// Runs the comparison (module documentation) and returns its document.
 pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
+    if let Some(path) = &args.from {
+        return resummarize(path);
+    }
     if !(1..=1000).contains(&args.runs) {
         return Err(BadInput::new("--runs", args.runs, "1..=1000").into());
     }
@@ -207,6 +215,25 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
         vs_stock,
         per_round,
     })
+}
+
+/// `--from FILE`: the document of an earlier comparison, its summaries made again from its runs.
+fn resummarize(path: &Path) -> anyhow::Result<CompareDoc> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let bad = |e: &dyn std::fmt::Display| BadInput::new("--from", path.display(), format!("a `gleaner compare --json` document ({e})"));
+    let mut value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(&e))?;
+    // What is made again from the runs is not read: an older compare wrote it otherwise.
+    if let Some(o) = value.as_object_mut() {
+        for derived in ["summaries", "vs_stock", "per_round"] {
+            o.insert(derived.into(), serde_json::Value::Array(Vec::new()));
+        }
+    }
+    let mut doc: CompareDoc = serde_json::from_value(value).map_err(|e| bad(&e))?;
+    let (summaries, vs_stock) = summarize(&doc.policies, &doc.samples);
+    doc.summaries = summaries;
+    doc.vs_stock = vs_stock;
+    doc.per_round = per_round(&doc.samples);
+    Ok(doc)
 }
 
 /// What the runs of one comparison share: the meters, the naive yielders' configuration, and
@@ -437,7 +464,11 @@ pub fn print_table(d: &CompareDoc) {
 /// One line of the round-by-round comparison: latency where the workload reports it, else
 /// throughput, else wall time.
 fn describe_per_round(r: &PerRound) -> String {
-    let f = |s: &Summary| format!("{:.2}x [{:.2}..{:.2}]", s.p50, s.min, s.max);
+    let f = |r: &RoundRatios| {
+        let (s, ci) = (&r.summary, &r.median_ci95);
+        let verdict = if ci.excludes(1.0) { "" } else { ", within chance" };
+        format!("{:.2}x [{:.2}..{:.2}] (95% {:.2}..{:.2}{verdict})", s.p50, s.min, s.max, ci.lo, ci.hi)
+    };
     let what = match (&r.latency_p50, &r.latency_p99, &r.throughput, &r.speedup) {
         (Some(p50), p99, _, _) => {
             format!("latency p50 {}{}", f(p50), p99.as_ref().map_or(String::new(), |p| format!(", p99 {}", f(p))))
@@ -475,22 +506,101 @@ mod tests {
 
     #[test]
     fn a_round_by_round_line_names_both_policies_and_the_workload_s_own_metric() {
-        let r = |p50: Option<Summary>, thr: Option<Summary>| PerRound {
+        let ratios = |v: &[f64]| RoundRatios::of(v);
+        let r = |p50: Option<RoundRatios>, thr: Option<RoundRatios>| PerRound {
             policy: Policy::Gleaner,
             against: Policy::Haltpoll,
             rounds: 3,
-            speedup: Some(runs(&[1.0, 1.1, 0.9])),
+            speedup: ratios(&[1.0, 1.1, 0.9]),
             throughput: thr,
             latency_p50: p50,
             latency_p99: None,
             latency_mean: None,
         };
         assert_eq!(
-            describe_per_round(&r(Some(runs(&[0.9, 1.0, 1.2])), None)),
-            "gleaner vs haltpoll (3 rounds): latency p50 1.00x [0.90..1.20]"
+            describe_per_round(&r(ratios(&[0.9, 1.0, 1.2]), None)),
+            "gleaner vs haltpoll (3 rounds): latency p50 1.00x [0.90..1.20] (95% 0.90..1.20, within chance)"
         );
-        assert_eq!(describe_per_round(&r(None, Some(runs(&[0.98])))), "gleaner vs haltpoll (3 rounds): throughput 0.98x [0.98..0.98]");
-        assert_eq!(describe_per_round(&r(None, None)), "gleaner vs haltpoll (3 rounds): wall 1.00x [0.90..1.10]");
+        assert_eq!(
+            describe_per_round(&r(None, ratios(&[0.98, 0.97, 0.96]))),
+            "gleaner vs haltpoll (3 rounds): throughput 0.97x [0.96..0.98] (95% 0.96..0.98)"
+        );
+        assert_eq!(
+            describe_per_round(&r(None, None)),
+            "gleaner vs haltpoll (3 rounds): wall 1.00x [0.90..1.10] (95% 0.90..1.10, within chance)"
+        );
+    }
+
+    #[test]
+    fn a_saved_document_is_summarized_again_and_a_bad_one_named() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: CompareArgs,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let run = |policy: Policy, round: u32, p50_us: f64| PolicyRun {
+            policy,
+            round: Some(round),
+            metrics: RunMetrics {
+                wall_ns: 1_000_000_000,
+                latency: Some(gleaner_measure::measure::LatencySummary {
+                    samples: 10,
+                    p50_ns: p50_us * 1e3,
+                    p99_ns: p50_us * 2e3,
+                    mean_ns: p50_us * 1e3,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            cpu_ns: 0,
+            poll_ns: 0,
+            policy_cpu_ns: 0,
+            total_cpu_ns: 1,
+            agent_cpu_ns: None,
+            agent_maxrss_kib: None,
+            decisions: None,
+            retention_on_share: None,
+            wake: None,
+            tracer_cpu_ns: None,
+        };
+        // A document as an older compare wrote it: no summaries, no round ratios.
+        let mut old = serde_json::to_value(CompareDoc {
+            command: vec!["x".into()],
+            runs: 2,
+            cpus: "0-1".into(),
+            policies: vec![Policy::Stock, Policy::Gleaner],
+            machine: String::new(),
+            calibration: None,
+            notes: Vec::new(),
+            samples: vec![
+                run(Policy::Stock, 0, 40.0),
+                run(Policy::Gleaner, 0, 20.0),
+                run(Policy::Gleaner, 1, 10.0),
+                run(Policy::Stock, 1, 30.0),
+            ],
+            summaries: Vec::new(),
+            vs_stock: Vec::new(),
+            per_round: Vec::new(),
+        })
+        .unwrap();
+        // Its round ratios in a form no longer read (no intervals): made again, not parsed.
+        old["per_round"] = serde_json::json!([{"policy": "gleaner", "against": "stock", "rounds": 2, "latency_p50": {"p50": 1.0}}]);
+        let path = dir.path().join("old.json");
+        std::fs::write(&path, old.to_string()).unwrap();
+        let cli = Cli::try_parse_from(["compare", "--from", path.to_str().unwrap()]).unwrap();
+        let doc = run_doc(&cli.args).unwrap();
+        assert_eq!(doc.summaries.len(), 2);
+        let r = doc.per_round(Policy::Gleaner, Policy::Stock).expect("paired");
+        // Rounds: 40/20 = 2 and 30/10 = 3.
+        assert_eq!(r.rounds, 2);
+        assert!((r.latency_p50.unwrap().summary.p50 - 2.5).abs() < 1e-9);
+        assert!(Cli::try_parse_from(["compare", "--from", "f.json", "--", "true"]).is_err(), "a command conflicts with --from");
+        std::fs::write(&path, "{not json").unwrap();
+        let e = run_doc(&Cli::try_parse_from(["compare", "--from", path.to_str().unwrap()]).unwrap().args).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains("--from") && msg.contains("old.json") && msg.contains("compare --json"), "{msg}");
     }
 
     #[test]

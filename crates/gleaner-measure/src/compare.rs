@@ -11,7 +11,7 @@
 //! ```
 
 use gleaner_policy::idle::WakeSummary;
-use gleaner_policy::stats::Summary;
+use gleaner_policy::stats::{median_ci, Interval, Summary};
 use serde::{Deserialize, Serialize};
 
 use crate::measure::RunMetrics;
@@ -126,19 +126,36 @@ pub struct VsStock {
 /// so a stretch of minutes in which the machine is slower for every policy cancels out of it
 /// (it does not cancel out of a ratio of medians). Oriented as [`VsStock`]: above 1 means
 /// `policy` did better than `against` (`against`'s latency or wall time over `policy`'s, or
-/// `policy`'s throughput over `against`'s). Each field is the median [min..max] over the
-/// rounds that have both runs and the metric.
+/// `policy`'s throughput over `against`'s). Each field summarizes the ratios of the rounds that
+/// have both runs and the metric, with a 95% interval of their median ([`RoundRatios`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PerRound {
     pub policy: Policy,
     pub against: Policy,
     /// Rounds paired.
     pub rounds: usize,
-    pub speedup: Option<Summary>,
-    pub throughput: Option<Summary>,
-    pub latency_p50: Option<Summary>,
-    pub latency_p99: Option<Summary>,
-    pub latency_mean: Option<Summary>,
+    pub speedup: Option<RoundRatios>,
+    pub throughput: Option<RoundRatios>,
+    pub latency_p50: Option<RoundRatios>,
+    pub latency_p99: Option<RoundRatios>,
+    pub latency_mean: Option<RoundRatios>,
+}
+
+/// The ratios of one metric over the paired rounds: their summary (median [min..max]) and a
+/// 95% bootstrap interval of the median (seeded: the same rounds give the same interval). An
+/// interval that holds 1 says the rounds cannot tell the two policies apart.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RoundRatios {
+    #[serde(flatten)]
+    pub summary: Summary,
+    pub median_ci95: Interval,
+}
+
+impl RoundRatios {
+    /// The ratios' summary and median interval; `None` without any.
+    pub fn of(ratios: &[f64]) -> Option<Self> {
+        Some(Self { summary: Summary::of(ratios).ok()?, median_ci95: median_ci(ratios, 0x6c65_616e).ok()? })
+    }
 }
 
 /// `gleaner compare --json`.
@@ -198,7 +215,7 @@ pub fn per_round(samples: &[PolicyRun]) -> Vec<PerRound> {
                         (den > 0.0 && num.is_finite()).then(|| num / den)
                     })
                     .collect();
-                summary(&v)
+                RoundRatios::of(&v)
             };
             let lat = |g: fn(&crate::measure::LatencySummary) -> f64| ratios(&move |r: &PolicyRun| r.metrics.latency.as_ref().map(g), true);
             out.push(PerRound {
@@ -351,9 +368,13 @@ mod tests {
         assert_eq!(pr.len(), 1, "{pr:?}");
         let r = &pr[0];
         assert_eq!((r.policy, r.against, r.rounds), (Policy::Haltpoll, Policy::Stock, 5));
-        let p50 = r.latency_p50.unwrap();
+        let p50 = r.latency_p50.unwrap().summary;
         assert!((p50.p50 - 1.25).abs() < 1e-9 && (p50.min - 0.625).abs() < 1e-9 && (p50.max - 1.25).abs() < 1e-9, "{p50:?}");
-        assert!((r.speedup.unwrap().p50 - 1.0).abs() < 1e-12);
+        assert!((r.speedup.unwrap().summary.p50 - 1.0).abs() < 1e-12);
+        // Four rounds of five at 1.25: the median's interval is 1.25 at both ends or holds
+        // the split round's 0.625 at its low end, never above 1.25.
+        let ci = r.latency_p50.unwrap().median_ci95;
+        assert!(ci.lo >= 0.625 - 1e-9 && (ci.hi - 1.25).abs() < 1e-9, "{ci:?}");
         assert!(r.throughput.is_none(), "no throughput in these runs");
     }
 
@@ -373,10 +394,12 @@ mod tests {
         assert_eq!(names, [(Policy::Naive, Policy::Stock, 1), (Policy::Gleaner, Policy::Stock, 1), (Policy::Gleaner, Policy::Naive, 2)]);
         let gn = &pr[2];
         // Round 0: naive 40 over gleaner 10 = 4; round 1: 5 / 10 = 0.5; median 2.25.
-        let l = gn.latency_p50.unwrap();
+        let l = gn.latency_p50.unwrap().summary;
         assert!((l.p50 - 2.25).abs() < 1e-9 && (l.min - 0.5).abs() < 1e-9 && (l.max - 4.0).abs() < 1e-9, "{l:?}");
         // Wall: naive's 500 ms over gleaner's 1000 ms in both rounds.
-        assert!((gn.speedup.unwrap().p50 - 0.5).abs() < 1e-9);
+        assert!((gn.speedup.unwrap().summary.p50 - 0.5).abs() < 1e-9);
+        // Two rounds that disagree (0.5 and 4): the interval of their median holds 1.
+        assert!(!gn.latency_p50.unwrap().median_ci95.excludes(1.0));
     }
 
     #[test]
