@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Alternated rounds of one workload under several variants, outside `gleaner compare`: two
 gleaner binaries, one binary with different flags or configs, against stock and the kernel's
-guest haltpoll. Each round runs every variant once, the order rotated by one each round; the
+guest haltpoll. Each round runs every variant once, in balanced orders (each variant in each
+place and after each other variant equally often over N rounds, 2N for odd N); the
 first variant is the reference the others are compared with, round by round.
 
 A variant is NAME=PREFIX: PREFIX (split on spaces) goes before the workload command. An empty
@@ -19,7 +20,8 @@ it prints none (sysbench, stress-ng). Root where a variant runs gleaner or @halt
 
 Summary per variant: medians [min..max], and beside every variant after the first the median
 of its per-round ratios to the first and their geometric mean (latency: first / variant,
-wall: first / variant; above 1 the variant was faster).
+wall or us per item (a document's throughput): first / variant; above 1 the variant was
+faster).
 
 Steal: the host's time taken from this VM during each run (/proc/stat `steal`, all CPUs, ms)
 is printed per round where it is not 0, and the summary adds the median of the runs with less
@@ -42,9 +44,18 @@ HALTPOLL_UPSTREAM = {"guest_halt_poll_ns": "200000", "guest_halt_poll_grow": "2"
                      "guest_halt_poll_allow_shrink": "Y"}
 
 
+def round_order(n, r):
+    """The order of round r: a Williams design, as `gleaner compare` runs its policies
+    (gleaner_measure::compare::round_order): over n rounds (2n for odd n) each variant runs in
+    each place and after each other variant equally often."""
+    first = [(j + 1) // 2 if j % 2 else (n - j // 2) % n for j in range(n)]
+    row = [(v + r) % n for v in first]
+    return row[::-1] if n % 2 and (r // n) % 2 else row
+
+
 def measure(out, wall_s):
     """(p50 us, p99 us) from the last BenchDoc in `out` with a latency (one line, or pretty
-    printed), else (wall s, None)."""
+    printed), else (us per item, None) from its throughput, else (wall s, None); and which."""
     dec = json.JSONDecoder()
     starts = [i for i in range(len(out)) if out[i] == "{" and (i == 0 or out[i - 1] == "\n")]
     for i in reversed(starts):
@@ -52,10 +63,12 @@ def measure(out, wall_s):
             doc, _ = dec.raw_decode(out, i)
         except json.JSONDecodeError:
             continue
-        lat = doc.get("runs", [{}])[0].get("latency") if isinstance(doc, dict) else None
-        if lat:
-            return lat["p50_ns"] / 1e3, lat["p99_ns"] / 1e3
-    return wall_s, None
+        run = doc.get("runs", [{}])[0] if isinstance(doc, dict) else {}
+        if run.get("latency"):
+            return run["latency"]["p50_ns"] / 1e3, run["latency"]["p99_ns"] / 1e3, "latency"
+        if run.get("throughput"):
+            return 1e6 / run["throughput"], None, "us/item"
+    return wall_s, None, "wall s"
 
 
 def run_haltpoll(cmd):
@@ -110,7 +123,7 @@ def main():
     res = {k: [] for k in variants}
     steal = {k: [] for k in variants}
     for r in range(a.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = [names[i] for i in round_order(len(names), r)]
         for k in order:
             pre = variants[k]
             s0 = steal_ms()
@@ -129,7 +142,8 @@ def main():
     latency = res[ref][0][1] is not None
     for k, v in res.items():
         line = f"{k:16} "
-        cols = [("p50", 0), ("p99", 1)] if latency else [("wall s", 0)]
+        # A throughput is shown as us per item, so that every column is "lower is better".
+        cols = [("p50", 0), ("p99", 1)] if latency else [(res[ref][0][2], 0)]
         for label, i in cols:
             xs = [x[i] for x in v]
             line += f"{label} {fmt(xs)}  "

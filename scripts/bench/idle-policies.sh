@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The idle-policy benchmark of issue 18: every workload under every idle policy a tenant can
 # pick (stock, the kernel's guest haltpoll at its 200 us default, naive yielders, gleaner with
-# no flags), rounds rotating, medians of RUNS runs; then the throughput-bound workloads, a guest
+# no flags), rounds in balanced orders, medians of RUNS runs; then the throughput-bound workloads, a guest
 # without kernel polling (yielders only) and a budget. Writes one `gleaner compare --json`
 # document per line of the plan into OUT and prints a summary (scripts/bench/summarize.py).
 #

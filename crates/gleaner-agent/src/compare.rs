@@ -4,7 +4,8 @@
 //! each policy took, kernel polling counted, all measured in the same invocation.
 //!
 //! ```text
-//!  round i: policies in a rotated order (each policy in each position as often)
+//!  round i: policies in the order of a Williams design (`round_order`: over n rounds, 2n
+//!           for odd n, each policy in each place and after each other policy as often)
 //!    stock     the command, as the machine is
 //!    haltpoll  guest_halt_poll_ns 200000, grow 2 from 50000, shrink 2 (journaled, put back)
 //!    naive     a SCHED_IDLE yielding thread on every vCPU that never sleeps
@@ -19,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use gleaner_measure::compare::{per_round, summarize, CompareDoc, PerRound, Policy, PolicyRun, RoundRatios};
+use gleaner_measure::compare::{per_round, round_order, summarize, CompareDoc, PerRound, Policy, PolicyRun, RoundRatios};
 use gleaner_measure::measure::{self, SystemMeter};
 use gleaner_measure::report::BenchDoc;
 use gleaner_measure::RunMetrics;
@@ -40,7 +41,9 @@ use crate::AgentFlags;
 /// `gleaner compare [--runs N] [--policies LIST] [-- CMD ...]`
 #[derive(Debug, Clone, clap::Args)]
 pub struct CompareArgs {
-    /// Runs of each policy (1..=1000); each round runs every policy once, in a rotated order.
+    /// Runs of each policy (1..=1000); each round runs every policy once, in an order that
+    /// changes from round to round so that over N rounds (2N for an odd number N of policies)
+    /// each policy runs in each place and after each other policy equally often.
     #[arg(long, default_value_t = 5, value_name = "N")]
     pub runs: u32,
     /// Idle policies to compare, comma-separated: stock (the machine as found), haltpoll (the
@@ -132,12 +135,13 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
         }
     }
     let mut notes = Vec::new();
-    if policies.len() > 1 && args.runs % u32::try_from(policies.len()).unwrap_or(1) != 0 {
+    // The rounds' orders balance places and predecessors over n rounds (2n for odd n).
+    let balanced = u32::try_from(if policies.len() % 2 == 0 { policies.len() } else { 2 * policies.len() }).unwrap_or(1);
+    if policies.len() > 1 && args.runs % balanced != 0 {
         notes.push(format!(
-            "{} runs of {} policies: each policy takes each place in a round equally often only when --runs is a multiple of {}",
+            "{} runs of {} policies: each policy takes each place in a round, and follows each other policy, equally often only when --runs is a multiple of {balanced}",
             args.runs,
             policies.len(),
-            policies.len()
         ));
     }
     // Calibrate once, so every Gleaner run plans from the same wake-cost curve.
@@ -168,8 +172,7 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
     let t0 = Instant::now();
     let result = (|| -> anyhow::Result<()> {
         for i in 0..args.runs {
-            let k = usize::try_from(i).unwrap_or(0) % policies.len();
-            for &p in policies[k..].iter().chain(&policies[..k]) {
+            for p in round_order(policies.len(), usize::try_from(i).unwrap_or(0)).into_iter().map(|k| policies[k]) {
                 let n = u32::try_from(samples.len()).map_or(u32::MAX, |done| done + 1);
                 if !args.json {
                     let eta = if n > 1 {
@@ -411,7 +414,7 @@ fn cpu_count(cpus: &CpuSet) -> u32 {
 /// The comparison as a table, for people.
 pub fn print_table(d: &CompareDoc) {
     println!("gleaner compare: {}", d.command.join(" "));
-    println!("  {} runs of each policy, rotating; CPUs {}; {}", d.runs, d.cpus, d.machine);
+    println!("  {} runs of each policy, orders balanced (Williams design); CPUs {}; {}", d.runs, d.cpus, d.machine);
     if let Some(c) = &d.calibration {
         println!("  calibration: {c}");
     }

@@ -193,6 +193,27 @@ impl CompareDoc {
     }
 }
 
+/// The order of the `n` policies in round `round` (indices into the list): a Williams design,
+/// so that over `n` rounds (even `n`; `2n` for odd) every policy takes every place equally
+/// often *and* follows every other policy equally often. A plain rotation balances only the
+/// places: with it a policy always follows the same one, and whatever a run leaves behind on
+/// the machine (a host that throttles a VM after seconds of two busy vCPUs, caches, the
+/// haltpoll governor's windows) lands on the same neighbour every round.
+pub fn round_order(n: usize, round: usize) -> Vec<usize> {
+    if n == 0 {
+        return Vec::new();
+    }
+    // The first row 0, 1, n-1, 2, n-2, ...; each round adds its number to every entry.
+    let first: Vec<usize> = (0..n).map(|j| if j % 2 == 1 { j.div_ceil(2) } else { (n - j / 2) % n }).collect();
+    let row: Vec<usize> = first.iter().map(|&v| (v + round) % n).collect();
+    // Odd n: the second n rounds are the first n reversed.
+    if n % 2 == 1 && (round / n) % 2 == 1 {
+        row.into_iter().rev().collect()
+    } else {
+        row
+    }
+}
+
 /// Pairs the runs of each round (module [`PerRound`]): for every two policies that ran, the
 /// later of [`Policy::ALL`] against the earlier. Runs without a round are left out.
 pub fn per_round(samples: &[PolicyRun]) -> Vec<PerRound> {
@@ -400,6 +421,37 @@ mod tests {
         assert!((gn.speedup.unwrap().summary.p50 - 0.5).abs() < 1e-9);
         // Two rounds that disagree (0.5 and 4): the interval of their median holds 1.
         assert!(!gn.latency_p50.unwrap().median_ci95.excludes(1.0));
+    }
+
+    #[test]
+    fn round_orders_balance_places_and_predecessors() {
+        for n in 1..=6usize {
+            let rounds = if n % 2 == 0 { n } else { 2 * n };
+            let mut place = vec![vec![0usize; n]; n];
+            let mut follows = vec![vec![0usize; n]; n];
+            for r in 0..rounds {
+                let row = round_order(n, r);
+                let mut sorted = row.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "n {n} round {r}: {row:?}");
+                for (j, &p) in row.iter().enumerate() {
+                    place[p][j] += 1;
+                }
+                for w in row.windows(2) {
+                    follows[w[0]][w[1]] += 1;
+                }
+            }
+            let per_place = rounds / n;
+            assert!(place.iter().flatten().all(|&c| c == per_place), "n {n}: places {place:?}");
+            let per_pair = if n % 2 == 0 { 1 } else { 2 };
+            for (a, row) in follows.iter().enumerate() {
+                for (b, &c) in row.iter().enumerate() {
+                    assert_eq!(c, if a == b { 0 } else { per_pair }, "n {n}: {a} before {b}: {follows:?}");
+                }
+            }
+        }
+        assert_eq!(round_order(4, 0), [0, 1, 3, 2]);
+        assert!(round_order(0, 3).is_empty());
     }
 
     #[test]
