@@ -222,8 +222,8 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
 
 /// `--from FILE`: the document of an earlier comparison, its summaries made again from its runs.
 fn resummarize(path: &Path) -> anyhow::Result<CompareDoc> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let bad = |e: &dyn std::fmt::Display| BadInput::new("--from", path.display(), format!("a `gleaner compare --json` document ({e})"));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(&e))?;
     let mut value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(&e))?;
     // What is made again from the runs is not read: an older compare wrote it otherwise.
     if let Some(o) = value.as_object_mut() {
