@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The idle-policy benchmark of issue 18: every workload under every idle policy a tenant can
 # pick (stock, the kernel's guest haltpoll at its 200 us default, naive yielders, gleaner with
-# no flags), rounds in balanced orders, medians of RUNS runs; then the throughput-bound workloads, a guest
-# without kernel polling (yielders only) and a budget. Writes one `gleaner compare --json`
-# document per line of the plan into OUT and prints a summary (scripts/bench/summarize.py).
+# no flags), rounds in balanced orders, medians and per-round ratios of RUNS runs; then the
+# throughput-bound workloads, a guest without kernel polling (yielders only) and a budget.
+# Writes one `gleaner compare --json` document per line of the plan into OUT and prints a
+# summary (scripts/bench/summarize.py).
 #
-#   sudo OUT=bench-out scripts/bench/idle-policies.sh   # RUNS=8: a multiple of the 4 policies, so each
-#                                                       # takes each place in a round as often; ~60 min
+#   sudo OUT=bench-out scripts/bench/idle-policies.sh   # RUNS=8, a multiple of the 4 policies: each takes
+#                                                       # each place and follows each other equally often
 #   sudo ONLY=latency scripts/bench/idle-policies.sh                # one group: latency, throughput, nopoll, budget
 #
 # Needs root (the haltpoll policy and gleaner turn the idle knobs, put back after each run),

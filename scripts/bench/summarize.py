@@ -4,9 +4,10 @@ per workload and policy the medians [min..max] of latency p50 and p99 (latency w
 throughput / wall time, the CPU taken (busy + kernel polling, vCPUs), and gleaner's ratio to
 the best of the other policies (latency: gleaner / best, <= 1.05 is the target; throughput:
 gleaner / stock, >= 0.98), both as ratios of medians and, where the document has rounds, as
-medians of each round's ratio (the worst against any other policy). Latency workloads also get each policy's steal time (the host ran
-something else on a vCPU: /proc/stat, in 10 ms ticks): how many runs had any, and the median
-p99 of the runs that had none, since the host's preemptions make p99 bimodal here."""
+medians of each round's ratio with their 95% interval (the worst against any other policy).
+Latency workloads also get each policy's steal time (the host ran something else on a vCPU:
+/proc/stat, in 10 ms ticks): how many runs had any, and the median p99 of the runs that had
+none, since the host's preemptions make p99 bimodal here."""
 
 import json
 import os
@@ -57,7 +58,7 @@ def main():
             continue
         others = [s for p, s in sums.items() if p != "gleaner"]
         # Round by round (`per_round`, oriented "above 1: gleaner did better"): each round's
-        # ratio is of two runs minutes apart at most, so the VM's slow stretches cancel.
+        # ratio is of two runs seconds apart, so a slow stretch longer than a round cancels.
         rounds = {r["against"]: r for r in d.get("per_round", []) if r["policy"] == "gleaner"}
         if lat:
             for key in ("latency_p50_us", "latency_p99_us"):

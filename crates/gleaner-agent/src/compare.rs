@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use gleaner_measure::compare::{per_round, round_order, summarize, CompareDoc, PerRound, Policy, PolicyRun, RoundRatios};
+use gleaner_measure::compare::{balanced_rounds, per_round, round_order, summarize, CompareDoc, PerRound, Policy, PolicyRun, RoundRatios};
 use gleaner_measure::measure::{self, SystemMeter};
 use gleaner_measure::report::BenchDoc;
 use gleaner_measure::RunMetrics;
@@ -135,8 +135,7 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
         }
     }
     let mut notes = Vec::new();
-    // The rounds' orders balance places and predecessors over n rounds (2n for odd n).
-    let balanced = u32::try_from(if policies.len() % 2 == 0 { policies.len() } else { 2 * policies.len() }).unwrap_or(1);
+    let balanced = u32::try_from(balanced_rounds(policies.len())).unwrap_or(1);
     if policies.len() > 1 && args.runs % balanced != 0 {
         notes.push(format!(
             "{} runs of {} policies: each policy takes each place in a round, and follows each other policy, equally often only when --runs is a multiple of {balanced}",

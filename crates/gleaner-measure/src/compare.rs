@@ -151,10 +151,14 @@ pub struct RoundRatios {
     pub median_ci95: Interval,
 }
 
+/// The bootstrap's seed for [`RoundRatios::median_ci95`]: fixed, so that a document summarized
+/// again (`compare --from`) gives the same intervals.
+const ROUND_CI_SEED: u64 = 0x6c65_616e;
+
 impl RoundRatios {
     /// The ratios' summary and median interval; `None` without any.
     pub fn of(ratios: &[f64]) -> Option<Self> {
-        Some(Self { summary: Summary::of(ratios).ok()?, median_ci95: median_ci(ratios, 0x6c65_616e).ok()? })
+        Some(Self { summary: Summary::of(ratios).ok()?, median_ci95: median_ci(ratios, ROUND_CI_SEED).ok()? })
     }
 }
 
@@ -214,6 +218,16 @@ pub fn round_order(n: usize, round: usize) -> Vec<usize> {
     }
 }
 
+/// Rounds after which [`round_order`] has balanced places and predecessors for `n` policies:
+/// `n` when even, `2n` when odd (its second `n` rounds are the first ones reversed).
+pub fn balanced_rounds(n: usize) -> usize {
+    if n % 2 == 0 {
+        n
+    } else {
+        2 * n
+    }
+}
+
 /// Pairs the runs of each round (module [`PerRound`]): for every two policies that ran, the
 /// later of [`Policy::ALL`] against the earlier. Runs without a round are left out.
 pub fn per_round(samples: &[PolicyRun]) -> Vec<PerRound> {
@@ -226,7 +240,7 @@ pub fn per_round(samples: &[PolicyRun]) -> Vec<PerRound> {
             if pairs.is_empty() {
                 continue;
             }
-            // `better(p, a)` is above 1 when the policy's value `p` beats `against`'s `a`.
+            // Each ratio is above 1 when `policy`'s value beats `against`'s in that round.
             let ratios = |f: &dyn Fn(&PolicyRun) -> Option<f64>, lower_is_better: bool| {
                 let v: Vec<f64> = pairs
                     .iter()
@@ -426,7 +440,7 @@ mod tests {
     #[test]
     fn round_orders_balance_places_and_predecessors() {
         for n in 1..=6usize {
-            let rounds = if n % 2 == 0 { n } else { 2 * n };
+            let rounds = balanced_rounds(n);
             let mut place = vec![vec![0usize; n]; n];
             let mut follows = vec![vec![0usize; n]; n];
             for r in 0..rounds {
