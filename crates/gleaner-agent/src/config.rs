@@ -337,6 +337,11 @@ min_util = 0.05
 # runs with retention in the other mode and is compared with the periods around it.
 probe_every_min = 4
 probe_every_max = 32
+# While retention pays clearly (wakeups off at least 1 + settle_gain times slower, or progress
+# on that much higher), the probes of "off" back off further, up to probe_every_settled
+# periods: under a server each one halts a quarter period of its requests.
+probe_every_settled = 256
+settle_gain = 1.0
 # Retention pays when the workload's sync points per second grow by more than
 # cpu_price * (vCPUs its threads burn) + margin; it loses below cpu_price * vCPUs burned.
 margin = 0.05

@@ -7,6 +7,9 @@
 //! hand a token back and forth through a Mutex + Condvar, pausing 200 us between hand-overs.
 //! `--paused` attaches the programs but pauses them at once (what they cost between the
 //! agent's slices; `scripts/bench/tracer-cost.sh` compares that with detached and counting).
+//! `--cycle=MS` counts MS milliseconds of every second, as the agent's slices do: attached for
+//! the slice and detached after it; with `--paused` too, attached throughout and paused
+//! between slices.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -72,8 +75,16 @@ fn main() -> anyhow::Result<()> {
     let seconds: f64 = args.iter().find(|a| !a.starts_with("--")).map_or(Ok(3.0), |s| s.parse()).context("SECONDS must be a number")?;
     let with_load = args.iter().any(|a| a == "--ping-pong");
     let paused = args.iter().any(|a| a == "--paused");
-    if let Some(bad) = args.iter().find(|a| a.starts_with("--") && !matches!(a.as_str(), "--ping-pong" | "--paused")) {
-        anyhow::bail!("unknown option {bad}: allowed are SECONDS, --ping-pong, --paused");
+    let cycle = match args.iter().find_map(|a| a.strip_prefix("--cycle=")) {
+        Some(ms) => Some(
+            ms.parse::<u64>().ok().filter(|ms| (1..1000).contains(ms)).with_context(|| format!("--cycle={ms}: milliseconds in 1..=999"))?,
+        ),
+        None => None,
+    };
+    if let Some(bad) =
+        args.iter().find(|a| a.starts_with("--") && !matches!(a.as_str(), "--ping-pong" | "--paused") && !a.starts_with("--cycle="))
+    {
+        anyhow::bail!("unknown option {bad}: allowed are SECONDS, --ping-pong, --paused, --cycle=MS");
     }
 
     let sysfs = Sysfs::new();
@@ -92,12 +103,29 @@ fn main() -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_millis(100)); // the load settles
     let (trace0, stats0) = (tracer.read()?, tracer.prog_stats());
     let each0 = tracer.prog_stats_each();
-    tracer.attach()?;
-    if paused {
-        tracer.pause();
-    }
     let t1 = Instant::now();
-    std::thread::sleep(Duration::from_secs_f64(seconds));
+    match cycle {
+        None => {
+            tracer.attach()?;
+            if paused {
+                tracer.pause();
+            }
+            std::thread::sleep(Duration::from_secs_f64(seconds));
+        }
+        Some(ms) => {
+            let (slice, rest) = (Duration::from_millis(ms), Duration::from_millis(1000 - ms));
+            while t1.elapsed().as_secs_f64() < seconds {
+                tracer.attach()?;
+                std::thread::sleep(slice);
+                if paused {
+                    tracer.pause()
+                } else {
+                    tracer.detach()
+                }
+                std::thread::sleep(rest);
+            }
+        }
+    }
     tracer.detach();
     let wall_s = t1.elapsed().as_secs_f64();
     let trace = tracer.read()?.delta_since(&trace0);
