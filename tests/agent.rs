@@ -72,6 +72,7 @@ fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {
     // governor probes it off after 4 periods. The ping-pong hands a token between two vCPUs
     // for a fixed 1.5 s, so the agent's 50 ms periods number about 30 whatever this
     // machine's speed.
+    let before = gleaner_os::monotonic_ns();
     let out = gleaner()
         .args(["run", "--retention-start", "on", "--no-kernel-polling", "--period-ms", "50", "--no-consolidation", "--config"])
         .arg(quick_probe_config(run_dir.path()))
@@ -82,9 +83,17 @@ fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {
         .args(["--", env!("CARGO_BIN_EXE_gleaner"), "bench", "workload", "pingpong", "--duration-ms", "1500"])
         .output()
         .unwrap();
+    let after = gleaner_os::monotonic_ns();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&events).unwrap();
     let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
+    // Every event has CLOCK_MONOTONIC, inside the run and in order; a traced period says how
+    // long the tracer counted.
+    let mono: Vec<u64> = lines.iter().map(|l| l["mono_ns"].as_u64().unwrap_or_else(|| panic!("no mono_ns: {l}"))).collect();
+    assert!(mono.windows(2).all(|w| w[0] <= w[1]) && mono[0] >= before && mono[mono.len() - 1] <= after, "{before} {mono:?} {after}");
+    for l in lines.iter().filter(|l| l.get("wake").is_some()) {
+        assert!(l["traced_ns"].as_u64() > Some(0), "{l}");
+    }
     // The first line: retention's first mode, with the governor's state.
     let first = &lines[0];
     assert_eq!((first["event"].as_str(), first["retention"].as_str()), (Some("retention"), Some("on")), "{first}");

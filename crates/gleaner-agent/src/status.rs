@@ -44,6 +44,11 @@ pub struct VcpuTimeout {
 pub struct EventRecord {
     /// Milliseconds since the agent started.
     pub t_ms: u64,
+    /// `CLOCK_MONOTONIC` at the event (a period's: at its end), ns: to line the agent's
+    /// periods up with a workload's own timestamps (`scripts/bench/kv-latency.c` writes its
+    /// requests' with it, `scripts/bench/request-blame.py` lines them up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mono_ns: Option<u64>,
     /// Which event this is (it says which optional fields are set).
     pub event: EventKind,
     /// The controller's decision, when the event is one.
@@ -94,6 +99,10 @@ pub struct EventRecord {
     /// Kernel polling in the period, ns (`period` events).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_ns: Option<u64>,
+    /// How long the tracer counted in the period, ns, from its start (`period` events of
+    /// traced periods).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traced_ns: Option<u64>,
     /// Each vCPU's budget after the period (`period` events with an idle policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Vec<(u32, f64)>>,
@@ -125,6 +134,7 @@ impl EventRecord {
     pub fn new(t_ms: u64, event: EventKind, active_cpus: String, metrics: Metrics) -> Self {
         Self {
             t_ms,
+            mono_ns: None,
             event,
             decision: None,
             count: None,
@@ -141,6 +151,7 @@ impl EventRecord {
             wake: None,
             plan: None,
             poll_ns: None,
+            traced_ns: None,
             budget: None,
             tracer: None,
         }

@@ -89,8 +89,24 @@ pub fn boottime() -> std::time::Duration {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map(std::time::Duration::from).unwrap_or_default()
 }
 
+/// `CLOCK_MONOTONIC`, ns: the clock other programs time events with (`clock_gettime`,
+/// Python's `time.monotonic_ns`), for lining records up with theirs.
+pub fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| u64::try_from(std::time::Duration::from(t).as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn monotonic_ns_is_the_clock_python_reads() {
+        let ours = super::monotonic_ns();
+        let out = std::process::Command::new("python3").args(["-c", "import time; print(time.monotonic_ns())"]).output().expect("python3");
+        let theirs: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a number");
+        assert!(theirs >= ours && theirs - ours < 10_000_000_000, "ours {ours}, python's {theirs}");
+    }
+
     #[test]
     fn boottime_advances() {
         let a = super::boottime();

@@ -250,8 +250,12 @@ struct PeriodEnd {
     extras: PeriodExtras,
     /// The retention mode the period ran in.
     ran: RetentionMode,
+    /// `CLOCK_MONOTONIC` at its end, ns.
+    mono_ns: u64,
     /// The period's traced wakeups, if traced.
     wake: Option<WakeSummary>,
+    /// How long the tracer counted in it, ns, if it did.
+    traced_ns: Option<u64>,
     /// The plan applied from the next period on changed.
     plan_changed: bool,
     /// The agent's yields to woken threads so far ([`pace::Pacer`]).
@@ -364,6 +368,7 @@ impl Session {
             let first = EventRecord {
                 retention: Some(guest.mode()),
                 governor: guest.governor_state(),
+                mono_ns: Some(gleaner_os::monotonic_ns()),
                 ..EventRecord::new(0, EventKind::Retention, cpus.to_string(), Default::default())
             };
             log.write(&first)?;
@@ -433,6 +438,7 @@ impl Session {
                 all_wakes.merge(&t.latency);
             }
             let wake = traced.as_ref().filter(|t| t.latency.all().count() > 0).map(|t| WakeSummary::of(&t.latency));
+            let traced_ns = traced.as_ref().map(|t| t.traced_ns);
             let reading = GuestReading { snapshot, idle: extras.idle.clone(), trace: traced, caught: extras.caught.clone(), io: extras.io };
             if let Some(f) = &mut dump {
                 use std::io::Write;
@@ -465,6 +471,8 @@ impl Session {
             // Publish.
             let ended = PeriodEnd {
                 t_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                mono_ns: gleaner_os::monotonic_ns(),
+                traced_ns,
                 plan_changed: step.plan != before,
                 yields: pacer.yields(),
                 step,
@@ -485,6 +493,7 @@ impl Session {
                 agent_cpu_ns: self_cpu_ns(),
                 agent_yields: Some(pacer.yields()),
                 tracer: used,
+                mono_ns: Some(gleaner_os::monotonic_ns()),
                 ..EventRecord::new(t_ms, EventKind::Exit, CpuSet::from_iter(guest.active()).to_string(), guest.metrics())
             })?;
         }
@@ -576,7 +585,7 @@ impl Session {
     ) -> anyhow::Result<()> {
         let metrics = guest.metrics();
         let active = CpuSet::from_iter(p.step.active.iter().copied()).to_string();
-        let event = |kind: EventKind| EventRecord::new(p.t_ms, kind, active.clone(), metrics);
+        let event = |kind: EventKind| EventRecord { mono_ns: Some(p.mono_ns), ..EventRecord::new(p.t_ms, kind, active.clone(), metrics) };
         let mut records: Vec<EventRecord> =
             p.step.decisions.iter().map(|d| EventRecord { decision: Some(d.clone()), ..event(EventRecord::kind_of(d)) }).collect();
         let gov = p.step.governor;
@@ -591,6 +600,7 @@ impl Session {
             wake: p.wake,
             plan: p.plan_changed.then(|| p.step.plan.clone()),
             poll_ns: Some(p.extras.poll_ns),
+            traced_ns: p.traced_ns,
             budget: Some(p.step.budget.clone()),
             ..event(EventKind::Period)
         });
