@@ -9,7 +9,10 @@ ran in) and prints, for the requests slower than --slow-us:
   --work-ms after a period's end), or none of these; each class's share of the requests and
   of the slow ones, its p50 and p99, and the run's p99 without it;
 - by phase: the share of slow requests by time since the last period's end, for traced and
-  untraced periods apart (what follows the agent's work and the tracer's attach and detach);
+  untraced periods apart (what follows the agent's work and the tracer's attach and detach),
+  leaving out the first --skip-s seconds (the start-up's traced periods) and the periods
+  around a probe (the one before it, it and the two after it: traced for the comparison, and
+  the vCPUs' windows regrow after it), which would otherwise pass for the tracer's;
 - by second: the share of slow requests in each whole second of the run.
 
     KV_LATENCY_DUMP=/tmp/kv.txt gleaner run --events /tmp/ev.jsonl -- scripts/bench/redis-doc.py lat 20
@@ -41,9 +44,10 @@ def main():
     ap.add_argument("dump", help="kv-latency's KV_LATENCY_DUMP file (end_ns latency_ns per line)")
     ap.add_argument("--slow-us", type=float, default=30.0, help="a request slower than this is slow (default 30)")
     ap.add_argument("--work-ms", type=float, default=1.0, help="the agent's period work: this long after a period's end (default 1)")
+    ap.add_argument("--skip-s", type=float, default=2.0, help="the phase profile leaves out this many first seconds (default 2)")
     a = ap.parse_args()
-    if a.slow_us <= 0 or a.work_ms < 0:
-        sys.exit(f"--slow-us {a.slow_us} must be above 0 and --work-ms {a.work_ms} at least 0")
+    if a.slow_us <= 0 or a.work_ms < 0 or a.skip_s < 0:
+        sys.exit(f"--slow-us {a.slow_us} must be above 0, --work-ms {a.work_ms} and --skip-s {a.skip_s} at least 0")
     try:
         periods = [e for e in map(json.loads, open(a.events)) if e.get("event") == "period" and e.get("mono_ns")]
         reqs = [tuple(map(int, line.split())) for line in open(a.dump) if line.strip()]
@@ -52,6 +56,8 @@ def main():
     if len(periods) < 2 or not reqs:
         sys.exit(f"request-blame: {len(periods)} periods with mono_ns in {a.events}, {len(reqs)} requests in {a.dump}: need 2 and 1")
     ends = [p["mono_ns"] for p in periods]
+    probes = [k for k, p in enumerate(periods) if p.get("retention") == "off"]
+    near_probe = {j for k in probes for j in range(k - 1, k + 3)}
     slow_ns, work_ns = a.slow_us * 1e3, a.work_ms * 1e6
     names = ["probe of off", "traced slice", "agent's period work", "none of these"]
     by_class = [[] for _ in names]
@@ -71,10 +77,11 @@ def main():
                 c = 1
             elif start <= begun + work_ns:
                 c = 2
-            ms = (end - begun) / 1e6
-            row = phase[bool(p.get("traced_ns"))][min(len(bins) - 2, max(0, bisect.bisect_right(bins, ms) - 1))]
-            row[0] += 1
-            row[1] += lat > slow_ns
+            if k not in near_probe and end - t0 >= a.skip_s * 1e9:
+                ms = (end - begun) / 1e6
+                row = phase[bool(p.get("traced_ns"))][min(len(bins) - 2, max(0, bisect.bisect_right(bins, ms) - 1))]
+                row[0] += 1
+                row[1] += lat > slow_ns
         by_class[c].append(lat)
         s = per_sec.setdefault((end - t0) // 1_000_000_000, [0, 0])
         s[0] += 1
@@ -92,7 +99,7 @@ def main():
         slow = sum(x > slow_ns for x in lats)
         print(f"{name:<22} {len(lats) / n * 100:8.2f}% {slow / max(1, n_slow) * 100:7.2f}% {us(pct(lats, 50)):>7} "
               f"{us(pct(lats, 99)):>7}  {us(pct(rest, 99))}")
-    print(f"\nslow share by ms since the period's end: {' '.join(f'{lo}-{hi}' for lo, hi in zip(bins, bins[1:-1]))} {bins[-2]}-")
+    print(f"\nslow share by ms since the period's end (after {a.skip_s:g} s, away from probes): {' '.join(f'{lo}-{hi}' for lo, hi in zip(bins, bins[1:-1]))} {bins[-2]}-")
     for traced in (True, False):
         cells = " ".join(f"{s / c * 100:.2f}%" if c else "-" for c, s in phase[traced])
         print(f"  {'traced' if traced else 'untraced':<9} {cells}")
