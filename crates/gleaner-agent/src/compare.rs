@@ -542,30 +542,16 @@ mod tests {
             args: CompareArgs,
         }
         let dir = tempfile::tempdir().unwrap();
-        let run = |policy: Policy, round: u32, p50_us: f64| PolicyRun {
-            policy,
-            round: Some(round),
-            metrics: RunMetrics {
-                wall_ns: 1_000_000_000,
-                latency: Some(gleaner_measure::measure::LatencySummary {
-                    samples: 10,
-                    p50_ns: p50_us * 1e3,
-                    p99_ns: p50_us * 2e3,
-                    mean_ns: p50_us * 1e3,
-                    ..Default::default()
-                }),
+        let run = |policy: Policy, round: u32, p50_us: f64| {
+            let latency = gleaner_measure::measure::LatencySummary {
+                samples: 10,
+                p50_ns: p50_us * 1e3,
+                p99_ns: p50_us * 2e3,
+                mean_ns: p50_us * 1e3,
                 ..Default::default()
-            },
-            cpu_ns: 0,
-            poll_ns: 0,
-            policy_cpu_ns: 0,
-            total_cpu_ns: 1,
-            agent_cpu_ns: None,
-            agent_maxrss_kib: None,
-            decisions: None,
-            retention_on_share: None,
-            wake: None,
-            tracer_cpu_ns: None,
+            };
+            let metrics = RunMetrics { wall_ns: 1_000_000_000, latency: Some(latency), ..Default::default() };
+            PolicyRun { round: Some(round), total_cpu_ns: 1, ..PolicyRun::new(policy, metrics) }
         };
         // A document as an older compare wrote it: no summaries, no round ratios.
         let mut old = serde_json::to_value(CompareDoc {

@@ -88,6 +88,28 @@ pub struct PolicyRun {
     pub tracer_cpu_ns: Option<u64>,
 }
 
+impl PolicyRun {
+    /// A run of `policy` with `metrics` and nothing else measured: no round, no CPU times, no
+    /// agent figures (fill in what was measured with struct update syntax).
+    pub fn new(policy: Policy, metrics: RunMetrics) -> Self {
+        Self {
+            policy,
+            round: None,
+            metrics,
+            cpu_ns: 0,
+            poll_ns: 0,
+            policy_cpu_ns: 0,
+            total_cpu_ns: 0,
+            agent_cpu_ns: None,
+            agent_maxrss_kib: None,
+            decisions: None,
+            retention_on_share: None,
+            wake: None,
+            tracer_cpu_ns: None,
+        }
+    }
+}
+
 /// The runs of one policy, summarized (medians with min..max and the rest in `Summary`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PolicySummary {
@@ -336,27 +358,9 @@ mod tests {
     fn run(policy: Policy, wall_ms: u64, p50_us: f64, busy_ms: u64, poll_ms: u64) -> PolicyRun {
         let latency =
             Some(LatencySummary { samples: 100, p50_ns: p50_us * 1e3, p99_ns: p50_us * 2e3, mean_ns: p50_us * 1e3, ..Default::default() });
-        PolicyRun {
-            policy,
-            round: None,
-            metrics: RunMetrics {
-                wall_ns: wall_ms * 1_000_000,
-                busy_ns: busy_ms * 1_000_000,
-                items: Some(1000),
-                latency,
-                ..Default::default()
-            },
-            cpu_ns: 0,
-            poll_ns: poll_ms * 1_000_000,
-            policy_cpu_ns: 0,
-            total_cpu_ns: (busy_ms + poll_ms) * 1_000_000,
-            agent_cpu_ns: None,
-            agent_maxrss_kib: None,
-            decisions: None,
-            retention_on_share: None,
-            wake: None,
-            tracer_cpu_ns: None,
-        }
+        let metrics =
+            RunMetrics { wall_ns: wall_ms * 1_000_000, busy_ns: busy_ms * 1_000_000, items: Some(1000), latency, ..Default::default() };
+        PolicyRun { poll_ns: poll_ms * 1_000_000, total_cpu_ns: (busy_ms + poll_ms) * 1_000_000, ..PolicyRun::new(policy, metrics) }
     }
 
     #[test]
