@@ -91,7 +91,9 @@ fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {
     // long the tracer counted.
     let mono: Vec<u64> = lines.iter().map(|l| l["mono_ns"].as_u64().unwrap_or_else(|| panic!("no mono_ns: {l}"))).collect();
     assert!(mono.windows(2).all(|w| w[0] <= w[1]) && mono[0] >= before && mono[mono.len() - 1] <= after, "{before} {mono:?} {after}");
-    for l in lines.iter().filter(|l| l.get("wake").is_some()) {
+    let traced: Vec<&serde_json::Value> = lines.iter().filter(|l| l.get("wake").is_some()).collect();
+    assert!(!traced.is_empty(), "no traced period (root and eBPF: the tracer should run) in {text}");
+    for l in traced {
         assert!(l["traced_ns"].as_u64() > Some(0), "{l}");
     }
     // The first line: retention's first mode, with the governor's state.

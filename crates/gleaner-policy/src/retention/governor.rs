@@ -48,10 +48,11 @@
 //! epochs after the start instead of 18). A single outlier still does not switch. A wrong
 //! "on" costs a vCPU of spinning and, in the TCG lab next to a co-runner, 20-40% of the run;
 //! a wrong "off" costs the halt penalty until the next probe. Probing backs off exponentially while comparisons agree
-//! (the interval between probes doubles from `probe_every_min` to `probe_every_max` epochs) and
-//! snaps back to `probe_every_min` on a disagreeing one or after a switch, so a doubt is
+//! (the interval between probes doubles from `probe_every_min` to `probe_every_max` epochs,
+//! and on to `probe_every_settled` while retention is on and pays by `settle_gain` or more)
+//! and snaps back to `probe_every_min` on a disagreeing one or after a switch, so a doubt is
 //! confirmed or dropped quickly and a settled answer costs one wrong-mode epoch every
-//! `probe_every_max + 2` epochs.
+//! `probe_every_max + 2` epochs (`probe_every_settled + 2` where retention pays clearly).
 //!
 //! The governor also tells the adaptive timeouts when to stand still: from a comparison that
 //! says `Pays` until one that does not, they are held at their cap
