@@ -36,6 +36,8 @@ struct ThreadPrev {
     /// Bytes and calls of its read/write-like system calls.
     io_bytes: u64,
     io_calls: u64,
+    /// Its voluntary switches in the last period (the sync points it made then).
+    synced: u64,
 }
 
 /// Threads whose files the sampler keeps open (three descriptors each: well inside the usual
@@ -152,6 +154,12 @@ struct YielderPrev {
 }
 
 impl Sampler {
+    /// The sync points (voluntary switches) thread `tid` made in the last sampled period: 0
+    /// where it was not sampled.
+    pub fn synced(&self, tid: i32) -> u64 {
+        self.threads.get(&tid).map_or(0, |t| t.synced)
+    }
+
     /// A sampler reading `procfs` and `sysfs`; the first [`Sampler::sample`] establishes the
     /// baseline (call [`Sampler::prime`] right after starting the workload).
     pub fn new(procfs: Procfs, sysfs: Sysfs, managed: CpuSet) -> Self {
@@ -235,7 +243,7 @@ impl Sampler {
             s_work += vcsw.saturating_sub(prev.vcsw);
             io.bytes += io_bytes.saturating_sub(prev.io_bytes);
             io.calls += io_calls.saturating_sub(prev.io_calls);
-            seen.insert(tid, ThreadPrev { run_ns: ss.run_ns, vcsw, io_bytes, io_calls });
+            seen.insert(tid, ThreadPrev { run_ns: ss.run_ns, vcsw, io_bytes, io_calls, synced: vcsw.saturating_sub(prev.vcsw) });
             pace.point();
         }
         self.threads = seen;
@@ -540,6 +548,8 @@ mod tests {
             assert_eq!((snap.s_work, extras.threads), (n as u64, n), "round {round}");
             let m = n as u64 - 1;
             assert_eq!(extras.io, WorkloadIo { bytes: 150 * m, calls: 2 * m }, "round {round}");
+            // Each thread's own share: one switch a round, kept open or not.
+            assert_eq!((s.synced(tids[0]), s.synced(tids[n - 1]), s.synced(1)), (1, 1, 0), "round {round}");
         }
         // A thread no longer listed has its files closed.
         let (snap, _) = s.sample(&tids[..10], None, &cpus, &mut Pacer::off());

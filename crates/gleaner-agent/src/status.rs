@@ -103,6 +103,13 @@ pub struct EventRecord {
     /// traced periods).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traced_ns: Option<u64>,
+    /// Share of the period's sync points made by the workload's processes that started while
+    /// the tracer counted and were not followed (`period` events of traced periods, where
+    /// any): the guest loop sets such a trace aside ([`GuestReading::trace_missed`]).
+    ///
+    /// [`GuestReading::trace_missed`]: gleaner_policy::guest::GuestReading::trace_missed
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_missed: Option<f64>,
     /// Each vCPU's budget after the period (`period` events with an idle policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Vec<(u32, f64)>>,
@@ -152,6 +159,7 @@ impl EventRecord {
             plan: None,
             poll_ns: None,
             traced_ns: None,
+            trace_missed: None,
             budget: None,
             tracer: None,
         }

@@ -236,7 +236,9 @@ impl Engine {
         }
         // The model's threads synchronize but move no bytes: the governor judges by sync points.
         let io = gleaner_policy::retention::WorkloadIo::default();
-        let reading = GuestReading { snapshot: Snapshot { period_ns: elapsed, vcpus: samples, s_work }, idle, trace, caught, io };
+        // The model's tracer follows every thread of the VM's workload: it misses none.
+        let reading =
+            GuestReading { snapshot: Snapshot { period_ns: elapsed, vcpus: samples, s_work }, idle, trace, caught, io, trace_missed: 0.0 };
         let Some(agent) = self.vms[vmi].agent.as_mut() else { return };
         let step = agent.step(&reading);
         self.vms[vmi].decisions += step.decisions.len() as u64;

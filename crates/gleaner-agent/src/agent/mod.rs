@@ -256,6 +256,9 @@ struct PeriodEnd {
     wake: Option<WakeSummary>,
     /// How long the tracer counted in it, ns, if it did.
     traced_ns: Option<u64>,
+    /// Share of the period's sync points made by processes the trace missed (started while
+    /// it counted).
+    trace_missed: f64,
     /// The plan applied from the next period on changed.
     plan_changed: bool,
     /// The agent's yields to woken threads so far ([`pace::Pacer`]).
@@ -433,13 +436,29 @@ impl Session {
             pacer.point();
             let (snapshot, extras) = sampler.sample(&tids, self.yielders.as_ref(), &active_before, &mut pacer);
             let traced = tracing.read_period();
+            // Processes started while the tracer counted were not followed: the share of the
+            // period's sync points their threads made (the guest loop sets such a trace aside).
+            let trace_missed = if traced.is_some() && snapshot.s_work > 0 {
+                let missed = tracing.missed(&managed.pids(procfs));
+                let synced: u64 = missed.iter().flat_map(|&p| procfs.tasks(p).unwrap_or_default()).map(|t| sampler.synced(t)).sum();
+                synced as f64 / snapshot.s_work as f64
+            } else {
+                0.0
+            };
             pacer.point();
             if let Some(t) = &traced {
                 all_wakes.merge(&t.latency);
             }
             let wake = traced.as_ref().filter(|t| t.latency.all().count() > 0).map(|t| WakeSummary::of(&t.latency));
             let traced_ns = traced.as_ref().map(|t| t.traced_ns);
-            let reading = GuestReading { snapshot, idle: extras.idle.clone(), trace: traced, caught: extras.caught.clone(), io: extras.io };
+            let reading = GuestReading {
+                snapshot,
+                idle: extras.idle.clone(),
+                trace: traced,
+                caught: extras.caught.clone(),
+                io: extras.io,
+                trace_missed,
+            };
             if let Some(f) = &mut dump {
                 use std::io::Write;
                 writeln!(f, "{}", serde_json::to_string(&reading)?)?;
@@ -473,6 +492,7 @@ impl Session {
                 t_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
                 mono_ns: gleaner_os::monotonic_ns(),
                 traced_ns,
+                trace_missed,
                 plan_changed: step.plan != before,
                 yields: pacer.yields(),
                 step,
@@ -601,6 +621,7 @@ impl Session {
             plan: p.plan_changed.then(|| p.step.plan.clone()),
             poll_ns: Some(p.extras.poll_ns),
             traced_ns: p.traced_ns,
+            trace_missed: (p.trace_missed > 0.0).then_some(p.trace_missed),
             budget: Some(p.step.budget.clone()),
             ..event(EventKind::Period)
         });

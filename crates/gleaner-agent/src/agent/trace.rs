@@ -113,6 +113,9 @@ pub struct Tracing {
     detached_slices: u64,
     /// Times they were.
     cost_detaches: u64,
+    /// The workload's processes the programs were last armed with (`None`: every task
+    /// counted, or not armed yet).
+    armed: Option<std::collections::BTreeSet<i32>>,
 }
 
 /// Detached for their cost, the programs are paused again after this many slices (doubled at
@@ -214,6 +217,7 @@ impl Tracing {
             paused_ns_per_run: None,
             detached_slices: 0,
             cost_detaches: 0,
+            armed: None,
         };
         if !cfg.retention {
             me.note = Some("retention off".into());
@@ -375,6 +379,13 @@ impl Tracing {
         Some(delta)
     }
 
+    /// The workload's processes now (`pids`) the programs were not armed with: started
+    /// since, so the period just read did not count them (none where every task is counted).
+    /// Call after [`Self::read_period`] returned a trace.
+    pub fn missed(&self, pids: &[i32]) -> Vec<i32> {
+        self.armed.as_ref().map_or_else(Vec::new, |armed| pids.iter().copied().filter(|p| !armed.contains(p)).collect())
+    }
+
     /// Arms the next period: traced if the guest loop needs it now, or at the tracer's own
     /// cadence (one period in [`EVERY`]), not at all when it says the plan does not depend on
     /// a trace; the managed processes (`pids`, listed only then) are refreshed before attaching.
@@ -395,7 +406,9 @@ impl Tracing {
             TraceNeed::Cadence => self.since = 0,
             TraceNeed::Now => {}
         }
-        Self::follow(t, &pids(), workload);
+        let pids = pids();
+        Self::follow(t, &pids, workload);
+        self.armed = workload.then(|| pids.into_iter().collect());
         if let Err(e) = t.attach() {
             tracing::warn!("tracer: attach: {e:#}");
         }
@@ -454,6 +467,16 @@ mod tests {
         // Its traced time is its own slice's, not the untraced period's too.
         let slice = Duration::from_nanos(third.traced_ns);
         assert!(slice >= Duration::from_millis(30) && slice < Duration::from_millis(100), "{slice:?}");
+        // Every task counted: no process is missed.
+        assert!(t.missed(&[1, 2]).is_empty());
+
+        // Armed with the workload's processes: those listed since are the ones it missed.
+        let me = i32::try_from(std::process::id()).unwrap();
+        t.arm_next(|| vec![me], true, TraceNeed::Now);
+        wakeups_for(Duration::from_millis(10));
+        assert!(t.read_period().is_some());
+        assert_eq!(t.missed(&[me, me + 1_000_000]), vec![me + 1_000_000]);
+        assert!(t.missed(&[me]).is_empty());
         t.stop();
     }
 

@@ -52,6 +52,7 @@ fn server_period(poll_ns: u64, wake_ns: u64) -> GuestReading {
         trace: Some(t),
         caught: Vec::new(),
         io: WorkloadIo::default(),
+        trace_missed: 0.0,
     }
 }
 
@@ -745,6 +746,7 @@ fn a_vcpu_idle_all_along_counts_as_idle_in_the_vm_share() {
             trace: Some(t),
             caught: Vec::new(),
             io: WorkloadIo::default(),
+            trace_missed: 0.0,
         }
     };
     let mut s = g.step(&light());
@@ -779,7 +781,7 @@ fn consolidation_waits_for_a_trace_at_a_new_rate() {
             v.t_work_ns = PERIOD / 100;
             v.t_idle_ns = PERIOD * 99 / 100;
         }
-        GuestReading { snapshot, idle: Vec::new(), trace: Some(t), caught: Vec::new(), io: WorkloadIo::default() }
+        GuestReading { snapshot, idle: Vec::new(), trace: Some(t), caught: Vec::new(), io: WorkloadIo::default(), trace_missed: 0.0 }
     };
     let loaded = |traced: bool| {
         let mut r = server_period(0, 50_000);
@@ -914,4 +916,58 @@ fn the_agent_runs_in_the_background_only_for_a_slow_workload_with_idle_time() {
     assert!(g.agent_in_background(), "at the limit");
     g.step(&with_sync_points(2_020));
     assert!(!g.agent_in_background(), "over it");
+}
+
+/// The trace of redis's second period with one client (`gleaner run --events`, 3 s runs): the
+/// client started while the tracer counted, armed with the server alone, so a whole period
+/// traced at 40,000 sync points a second showed 31 wakeups (here 9, 21 ms apart). Taken, it halted both vCPUs and
+/// consolidation packed client and server onto one. Set aside, the start plan stands and the
+/// next period is traced with the client.
+#[test]
+fn a_trace_that_missed_the_workloads_busy_new_processes_is_set_aside() {
+    let mut c = cfg(HALTPOLL);
+    c.consolidation = Some(Params::default());
+    let missed_client = || {
+        let mut r = server_period(0, 50_000);
+        r.trace.as_mut().unwrap().vcpus[1].woken = Log2Hist::default();
+        r.trace.as_mut().unwrap().vcpus[1].woken.record_n(21_000_000, 9);
+        r.snapshot.s_work = 8_000;
+        for v in &mut r.snapshot.vcpus {
+            v.t_work_ns = PERIOD * 4 / 10;
+            v.t_idle_ns = PERIOD * 6 / 10;
+        }
+        r.trace_missed = 0.5;
+        r
+    };
+    // What the rule prevents: taken, the trace halts every vCPU for lack of wakeups.
+    let mut taken = GuestController::new(c.clone());
+    let halted = taken.step(&GuestReading { trace_missed: 0.0, ..missed_client() });
+    assert!(!halted.plan.vcpus.iter().any(|v| v.mechanism == Mechanism::Poll), "{:?}", halted.plan);
+
+    let mut g = GuestController::new(c);
+    let start = g.applied().clone();
+    let s = g.step(&missed_client());
+    assert_eq!(s.gaps_from, None, "set aside, and no estimates in its place");
+    assert_eq!(s.plan, start, "the start plan stands");
+    assert_eq!(s.active, vec![0, 1], "{:?}", s.decisions);
+    assert!(s.plan.vcpus.iter().any(|v| v.mechanism == Mechanism::Poll), "{:?}", s.plan);
+    assert_eq!(g.trace_need(), TraceNeed::Now, "the next period is traced with the new processes");
+    // A workload that keeps starting busy processes: the fourth trace in a row is taken.
+    for _ in 1..MAX_SET_ASIDE {
+        assert_eq!(g.step(&missed_client()).gaps_from, None, "set aside");
+    }
+    assert_eq!(g.step(&missed_client()).gaps_from, Some(TraceSource::Bpf));
+    // Processes that made under a tenth of the sync points do not set a trace aside.
+    let mut few = missed_client();
+    few.trace_missed = TRACE_MISSED_SHARE / 2.0;
+    assert_eq!(GuestController::new(cfg(HALTPOLL)).step(&few).gaps_from, Some(TraceSource::Bpf));
+
+    // Set aside after a trace was taken: the smoothed idle periods stand, as in an untraced
+    // period, and so does the plan.
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    let first = g.step(&server_period(0, 50_000));
+    let s = g.step(&missed_client());
+    assert_eq!(s.gaps_from, None);
+    assert_eq!(s.plan, first.plan);
+    assert_ne!(s.plan, start);
 }
