@@ -37,6 +37,14 @@ fn snapshot(s_work: u64) -> Snapshot {
     Snapshot { period_ns: PERIOD, vcpus: vec![v(0), v(1)], s_work }
 }
 
+/// Every vCPU of `s` busy `work_ns` of the period and idle the rest.
+fn set_work(s: &mut Snapshot, work_ns: u64) {
+    for v in &mut s.vcpus {
+        v.t_work_ns = work_ns;
+        v.t_idle_ns = PERIOD - work_ns;
+    }
+}
+
 /// A server on vCPU 1 woken 2,000 times a second after ~480 us idle; vCPU 0 spins.
 fn server_period(poll_ns: u64, wake_ns: u64) -> GuestReading {
     let mut t = WakeTrace::empty(TraceSource::Bpf, [0, 1]);
@@ -786,10 +794,7 @@ fn consolidation_waits_for_a_trace_at_a_new_rate() {
     let loaded = |traced: bool| {
         let mut r = server_period(0, 50_000);
         r.snapshot.s_work = 5_000;
-        for v in &mut r.snapshot.vcpus {
-            v.t_work_ns = PERIOD * 4 / 10;
-            v.t_idle_ns = PERIOD * 6 / 10;
-        }
+        set_work(&mut r.snapshot, PERIOD * 4 / 10);
         if !traced {
             r.trace = None;
         }
@@ -920,9 +925,9 @@ fn the_agent_runs_in_the_background_only_for_a_slow_workload_with_idle_time() {
 
 /// The trace of redis's second period with one client (`gleaner run --events`, 3 s runs): the
 /// client started while the tracer counted, armed with the server alone, so a whole period
-/// traced at 40,000 sync points a second showed 31 wakeups (here 9, 21 ms apart). Taken, it halted both vCPUs and
-/// consolidation packed client and server onto one. Set aside, the start plan stands and the
-/// next period is traced with the client.
+/// traced at 40,000 sync points a second showed 31 wakeups (here 9, 21 ms apart). Taken, it
+/// halted both vCPUs and consolidation packed client and server onto one. Set aside, the start
+/// plan stands and the next period is traced with the client.
 #[test]
 fn a_trace_that_missed_the_workloads_busy_new_processes_is_set_aside() {
     let mut c = cfg(HALTPOLL);
@@ -932,10 +937,7 @@ fn a_trace_that_missed_the_workloads_busy_new_processes_is_set_aside() {
         r.trace.as_mut().unwrap().vcpus[1].woken = Log2Hist::default();
         r.trace.as_mut().unwrap().vcpus[1].woken.record_n(21_000_000, 9);
         r.snapshot.s_work = 8_000;
-        for v in &mut r.snapshot.vcpus {
-            v.t_work_ns = PERIOD * 4 / 10;
-            v.t_idle_ns = PERIOD * 6 / 10;
-        }
+        set_work(&mut r.snapshot, PERIOD * 4 / 10);
         r.trace_missed = 0.5;
         r
     };
