@@ -54,6 +54,12 @@ struct ThreadFiles {
     io: Option<IoFile>,
 }
 
+/// A thread's bytes and calls through read/write-like system calls (0 where unreadable).
+fn io_sums(io: Option<gleaner_os::procfs::TaskIo>) -> (u64, u64) {
+    let t = io.unwrap_or_default();
+    (t.rchar.saturating_add(t.wchar), t.syscr.saturating_add(t.syscw))
+}
+
 impl ThreadFiles {
     fn open(procfs: &Procfs, pid: i32, tid: i32) -> Option<Self> {
         Some(Self {
@@ -222,23 +228,39 @@ impl Sampler {
                 None if files.len() < MAX_KEPT_THREADS => ThreadFiles::open(&self.procfs, tid, tid),
                 None => None,
             };
-            let (ss, vcsw, tio) = match kept {
+            let before = self.threads.get(&tid).copied();
+            let prev = before.unwrap_or_default();
+            // A thread that did not run since the last sample neither switched nor moved a
+            // byte: its `status` and `io` (most of the reading's cost: `status` is formatted
+            // line by line) are not read again. A server's idle helper threads and its
+            // harness are most of the threads listed.
+            let still = |ss: &gleaner_os::procfs::SchedStat| before.filter(|b| b.run_ns == ss.run_ns);
+            let (ss, vcsw, io_bytes, io_calls) = match kept {
                 Some(mut f) => {
                     let Ok(ss) = f.schedstat.read() else { continue };
-                    let vcsw = f.status.read().map(|s| s.voluntary_ctxt_switches).unwrap_or(0);
-                    let tio = f.io.as_mut().and_then(|io| io.read().ok());
+                    let read = match still(&ss) {
+                        Some(b) => (b.vcsw, b.io_bytes, b.io_calls),
+                        None => {
+                            let vcsw = f.status.read().map(|s| s.voluntary_ctxt_switches).unwrap_or(0);
+                            let (b, c) = io_sums(f.io.as_mut().and_then(|io| io.read().ok()));
+                            (vcsw, b, c)
+                        }
+                    };
                     files.insert(tid, f);
-                    (ss, vcsw, tio)
+                    (ss, read.0, read.1, read.2)
                 }
                 None => {
                     let Ok(ss) = self.procfs.task_schedstat(tid, tid) else { continue };
-                    let vcsw = self.procfs.task_status(tid, tid).map(|s| s.voluntary_ctxt_switches).unwrap_or(0);
-                    (ss, vcsw, self.procfs.task_io(tid, tid).ok())
+                    match still(&ss) {
+                        Some(b) => (ss, b.vcsw, b.io_bytes, b.io_calls),
+                        None => {
+                            let vcsw = self.procfs.task_status(tid, tid).map(|s| s.voluntary_ctxt_switches).unwrap_or(0);
+                            let (b, c) = io_sums(self.procfs.task_io(tid, tid).ok());
+                            (ss, vcsw, b, c)
+                        }
+                    }
                 }
             };
-            let tio = tio.unwrap_or_default();
-            let (io_bytes, io_calls) = (tio.rchar.saturating_add(tio.wchar), tio.syscr.saturating_add(tio.syscw));
-            let prev = self.threads.get(&tid).copied().unwrap_or_default();
             t_work_total += ss.run_ns.saturating_sub(prev.run_ns);
             s_work += vcsw.saturating_sub(prev.vcsw);
             io.bytes += io_bytes.saturating_sub(prev.io_bytes);
@@ -554,6 +576,32 @@ mod tests {
         // A thread no longer listed has its files closed.
         let (snap, _) = s.sample(&tids[..10], None, &cpus, &mut Pacer::off());
         assert_eq!((snap.s_work, s.files.len()), (0, 10));
+    }
+
+    #[test]
+    fn a_thread_that_did_not_run_keeps_its_counts_unread() {
+        // Files kept open or read once: the same rule.
+        let f = Fixture::new(false);
+        let cpus = CpuSet::parse("0-1").unwrap();
+        let mut s = f.sampler();
+        f.set(1_000, 5, 0);
+        s.prime(&[7], None, &cpus);
+        // Its status says 9 switches, but its run time did not move: not read (a thread
+        // cannot switch without running), so no sync point.
+        f.set(1_000, 9, 0);
+        let (snap, _) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        assert_eq!((snap.s_work, s.synced(7)), (0, 0));
+        // It ran: read, and the switches since the last reading count.
+        f.set(2_000, 12, 0);
+        let (snap, _) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        assert_eq!((snap.s_work, s.synced(7)), (7, 7));
+        s.files.clear();
+        f.set(2_000, 20, 0);
+        let (snap, _) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        assert_eq!(snap.s_work, 0, "files opened anew: the same rule");
+        f.set(3_000, 20, 0);
+        let (snap, _) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        assert_eq!(snap.s_work, 8);
     }
 
     #[test]
