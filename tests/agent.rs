@@ -61,6 +61,43 @@ fn quick_probe_config(dir: &std::path::Path) -> std::path::PathBuf {
     cfg
 }
 
+/// A process the workload starts while a period is traced is not followed by the tracer
+/// (armed with the processes at the period's start): the period's event says what share of
+/// its sync points such processes made, and the next period is traced with them.
+#[test]
+#[serial(host)]
+fn a_process_started_while_traced_is_reported_missed() {
+    require_root_and_cpuset();
+    let knobs = idle_knobs();
+    let run_dir = tempfile::tempdir().unwrap();
+    let events = run_dir.path().join("events.jsonl");
+    // The shell is the only process at the first period's end (50 ms); its child, a
+    // ping-pong of two threads, starts 150 ms in, inside the second period, traced while the
+    // workload is not seen yet.
+    let child = format!("sleep 0.15; {} bench workload pingpong --duration-ms 1000 >/dev/null", env!("CARGO_BIN_EXE_gleaner"));
+    let out = gleaner()
+        .args(["run", "--no-consolidation", "--events"])
+        .arg(&events)
+        .arg("--run-dir")
+        .arg(run_dir.path().join("run"))
+        .args(["--", "sh", "-c", &child])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&events).unwrap();
+    let periods: Vec<serde_json::Value> =
+        text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|l| l["event"] == "period").collect();
+    let k = periods
+        .iter()
+        .position(|p| p["trace_missed"].as_f64().is_some_and(|m| m >= 0.5))
+        .unwrap_or_else(|| panic!("no period says the ping-pong's sync points were missed: {text}"));
+    assert!(periods[k]["traced_ns"].as_u64() > Some(0), "only a traced period misses: {}", periods[k]);
+    let next = periods.get(k + 1).unwrap_or_else(|| panic!("no period after the one that missed: {text}"));
+    assert!(next["traced_ns"].as_u64() > Some(0), "the next period is traced: {next}");
+    assert!(next.get("trace_missed").is_none(), "followed from then on: {next}");
+    assert_idle_knobs_as(&knobs);
+}
+
 #[test]
 #[serial(host)]
 fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {

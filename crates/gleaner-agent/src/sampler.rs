@@ -228,39 +228,36 @@ impl Sampler {
                 None if files.len() < MAX_KEPT_THREADS => ThreadFiles::open(&self.procfs, tid, tid),
                 None => None,
             };
+            let (ss, mut kept) = match kept {
+                Some(mut f) => {
+                    let Ok(ss) = f.schedstat.read() else { continue };
+                    (ss, Some(f))
+                }
+                None => {
+                    let Ok(ss) = self.procfs.task_schedstat(tid, tid) else { continue };
+                    (ss, None)
+                }
+            };
             let before = self.threads.get(&tid).copied();
             let prev = before.unwrap_or_default();
             // A thread that did not run since the last sample neither switched nor moved a
             // byte: its `status` and `io` (most of the reading's cost: `status` is formatted
             // line by line) are not read again. A server's idle helper threads and its
             // harness are most of the threads listed.
-            let still = |ss: &gleaner_os::procfs::SchedStat| before.filter(|b| b.run_ns == ss.run_ns);
-            let (ss, vcsw, io_bytes, io_calls) = match kept {
-                Some(mut f) => {
-                    let Ok(ss) = f.schedstat.read() else { continue };
-                    let read = match still(&ss) {
-                        Some(b) => (b.vcsw, b.io_bytes, b.io_calls),
-                        None => {
-                            let vcsw = f.status.read().map(|s| s.voluntary_ctxt_switches).unwrap_or(0);
-                            let (b, c) = io_sums(f.io.as_mut().and_then(|io| io.read().ok()));
-                            (vcsw, b, c)
-                        }
-                    };
-                    files.insert(tid, f);
-                    (ss, read.0, read.1, read.2)
+            let (vcsw, io_bytes, io_calls) = match (before.filter(|b| b.run_ns == ss.run_ns), kept.as_mut()) {
+                (Some(b), _) => (b.vcsw, b.io_bytes, b.io_calls),
+                (None, Some(f)) => {
+                    let (b, c) = io_sums(f.io.as_mut().and_then(|io| io.read().ok()));
+                    (f.status.read().map(|s| s.voluntary_ctxt_switches).unwrap_or(0), b, c)
                 }
-                None => {
-                    let Ok(ss) = self.procfs.task_schedstat(tid, tid) else { continue };
-                    match still(&ss) {
-                        Some(b) => (ss, b.vcsw, b.io_bytes, b.io_calls),
-                        None => {
-                            let vcsw = self.procfs.task_status(tid, tid).map(|s| s.voluntary_ctxt_switches).unwrap_or(0);
-                            let (b, c) = io_sums(self.procfs.task_io(tid, tid).ok());
-                            (ss, vcsw, b, c)
-                        }
-                    }
+                (None, None) => {
+                    let (b, c) = io_sums(self.procfs.task_io(tid, tid).ok());
+                    (self.procfs.task_status(tid, tid).map(|s| s.voluntary_ctxt_switches).unwrap_or(0), b, c)
                 }
             };
+            if let Some(f) = kept {
+                files.insert(tid, f);
+            }
             t_work_total += ss.run_ns.saturating_sub(prev.run_ns);
             s_work += vcsw.saturating_sub(prev.vcsw);
             io.bytes += io_bytes.saturating_sub(prev.io_bytes);
@@ -541,11 +538,12 @@ mod tests {
         let f = Fixture::new(false);
         let n = MAX_KEPT_THREADS + 44;
         let tids: Vec<i32> = (1000..).take(n).collect();
-        let write = |vcsw: u64| {
+        // Round `run`'s run time (1 us a round), `vcsw` switches.
+        let write = |run: u64, vcsw: u64| {
             for &t in &tids {
                 let d = f.proc().join(format!("{t}/task/{t}"));
                 std::fs::create_dir_all(&d).unwrap();
-                std::fs::write(d.join("schedstat"), format!("{} 0 0\n", vcsw * 1000)).unwrap();
+                std::fs::write(d.join("schedstat"), format!("{} 0 0\n", run * 1000)).unwrap();
                 std::fs::write(
                     d.join("status"),
                     format!("Name:\tw\nState:\tS (sleeping)\nvoluntary_ctxt_switches:\t{vcsw}\nnonvoluntary_ctxt_switches:\t0\n"),
@@ -559,13 +557,13 @@ mod tests {
                 }
             }
         };
-        write(1);
+        write(1, 1);
         let cpus = CpuSet::parse("0-1").unwrap();
         let mut s = f.sampler();
         s.prime(&tids, None, &cpus);
         assert_eq!(s.files.len(), MAX_KEPT_THREADS);
         for round in 2..4u64 {
-            write(round);
+            write(round, round);
             let (snap, extras) = s.sample(&tids, None, &cpus, &mut Pacer::off());
             assert_eq!((snap.s_work, extras.threads), (n as u64, n), "round {round}");
             let m = n as u64 - 1;
@@ -573,6 +571,11 @@ mod tests {
             // Each thread's own share: one switch a round, kept open or not.
             assert_eq!((s.synced(tids[0]), s.synced(tids[n - 1]), s.synced(1)), (1, 1, 0), "round {round}");
         }
+        // No thread ran (their run times stand): status and io are not read, kept open or
+        // not, so the switches and bytes they now show do not count.
+        write(3, 9);
+        let (snap, extras) = s.sample(&tids, None, &cpus, &mut Pacer::off());
+        assert_eq!((snap.s_work, extras.io, s.synced(tids[n - 1])), (0, WorkloadIo::default(), 0));
         // A thread no longer listed has its files closed.
         let (snap, _) = s.sample(&tids[..10], None, &cpus, &mut Pacer::off());
         assert_eq!((snap.s_work, s.files.len()), (0, 10));
@@ -580,7 +583,7 @@ mod tests {
 
     #[test]
     fn a_thread_that_did_not_run_keeps_its_counts_unread() {
-        // Files kept open or read once: the same rule.
+        // Files kept open, and opened anew (read once: every_thread_counts_...).
         let f = Fixture::new(false);
         let cpus = CpuSet::parse("0-1").unwrap();
         let mut s = f.sampler();
