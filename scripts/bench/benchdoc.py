@@ -43,7 +43,7 @@ def conns_and_secs(argv):
 
 
 def print_kv_latency(proto, port, secs):
-    """Runs `kv_latency` against the `proto` server (memcached, redis) and prints its
+    """Runs `kv_latency` against the `proto` server (memcached, redis, http) and prints its
     document: one run of the requests counted, their rate and latency."""
     lat, wall = kv_latency(proto, port, secs)
     n = lat["samples"]

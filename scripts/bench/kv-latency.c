@@ -1,10 +1,13 @@
 /* A closed-loop key-value client of one connection, for the idle-policy benchmark: GETs one
  * 100-byte value again and again for SECONDS and prints the request latencies' summary as
- * JSON (the keys of a BenchDoc run's `latency`). memcached's text protocol or redis's RESP.
+ * JSON (the keys of a BenchDoc run's `latency`). memcached's text protocol or redis's RESP;
+ * or `http`: GET / over HTTP/1.1 keep-alive (the page is the server's, nothing is SET), so a
+ * web server's requests can be dumped one by one as a key-value store's are.
  *
  *   cc -O2 -o kv-latency kv-latency.c
  *   taskset -c 0 ./kv-latency memcached 127.0.0.1 11211 3
  *   taskset -c 0 ./kv-latency redis 127.0.0.1 6379 3
+ *   taskset -c 0 ./kv-latency http 127.0.0.1 8080 3
  *
  * A request's latency is from before its send() to the end of its reply's last byte
  * (CLOCK_MONOTONIC). The first WARMUP requests are not counted. With KV_LATENCY_DUMP=FILE
@@ -89,6 +92,17 @@ static int redis_get_done(const char *b, size_t n) {
   return v < 0 || n >= (size_t)(crlf - b + 1) + (size_t)v + 2;
 }
 static int redis_set_done(const char *b, size_t n) { return ends_with(b, n, "\r\n"); }
+/* Headers, then Content-Length bytes of body (a reply without one is complete at its
+ * headers' end). */
+static int http_get_done(const char *b, size_t n) {
+  const char *h = memmem(b, n, "\r\n\r\n", 4);
+  if (!h) return 0;
+  size_t head = (size_t)(h - b) + 4;
+  const char *cl = memmem(b, head, "Content-Length:", 15);
+  if (!cl) cl = memmem(b, head, "content-length:", 15);
+  if (!cl) return 1;
+  return n >= head + (size_t)strtoul(cl + 15, NULL, 10);
+}
 
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -102,12 +116,12 @@ static uint64_t pct(const uint64_t *s, size_t n, double p) {
 
 int main(int argc, char **argv) {
   if (argc != 5) {
-    fprintf(stderr, "usage: kv-latency memcached|redis HOST PORT SECONDS\n");
+    fprintf(stderr, "usage: kv-latency memcached|redis|http HOST PORT SECONDS\n");
     return 2;
   }
-  int redis = strcmp(argv[1], "redis") == 0;
-  if (!redis && strcmp(argv[1], "memcached") != 0) {
-    fprintf(stderr, "kv-latency: protocol '%s': allowed memcached, redis\n", argv[1]);
+  int redis = strcmp(argv[1], "redis") == 0, http = strcmp(argv[1], "http") == 0;
+  if (!redis && !http && strcmp(argv[1], "memcached") != 0) {
+    fprintf(stderr, "kv-latency: protocol '%s': allowed memcached, redis, http\n", argv[1]);
     return 2;
   }
   char *end;
@@ -138,7 +152,11 @@ int main(int argc, char **argv) {
   char set[256], get[64], buf[4096];
   int set_len, get_len;
   int (*get_done)(const char *, size_t);
-  if (redis) {
+  if (http) {
+    set_len = 0;
+    get_len = snprintf(get, sizeof get, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", argv[2]);
+    get_done = http_get_done;
+  } else if (redis) {
     set_len = snprintf(set, sizeof set, "*3\r\n$3\r\nSET\r\n$7\r\ngleaner\r\n$%d\r\n%s\r\n", VALUE_LEN, value);
     get_len = snprintf(get, sizeof get, "*2\r\n$3\r\nGET\r\n$7\r\ngleaner\r\n");
     get_done = redis_get_done;
@@ -147,11 +165,14 @@ int main(int argc, char **argv) {
     get_len = snprintf(get, sizeof get, "get gleaner\r\n");
     get_done = mc_get_done;
   }
-  send_all(fd, set, (size_t)set_len);
-  size_t n = read_reply(fd, buf, sizeof buf, redis ? redis_set_done : mc_set_done);
-  if (!(redis ? ends_with(buf, n, "+OK\r\n") : ends_with(buf, n, "STORED\r\n"))) {
-    fprintf(stderr, "kv-latency: the SET was refused: %.*s\n", (int)n, buf);
-    return 1;
+  size_t n;
+  if (!http) {
+    send_all(fd, set, (size_t)set_len);
+    n = read_reply(fd, buf, sizeof buf, redis ? redis_set_done : mc_set_done);
+    if (!(redis ? ends_with(buf, n, "+OK\r\n") : ends_with(buf, n, "STORED\r\n"))) {
+      fprintf(stderr, "kv-latency: the SET was refused: %.*s\n", (int)n, buf);
+      return 1;
+    }
   }
 
   uint64_t *s = malloc(MAX_SAMPLES * sizeof *s);
@@ -166,7 +187,7 @@ int main(int argc, char **argv) {
     send_all(fd, get, (size_t)get_len);
     n = read_reply(fd, buf, sizeof buf, get_done);
     t = now_ns();
-    if (n < VALUE_LEN) {
+    if (http ? memcmp(buf, "HTTP/1.1 200", 12) != 0 : n < VALUE_LEN) {
       fprintf(stderr, "kv-latency: a GET did not return the value: %.*s\n", (int)n, buf);
       return 1;
     }

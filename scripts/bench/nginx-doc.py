@@ -8,7 +8,9 @@ one run), for `gleaner compare`:
 
 Arguments: connections (wrk -c, default 1), seconds (default 3). With one connection wrk is a
 closed loop of one client, whose request latency (wrk's own, from a Lua `done` hook: mean and
-percentiles) is the result; with more, the requests a second. A benchmark harness: it reads
+percentiles) is the result; with more, the requests a second. `lat SECONDS`: the client is
+`kv-latency.c http` (this folder) instead of wrk, a closed loop of one keep-alive connection
+whose requests `KV_LATENCY_DUMP=FILE` writes one by one, as for redis and memcached. A benchmark harness: it reads
 wrk's output, not part of gleaner. Needs the Debian packages nginx and wrk."""
 
 import json
@@ -19,7 +21,7 @@ import tempfile
 import time
 import urllib.request
 
-from benchdoc import conns_and_secs, print_doc
+from benchdoc import conns_and_secs, print_doc, print_kv_latency
 
 CONF = """worker_processes 1;
 worker_cpu_affinity 10;
@@ -29,6 +31,7 @@ error_log {d}/error.log;
 events {{ worker_connections 1024; }}
 http {{
   access_log off;
+  {keepalive}
   client_body_temp_path {d}/body;
   proxy_temp_path {d}/proxy;
   fastcgi_temp_path {d}/fastcgi;
@@ -49,7 +52,8 @@ end
 
 
 def main():
-    conns, secs = conns_and_secs(sys.argv)
+    kv = len(sys.argv) > 1 and sys.argv[1] == "lat"
+    conns, secs = conns_and_secs(["", "1"] + sys.argv[2:] if kv else sys.argv)
     port = 18080 + os.getpid() % 1000
     with tempfile.TemporaryDirectory(prefix="gleaner-nginx-") as d:
         os.chmod(d, 0o755)  # the worker runs as nobody
@@ -57,7 +61,9 @@ def main():
         with open(f"{d}/www/index.html", "w") as f:
             f.write("<html><body>" + "gleaner " * 75 + "</body></html>\n")
         with open(f"{d}/nginx.conf", "w") as f:
-            f.write(CONF.format(d=d, port=port))
+            # kv-latency keeps its one connection (nginx closes one after 1,000 requests by
+            # default; wrk reconnects, as before).
+            f.write(CONF.format(d=d, port=port, keepalive="keepalive_requests 1000000000;" if kv else ""))
         with open(f"{d}/done.lua", "w") as f:
             f.write(DONE)
         server = subprocess.Popen(["nginx", "-p", d, "-c", f"{d}/nginx.conf", "-e", f"{d}/error.log"],
@@ -72,6 +78,9 @@ def main():
                     break
                 except OSError:
                     time.sleep(0.05)
+            if kv:
+                print_kv_latency("http", port, secs)
+                return
             threads = "1" if conns == 1 else "2"
             t0 = time.monotonic_ns()
             out = subprocess.run(["taskset", "-c", "0", "wrk", "-t", threads, "-c", str(conns), "-d", f"{secs}s", "-s", f"{d}/done.lua", url],
