@@ -19,8 +19,8 @@ use std::path::Path;
 use anyhow::Context;
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::idle::{
-    IdleKnobs, IdleOffer, HALTPOLL_ALLOW_SHRINK_PARAM, HALTPOLL_GROW_START_PARAM, HALTPOLL_MODULE, HALTPOLL_WINDOW_PARAM,
-    RESUME_LATENCY_NONE, RESUME_LATENCY_POLL,
+    IdleKnobs, IdleOffer, HALTPOLL_ALLOW_SHRINK_PARAM, HALTPOLL_GROW_START_PARAM, HALTPOLL_MODULE, HALTPOLL_SHRINK_PARAM,
+    HALTPOLL_WINDOW_PARAM, RESUME_LATENCY_NONE, RESUME_LATENCY_POLL,
 };
 
 use crate::state::{Change, Guardian, StateFile, UndoCx};
@@ -147,6 +147,26 @@ impl KnobWriter {
         Ok(())
     }
 
+    /// Turns shrinking to nothing on (`guest_halt_poll_shrink` 0, `guest_halt_poll_allow_shrink`
+    /// Y: a CPU's first halt longer than the cap sets its own window to 0, and its next idle
+    /// period inside the cap grows it to the cap again, `grow_start`) or off (`allow_shrink` N,
+    /// the fixed window's rule; `shrink` stays 0 until the knobs are restored). How a lowered
+    /// cap reaches the CPUs still polling at an older one without switching governors
+    /// (`gleaner_policy::guest::WindowReset::Shrink`). Returns false, writing nothing, where
+    /// this kernel lacks either parameter.
+    pub fn set_shrink_to_nothing(&mut self, journal: &mut StateFile, on: bool) -> anyhow::Result<bool> {
+        for name in [HALTPOLL_SHRINK_PARAM, HALTPOLL_ALLOW_SHRINK_PARAM] {
+            if self.knobs.haltpoll_param(name)?.is_none() {
+                return Ok(false);
+            }
+        }
+        if on {
+            self.set_haltpoll_param(journal, HALTPOLL_SHRINK_PARAM, "0")?;
+        }
+        self.set_haltpoll_param(journal, HALTPOLL_ALLOW_SHRINK_PARAM, if on { "Y" } else { "N" })?;
+        Ok(true)
+    }
+
     /// Sets one haltpoll module parameter.
     pub fn set_haltpoll_param(&mut self, journal: &mut StateFile, name: &str, value: &str) -> anyhow::Result<()> {
         let original = self.knobs.haltpoll_param(name)?.with_context(|| format!("haltpoll parameter {name} is missing"))?;
@@ -236,7 +256,7 @@ impl KnobWriter {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::fs;
     use std::path::Path;
 
@@ -245,7 +265,7 @@ mod tests {
 
     use super::*;
 
-    fn fixture(root: &Path, governor: &str) {
+    pub(crate) fn fixture(root: &Path, governor: &str) {
         let cpu = root.join("devices/system/cpu");
         fs::create_dir_all(cpu.join("cpuidle")).unwrap();
         fs::write(cpu.join("cpuidle/current_driver"), "haltpoll\n").unwrap();
@@ -267,7 +287,7 @@ mod tests {
         fs::write(hp.join("guest_halt_poll_ns"), "200000\n").unwrap();
     }
 
-    fn writer(root: &Path) -> KnobWriter {
+    pub(crate) fn writer(root: &Path) -> KnobWriter {
         let knobs = IdleKnobs::with_roots(Sysfs::with_root(root), root.join("mods"));
         let offer = knobs.offer(&CpuSet::parse("0-1").unwrap()).unwrap();
         KnobWriter::new(knobs, offer)
@@ -345,6 +365,30 @@ mod tests {
         let mut w = writer(d.path());
         w.set_fixed_poll_window(&mut journal, 131_072).unwrap();
         assert_eq!(journal.state().changes.len(), 1);
+    }
+
+    #[test]
+    fn shrinking_to_nothing_turns_on_and_off_and_restore_puts_both_back() {
+        let d = tempfile::tempdir().unwrap();
+        fixture(d.path(), "haltpoll");
+        let hp = d.path().join("module/haltpoll/parameters");
+        fs::write(hp.join("guest_halt_poll_allow_shrink"), "Y\n").unwrap();
+        let mut journal = StateFile::create(&d.path().join("run"), 11).unwrap();
+        let mut w = writer(d.path());
+        let p = |name: &str| read(d.path(), &format!("module/haltpoll/parameters/{name}"));
+        // A kernel without guest_halt_poll_shrink: nothing written.
+        assert!(!w.set_shrink_to_nothing(&mut journal, true).unwrap());
+        assert!(journal.state().changes.is_empty());
+        fs::write(hp.join("guest_halt_poll_shrink"), "2\n").unwrap();
+        w.set_fixed_poll_window(&mut journal, 65_536).unwrap();
+        assert_eq!(p("guest_halt_poll_allow_shrink"), "N");
+        assert!(w.set_shrink_to_nothing(&mut journal, true).unwrap());
+        assert_eq!((p("guest_halt_poll_shrink"), p("guest_halt_poll_allow_shrink")), ("0".into(), "Y".into()));
+        assert!(w.set_shrink_to_nothing(&mut journal, false).unwrap());
+        assert_eq!((p("guest_halt_poll_shrink"), p("guest_halt_poll_allow_shrink")), ("0".into(), "N".into()));
+        let cx = UndoCx { cgroups: None, knobs: w.knobs().clone() };
+        journal.undo(&cx).unwrap();
+        assert_eq!((p("guest_halt_poll_shrink"), p("guest_halt_poll_allow_shrink")), ("2".into(), "Y".into()));
     }
 
     #[test]

@@ -110,6 +110,12 @@ pub struct EventRecord {
     /// [`GuestReading::trace_missed`]: gleaner_policy::guest::GuestReading::trace_missed
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_missed: Option<f64>,
+    /// How applying the period's plan brought the vCPUs' own haltpoll windows down, where it
+    /// did (`period` events; [`WindowReset`]).
+    ///
+    /// [`WindowReset`]: gleaner_policy::guest::WindowReset
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_reset: Option<gleaner_policy::guest::WindowReset>,
     /// Each vCPU's budget after the period (`period` events with an idle policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Vec<(u32, f64)>>,
@@ -160,6 +166,7 @@ impl EventRecord {
             poll_ns: None,
             traced_ns: None,
             trace_missed: None,
+            window_reset: None,
             budget: None,
             tracer: None,
         }

@@ -31,6 +31,8 @@ pub const HALTPOLL_WINDOW_PARAM: &str = "guest_halt_poll_ns";
 pub const HALTPOLL_GROW_START_PARAM: &str = "guest_halt_poll_grow_start";
 /// Whether an idle period longer than the cap halves a CPU's own window (`Y` upstream).
 pub const HALTPOLL_ALLOW_SHRINK_PARAM: &str = "guest_halt_poll_allow_shrink";
+/// What a CPU's own window is divided by when it shrinks (2 upstream; 0 sets it to 0).
+pub const HALTPOLL_SHRINK_PARAM: &str = "guest_halt_poll_shrink";
 /// `pm_qos_resume_latency_us` value that keeps a CPU polling (a 0 us limit).
 pub const RESUME_LATENCY_POLL: &str = "n/a";
 /// `pm_qos_resume_latency_us` value of no limit (what the kernel reads back as `0`).

@@ -151,11 +151,36 @@ pub struct GuestStep {
     /// How long the next period should last, as a share of the configured period: a probe
     /// of the other mode is short ([`PROBE_SHARE`]), since it runs in the mode believed worse.
     pub next_period_share: f64,
-    /// Set each vCPU's own haltpoll window back to 0 while applying `plan` (it then grows to
-    /// the plan's): a window lowered earlier is still polled at the older, larger one
-    /// ([`STALE_WINDOW_EXCESS`]).
+    /// How applying `plan` brings each vCPU's own haltpoll window down to the plan's: a window
+    /// lowered earlier is still polled at the older, larger one ([`STALE_WINDOW_EXCESS`]).
     #[serde(default)]
-    pub reset_poll_windows: bool,
+    pub reset_poll_windows: WindowReset,
+}
+
+/// How the adapter brings each vCPU's own haltpoll window down to a lowered cap
+/// ([`GuestStep::reset_poll_windows`]; the governor's rules at [`STALE_WINDOW_EXCESS`]).
+///
+/// ```text
+///  stale seen ──> Shrink (one period) ──> its vCPUs halted? ── yes ──> done (the windows are the plan's)
+///                                                         └── no ──> while stale, the CPU polled past the
+///                                                                    estimate adds up; once it costs more at
+///                                                                    the price than the switch's halts ──> Switch
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowReset {
+    /// Nothing to bring down: the fixed window's rules (no shrinking) as they are.
+    #[default]
+    Keep,
+    /// Shrinking on for the coming period, to nothing (`guest_halt_poll_allow_shrink` Y,
+    /// `guest_halt_poll_shrink` 0), off again at the next apply: a vCPU's first halt longer
+    /// than the cap sets its window to 0, and its next idle period inside the cap grows it
+    /// straight to the cap (`grow_start`). One missed poll per vCPU, where a governor switch
+    /// halts every vCPU for ~15 ms.
+    Shrink,
+    /// Switch the cpuidle governor away and back (its `enable` sets every window to 0): for a
+    /// vCPU that never halts past its old window, which shrinking cannot reach.
+    Switch,
 }
 
 /// Whether a period should be traced ([`GuestController::trace_need`]).
@@ -270,6 +295,23 @@ pub struct GuestController {
     /// the machine's own settings, which the adapter restores with a reset): what a vCPU may
     /// still poll at ([`STALE_WINDOW_EXCESS`]).
     kernel_window_ns: u64,
+    /// Where bringing a stale window down stands.
+    window_check: WindowCheck,
+    /// CPU polled past the estimate since a shrink that did not reach every vCPU, ns: what a
+    /// switch would stop ([`Self::track_kernel_window`]).
+    stale_cpu_ns: f64,
+}
+
+/// Bringing a stale haltpoll window down ([`WindowReset`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WindowCheck {
+    /// No stale window seen since the last reset.
+    Clear,
+    /// The period being read ran with shrinking on: its polling was partly at the old window.
+    Shrinking,
+    /// A shrink did not reach every vCPU: while the window stays stale its polling past the
+    /// estimate adds up, and a switch comes once that outweighs the switch's halts.
+    Judging,
 }
 
 /// Realized kernel polling above what the applied plan estimated, summed over the vCPUs that
@@ -279,15 +321,25 @@ pub struct GuestController {
 /// The haltpoll governor keeps a window per CPU, grown up to `guest_halt_poll_ns` and shrunk
 /// only after a halt longer than it (and the agent turns shrinking off, so that the window the
 /// kernel keeps is the planned one): lowering the cap leaves a CPU that polls through its idle
-/// periods at its old window. The only reset is switching the cpuidle governor away and back,
+/// periods at its old window. A full reset is switching the cpuidle governor away and back,
 /// which takes ~10 ms per switch here and runs every CPU on the default idle (a halt) meanwhile.
-/// Done at each lowering, as before, it cost a redis server with one client its tail: the
+/// So the guest loop first turns shrinking on for a period ([`WindowReset::Shrink`]), and
+/// switches only when the window is still stale after it. nginx with one wrk connection
+/// (3 s runs, 16 alternated rounds; the switch fired once or twice in the first second and
+/// every request of its 13-22 ms took 50-190 us): p99 51.0 us with switches, 43.0 with a shrink,
+/// 40.5 under a fixed 64 us window without the agent.
+/// Done at each lowering, as before, a switch cost a redis server with one client its tail: the
 /// plan lowered the window 3-4 times a run, and p99 was 49.6 us against 26.6 with 1 s periods
 /// and 27.0 under the kernel's own haltpoll (7 alternated rounds, `gleaner run --no-trace
 /// --no-consolidation`). The estimate runs high, not low (realized 0.49-0.55 of a vCPU against
 /// 0.66-0.74 estimated, redis and memcached with one client), so an excess over it is the stale
 /// window's.
 pub const STALE_WINDOW_EXCESS: f64 = 0.05;
+
+/// How long switching the cpuidle governor away and back halts every vCPU, ns: the agent's
+/// two writes of `current_governor` took 13.2-16.0 ms on this VM (2026-11-27, timed in the
+/// agent around `IdleKnobs::reset_poll_windows`, nginx with one connection).
+pub const GOVERNOR_SWITCH_NS: u64 = 15_000_000;
 
 /// The share of a traced period's sync points made by processes the trace did not follow
 /// (started while it counted) from which the trace is set aside ([`GuestReading::trace_missed`]).
@@ -424,6 +476,8 @@ impl GuestController {
             idle_share: None,
             quiet_ns: 0,
             kernel_window_ns,
+            window_check: WindowCheck::Clear,
+            stale_cpu_ns: 0.0,
         }
     }
 
@@ -647,40 +701,89 @@ impl GuestController {
         }
     }
 
-    /// Whether applying `next` should reset each vCPU's own haltpoll window: the kernel may
-    /// still poll at a larger window than the applied plan's, and the vCPUs polled more than
-    /// its estimate by [`STALE_WINDOW_EXCESS`]. A lowered window is otherwise just written: a
-    /// reset runs every vCPU halted for the governor's switch (module constant's note).
-    fn track_kernel_window(&mut self, r: &GuestReading, period_ns: u64, next: &IdlePlan) -> bool {
+    /// How applying `next` brings each vCPU's own haltpoll window down ([`WindowReset`]): the
+    /// kernel may still poll at a larger window than the applied plan's, and the vCPUs polled
+    /// more than its estimate by [`STALE_WINDOW_EXCESS`]. A lowered window is otherwise just
+    /// written. The first answer to a stale window is a shrink; a switch (every vCPU halted for
+    /// the governor's switch) only where the period after the shrink is still stale.
+    fn track_kernel_window(&mut self, r: &GuestReading, period_ns: u64, next: &IdlePlan) -> WindowReset {
         if !next.retains() {
             // The machine's own settings: the adapter restores them, windows reset.
             self.kernel_window_ns = 0;
-            return false;
+            self.window_check = WindowCheck::Clear;
+            self.stale_cpu_ns = 0.0;
+            return WindowReset::Keep;
         }
         let applied = &self.applied;
-        // Only vCPUs polling the window with a planned estimate (not the start plan's).
-        let excess = || -> f64 {
-            applied
-                .vcpus
-                .iter()
-                .filter(|v| {
-                    v.mechanism == crate::idle::Mechanism::Poll
-                        && !applied.poll_always.contains(&v.cpu)
-                        && matches!(v.why, PlanReason::BestValue | PlanReason::SharedWindow | PlanReason::VmShare)
-                })
-                .filter_map(|v| {
-                    let real = r.idle.iter().find(|i| i.cpu == v.cpu)?.poll_ns as f64 / period_ns as f64;
-                    Some((real - v.estimate.cost_share).max(0.0))
-                })
-                .sum()
-        };
-        let stale = applied.poll_window_ns > 0 && self.kernel_window_ns > applied.poll_window_ns && excess() > STALE_WINDOW_EXCESS;
-        if stale {
-            self.kernel_window_ns = next.poll_window_ns;
-        } else {
-            self.kernel_window_ns = self.kernel_window_ns.max(next.poll_window_ns);
+        // Each vCPU polling the window with a planned estimate (not the start plan's): its
+        // polling past the estimate and its halted time, shares of the period.
+        let over: Vec<(f64, f64)> = applied
+            .vcpus
+            .iter()
+            .filter(|v| {
+                v.mechanism == crate::idle::Mechanism::Poll
+                    && !applied.poll_always.contains(&v.cpu)
+                    && matches!(v.why, PlanReason::BestValue | PlanReason::SharedWindow | PlanReason::VmShare)
+            })
+            .filter_map(|v| {
+                let i = r.idle.iter().find(|i| i.cpu == v.cpu)?;
+                let real = i.poll_ns as f64 / period_ns as f64;
+                Some(((real - v.estimate.cost_share).max(0.0), i.idle_ns.saturating_sub(i.poll_ns) as f64 / period_ns as f64))
+            })
+            .collect();
+        if self.window_check == WindowCheck::Shrinking {
+            // Its polling ran partly at the old window, before each vCPU's first long halt.
+            // Every vCPU still polling past the estimate halted for more than twice its old
+            // window: the shrink reached them (a halt comes after a whole window polled), and
+            // what they poll past the estimate is the estimate's, which no reset changes.
+            // Otherwise the next period says whether a switch is needed.
+            let old_window = 2.0 * self.kernel_window_ns as f64 / period_ns as f64;
+            let reached = over.iter().all(|&(excess, halted)| excess == 0.0 || halted > old_window);
+            self.window_check = if reached { WindowCheck::Clear } else { WindowCheck::Judging };
+            self.kernel_window_ns =
+                if reached { applied.poll_window_ns.max(next.poll_window_ns) } else { self.kernel_window_ns.max(next.poll_window_ns) };
+            return WindowReset::Keep;
         }
-        stale
+        let excess: f64 = over.iter().map(|&(e, _)| e).sum();
+        let stale = applied.poll_window_ns > 0 && self.kernel_window_ns > applied.poll_window_ns && excess > STALE_WINDOW_EXCESS;
+        match (stale, self.window_check) {
+            (true, WindowCheck::Clear) => {
+                // The windows stay what they were until the shrink is judged.
+                self.window_check = WindowCheck::Shrinking;
+                WindowReset::Shrink
+            }
+            (true, _) => {
+                self.stale_cpu_ns += excess * period_ns as f64;
+                if self.stale_cpu_ns * self.cfg.plan.price < self.switch_cost_ns(applied.poll_window_ns) {
+                    return WindowReset::Keep;
+                }
+                self.window_check = WindowCheck::Clear;
+                self.stale_cpu_ns = 0.0;
+                self.kernel_window_ns = next.poll_window_ns;
+                WindowReset::Switch
+            }
+            (false, check) => {
+                if check == WindowCheck::Judging {
+                    // No longer past the estimate: the shrink got there after all.
+                    self.window_check = WindowCheck::Clear;
+                    self.stale_cpu_ns = 0.0;
+                    self.kernel_window_ns = applied.poll_window_ns;
+                }
+                self.kernel_window_ns = self.kernel_window_ns.max(next.poll_window_ns);
+                WindowReset::Keep
+            }
+        }
+    }
+
+    /// What a switch of the cpuidle governor costs the workload, ns of wakeup latency: every
+    /// wakeup of its [`GOVERNOR_SWITCH_NS`] finds a halted vCPU instead of one polling `window_ns`
+    /// (the curve's halted cost at that gap over its polling cost). 0 without a curve or a
+    /// rate: nothing to weigh it by, so a stale window is switched at once.
+    fn switch_cost_ns(&self, window_ns: u64) -> f64 {
+        let (Some(curve), Some(rate)) = (self.cfg.curve.as_ref(), self.sync_rate()) else { return 0.0 };
+        let polled = curve.poll_cost_ns().unwrap_or_else(|| curve.busy_cost_ns());
+        let per_wake = (curve.halt_cost_ns(window_ns as f64) - polled).max(0.0);
+        rate * GOVERNOR_SWITCH_NS as f64 / 1e9 * per_wake
     }
 
     /// Folds this period's idle periods into the smoothed ones (the older weigh half as much

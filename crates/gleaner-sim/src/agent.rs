@@ -28,7 +28,7 @@
 //! yielding threads run.
 
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
-use gleaner_policy::guest::{GuestReading, VcpuIdle};
+use gleaner_policy::guest::{GuestReading, VcpuIdle, WindowReset};
 use gleaner_policy::idle::{IdlePlan, Mechanism, TraceSource, WakeTrace};
 use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{KnownProbe, RetentionAction};
@@ -303,13 +303,15 @@ impl Engine {
 
     /// Applies the plan's kernel polling as the agent does (`IdleActuator::apply`): with
     /// retention on and a plan that retains, the haltpoll window fixed at `poll_window_ns`
-    /// (`reset`: every vCPU's own window back to 0, the governor switched away and back, no
-    /// polling for [`GOVERNOR_SWITCH_NS`]; a lowered cap alone leaves them) and `poll_always`
+    /// (`reset`: a shrink turns shrinking to nothing on until the next apply, so a vCPU's next
+    /// halt longer than the cap zeroes its own window; a switch sets every vCPU's own window back
+    /// to 0, the governor switched away and back, no polling for [`GOVERNOR_SWITCH_NS`]; a
+    /// lowered cap alone leaves them) and `poll_always`
     /// polling until work; otherwise the machine's own settings, which in the model are the
     /// stock guest's (halt; the agent's restore resets the windows). A vCPU polling now
     /// follows at once (an always poller that no longer is polls out its own window from
     /// now, or halts). `count`: a period of the guest loop (not the start plan).
-    pub(crate) fn kernel_poll_apply(&mut self, vm: u32, on: bool, plan: &IdlePlan, count: bool, reset: bool) {
+    pub(crate) fn kernel_poll_apply(&mut self, vm: u32, on: bool, plan: &IdlePlan, count: bool, reset: WindowReset) {
         let vmi = vm as usize;
         let (base, n) = (self.vms[vmi].vcpu_base, self.vms[vmi].nvcpus);
         if count {
@@ -323,8 +325,10 @@ impl Engine {
         let now = self.now;
         // The agent's restore to the machine's settings resets the windows too; only a reset
         // while polling goes on switches governors under a workload.
-        let reset = (reset && retains) || (!retains && kp.cap_ns > 0);
-        if reset && retains {
+        kp.shrink = retains && reset == WindowReset::Shrink;
+        let switch = reset == WindowReset::Switch && retains;
+        let reset = switch || (!retains && kp.cap_ns > 0);
+        if switch {
             kp.reset_until = now + GOVERNOR_SWITCH_NS;
         }
         kp.cap_ns = cap;

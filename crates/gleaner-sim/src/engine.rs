@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 
-use gleaner_policy::guest::{GuestConfig, GuestController, FIRST_PERIOD_SHARE};
+use gleaner_policy::guest::{GuestConfig, GuestController, WindowReset, FIRST_PERIOD_SHARE};
 use gleaner_policy::idle::{CurvePoint, Log2Hist, Means, Mechanism, PlanConfig, TargetState, TraceSource, WakeCurve, WakeTrace};
 use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{IdleDetector, RetentionMode};
@@ -342,20 +342,24 @@ pub(crate) struct VmState {
 /// after its first idle period inside the cap, and stays), and the vCPUs polling until work
 /// (resume latency limit 0). Retention off: the cap 0 and no vCPU always polling (the model's
 /// stock guest halts). A lowered cap leaves each vCPU's own window where it was, as in the
-/// kernel, until the guest loop asks for a reset (`GuestStep::reset_poll_windows`), which
-/// switches the cpuidle governor away and back: every vCPU halts for [`GOVERNOR_SWITCH_NS`].
+/// kernel, until the guest loop asks for a reset (`GuestStep::reset_poll_windows`): a shrink
+/// (until the next period: a vCPU's next halt longer than the cap zeroes its window, which its
+/// next idle period inside the cap grows to the cap), or a switch of the cpuidle governor away
+/// and back (every vCPU's window to 0; every vCPU halts for [`GOVERNOR_SWITCH_NS`]).
 #[derive(Debug, Clone)]
 pub(crate) struct KernelPolling {
     pub cap_ns: u64,
     pub always: Vec<bool>,
     /// Until when a reset's governor switch keeps every vCPU from polling.
     pub reset_until: Ns,
+    /// Shrinking to nothing is on (`WindowReset::Shrink`, until the next apply).
+    pub shrink: bool,
 }
 
 /// How long resetting the vCPUs' own haltpoll windows keeps them from polling: the agent
-/// writes another cpuidle governor and `haltpoll` back, ~10 ms each on this VM (2026-11-26,
-/// `strace -tt` of the agent), every CPU on the default idle (HLT) meanwhile.
-pub(crate) const GOVERNOR_SWITCH_NS: Ns = 20_000_000;
+/// writes another cpuidle governor and `haltpoll` back, every CPU on the default idle (HLT)
+/// meanwhile; the guest loop weighs a switch by the same measured length.
+pub(crate) use gleaner_policy::guest::GOVERNOR_SWITCH_NS;
 
 /// The engine's clock and sizes; its thousands of threads and sync objects are left out.
 impl std::fmt::Debug for Engine {
@@ -718,7 +722,12 @@ impl Engine {
             req: Hist::default(),
             trace: has_agent.then(|| WakeTrace::empty(TraceSource::Model, 0..vm.vcpus)),
             prev_caught: vec![Log2Hist::default(); vm.vcpus as usize],
-            kpoll: kernel_polling.then(|| KernelPolling { cap_ns: 0, always: vec![false; vm.vcpus as usize], reset_until: 0 }),
+            kpoll: kernel_polling.then(|| KernelPolling {
+                cap_ns: 0,
+                always: vec![false; vm.vcpus as usize],
+                reset_until: 0,
+                shrink: false,
+            }),
             prev_poll: vec![0; vm.vcpus as usize],
         });
     }
@@ -742,7 +751,7 @@ impl Engine {
                     self.start_retention(vm as u32, on, &windows);
                 }
                 if self.vms[vm].kpoll.is_some() {
-                    self.kernel_poll_apply(vm as u32, on, &start, false, false);
+                    self.kernel_poll_apply(vm as u32, on, &start, false, WindowReset::Keep);
                 }
                 let p = ms_to_ns(self.vms[vm].gleaner.period_ms) as f64 * FIRST_PERIOD_SHARE;
                 self.q.push(saturating_u64(p.round()).max(1), Ev::GleanerPeriod { vm: vm as u32 });
@@ -1386,7 +1395,7 @@ pub(crate) fn model_curve(c: &Costs, shared: bool, poll: bool) -> WakeCurve {
 
 #[cfg(test)]
 mod tests {
-    use super::{round_at_least_1, Counters, Engine, Host, Idle, Setup, SetupVm, Vcpu, NONE};
+    use super::{round_at_least_1, Counters, Engine, Host, Idle, Setup, SetupVm, Vcpu, WindowReset, NONE};
     use std::mem::{offset_of, size_of};
 
     /// One background VM of `vcpus` always-runnable vCPUs on two pCPUs, not started.
@@ -1450,26 +1459,57 @@ mod tests {
     fn a_lowered_poll_window_stays_until_a_reset_which_pauses_polling() {
         use gleaner_policy::idle::IdlePlan;
         let mut e = two_pcpu_engine(2);
-        e.vms[0].kpoll = Some(super::KernelPolling { cap_ns: 0, always: vec![false; 2], reset_until: 0 });
+        e.vms[0].kpoll = Some(super::KernelPolling { cap_ns: 0, always: vec![false; 2], reset_until: 0, shrink: false });
         e.now = 1_000_000_000;
-        e.kernel_poll_apply(0, true, &IdlePlan::initial_poll([0, 1], 1_048_576), true, false);
+        e.kernel_poll_apply(0, true, &IdlePlan::initial_poll([0, 1], 1_048_576), true, WindowReset::Keep);
         for v in 0..2 {
             e.vcpus[v].guest_poll_limit = 1_048_576; // grown to the cap
         }
-        e.kernel_poll_apply(0, true, &IdlePlan::initial_poll([0, 1], 65_536), true, false);
+        e.kernel_poll_apply(0, true, &IdlePlan::initial_poll([0, 1], 65_536), true, WindowReset::Keep);
         let limits = |e: &Engine| e.vcpus.iter().map(|v| v.guest_poll_limit).collect::<Vec<_>>();
         assert_eq!(limits(&e), vec![1_048_576; 2], "a lowered cap alone leaves the vCPUs' windows");
         assert_eq!(e.vms[0].kpoll.as_ref().map(|k| (k.cap_ns, k.reset_until)), Some((65_536, 0)));
-        e.kernel_poll_apply(0, true, &IdlePlan::initial_poll([0, 1], 65_536), true, true);
+        e.kernel_poll_apply(0, true, &IdlePlan::initial_poll([0, 1], 65_536), true, WindowReset::Switch);
         assert_eq!(limits(&e), vec![0; 2]);
         assert_eq!(e.vms[0].kpoll.as_ref().map(|k| k.reset_until), Some(1_000_000_000 + super::GOVERNOR_SWITCH_NS));
         for v in 0..2 {
             e.vcpus[v].guest_poll_limit = 65_536;
         }
         e.now += super::GOVERNOR_SWITCH_NS;
-        e.kernel_poll_apply(0, true, &IdlePlan::halt([0, 1]), true, false);
+        e.kernel_poll_apply(0, true, &IdlePlan::halt([0, 1]), true, WindowReset::Keep);
         assert_eq!(limits(&e), vec![0; 2], "the machine's settings restored, windows reset");
         assert_eq!(e.vms[0].kpoll.as_ref().map(|k| (k.cap_ns, k.reset_until)), Some((0, 1_000_000_000 + super::GOVERNOR_SWITCH_NS)));
+    }
+
+    /// A shrink (the agent's first answer to a stale window) pauses nothing: while it is on, a
+    /// vCPU's halt past the cap zeroes its own window and its next idle period inside the cap
+    /// grows it to the cap; the next apply turns it off, and a long halt then keeps the window.
+    #[test]
+    fn a_shrink_zeroes_a_window_at_its_next_long_halt_and_ends_at_the_next_apply() {
+        use gleaner_policy::idle::IdlePlan;
+        let mut e = two_pcpu_engine(2);
+        e.vms[0].kpoll = Some(super::KernelPolling { cap_ns: 0, always: vec![false; 2], reset_until: 0, shrink: false });
+        e.now = 1_000_000_000;
+        e.kernel_poll_apply(0, true, &IdlePlan::initial_poll([0, 1], 65_536), true, WindowReset::Shrink);
+        assert_eq!(e.vms[0].kpoll.as_ref().map(|k| (k.reset_until, k.shrink)), Some((0, true)));
+        for v in 0..2 {
+            e.vcpus[v].guest_poll_limit = 1_048_576; // stale: grown to an older cap
+        }
+        let idle = |e: &mut Engine, v: u32, ns: u64| {
+            e.vcpus[v as usize].idle_since = e.now;
+            e.now += ns;
+            e.haltpoll_adjust(v);
+        };
+        idle(&mut e, 0, 500_000); // polled through: no halt, no change
+        assert_eq!(e.vcpus[0].guest_poll_limit, 1_048_576);
+        idle(&mut e, 0, 2_000_000); // halted past the cap
+        assert_eq!(e.vcpus[0].guest_poll_limit, 0);
+        idle(&mut e, 0, 20_000); // halted at once, inside the cap: grown to it
+        assert_eq!(e.vcpus[0].guest_poll_limit, 65_536);
+        e.kernel_poll_apply(0, true, &IdlePlan::initial_poll([0, 1], 65_536), true, WindowReset::Keep);
+        assert_eq!(e.vms[0].kpoll.as_ref().map(|k| k.shrink), Some(false));
+        idle(&mut e, 1, 2_000_000);
+        assert_eq!(e.vcpus[1].guest_poll_limit, 1_048_576, "shrinking off: a long halt keeps the window");
     }
 
     /// The planner's curve is the model's: without an RV curve today's two flat points; with

@@ -369,13 +369,14 @@ impl Engine {
     }
 
     /// cpuidle-haltpoll's adaptive window (adjust_poll_limit) after an idle period.
-    fn haltpoll_adjust(&mut self, v: u32) {
+    pub(crate) fn haltpoll_adjust(&mut self, v: u32) {
         let vi = v as usize;
         let vm = self.vcpus[vi].vm as usize;
         if let Some(kp) = &self.vms[vm].kpoll {
             // The agent's fixed window: grow_start = the cap, so a block inside it grows the
-            // vCPU's window straight to the cap; allow_shrink = N, so a longer one keeps it.
-            let cap = kp.cap_ns;
+            // vCPU's window straight to the cap; allow_shrink = N, so a longer one keeps it,
+            // except while a shrink to nothing is on (then a halt past the cap zeroes it).
+            let (cap, shrink) = (kp.cap_ns, kp.shrink);
             if self.now < kp.reset_until {
                 return; // no governor installed to adjust the window
             }
@@ -383,6 +384,8 @@ impl Engine {
             let block = self.now - vc.idle_since;
             if block > vc.guest_poll_limit && block <= cap {
                 vc.guest_poll_limit = cap;
+            } else if shrink && block > vc.guest_poll_limit && block > cap {
+                vc.guest_poll_limit = 0;
             }
             return;
         }

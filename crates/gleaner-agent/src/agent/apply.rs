@@ -6,6 +6,10 @@
 //!                                          fixed: grow_start = it, allow_shrink = N; each
 //!                                          CPU's own window reset only when the guest loop
 //!                                          says a lowered one is still polled at an older)
+//!                        reset Shrink   -> allow_shrink = Y, shrink = 0 for one period
+//!                                          (a CPU's next long halt drops its window to 0,
+//!                                          its next short idle period grows it to the cap)
+//!                        reset Switch   -> cpuidle governor away and back (windows to 0)
 //!                        poll_always    -> cpuN resume latency n/a  (others: their original)
 //!                        Yield windows  -> Yielders::set_windows    (0 parks a thread)
 //!  retention off         every knob back to what the agent found (stock); threads parked
@@ -13,6 +17,7 @@
 
 use std::collections::BTreeSet;
 
+use gleaner_policy::guest::WindowReset;
 use gleaner_policy::idle::{IdlePlan, Mechanism};
 
 use crate::knobs::KnobWriter;
@@ -26,11 +31,13 @@ pub struct IdleActuator {
     /// What is applied now: `None` = the machine's own settings (stock).
     window_ns: Option<u64>,
     always: BTreeSet<u32>,
+    /// Shrinking to nothing is on (a [`WindowReset::Shrink`] applied last).
+    shrinking: bool,
 }
 
 impl IdleActuator {
     pub fn new(writer: KnobWriter) -> Self {
-        Self { writer, window_ns: None, always: BTreeSet::new() }
+        Self { writer, window_ns: None, always: BTreeSet::new(), shrinking: false }
     }
 
     pub fn writer(&self) -> &KnobWriter {
@@ -42,13 +49,14 @@ impl IdleActuator {
     }
 
     /// Applies `plan` (or, when `on` is false, the machine's own settings). Every knob's
-    /// original is journaled before its first change. `reset_windows`: each CPU's own haltpoll
-    /// window back to 0 too (`GuestStep::reset_poll_windows`: a CPU whose idle periods stay
-    /// below its window goes on polling past a lowered cap, but the reset switches the cpuidle
-    /// governor, which halts every CPU for ~20 ms, so the guest loop asks for it only where the
-    /// old window is seen to cost). An error leaves what was written written (the journal
-    /// restores it) and says which knob.
-    pub fn apply(&mut self, journal: &mut StateFile, plan: &IdlePlan, on: bool, reset_windows: bool) -> anyhow::Result<()> {
+    /// original is journaled before its first change. `reset`: how each CPU's own haltpoll
+    /// window comes down to a lowered cap (`GuestStep::reset_poll_windows`: a CPU whose idle
+    /// periods stay below its window goes on polling past a lowered cap). A shrink lasts until
+    /// the next apply; where this kernel cannot shrink to nothing it is a switch. A switch of
+    /// the cpuidle governor halts every CPU for ~15 ms, so the guest loop asks for it only where
+    /// a shrink did not reach. An error leaves what was written written (the journal restores
+    /// it) and says which knob.
+    pub fn apply(&mut self, journal: &mut StateFile, plan: &IdlePlan, on: bool, reset: WindowReset) -> anyhow::Result<()> {
         if !on || !plan.retains() {
             return self.stock();
         }
@@ -57,8 +65,15 @@ impl IdleActuator {
             self.writer.set_fixed_poll_window(journal, plan.poll_window_ns)?;
             self.window_ns = Some(plan.poll_window_ns);
         }
-        if offer.poll_window() && reset_windows {
-            self.writer.knobs().reset_poll_windows()?;
+        if offer.poll_window() {
+            let shrink = reset == WindowReset::Shrink && self.writer.set_shrink_to_nothing(journal, true)?;
+            if !shrink && self.shrinking {
+                self.writer.set_shrink_to_nothing(journal, false)?;
+            }
+            self.shrinking = shrink;
+            if reset == WindowReset::Switch || (reset == WindowReset::Shrink && !shrink) {
+                self.writer.knobs().reset_poll_windows()?;
+            }
         }
         if offer.poll_always() {
             let want: BTreeSet<u32> = plan.poll_always.iter().copied().collect();
@@ -82,6 +97,7 @@ impl IdleActuator {
         let errors = self.writer.restore_now();
         self.window_ns = None;
         self.always.clear();
+        self.shrinking = false;
         if errors.is_empty() {
             Ok(())
         } else {
@@ -101,4 +117,47 @@ pub fn apply_yielders(y: &Yielders, plan: &IdlePlan, on: bool) {
         })
         .collect();
     y.set_windows(&windows);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use gleaner_policy::idle::IdlePlan;
+
+    use super::*;
+    use crate::knobs::tests::{fixture, writer};
+
+    /// A shrink lasts one apply: the next plan's apply turns it off, whatever it changes; a
+    /// plan that retains nothing puts every knob back.
+    #[test]
+    fn a_shrink_lasts_until_the_next_apply() {
+        let d = tempfile::tempdir().unwrap();
+        fixture(d.path(), "haltpoll");
+        let hp = d.path().join("module/haltpoll/parameters");
+        for (name, v) in [("guest_halt_poll_grow_start", "50000"), ("guest_halt_poll_allow_shrink", "Y"), ("guest_halt_poll_shrink", "2")] {
+            fs::write(hp.join(name), format!("{v}\n")).unwrap();
+        }
+        let p = |name: &str| fs::read_to_string(hp.join(name)).unwrap().trim().to_string();
+        let mut journal = StateFile::create(&d.path().join("run"), 12).unwrap();
+        let mut a = IdleActuator::new(writer(d.path()));
+        let plan = |w| IdlePlan::initial_poll([0, 1], w);
+        a.apply(&mut journal, &plan(131_072), true, WindowReset::Keep).unwrap();
+        assert_eq!((p("guest_halt_poll_ns"), p("guest_halt_poll_allow_shrink")), ("131072".into(), "N".into()));
+        a.apply(&mut journal, &plan(65_536), true, WindowReset::Shrink).unwrap();
+        assert_eq!(
+            (p("guest_halt_poll_ns"), p("guest_halt_poll_grow_start"), p("guest_halt_poll_allow_shrink"), p("guest_halt_poll_shrink")),
+            ("65536".into(), "65536".into(), "Y".into(), "0".into())
+        );
+        a.apply(&mut journal, &plan(65_536), true, WindowReset::Keep).unwrap();
+        assert_eq!(p("guest_halt_poll_allow_shrink"), "N");
+        // Lowered again in the same apply as the shrink: the window's own N comes first.
+        a.apply(&mut journal, &plan(32_768), true, WindowReset::Shrink).unwrap();
+        assert_eq!((p("guest_halt_poll_ns"), p("guest_halt_poll_allow_shrink")), ("32768".into(), "Y".into()));
+        a.apply(&mut journal, &IdlePlan::halt([0, 1]), true, WindowReset::Keep).unwrap();
+        assert_eq!(
+            (p("guest_halt_poll_ns"), p("guest_halt_poll_grow_start"), p("guest_halt_poll_allow_shrink"), p("guest_halt_poll_shrink")),
+            ("200000".into(), "50000".into(), "Y".into(), "2".into())
+        );
+    }
 }

@@ -332,7 +332,7 @@ impl Session {
         // The first plan (the kernel's upstream haltpoll window where it is offered) before
         // the workload starts.
         if let (Some(k), Some(j)) = (self.knobs.as_mut(), self.state.as_mut()) {
-            if let Err(e) = k.apply(j, guest.applied(), guest.mode().is_on(), false) {
+            if let Err(e) = k.apply(j, guest.applied(), guest.mode().is_on(), gleaner_policy::guest::WindowReset::Keep) {
                 warn!("applying the first idle plan: {e:#}");
             }
         }
@@ -622,6 +622,7 @@ impl Session {
             poll_ns: Some(p.extras.poll_ns),
             traced_ns: p.traced_ns,
             trace_missed: (p.trace_missed > 0.0).then_some(p.trace_missed),
+            window_reset: (p.step.reset_poll_windows != gleaner_policy::guest::WindowReset::Keep).then_some(p.step.reset_poll_windows),
             budget: Some(p.step.budget.clone()),
             ..event(EventKind::Period)
         });

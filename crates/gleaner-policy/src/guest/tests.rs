@@ -832,13 +832,13 @@ fn server_gaps(gap_ns: u64, poll_share: f64) -> GuestReading {
 }
 
 /// Steps `g` on `reading(poll share the applied plan expects on vCPU 1)` until the applied
-/// haltpoll window satisfies `until`; returns the steps' reset flags.
+/// haltpoll window satisfies `until`; returns whether each step brought the windows down.
 fn step_until(g: &mut GuestController, gap_ns: u64, extra: f64, until: impl Fn(u64) -> bool) -> Vec<bool> {
     let mut resets = Vec::new();
     for _ in 0..40 {
         let expected = g.applied().of(1).map_or(0.0, |v| v.estimate.cost_share);
         let s = g.step(&server_gaps(gap_ns, (expected + extra).min(1.0)));
-        resets.push(s.reset_poll_windows);
+        resets.push(s.reset_poll_windows != WindowReset::Keep);
         if until(s.plan.poll_window_ns) {
             return resets;
         }
@@ -846,8 +846,9 @@ fn step_until(g: &mut GuestController, gap_ns: u64, extra: f64, until: impl Fn(u
     panic!("the window never got there: {:?}", g.applied());
 }
 
-#[test]
-fn a_lowered_window_resets_the_vcpus_own_only_when_they_poll_past_it() {
+/// A controller whose window came down from above 480 us, the vCPUs polling what its plan
+/// expects; with the window it came down to.
+fn lowered_window() -> (GuestController, u64) {
     let mut c = cfg(WINDOW_ONLY);
     c.governor = None;
     let mut g = GuestController::new(c);
@@ -856,21 +857,81 @@ fn a_lowered_window_resets_the_vcpus_own_only_when_they_poll_past_it() {
     assert!(resets.iter().all(|r| !r), "raising a window never resets: {resets:?}");
     let high = g.applied().poll_window_ns;
     // Short ones: the window comes down, and the vCPUs polled what the plan expected, so it
-    // is just written (a reset switches the cpuidle governor, halting every vCPU meanwhile).
+    // is just written (a reset halts vCPUs or misses polls).
     let resets = step_until(&mut g, 20_000, 0.0, |w| w > 0 && w < high);
     assert!(resets.iter().all(|r| !r), "{resets:?}");
     let low = g.applied().poll_window_ns;
     for _ in 0..5 {
-        let expected = g.applied().of(1).unwrap().estimate.cost_share;
-        assert!(!g.step(&server_gaps(20_000, expected + STALE_WINDOW_EXCESS / 2.0)).reset_poll_windows, "within the excess allowed");
+        assert_eq!(step_polling(&mut g, STALE_WINDOW_EXCESS / 2.0), WindowReset::Keep, "within the excess allowed");
     }
-    // Polling well past the estimate: the old window still runs; one reset, then none.
+    (g, low)
+}
+
+/// One period of the 20 us server, vCPU 1 polling `extra` of a vCPU past the plan's estimate
+/// and halting the rest of its idle time.
+fn step_polling(g: &mut GuestController, extra: f64) -> WindowReset {
     let expected = g.applied().of(1).unwrap().estimate.cost_share;
-    let s = g.step(&server_gaps(20_000, expected + 0.2));
-    assert!(s.reset_poll_windows, "{:?}", s.plan);
+    g.step(&server_gaps(20_000, expected + extra)).reset_poll_windows
+}
+
+/// The same, vCPU 1 polling all its idle time: it never halted.
+fn step_never_halting(g: &mut GuestController, extra: f64) -> WindowReset {
+    let expected = g.applied().of(1).unwrap().estimate.cost_share;
+    let mut r = server_gaps(20_000, expected + extra);
+    r.idle[1].idle_ns = r.idle[1].poll_ns;
+    g.step(&r).reset_poll_windows
+}
+
+#[test]
+fn a_lowered_window_is_shrunk_only_when_the_vcpus_poll_past_it() {
+    let (mut g, low) = lowered_window();
+    // Polling well past the estimate: the old window still runs. A shrink for a period;
+    assert_eq!(step_polling(&mut g, 0.2), WindowReset::Shrink);
     assert_eq!(g.applied().poll_window_ns, low);
-    let expected = g.applied().of(1).unwrap().estimate.cost_share;
-    assert!(!g.step(&server_gaps(20_000, expected + 0.2)).reset_poll_windows, "the windows are the plan's now");
+    // in it vCPU 1 halted (after polling a whole old window each time): the shrink reached
+    // it, and what it polls past the estimate from then on is the estimate's, which no switch
+    // of the cpuidle governor (every vCPU halted meanwhile) would change.
+    assert_eq!(step_polling(&mut g, 0.2), WindowReset::Keep);
+    for _ in 0..3 {
+        assert_eq!(step_polling(&mut g, 0.2), WindowReset::Keep, "the windows are the plan's now");
+    }
+}
+
+#[test]
+fn a_shrink_that_reached_the_vcpus_is_judged_by_nothing_more() {
+    let (mut g, _) = lowered_window();
+    assert_eq!(step_polling(&mut g, 0.2), WindowReset::Shrink);
+    // The period it ran polled what the plan expects: done, with or without halts.
+    assert_eq!(step_never_halting(&mut g, 0.0), WindowReset::Keep);
+    assert_eq!(step_polling(&mut g, 0.2), WindowReset::Keep);
+}
+
+#[test]
+fn a_window_still_stale_after_a_shrink_is_switched_once_its_polling_outweighs_the_switch() {
+    let (mut g, _) = lowered_window();
+    assert_eq!(step_polling(&mut g, 0.2), WindowReset::Shrink);
+    // A vCPU that never halts (its idle periods all inside its old window) is not reached by
+    // shrinking. Its polling past the estimate adds up until, at the planner's price, it
+    // costs more than the switch's halts: every wakeup of GOVERNOR_SWITCH_NS halted.
+    let mut kept: u32 = 0;
+    let reset = loop {
+        match step_never_halting(&mut g, 0.2) {
+            WindowReset::Keep if kept < 100 => kept += 1,
+            r => break r,
+        }
+    };
+    assert_eq!(reset, WindowReset::Switch, "after {kept} periods");
+    let curve = g.config().curve.clone().unwrap();
+    let per_wake = curve.halt_cost_ns(g.applied().poll_window_ns as f64) - curve.poll_cost_ns().unwrap();
+    let switch = g.sync_rate().unwrap() * GOVERNOR_SWITCH_NS as f64 / 1e9 * per_wake;
+    let polled_past = g.config().plan.price * 0.2 * PERIOD as f64;
+    // The shrink's own period is not counted (its polling was partly the old window's).
+    let periods: u32 = crate::num::saturating_u32((switch / polled_past).ceil()) - 1;
+    assert!(kept.abs_diff(periods) <= 1, "{kept} periods kept, {periods} expected ({switch} ns, {polled_past} ns a period)");
+    assert!(kept >= 1, "a switch costs more than one period's excess here: {switch} ns");
+    for _ in 0..3 {
+        assert_eq!(step_never_halting(&mut g, 0.2), WindowReset::Keep, "the windows are the plan's now");
+    }
 }
 
 #[test]
@@ -892,9 +953,8 @@ fn the_machines_own_settings_reset_the_windows_so_none_is_stale_after() {
     assert!(!g.applied().retains(), "{:?}", g.applied());
     // Polling again at a lower window, past its estimate: nothing older is left to reset.
     let resets = step_until(&mut g, 20_000, 0.3, |w| w > 0);
-    let expected = g.applied().of(1).unwrap().estimate.cost_share;
-    let more = g.step(&server_gaps(20_000, expected + 0.3)).reset_poll_windows;
-    assert!(resets.iter().all(|r| !r) && !more, "{resets:?} {more}");
+    let more = step_polling(&mut g, 0.3);
+    assert!(resets.iter().all(|r| !r) && more == WindowReset::Keep, "{resets:?} {more:?}");
 }
 
 /// The agent's period work runs in the background (SCHED_IDLE) for a workload that leaves
