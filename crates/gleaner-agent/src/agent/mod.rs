@@ -486,7 +486,7 @@ impl Session {
             pacer.point();
             self.apply_idle(&step, status);
             pacer.point();
-            period = full_period.mul_f64(step.next_period_share.clamp(0.05, 1.0));
+            period = full_period.mul_f64(step.next_period_share.clamp(0.05, gleaner_policy::guest::CALM_PERIOD_SHARE));
             // Publish.
             let ended = PeriodEnd {
                 t_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),

@@ -132,7 +132,11 @@ fn off_means_every_vcpu_halts_and_a_probe_keeps_consolidation_still() {
             probes += 1;
             assert!(s.decisions.is_empty());
         }
-        assert_eq!(s.next_period_share, if g.probing() { PROBE_SHARE } else { 1.0 });
+        if g.probing() {
+            assert_eq!(s.next_period_share, PROBE_SHARE);
+        } else {
+            assert!([1.0, CALM_PERIOD_SHARE].contains(&s.next_period_share), "{}", s.next_period_share);
+        }
     }
     assert!(probes >= 1);
 }
@@ -553,7 +557,7 @@ fn a_saturated_workload_gets_no_kernel_polling() {
     let before = g.governor_state().expect("a governor");
     for _ in 0..100 {
         let s = g.step(&saturated());
-        assert!(s.governor.is_none() && !s.probe && s.next_period_share == 1.0);
+        assert!(s.governor.is_none() && !s.probe && [1.0, CALM_PERIOD_SHARE].contains(&s.next_period_share));
     }
     assert_eq!(g.governor_state().unwrap().probes, before.probes);
     // The same periods without saturation (steal, not the workload, took the time): polled.
@@ -932,6 +936,33 @@ fn a_window_still_stale_after_a_shrink_is_switched_once_its_polling_outweighs_th
     for _ in 0..3 {
         assert_eq!(step_never_halting(&mut g, 0.2), WindowReset::Keep, "the windows are the plan's now");
     }
+}
+
+/// The periods lengthen once the plan has held for CALM_PERIODS, and are the configured length
+/// again as soon as something needs watching: here the workload's rate, which needs a trace.
+#[test]
+fn periods_lengthen_once_the_plan_holds_and_shorten_when_the_rate_moves() {
+    let mut c = cfg(WINDOW_ONLY);
+    c.governor = None;
+    let mut g = GuestController::new(c);
+    let step = |g: &mut GuestController, s_work: u64, traced: bool| {
+        let expected = g.applied().of(1).map_or(0.0, |v| v.estimate.cost_share);
+        let mut r = server_gaps(20_000, expected);
+        r.snapshot.s_work = s_work;
+        if !traced {
+            r.trace = None;
+        }
+        g.step(&r)
+    };
+    let shares: Vec<f64> = (0..20).map(|i| step(&mut g, 400, i % 5 == 0).next_period_share).collect();
+    let calm = shares.iter().position(|&s| s == CALM_PERIOD_SHARE).unwrap_or_else(|| panic!("never calm: {shares:?}"));
+    assert!(calm >= CALM_PERIODS as usize, "{shares:?}");
+    assert!(shares[..calm].iter().all(|&s| s == 1.0) && shares[calm..].iter().all(|&s| s == CALM_PERIOD_SHARE), "{shares:?}");
+    // Four times the sync points in an untraced period: a trace is needed now, and the next
+    // period is not calm.
+    let s = step(&mut g, 1600, false);
+    assert_eq!(g.trace_need(), TraceNeed::Now);
+    assert_eq!(s.next_period_share, 1.0);
 }
 
 #[test]

@@ -207,6 +207,16 @@ pub struct IdlePlan {
 }
 
 impl IdlePlan {
+    /// Whether `other` runs every vCPU as this plan does (the same mechanisms, windows and
+    /// always-polling vCPUs), whatever their estimates and reasons.
+    #[must_use]
+    pub fn runs_as(&self, other: &IdlePlan) -> bool {
+        self.poll_window_ns == other.poll_window_ns
+            && self.poll_always == other.poll_always
+            && self.vcpus.len() == other.vcpus.len()
+            && self.vcpus.iter().zip(&other.vcpus).all(|(a, b)| (a.cpu, a.mechanism, a.window_ns) == (b.cpu, b.mechanism, b.window_ns))
+    }
+
     /// Nothing retained: every vCPU halts.
     pub fn halt(cpus: impl IntoIterator<Item = u32>) -> Self {
         let vcpus = cpus
