@@ -42,7 +42,8 @@ pub struct AgentFlags {
     /// pull a thread waiting on another vCPU; 0 never steps aside (see docs/agent.md).
     #[arg(long, value_name = "US")]
     pub step_aside_us: Option<u64>,
-    /// Control period in milliseconds (10..=10000).
+    /// Control period in milliseconds (10..=10000); once the idle plan has held for 5 periods,
+    /// the periods run 2.5 times as long until it changes.
     #[arg(long, value_name = "MS")]
     pub period_ms: Option<u64>,
     /// A fixed yielding window in microseconds (1..=100000) for every vCPU, instead of the one

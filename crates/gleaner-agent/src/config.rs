@@ -274,7 +274,8 @@ trace = true
 # (consolidation scheduling). Needs root or a delegated cgroup; without it the agent runs
 # with retention only and says so.
 consolidation = true
-# Control period: how often metrics are sampled and the controller decides.
+# Control period: how often metrics are sampled and the controller decides (2.5 times as
+# long while the idle plan holds, after 5 periods of it).
 period_ms = 200
 # A fixed yielding window instead of the planned one: every vCPU keeps a yielding thread
 # that spins this long before letting its vCPU halt (no kernel polling, no governor; for

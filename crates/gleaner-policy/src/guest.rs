@@ -341,12 +341,12 @@ enum WindowCheck {
 /// only after a halt longer than it (and the agent turns shrinking off, so that the window the
 /// kernel keeps is the planned one): lowering the cap leaves a CPU that polls through its idle
 /// periods at its old window. A full reset is switching the cpuidle governor away and back,
-/// which takes ~10 ms per switch here and runs every CPU on the default idle (a halt) meanwhile.
-/// So the guest loop first turns shrinking on for a period ([`WindowReset::Shrink`]), and
-/// switches only when the window is still stale after it. nginx with one wrk connection
-/// (3 s runs, 16 alternated rounds; the switch fired once or twice in the first second and
-/// every request of its 13-22 ms took 50-190 us): p99 51.0 us with switches, 43.0 with a shrink,
-/// 40.5 under a fixed 64 us window without the agent.
+/// which takes [`GOVERNOR_SWITCH_NS`] here and runs every CPU on the default idle (a halt)
+/// meanwhile. So the guest loop first turns shrinking on for a period ([`WindowReset::Shrink`]),
+/// and switches only for a vCPU the shrink did not reach, once that pays (`switch_cost_ns`).
+/// nginx with one wrk connection (the switch fired once or twice in a run's first second, and
+/// every request of its 13-22 ms took 50-190 us): haltpoll's p99 over the agent's per round
+/// 0.832 with switches, 0.891 with shrinks first (16 alternated 3 s rounds).
 /// Done at each lowering, as before, a switch cost a redis server with one client its tail: the
 /// plan lowered the window 3-4 times a run, and p99 was 49.6 us against 26.6 with 1 s periods
 /// and 27.0 under the kernel's own haltpoll (7 alternated rounds, `gleaner run --no-trace
@@ -736,7 +736,8 @@ impl GuestController {
     /// kernel may still poll at a larger window than the applied plan's, and the vCPUs polled
     /// more than its estimate by [`STALE_WINDOW_EXCESS`]. A lowered window is otherwise just
     /// written. The first answer to a stale window is a shrink; a switch (every vCPU halted for
-    /// the governor's switch) only where the period after the shrink is still stale.
+    /// the governor's switch) only where a vCPU the shrink did not reach stays stale until its
+    /// polling past the estimate, at the price, outweighs the switch (`switch_cost_ns`).
     fn track_kernel_window(&mut self, r: &GuestReading, period_ns: u64, next: &IdlePlan) -> WindowReset {
         if !next.retains() {
             // The machine's own settings: the adapter restores them, windows reset.
