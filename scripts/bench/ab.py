@@ -19,7 +19,9 @@ it prints none (sysbench, stress-ng). Root where a variant runs gleaner or @halt
         -- scripts/bench/sockperf-doc.py ul 3 2000
 
 Summary per variant: medians [min..max], and beside every variant after the first the median
-of its per-round ratios to the first and their geometric mean (latency: first / variant,
+of its per-round ratios to the first with a 95% bootstrap interval of that median (one that
+holds 1: the rounds cannot tell the two apart), their geometric mean and in how many rounds
+the ratio was above 1 (latency: first / variant,
 wall or us per item (a document's throughput): first / variant; above 1 the variant was
 faster).
 
@@ -33,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -101,6 +104,15 @@ def parse_variant(s):
     return name, prefix.split()
 
 
+def median_interval(ratios, draws=4000):
+    """95% bootstrap interval of the median of the per-round ratios (a fixed seed, so a summary
+    printed again is the same), as `gleaner compare` gives for its per-round ratios: an
+    interval that holds 1 says the rounds cannot tell the two variants apart."""
+    rng = random.Random(1)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
+
+
 def fmt(v):
     s = sorted(v)
     return f"{statistics.median(s):8.2f} [{s[0]:.2f}..{s[-1]:.2f}]"
@@ -150,7 +162,10 @@ def main():
             if k != ref:
                 ratios = [b[i] / x[i] for b, x in zip(res[ref], v)]
                 gm = math.exp(sum(math.log(q) for q in ratios) / len(ratios))
-                line += f"({ref}/{k} per round: median {statistics.median(ratios):.3f}, geomean {gm:.3f})  "
+                lo, hi = median_interval(ratios)
+                above = sum(q > 1 for q in ratios)
+                line += (f"({ref}/{k} per round: median {statistics.median(ratios):.3f} (95% {lo:.3f}..{hi:.3f}), "
+                         f"geomean {gm:.3f}, above 1 in {above} of {len(ratios)})  ")
         clean = [x[1 if latency else 0] for x, st in zip(v, steal[k]) if st < a.steal_ms]
         if clean:
             line += f"steal-free {cols[-1][0]} {statistics.median(clean):.2f} ({len(clean)} of {len(v)})"
