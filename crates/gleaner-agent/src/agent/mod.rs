@@ -396,7 +396,7 @@ impl Session {
         loop {
             // A traced period is traced for its first slice (the tracer's cost bounded), then
             // the rest is waited detached.
-            let slice = tracing.slice(period, guest.sync_rate());
+            let slice = tracing.slice(period, guest.sync_rate(), guest.workload_starting());
             let mut ended = false;
             let mut rest = period;
             if !slice.is_zero() && slice < period {

@@ -28,7 +28,8 @@
 //!              SANDWICH) / cost while counting, and no more than that at the workload's last
 //!              rate of sync points x SYNC_POINT_COST_NS (before a rate, at most
 //!              MAX_SLICE_GROWTH times the last slice); the first slice the whole (short)
-//!              first period; MIN_SLICE .. the period
+//!              first period, the second MIN_SLICE (the first period's rate is a start-up's);
+//!              MIN_SLICE .. the period
 //!  end_slice   pause (resident) or detach
 //!  read_period read (cumulative) - last read = the slice's trace; the programs' run time
 //!              over it sets the next slices
@@ -138,7 +139,9 @@ pub const SYNC_POINT_COST_NS: f64 = 2_000.0;
 /// [`SYNC_POINT_COST_NS`] each. Before the first rate (the first period, which is short) the
 /// whole period where the cost can be measured (`stats`), [`MIN_SLICE`] where not; a rate of
 /// zero bounds nothing; without a rate after the first slice, at most [`MAX_SLICE_GROWTH`]
-/// times the last slice.
+/// times the last slice. While the workload is `starting` (the rate is its first, short period's),
+/// [`MIN_SLICE`]: the rate to come is unknown, and a command's client starts in the next
+/// period.
 ///
 /// Why the rate, not growth. A slice's cost measured at a lower event rate understates the
 /// next (the first slices come while the workload starts), so slices used to grow at most
@@ -154,6 +157,7 @@ fn slice_for(
     stats: bool,
     last: Option<Duration>,
     rate: Option<f64>,
+    starting: bool,
 ) -> Duration {
     // What the paused programs cost comes out of the budget (at most half of it).
     let budget = COST_SHARE - paused_share.min(RESIDENT_SHARE);
@@ -170,6 +174,7 @@ fn slice_for(
         None => MIN_SLICE,
     };
     let cap = match (rate, last) {
+        _ if starting => MIN_SLICE,
         (Some(r), _) => allowed(r * SYNC_POINT_COST_NS / 1e9),
         (None, Some(l)) => l * MAX_SLICE_GROWTH,
         (None, None) => period,
@@ -277,12 +282,14 @@ impl Tracing {
     }
 
     /// How long to count in a period of `period` (zero: not traced this period), the
-    /// workload's last rate of sync points a second being `rate` (`None`: not measured yet).
-    pub fn slice(&self, period: Duration, rate: Option<f64>) -> Duration {
+    /// workload's last rate of sync points a second being `rate` (`None`: not measured yet),
+    /// `starting` while that rate is a start-up's
+    /// ([`gleaner_policy::guest::GuestController::workload_starting`]).
+    pub fn slice(&self, period: Duration, rate: Option<f64>, starting: bool) -> Duration {
         if !self.tracer.as_ref().is_some_and(WakeTracer::counting) {
             return Duration::ZERO;
         }
-        slice_for(period, self.paused_share, self.attached_share, self._stats.is_some(), self.last_slice, rate)
+        slice_for(period, self.paused_share, self.attached_share, self._stats.is_some(), self.last_slice, rate, starting)
     }
 
     /// The slice is over: pause (resident) or detach until the next traced period.
@@ -491,27 +498,33 @@ mod tests {
         let period = Duration::from_millis(200);
         let ms = Duration::from_millis;
         // Unmeasured, the first period: all of it with statistics, the shortest without.
-        assert_eq!(slice_for(ms(50), 0.0, None, true, None, None), ms(50));
-        assert_eq!(slice_for(period, 0.0, None, false, None, None), MIN_SLICE);
+        assert_eq!(slice_for(ms(50), 0.0, None, true, None, None, false), ms(50));
+        assert_eq!(slice_for(period, 0.0, None, false, None, None, false), MIN_SLICE);
         // Measured nearly free, no rate: the whole period, but no more than twice the last.
-        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, None, None), period);
-        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, Some(ms(20)), None), ms(40));
+        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, None, None, false), period);
+        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, Some(ms(20)), None, false), ms(40));
         // A light workload (800 sync points a second, the open loop at 200 requests/s): 0.16%
         // of a vCPU at the guess, the whole period at once.
-        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, Some(ms(50)), Some(800.0)), period);
+        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, Some(ms(50)), Some(800.0), false), period);
         // A busy one (70,000 a second, redis with one connection) is held to the budget's
         // share at the guessed cost, however cheap its start-up slice read: 0.5% x 5 / 4.5 /
         // 14% = 4% of the period.
-        let s = slice_for(period, 0.0, Some(1e-6), true, Some(ms(50)), Some(70_000.0));
+        let s = slice_for(period, 0.0, Some(1e-6), true, Some(ms(50)), Some(70_000.0), false);
         assert!((s.as_secs_f64() - 0.2 * 0.025 / 4.5 / 0.14).abs() < 1e-6, "{s:?}");
         // Costly as measured: the budget's share (0.5% x 5 periods / 4.5 / 5% = 11.1%).
-        let s = slice_for(period, 0.0, Some(0.05), true, Some(period), Some(800.0));
+        let s = slice_for(period, 0.0, Some(0.05), true, Some(period), Some(800.0), false);
         assert!((s.as_secs_f64() - 0.2 * 0.025 / 4.5 / 0.05).abs() < 1e-6, "{s:?}");
         // Never below MIN_SLICE (unless the period is shorter), never past the period; a
         // workload with no sync points bounds nothing.
-        assert_eq!(slice_for(period, 0.0, Some(10.0), true, None, None), MIN_SLICE);
-        assert_eq!(slice_for(ms(2), 0.0, Some(10.0), true, None, None), ms(2));
-        assert_eq!(slice_for(period, 0.0, None, true, Some(ms(5)), Some(0.0)), period);
+        assert_eq!(slice_for(period, 0.0, Some(10.0), true, None, None, false), MIN_SLICE);
+        assert_eq!(slice_for(ms(2), 0.0, Some(10.0), true, None, None, false), ms(2));
+        assert_eq!(slice_for(period, 0.0, None, true, Some(ms(5)), Some(0.0), false), period);
+        // A workload starting (the rate is its first period's): the shortest slice, whatever
+        // the start-up's rate or cost allow. redis with one connection made 13-33 sync points
+        // in its first 50 ms, a rate that let the next slice be the whole period, counted
+        // through its client's first 5,000-8,500 requests.
+        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, Some(ms(50)), Some(300.0), true), MIN_SLICE);
+        assert_eq!(slice_for(period, 0.0, Some(1e-6), true, Some(ms(50)), None, true), MIN_SLICE);
     }
 
     #[test]

@@ -1064,3 +1064,24 @@ fn a_trace_that_missed_the_workloads_busy_new_processes_is_set_aside() {
     assert_eq!(s.plan, first.plan);
     assert_ne!(s.plan, start);
 }
+
+#[test]
+fn the_first_period_read_is_a_workload_starting() {
+    let step = |g: &mut GuestController, s_work: u64| {
+        let mut r = server_gaps(20_000, 0.0);
+        r.snapshot.s_work = s_work;
+        g.step(&r);
+        g.workload_starting()
+    };
+    // redis and nginx: 13-33 sync points in their first 50 ms, the client's thousands after.
+    let mut g = GuestController::new(cfg(WINDOW_ONLY));
+    assert!(!g.workload_starting(), "nothing read yet: the first slice is the adapter's own");
+    assert!(step(&mut g, 20));
+    assert!(!step(&mut g, 12_000));
+    // A later quiet period is a quiet workload, not a start: its rate stands.
+    assert!(!step(&mut g, 3));
+    // Busy from the first period on (attached) makes no difference: the rate comes next.
+    let mut g = GuestController::new(cfg(WINDOW_ONLY));
+    assert!(step(&mut g, 50_000));
+    assert!(!step(&mut g, 50_000));
+}
