@@ -95,6 +95,12 @@ fn a_process_started_while_traced_is_reported_missed() {
         .position(|p| p["trace_missed"].as_f64().is_some_and(|m| m >= 0.5) && p["reading"]["progress"].as_u64() >= Some(1000))
         .unwrap_or_else(|| panic!("no period says the ping-pong's sync points were missed: {text}"));
     assert!(periods[k]["traced_ns"].as_u64() > Some(0), "only a traced period misses: {}", periods[k]);
+    // That is the second period, and the workload is starting: its rate, the first period's
+    // (the shell's few sync points), would have sized the slice to the whole period, counted
+    // through the ping-pong's start; the shortest slice instead.
+    assert_eq!(k, 1, "the ping-pong starts 150 ms in, inside the second period: {text}");
+    let shortest = gleaner_agent::agent::trace::MIN_SLICE.as_nanos() as u64;
+    assert!(periods[k]["traced_ns"].as_u64() <= Some(2 * shortest), "the second period counts the shortest slice: {}", periods[k]);
     let next = periods.get(k + 1).unwrap_or_else(|| panic!("no period after the one that missed: {text}"));
     assert!(next["traced_ns"].as_u64() > Some(0), "the next period is traced: {next}");
     assert!(next.get("trace_missed").is_none(), "followed from then on: {next}");
