@@ -671,7 +671,11 @@ impl GuestController {
             self.informed = false;
         }
         let planned = self.plan();
-        let planned = if self.saturated() && planned.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll) {
+        // The VM's saturation is the reason wherever it applies, over the planner's own
+        // bottleneck (on a saturated VM every vCPU paces another).
+        let planned = if self.saturated()
+            && planned.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll || v.why == PlanReason::Bottleneck)
+        {
             IdlePlan::halt_because(self.cfg.cpus.iter().copied(), PlanReason::Saturated)
         } else if self.cfg.fixed_yield_ns.is_none() && self.saturated_for(crate::idle::Mechanism::Yield) {
             // Fixed yielding windows (always-on retention, the paper's Gleaner) are the user's
@@ -689,8 +693,10 @@ impl GuestController {
         // window shared from a handful of wakeups is not: a sockperf server's start-up woke it
         // twice, the agent counted that as seeing the workload and halted the idle server,
         // which consolidation then packed onto one vCPU).
-        self.informed |=
-            planned.vcpus.iter().any(|v| matches!(v.why, PlanReason::BestValue | PlanReason::NothingPays | PlanReason::VmShare));
+        self.informed |= planned
+            .vcpus
+            .iter()
+            .any(|v| matches!(v.why, PlanReason::BestValue | PlanReason::NothingPays | PlanReason::VmShare | PlanReason::Bottleneck));
         let reading = epoch_reading(r, u32::try_from(active.len()).unwrap_or(u32::MAX));
         // While the plan is forced both modes apply the same plan: the governor holds (its
         // probes would compare a plan with itself) until the workload leaves idle time again.

@@ -855,6 +855,10 @@ fn step_until(g: &mut GuestController, gap_ns: u64, extra: f64, until: impl Fn(u
 fn lowered_window() -> (GuestController, u64) {
     let mut c = cfg(WINDOW_ONLY);
     c.governor = None;
+    // vCPU 0 spins (a client busy-polling for replies) and vCPU 1 is later busy three
+    // quarters of its time polling past its window: a server the bottleneck rule would put
+    // behind the spinning client. These tests are about windows.
+    c.plan.bottleneck_idle_share = 0.0;
     let mut g = GuestController::new(c);
     // Long idle periods: a window above them.
     let resets = step_until(&mut g, 480_000, 0.0, |w| w > 480_000);
@@ -1084,4 +1088,52 @@ fn the_first_period_read_is_a_workload_starting() {
     let mut g = GuestController::new(cfg(WINDOW_ONLY));
     assert!(step(&mut g, 50_000));
     assert!(!step(&mut g, 50_000));
+}
+
+/// nginx with 50 wrk connections: wrk's vCPU 0 idle 20% of its time in ~10 us periods ended by
+/// nginx's replies, nginx's vCPU 1 idle `nginx_idle` of it. Behind the busy nginx wrk's vCPU
+/// halts, the loop stays informed (the tracer at its cadence, not every period), and polling
+/// comes back once nginx's vCPU idles.
+#[test]
+fn a_vcpu_behind_a_bottleneck_halts_until_the_bottleneck_idles() {
+    let period = |nginx_idle: f64| {
+        let mut t = WakeTrace::empty(TraceSource::Bpf, [0, 1]);
+        t.traced_ns = PERIOD;
+        t.vcpus[0].woken.record_n(10_000, 4_000);
+        t.latency.halt.record_n(30_000, 4_000);
+        let idle1 = (PERIOD as f64 * nginx_idle) as u64;
+        GuestReading {
+            snapshot: snapshot(8_000),
+            idle: vec![
+                VcpuIdle { cpu: 0, idle_ns: PERIOD / 5, entries: Some(4_000), poll_ns: 0, yield_ns: 0, steal_ns: 0 },
+                VcpuIdle { cpu: 1, idle_ns: idle1, entries: Some(10), poll_ns: 0, yield_ns: 0, steal_ns: 0 },
+            ],
+            trace: Some(t),
+            caught: Vec::new(),
+            io: WorkloadIo::default(),
+            trace_missed: 0.0,
+        }
+    };
+    let mut c = cfg(HALTPOLL);
+    let mut g = GuestController::new(c.clone());
+    let mut s = g.step(&period(0.03));
+    for _ in 0..3 {
+        s = g.step(&period(0.03));
+    }
+    let v = s.planned.of(0).unwrap();
+    assert_eq!((v.mechanism, v.why), (Mechanism::Halt, PlanReason::Bottleneck), "{:?}", s.planned);
+    assert!(!s.plan.retains(), "{:?}", s.plan);
+    assert_eq!(g.trace_need(), TraceNeed::Cadence, "a plan made from the workload: informed");
+    // nginx's vCPU idles a third of its time: no bottleneck, wrk's vCPU polls again.
+    for _ in 0..4 {
+        s = g.step(&period(0.35));
+    }
+    assert_eq!(s.plan.of(0).unwrap().mechanism, Mechanism::Poll, "{:?}", s.plan);
+    // With the rule off (`bottleneck_idle_share = 0`) it polls throughout.
+    c.plan.bottleneck_idle_share = 0.0;
+    let mut g = GuestController::new(c);
+    for _ in 0..4 {
+        s = g.step(&period(0.03));
+    }
+    assert_eq!(s.plan.of(0).unwrap().mechanism, Mechanism::Poll, "{:?}", s.plan);
 }

@@ -107,6 +107,10 @@ pub struct PlanConfig {
     /// Fewer woken idle periods than this in the observed window: too little to plan from
     /// (the vCPU halts, as stock).
     pub min_woken: u64,
+    /// A vCPU the workload leaves less than this share of its time idle (measured, polling
+    /// included) is the workload's bottleneck: the other vCPUs retain nothing
+    /// ([`PlanReason::Bottleneck`]), in [0, 1); 0 turns the rule off.
+    pub bottleneck_idle_share: f64,
 }
 
 /// The default budget: all of a vCPU's idle time may be spent, but only where it buys
@@ -119,9 +123,21 @@ pub const DEFAULT_PRICE: f64 = 0.005;
 /// VM's host was never seen to stop it (polling's use varies period to period).
 pub const DEFAULT_VM_SHARE: f64 = 0.9;
 
+/// The default bottleneck share: a vCPU idle under 5% of its time. What retention elsewhere can
+/// add to a closed loop that vCPU paces is its idle time (the loop cannot run it more than
+/// full), while polling the vCPUs that feed it cost nginx with 50 connections 1-4% of its
+/// requests (docs/idle-policy.md, "No retention behind a bottleneck").
+pub const DEFAULT_BOTTLENECK_IDLE_SHARE: f64 = 0.05;
+
 impl Default for PlanConfig {
     fn default() -> Self {
-        Self { budget: DEFAULT_BUDGET, price: DEFAULT_PRICE, vm_share: DEFAULT_VM_SHARE, min_woken: 8 }
+        Self {
+            budget: DEFAULT_BUDGET,
+            price: DEFAULT_PRICE,
+            vm_share: DEFAULT_VM_SHARE,
+            min_woken: 8,
+            bottleneck_idle_share: DEFAULT_BOTTLENECK_IDLE_SHARE,
+        }
     }
 }
 
@@ -136,6 +152,9 @@ impl PlanConfig {
         }
         if !(self.vm_share > 0.0 && self.vm_share <= 1.0) {
             return Err(format!("vm_share = {}: allowed a share of the VM's vCPUs in (0, 1]", self.vm_share));
+        }
+        if !(0.0..1.0).contains(&self.bottleneck_idle_share) {
+            return Err(format!("bottleneck_idle_share = {}: allowed a share of a vCPU in [0, 1) (0: off)", self.bottleneck_idle_share));
         }
         Ok(())
     }
@@ -194,6 +213,10 @@ pub enum PlanReason {
     /// that share, and polling the few short gaps cost a lock-bound workload throughput (guest
     /// loop, `SATURATED_IDLE_SHARE`).
     Saturated,
+    /// Another vCPU the workload keeps (almost) busy sets its pace
+    /// ([`PlanConfig::bottleneck_idle_share`]): wakeups here do not, and retaining here made
+    /// the vCPUs feeding it do so in smaller batches.
+    Bottleneck,
 }
 
 /// The plan of every vCPU, and the kernel settings it maps to.
@@ -379,6 +402,37 @@ fn options_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &Vcpu
     paying
 }
 
+/// Which of `inputs` another one paces: some other vCPU's measured idle share is under
+/// [`PlanConfig::bottleneck_idle_share`]. A closed loop runs its bottleneck at most full, so
+/// what retention elsewhere can add to it is that vCPU's idle time; and retaining the vCPUs
+/// that feed it made them wake per reply instead of per batch (nginx with 50 connections: 5
+/// times the idle entries on wrk's vCPU, 1-4% fewer requests). An open-loop server that busy
+/// queues its requests, and their wait there is what their latency is made of. Where every
+/// vCPU is that busy, each is behind another: the VM leaves nothing to win.
+///
+/// Only a vCPU the workload keeps busy most of its time is behind one
+/// ([`BEHIND_MAX_IDLE_SHARE`]). A vCPU busy all the time may be a client spinning for its
+/// replies rather than a bottleneck, and its server, woken at the client's rate, has time to
+/// spare: sockperf under load, its client's vCPU 100% busy while it measures, left the
+/// server's vCPU idle 95% at 2,000 messages a second and 46-55% at 60,000. Feeders of a real
+/// bottleneck do their share of the loop's work between its replies: wrk's vCPU idle 9-14%,
+/// the built-in pipeline's other stage 5-8% (2026-11-28, `/proc/stat` over half seconds).
+fn behind_bottleneck(cfg: &PlanConfig, inputs: &[VcpuInput<'_>]) -> Vec<bool> {
+    let pacing = |i: &VcpuInput<'_>| i.idle_share.is_some_and(|s| s < cfg.bottleneck_idle_share);
+    let feeds = |i: &VcpuInput<'_>| i.idle_share.is_some_and(|s| s < BEHIND_MAX_IDLE_SHARE);
+    (0..inputs.len()).map(|me| feeds(&inputs[me]) && inputs.iter().enumerate().any(|(j, other)| j != me && pacing(other))).collect()
+}
+
+/// A vCPU idle more than this share of its time is behind no bottleneck
+/// ([`behind_bottleneck`]).
+pub const BEHIND_MAX_IDLE_SHARE: f64 = 0.3;
+
+/// The halt of a vCPU behind a bottleneck ([`behind_bottleneck`]).
+fn halt_behind(curve: &WakeCurve, input: &VcpuInput<'_>) -> Choice {
+    let none = estimate(curve, Mechanism::Halt, input.gaps, input.observed_ns, 0);
+    Choice { plan: plan_of(input.gaps.cpu, Mechanism::Halt, 0, none, PlanReason::Bottleneck), value: 0.0 }
+}
+
 /// The most valuable of `options`, the first of equals (a finite window that covers every
 /// idle period ties with "until work", listed after it: the window).
 fn best_of(options: &[Choice]) -> Option<Choice> {
@@ -456,13 +510,18 @@ fn fit_vm(options: &[Vec<Choice>], allowance: f64, over_price: f64) -> Option<(V
 /// Plans every vCPU (module documentation). `inputs` lists the managed vCPUs.
 pub fn plan(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuInput<'_>]) -> IdlePlan {
     let cpus = inputs.iter().map(|i| i.gaps.cpu);
+    let behind = behind_bottleneck(cfg, inputs);
     if means.kernel_polling() && curve.poll_ns.is_some() {
-        return plan_polling(means, curve, cfg, inputs);
+        return plan_polling(means, curve, cfg, inputs, &behind);
     }
     if !means.yielders {
         return IdlePlan::halt_because(cpus, PlanReason::NoMechanism);
     }
-    let options: Vec<Vec<Choice>> = inputs.iter().map(|i| options_alone(curve, Mechanism::Yield, cfg, i, true, true)).collect();
+    let options: Vec<Vec<Choice>> = inputs
+        .iter()
+        .zip(&behind)
+        .map(|(i, &b)| if b { vec![halt_behind(curve, i)] } else { options_alone(curve, Mechanism::Yield, cfg, i, true, true) })
+        .collect();
     // Halting is every vCPU's last option: the fit always exists.
     let (fitted, _) = fit_vm(&options, vm_allowance(cfg, inputs), OVER_PRICE_NS).unwrap_or_default();
     IdlePlan { vcpus: fitted.iter().map(|o| o.plan).collect(), poll_window_ns: 0, poll_always: Vec::new() }
@@ -471,18 +530,23 @@ pub fn plan(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuIn
 /// Kernel polling: one shared cap (if the haltpoll window is offered) chosen for the summed
 /// value of every vCPU, each vCPU taking "always" instead where that is worth more to it and
 /// the VM's share allows it.
-fn plan_polling(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuInput<'_>]) -> IdlePlan {
+fn plan_polling(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[VcpuInput<'_>], behind: &[bool]) -> IdlePlan {
     let m = Mechanism::Poll;
     let allowance = vm_allowance(cfg, inputs);
     // Each vCPU's own best with "always" only (or nothing): its alternative under any cap.
-    let alone: Vec<VcpuPlan> = inputs.iter().map(|i| best_alone(curve, m, cfg, i, false, means.poll_always)).collect();
+    let alone: Vec<VcpuPlan> = inputs
+        .iter()
+        .zip(behind)
+        .map(|(i, &b)| if b { halt_behind(curve, i).plan } else { best_alone(curve, m, cfg, i, false, means.poll_always) })
+        .collect();
     let caps: Vec<u64> = if means.poll_window { std::iter::once(0).chain(windows()).collect() } else { vec![0] };
     let mut best: Option<(f64, u64, Vec<VcpuPlan>)> = None;
     for &cap in &caps {
         let options: Vec<Vec<Choice>> = inputs
             .iter()
             .zip(&alone)
-            .map(|(input, own)| {
+            .zip(behind)
+            .map(|((input, own), &behind)| {
                 let mut opts = Vec::with_capacity(2);
                 // The cap applies to a vCPU that does not poll always, whether it wants it
                 // or not: its cost counts, and must fit the vCPU's budget.
@@ -491,10 +555,16 @@ fn plan_polling(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[Vc
                     let none = estimate(curve, m, input.gaps, input.observed_ns, 0);
                     opts.push(Choice { plan: plan_of(input.gaps.cpu, Mechanism::Halt, 0, none, why), value: 0.0 });
                 } else {
-                    let capped = estimate(curve, m, input.gaps, input.observed_ns, cap);
+                    let mut capped = estimate(curve, m, input.gaps, input.observed_ns, cap);
+                    if behind {
+                        // Polled under another vCPU's cap, it saves nothing that counts.
+                        capped.saving_ns_per_s = 0.0;
+                    }
                     if capped.cost_share <= input.budget {
                         let v = value(&capped, cfg.price);
-                        let why = if input.gaps.workload().count() < cfg.min_woken || v <= 0.0 {
+                        let why = if behind {
+                            PlanReason::Bottleneck
+                        } else if input.gaps.workload().count() < cfg.min_woken || v <= 0.0 {
                             PlanReason::SharedWindow
                         } else {
                             PlanReason::BestValue

@@ -219,6 +219,85 @@ fn config_ranges_are_named() {
         let e = PlanConfig { vm_share: bad, ..PlanConfig::default() }.validate().unwrap_err();
         assert!(e.contains("vm_share") && e.contains("(0, 1]"), "{e}");
     }
+    assert!(PlanConfig { bottleneck_idle_share: 0.0, ..PlanConfig::default() }.validate().is_ok());
+    for bad in [1.0, -0.01, f64::NAN] {
+        let e = PlanConfig { bottleneck_idle_share: bad, ..PlanConfig::default() }.validate().unwrap_err();
+        assert!(e.contains("bottleneck_idle_share") && e.contains("[0, 1)"), "{e}");
+    }
+}
+
+/// nginx with 50 wrk connections (measured, 2026-11-28): nginx's vCPU 1 idle 2-3% of its time,
+/// wrk's vCPU 0 idle 20% in ~10 us periods ended by nginx's replies, 20,000 a second.
+fn nginx_50() -> (VcpuGaps, VcpuGaps) {
+    (gaps(0, &[(10_000, 20_000)], &[(4_000_000, 5)]), gaps(1, &[], &[(600_000, 40)]))
+}
+
+fn measured(g: &VcpuGaps, idle_share: f64) -> VcpuInput<'_> {
+    VcpuInput { idle_share: Some(idle_share), ..input(g) }
+}
+
+#[test]
+fn a_vcpu_behind_a_bottleneck_retains_nothing() {
+    let (wrk, nginx) = nginx_50();
+    // Without the measured shares (or with the rule off) wrk's vCPU polls: 20,000 wakeups a
+    // second at ~40 us saved each.
+    let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[input(&wrk), input(&nginx)]);
+    assert_eq!(p.of(0).unwrap().mechanism, Mechanism::Poll, "{p:?}");
+    let off = PlanConfig { bottleneck_idle_share: 0.0, ..uncapped() };
+    let p = plan(&HALTPOLL, &this_vm(), &off, &[measured(&wrk, 0.2), measured(&nginx, 0.03)]);
+    assert_eq!(p.of(0).unwrap().mechanism, Mechanism::Poll, "{p:?}");
+    // nginx's vCPU at 3% idle paces the loop: nothing is retained, and both say why.
+    let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[measured(&wrk, 0.2), measured(&nginx, 0.03)]);
+    assert!(!p.retains(), "{p:?}");
+    assert_eq!(p.of(0).unwrap().why, PlanReason::Bottleneck, "{p:?}");
+    assert_eq!(p.of(1).unwrap().why, PlanReason::TooFewWakeups, "{p:?}");
+    assert_eq!((p.poll_window_ns, p.poll_always.len()), (0, 0), "{p:?}");
+    // At 6% idle it is no bottleneck: polled as before.
+    let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[measured(&wrk, 0.2), measured(&nginx, 0.06)]);
+    assert_eq!(p.of(0).unwrap().mechanism, Mechanism::Poll, "{p:?}");
+    // A vCPU idle most of its time next to one busy all the time is a server whose client
+    // spins for its replies (sockperf under load): it keeps its polling.
+    let server = gaps(1, &[(480_000, 2_000)], &[]);
+    let spinning = gaps(0, &[], &[]);
+    for server_idle in [0.96, 0.46] {
+        let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[measured(&spinning, 0.0), measured(&server, server_idle)]);
+        assert_eq!(p.of(1).unwrap().mechanism, Mechanism::Poll, "{server_idle}: {p:?}");
+    }
+    // Yielders, where the machine has no POLL state: the same.
+    let p = plan(&YIELDERS, &no_poll(this_vm()), &uncapped(), &[measured(&wrk, 0.2), measured(&nginx, 0.03)]);
+    assert_eq!((p.of(0).unwrap().mechanism, p.of(0).unwrap().why), (Mechanism::Halt, PlanReason::Bottleneck), "{p:?}");
+    let p = plan(&YIELDERS, &no_poll(this_vm()), &uncapped(), &[measured(&wrk, 0.2), measured(&nginx, 0.06)]);
+    assert_eq!(p.of(0).unwrap().mechanism, Mechanism::Yield, "{p:?}");
+}
+
+#[test]
+fn the_bottleneck_keeps_its_own_polling_and_its_cap_counts_nothing_behind_it() {
+    // The bottleneck waits too, 2.4% of its time in 8 us periods: those waits are on its own
+    // path, and it polls them. A shared cap would poll wrk's vCPU too, for nothing saved
+    // there: it polls alone ("always"), not under a cap.
+    let (wrk, _) = nginx_50();
+    let nginx = gaps(1, &[(8_000, 3_000)], &[]);
+    let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[measured(&wrk, 0.2), measured(&nginx, 0.03)]);
+    assert_eq!(p.poll_always, vec![1], "{p:?}");
+    assert_eq!(p.poll_window_ns, 0, "{p:?}");
+    assert_eq!((p.of(0).unwrap().mechanism, p.of(0).unwrap().why), (Mechanism::Halt, PlanReason::Bottleneck), "{p:?}");
+    // Where only a cap is offered (no per-CPU "always"), the cap's cost on wrk's vCPU counts
+    // with no saving; the bottleneck's saving still pays for it, and wrk's vCPU says why.
+    let window_only = Means { poll_always: false, ..HALTPOLL };
+    let p = plan(&window_only, &this_vm(), &uncapped(), &[measured(&wrk, 0.2), measured(&nginx, 0.03)]);
+    assert!(p.poll_window_ns > 0, "{p:?}");
+    let w = p.of(0).unwrap();
+    assert_eq!((w.mechanism, w.why, w.estimate.saving_ns_per_s), (Mechanism::Poll, PlanReason::Bottleneck, 0.0), "{p:?}");
+}
+
+#[test]
+fn vcpus_each_behind_the_other_retain_nothing() {
+    // Both vCPUs 96% busy (the built-in pipeline, 2 vCPUs): each paces the other.
+    let a = gaps(0, &[(20_000, 2_000)], &[]);
+    let b = gaps(1, &[(20_000, 2_000)], &[]);
+    let p = plan(&HALTPOLL, &this_vm(), &uncapped(), &[measured(&a, 0.04), measured(&b, 0.04)]);
+    assert!(!p.retains(), "{p:?}");
+    assert!(p.vcpus.iter().all(|v| v.why == PlanReason::Bottleneck), "{p:?}");
 }
 
 #[test]
