@@ -17,6 +17,8 @@
 //!  then over every vCPU: workload busy + retention <= vm_share * vCPUs, lowering the windows
 //!  that lose least value per vCPU freed until it holds, or until what a move loses is more
 //!  than the overrun's price (OVER_SHARE_PRICE)
+//!  before all that: a vCPU idle under 30% of its time beside one idle under 5% (the
+//!  workload's bottleneck: bottleneck_idle_share) retains nothing
 //! ```
 //!
 //! Kernel polling beats yielding wherever the machine has it (no IPI, no `SCHED_IDLE` thread
@@ -108,8 +110,9 @@ pub struct PlanConfig {
     /// (the vCPU halts, as stock).
     pub min_woken: u64,
     /// A vCPU the workload leaves less than this share of its time idle (measured, polling
-    /// included) is the workload's bottleneck: the other vCPUs retain nothing
-    /// ([`PlanReason::Bottleneck`]), in [0, 1); 0 turns the rule off.
+    /// included) is the workload's bottleneck: the other vCPUs busy enough to feed it
+    /// ([`BEHIND_MAX_IDLE_SHARE`]) retain nothing ([`PlanReason::Bottleneck`]), in [0, 1); 0
+    /// turns the rule off.
     pub bottleneck_idle_share: f64,
 }
 
@@ -406,9 +409,9 @@ fn options_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &Vcpu
 /// [`PlanConfig::bottleneck_idle_share`]. A closed loop runs its bottleneck at most full, so
 /// what retention elsewhere can add to it is that vCPU's idle time; and retaining the vCPUs
 /// that feed it made them wake per reply instead of per batch (nginx with 50 connections: 5
-/// times the idle entries on wrk's vCPU, 1-4% fewer requests). An open-loop server that busy
-/// queues its requests, and their wait there is what their latency is made of. Where every
-/// vCPU is that busy, each is behind another: the VM leaves nothing to win.
+/// times the idle entries on wrk's vCPU, 1-4% fewer requests). A vCPU that busy also queues
+/// an open-loop server's requests: their wait there, not a wakeup elsewhere, is their latency.
+/// Where every vCPU is that busy, each is behind another: the VM leaves nothing to win.
 ///
 /// Only a vCPU the workload keeps busy most of its time is behind one
 /// ([`BEHIND_MAX_IDLE_SHARE`]). A vCPU busy all the time may be a client spinning for its
