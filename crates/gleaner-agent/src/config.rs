@@ -26,7 +26,8 @@ pub struct AgentConfig {
     /// (headroom for a host that caps the VM's CPU).
     pub vm_share: f64,
     /// A vCPU the workload leaves idle less than this share of its time is its bottleneck:
-    /// the other vCPUs retain nothing, [0, 1); 0 turns the rule off.
+    /// the other vCPUs busy over 70% of their time retain nothing, [0, 1); 0 turns the rule
+    /// off.
     pub bottleneck_idle_share: f64,
     /// Use the kernel's polling (haltpoll window, per-CPU resume latency) where offered;
     /// `false` leaves the kernel's idle knobs alone (yielding threads only).
@@ -275,10 +276,11 @@ price = 0.005
 # 100 ms stalls with both vCPUs at 100%, none at 95%). 1 on a host known to have no cap.
 vm_share = 0.9
 # A vCPU the workload leaves idle less than this share of its time (polling included) is its
-# bottleneck, [0, 1): the other vCPUs then retain nothing. A closed loop cannot run its
-# bottleneck more than full, and polling the vCPUs that feed it made them wake per reply instead
-# of per batch (nginx with 50 connections: 1-4% fewer requests). A client that busy-polls for
-# its replies also reads as a bottleneck: 0 turns the rule off for such a workload.
+# bottleneck, [0, 1): the other vCPUs busy over 70% of their time then retain nothing. A closed
+# loop cannot run its bottleneck more than full, and polling the vCPUs that feed it made them
+# wake per reply instead of per batch (nginx with 50 connections: 1-4% fewer requests). A
+# client that busy-polls for its replies also reads as a bottleneck where its server is that
+# busy: 0 turns the rule off for such a workload.
 bottleneck_idle_share = 0.05
 # Use the kernel's idle knobs (haltpoll window guest_halt_poll_ns, per-CPU
 # pm_qos_resume_latency_us); every knob is put back on exit, by the guardian after kill -9,
