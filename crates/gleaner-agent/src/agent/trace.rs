@@ -25,12 +25,14 @@
 //!              then): the managed processes refreshed (the cgroup's, or the command's
 //!              tree), attach (or resume, when paused)
 //!  slice       how long to count: (COST_SHARE - paused cost) x period x EVERY / (1 +
-//!              SANDWICH) / cost while counting, and no more than that at the workload's last
+//!              SANDWICH) / cost while counting (the last slice's, or the last seen event
+//!              rate at the last slice's cost per event where higher), and no more than that at the workload's last
 //!              rate of sync points x SYNC_POINT_COST_NS (before a rate, at most
 //!              MAX_SLICE_GROWTH times the last slice); the first slice the whole (short)
 //!              first period, the second MIN_SLICE (the first period's rate is a start-up's);
 //!              MIN_SLICE .. the period
-//!  end_slice   pause (resident) or detach
+//!  end_slice   pause (resident) or detach; detach for cost at once where the slice's event
+//!              rate says the paused programs would cost over RESIDENT_SHARE
 //!  read_period read (cumulative) - last read = the slice's trace; the programs' run time
 //!              over it sets the next slices
 //!  each period the paused programs' cost over it: above RESIDENT_SHARE, detach, and detach
@@ -98,8 +100,14 @@ pub struct Tracing {
     resident: bool,
     /// The programs' statistics at load.
     at_load: Option<ProgStats>,
-    /// ... when the slice began.
+    /// ... when the slice began, and when.
     at_resume: Option<ProgStats>,
+    resumed_at: Option<Instant>,
+    /// The scheduler's event rate the programs last saw, a second (a paused stretch's or a
+    /// slice's), and what counting costs per event, ns (the last slice's): together what the
+    /// next slice will cost ([`Self::slice`]).
+    event_rate: Option<f64>,
+    counting_ns_per_run: Option<f64>,
     /// ... when the paused stretch began or was last measured, and when.
     at_pause: Option<(Instant, ProgStats)>,
     /// What the last slice cost.
@@ -200,6 +208,27 @@ fn pausing_fits(runs: u64, traced_ns: u64, ns_per_run: Option<f64>) -> bool {
     ns / traced_ns.max(1) as f64 <= RESIDENT_SHARE / 2.0
 }
 
+/// Would the programs, paused, cost more than [`RESIDENT_SHARE`] at `rate` scheduler events a
+/// second, at `ns_per_run` each ([`PAUSED_NS_GUESS`] before measured)? What
+/// `Tracing::check_paused` judges after a paused stretch, predicted from a slice's rate.
+fn pausing_costs_too_much(rate: f64, ns_per_run: Option<f64>) -> bool {
+    rate * ns_per_run.unwrap_or(PAUSED_NS_GUESS) / 1e9 > RESIDENT_SHARE
+}
+
+/// What counting will cost in the next slice, as a share of one vCPU: the last slice's
+/// measured share (`attached_share`), or, where higher, the scheduler's last seen event rate
+/// (`event_rate`, a second: a paused stretch's or a slice's) at the last slice's cost per
+/// event (`ns_per_run`). A slice measured while the rate was lower understates the next one:
+/// `sysbench threads` (8 threads yielding on 2 vCPUs, 0.7-1 M events a second, few of them
+/// sync points) read 4% from its start-up slice, and its next slice counted 24-29 ms at 36%.
+fn counting_share(attached_share: Option<f64>, event_rate: Option<f64>, ns_per_run: Option<f64>) -> Option<f64> {
+    let at_rate = event_rate.zip(ns_per_run).map(|(r, ns)| r * ns / 1e9);
+    match (attached_share, at_rate) {
+        (Some(a), Some(r)) => Some(a.max(r)),
+        (a, r) => a.or(r),
+    }
+}
+
 impl Tracing {
     /// Loads the tracer and attaches it for the first period, or says why not (`cfg.trace`
     /// off, not root, BPF unavailable).
@@ -215,6 +244,9 @@ impl Tracing {
             resident: false,
             at_load: None,
             at_resume: None,
+            resumed_at: None,
+            event_rate: None,
+            counting_ns_per_run: None,
             at_pause: None,
             slice_cost: None,
             last_slice: None,
@@ -289,7 +321,8 @@ impl Tracing {
         if !self.tracer.as_ref().is_some_and(WakeTracer::counting) {
             return Duration::ZERO;
         }
-        slice_for(period, self.paused_share, self.attached_share, self._stats.is_some(), self.last_slice, rate, starting)
+        let attached = counting_share(self.attached_share, self.event_rate, self.counting_ns_per_run);
+        slice_for(period, self.paused_share, attached, self._stats.is_some(), self.last_slice, rate, starting)
     }
 
     /// The slice is over: pause (resident) or detach until the next traced period.
@@ -300,6 +333,27 @@ impl Tracing {
         }
         let s = t.prog_stats();
         self.slice_cost = s.zip(self.at_resume).map(|(s, r)| s.delta_since(&r));
+        if let (Some(c), Some(at)) = (self.slice_cost, self.resumed_at) {
+            let wall = at.elapsed();
+            if wall >= Duration::from_millis(1) && c.run_cnt > 0 {
+                let rate = c.run_cnt as f64 / wall.as_secs_f64();
+                self.event_rate = Some(rate);
+                self.counting_ns_per_run = c.ns_per_run();
+                // A switch storm the paused programs would cost more than RESIDENT_SHARE in:
+                // detach now rather than after a whole period of paying for them
+                // (`check_paused` would, at its end). Counting slows a storm, so the slice's
+                // rate understates the paused one: this errs towards pausing.
+                if self.resident && pausing_costs_too_much(rate, self.paused_ns_per_run) {
+                    tracing::debug!(
+                        rate,
+                        "tracer: the slice's event rate would make the paused programs cost too much; detaching between slices"
+                    );
+                    self.resident = false;
+                    self.detached_slices = 0;
+                    self.cost_detaches += 1;
+                }
+            }
+        }
         if self.resident {
             t.pause();
             self.at_pause = s.map(|s| (Instant::now(), s));
@@ -326,6 +380,7 @@ impl Tracing {
         if let Some(ns) = d.ns_per_run() {
             self.paused_ns_per_run = Some(ns);
         }
+        self.event_rate = Some(d.run_cnt as f64 / wall.as_secs_f64());
         let share = share_of(d.run_time_ns, wall);
         self.paused_share = share;
         if share > RESIDENT_SHARE {
@@ -420,6 +475,7 @@ impl Tracing {
             tracing::warn!("tracer: attach: {e:#}");
         }
         self.at_resume = t.prog_stats();
+        self.resumed_at = Some(Instant::now());
     }
 
     /// Detaches (the programs and maps go with the tracer).
@@ -525,6 +581,35 @@ mod tests {
         // through its client's first 5,000-8,500 requests.
         assert_eq!(slice_for(period, 0.0, Some(1e-6), true, Some(ms(50)), Some(300.0), true), MIN_SLICE);
         assert_eq!(slice_for(period, 0.0, Some(1e-6), true, Some(ms(50)), None, true), MIN_SLICE);
+    }
+
+    #[test]
+    fn the_next_slice_costs_the_last_seen_event_rate_at_the_last_cost_per_event() {
+        // sysbench threads: its start-up slice read 4%, the paused programs then saw 1 M
+        // events a second, which counting at 210 ns each makes 21%.
+        let c = counting_share(Some(0.04), Some(1e6), Some(210.0)).unwrap();
+        assert!((c - 0.21).abs() < 1e-9, "{c}");
+        // A slice measured dearer than the rate says (the rate fell since) keeps its share.
+        assert_eq!(counting_share(Some(0.3), Some(1e6), Some(210.0)), Some(0.3));
+        // Either alone, or nothing.
+        assert_eq!(counting_share(Some(0.04), None, Some(210.0)), Some(0.04));
+        assert_eq!(counting_share(None, Some(1e6), None), None);
+        assert!((counting_share(None, Some(1e5), Some(200.0)).unwrap() - 0.02).abs() < 1e-12);
+        // Which holds the slice to the budget: 0.5% x 5 / 4.5 / 21% of a 200 ms period, 5.3 ms.
+        let period = Duration::from_millis(200);
+        let s = slice_for(period, 0.0, Some(c), true, Some(Duration::from_millis(50)), Some(15_000.0), false);
+        assert!((s.as_secs_f64() - 0.2 * 0.025 / 4.5 / 0.21).abs() < 1e-6, "{s:?}");
+    }
+
+    #[test]
+    fn a_slice_s_event_rate_predicts_the_paused_cost_check() {
+        // RESIDENT_SHARE (0.25% of a vCPU) at 80 ns an event: 31,250 events a second.
+        assert!(!pausing_costs_too_much(30_000.0, None));
+        assert!(pausing_costs_too_much(40_000.0, None));
+        // sysbench threads' first slice: 700,000 a second.
+        assert!(pausing_costs_too_much(700_000.0, Some(60.0)));
+        // sockperf under load at 2,000 messages/s (~16,000 a second) stays paused.
+        assert!(!pausing_costs_too_much(16_000.0, Some(60.0)));
     }
 
     #[test]
