@@ -33,7 +33,7 @@ use gleaner_policy::idle::{IdlePlan, Mechanism, TraceSource, WakeTrace};
 use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{KnownProbe, RetentionAction};
 
-use crate::engine::{ms_to_ns, Engine, Host, Idle, Ts, YState, GOVERNOR_SWITCH_NS, NONE};
+use crate::engine::{ms_to_ns, Engine, Host, Idle, Ts, YState, GOVERNOR_SWITCH_NS, GV_IDLE, GV_WORK, GV_YIELD, NONE};
 use crate::policy::{HostView, SimVcpuCounters};
 use crate::queue::{Ev, Ns};
 
@@ -48,7 +48,7 @@ impl Engine {
     /// noise, as the real agent sees a yield stretched by the host: no context switch).
     fn feed(&mut self, v: u32, d: Ns, work: bool, end: Ns) -> Option<Ns> {
         let vi = v as usize;
-        let gv_work = self.vcpus[vi].c.gv_work;
+        let gv_work = self.vcpus[vi].c.gv[GV_WORK];
         let y = self.vcpus[vi].yielder.as_mut()?;
         let ran_while_asleep = y.work_at_sleep.take().is_some_and(|w| w != gv_work);
         // The model knows what happened. It never steps aside: its guest scheduler has no
@@ -68,7 +68,7 @@ impl Engine {
         }
         let yn = self.yield_ns(v);
         let vi = v as usize;
-        let gv_work = self.vcpus[vi].c.gv_work;
+        let gv_work = self.vcpus[vi].c.gv[GV_WORK];
         let y = self.vcpus[vi].yielder.as_mut()?;
         let ran_while_asleep = y.work_at_sleep.take().is_some_and(|w| w != gv_work);
         // As `feed`, call by call: no thread ran during a quick yield; the model never steps
@@ -146,7 +146,7 @@ impl Engine {
     fn yielder_sleep(&mut self, v: u32, ns: Ns) {
         let now = self.now;
         self.gv_flush(v);
-        let gv_work = self.vcpus[v as usize].c.gv_work;
+        let gv_work = self.vcpus[v as usize].c.gv[GV_WORK];
         let y = self.vcpus[v as usize].yielder.as_mut().expect("yielder");
         y.work_at_sleep = Some(gv_work);
         y.state = YState::Sleeping { asked: ns, since: now };
@@ -194,7 +194,7 @@ impl Engine {
             self.gv_flush(v);
             let vc = &self.vcpus[v as usize];
             let c = &vc.c;
-            let cur = (c.gv_work, c.gv_yield, c.gv_idle, c.idle_entries, vc.steal_ns);
+            let cur = (c.gv[GV_WORK], c.gv[GV_YIELD], c.gv[GV_IDLE], c.idle_entries, vc.steal_ns);
             let polled = c.gpoll_ns - std::mem::replace(&mut self.vms[vmi].prev_poll[i as usize], c.gpoll_ns);
             let prev = std::mem::replace(&mut self.vms[vmi].prev[i as usize], cur);
             samples.push(VcpuSample {

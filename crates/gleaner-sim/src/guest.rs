@@ -4,7 +4,7 @@
 
 use gleaner_policy::idle::TargetState;
 
-use crate::engine::{Engine, Host, Idle, Ts, YState, NONE};
+use crate::engine::{Engine, Host, Idle, Ts, YState, GV_IDLE, GV_WORK, GV_YIELD, NONE};
 use crate::queue::{Ev, Ns};
 use crate::scenario::GuestPolicy;
 use crate::workload::Op;
@@ -124,13 +124,15 @@ impl Engine {
         let vc = &mut self.vcpus[v as usize];
         let e = now - vc.gv_since;
         vc.gv_since = now;
-        if vc.cur != NONE {
-            vc.c.gv_work += e;
+        // Which of the three is data: an index picked by conditional moves, not branches.
+        let k = if vc.cur != NONE {
+            GV_WORK
         } else if vc.idle == Idle::Yield {
-            vc.c.gv_yield += e;
+            GV_YIELD
         } else {
-            vc.c.gv_idle += e;
-        }
+            GV_IDLE
+        };
+        vc.c.gv[k] += e;
     }
 
     /// Appends thread `t` to vCPU `v`'s run queue, counting it in the VM's queued threads and
@@ -221,17 +223,15 @@ impl Engine {
         // The first vCPU with the longest run queue. `v`'s own queue is empty (`guest_next`
         // found nothing), so it is never chosen; a vCPU with a queued thread has a load.
         debug_assert_eq!(self.rqlen[v as usize], 0);
-        let mut best = NONE;
-        let mut best_len = 0;
-        for (u, &len) in (base..).zip(&self.rqlen[base as usize..(base + n) as usize]) {
-            if len > best_len {
-                best = u;
-                best_len = len;
-            }
-        }
-        if best == NONE {
+        // Two passes, the longest length and then where it first is: the first has no
+        // branch and is vectorized, where one pass with a running best was a compare and
+        // branch per vCPU (1.5% of a 256-vCPU run).
+        let lens = &self.rqlen[base as usize..(base + n) as usize];
+        let longest = lens.iter().copied().fold(0, u32::max);
+        if longest == 0 {
             return None;
         }
+        let best = base + lens.iter().position(|&len| len == longest).expect("the longest is there") as u32;
         let rq = &self.vcpus[best as usize].rq;
         let pos = (0..rq.len()).rev().find(|&i| self.threads[rq[i] as usize].pin == NONE)?;
         let t = self.rq_take(best, pos).expect("index in range");
