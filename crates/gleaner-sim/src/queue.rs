@@ -183,7 +183,9 @@ impl Tournament {
     }
 
     /// Sets key `k`'s leaf and replays the matches on its path to the root.
-    #[inline]
+    /// Always inlined: out of line, the call and the spills around the unrolled walks cost 2.4%
+    /// of the instructions on `scale`.
+    #[inline(always)]
     fn update(&mut self, k: usize, best: Node) {
         if k >= self.leaves() {
             self.grow(k);
