@@ -107,6 +107,38 @@ fn a_process_started_while_traced_is_reported_missed() {
     assert_idle_knobs_as(&knobs);
 }
 
+/// The first slice counts the shortest slice, then goes on only as far as its measured cost
+/// allows: a ping-pong started with the agent (counting costs a fifth of a vCPU there) is
+/// counted for about `MIN_SLICE` of its 50 ms first period, not all of it, whose round trips,
+/// each slower while counted, made the run's p99.
+#[test]
+#[serial(host)]
+fn a_busy_workload_s_first_slice_ends_at_the_shortest() {
+    require_root_and_cpuset();
+    let knobs = idle_knobs();
+    let run_dir = tempfile::tempdir().unwrap();
+    let events = run_dir.path().join("events.jsonl");
+    let out = gleaner()
+        .args(["run", "--no-consolidation", "--events"])
+        .arg(&events)
+        .arg("--run-dir")
+        .arg(run_dir.path().join("run"))
+        .args(["--", env!("CARGO_BIN_EXE_gleaner"), "bench", "workload", "pingpong", "--duration-ms", "600"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&events).unwrap();
+    let first = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| l["event"] == "period")
+        .unwrap_or_else(|| panic!("no period: {text}"));
+    let traced = first["traced_ns"].as_u64().unwrap_or_else(|| panic!("the first period is traced: {first}"));
+    let shortest = gleaner_agent::agent::trace::MIN_SLICE.as_nanos() as u64;
+    assert!(traced >= shortest && traced <= 2 * shortest, "the first slice is about the shortest ({shortest} ns): {first}");
+    assert_idle_knobs_as(&knobs);
+}
+
 #[test]
 #[serial(host)]
 fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {

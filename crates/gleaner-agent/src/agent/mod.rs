@@ -396,13 +396,22 @@ impl Session {
         loop {
             // A traced period is traced for its first slice (the tracer's cost bounded), then
             // the rest is waited detached.
-            let slice = tracing.slice(period, guest.sync_rate(), guest.workload_starting());
+            let (rate, starting) = (guest.sync_rate(), guest.workload_starting());
+            let mut slice = tracing.slice(period, rate, starting);
             let mut ended = false;
             let mut rest = period;
             if !slice.is_zero() && slice < period {
                 ended = wait_period(waiter.as_ref(), slice, child_pid, workload_start, &mut outcome)?;
-                tracing.end_slice();
-                rest = period - slice;
+                // The first slice goes on for as long as its cost so far allows.
+                let more = if ended { Duration::ZERO } else { tracing.slice_more(period, slice, rate, starting) };
+                if !more.is_zero() {
+                    ended = wait_period(waiter.as_ref(), more, child_pid, workload_start, &mut outcome)?;
+                    slice += more;
+                }
+                if slice < period {
+                    tracing.end_slice();
+                }
+                rest = period.saturating_sub(slice);
             }
             if ended || wait_period(waiter.as_ref(), rest, child_pid, workload_start, &mut outcome)? {
                 break;
