@@ -61,6 +61,27 @@ fn quick_probe_config(dir: &std::path::Path) -> std::path::PathBuf {
     cfg
 }
 
+/// `gleaner run --no-consolidation --events FILE -- CMD`: the events' text and its period
+/// events, after checking the run succeeded and left nothing behind.
+fn run_for_periods(cmd: &[&str]) -> (String, Vec<serde_json::Value>) {
+    let run_dir = tempfile::tempdir().unwrap();
+    let events = run_dir.path().join("events.jsonl");
+    let out = gleaner()
+        .args(["run", "--no-consolidation", "--events"])
+        .arg(&events)
+        .arg("--run-dir")
+        .arg(run_dir.path().join("run"))
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_no_leftovers(&run_dir.path().join("run"));
+    let text = std::fs::read_to_string(&events).unwrap();
+    let periods = text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|l| l["event"] == "period").collect();
+    (text, periods)
+}
+
 /// A process the workload starts while a period is traced is not followed by the tracer
 /// (armed with the processes at the period's start): the period's event says what share of
 /// its sync points such processes made, and the next period is traced with them.
@@ -69,24 +90,11 @@ fn quick_probe_config(dir: &std::path::Path) -> std::path::PathBuf {
 fn a_process_started_while_traced_is_reported_missed() {
     require_root_and_cpuset();
     let knobs = idle_knobs();
-    let run_dir = tempfile::tempdir().unwrap();
-    let events = run_dir.path().join("events.jsonl");
     // The shell is the only process at the first period's end (50 ms); its child, a
     // ping-pong of two threads, starts 150 ms in, inside the second period, traced while the
     // workload is not seen yet.
     let child = format!("sleep 0.15; {} bench workload pingpong --duration-ms 1000 >/dev/null", env!("CARGO_BIN_EXE_gleaner"));
-    let out = gleaner()
-        .args(["run", "--no-consolidation", "--events"])
-        .arg(&events)
-        .arg("--run-dir")
-        .arg(run_dir.path().join("run"))
-        .args(["--", "sh", "-c", &child])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&events).unwrap();
-    let periods: Vec<serde_json::Value> =
-        text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|l| l["event"] == "period").collect();
+    let (text, periods) = run_for_periods(&["sh", "-c", &child]);
     // The first period can miss a process too: the tracer is armed before the shell forks
     // `sleep`, whose one sleep is half the period's sync points. The ping-pong's period is
     // the one that made progress (thousands of hand-overs).
@@ -116,23 +124,8 @@ fn a_process_started_while_traced_is_reported_missed() {
 fn a_busy_workload_s_first_slice_ends_at_the_shortest() {
     require_root_and_cpuset();
     let knobs = idle_knobs();
-    let run_dir = tempfile::tempdir().unwrap();
-    let events = run_dir.path().join("events.jsonl");
-    let out = gleaner()
-        .args(["run", "--no-consolidation", "--events"])
-        .arg(&events)
-        .arg("--run-dir")
-        .arg(run_dir.path().join("run"))
-        .args(["--", env!("CARGO_BIN_EXE_gleaner"), "bench", "workload", "pingpong", "--duration-ms", "600"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&events).unwrap();
-    let first = text
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|l| l["event"] == "period")
-        .unwrap_or_else(|| panic!("no period: {text}"));
+    let (text, periods) = run_for_periods(&[env!("CARGO_BIN_EXE_gleaner"), "bench", "workload", "pingpong", "--duration-ms", "600"]);
+    let first = periods.first().unwrap_or_else(|| panic!("no period: {text}"));
     let traced = first["traced_ns"].as_u64().unwrap_or_else(|| panic!("the first period is traced: {first}"));
     let shortest = gleaner_agent::agent::trace::MIN_SLICE.as_nanos() as u64;
     assert!(traced >= shortest && traced <= 2 * shortest, "the first slice is about the shortest ({shortest} ns): {first}");
