@@ -6,7 +6,8 @@
 //! ```text
 //!  per vCPU, gaps: idle periods ended by a wakeup of the workload (from another CPU, or a
 //!  timer or interrupt on this one) + all others
-//!  for a window W (2^k ns, 16 us .. 16.8 ms, or ALWAYS):
+//!  for a window W (2^k ns, 16 us .. 16.8 ms, or ALWAYS; the shared kernel polling window
+//!  from 64 us, MIN_POLL_CAP):
 //!     cost(W)   = sum over every gap g of min(g, W)                 CPU spent polling/yielding
 //!     saving(W) = sum over woken gaps g <= W of C(g) - caught       the halt never happened
 //!               + sum over woken gaps g >  W of C(g) - C(g - W)     a shorter halt, often cheap
@@ -56,6 +57,14 @@ pub const ALWAYS: u64 = u64::MAX;
 /// Smallest and largest finite window, as powers of two (16.4 us and 16.8 ms).
 pub const MIN_WINDOW_EXP: u32 = 14;
 pub const MAX_WINDOW_EXP: u32 = 24;
+
+/// The narrowest shared kernel polling window (65.5 us). A traced slice of a few
+/// milliseconds cannot show a workload's rarer idle periods, and a window fitted to the ones
+/// it saw halts on the rest: the built-in ping-pong's first trace saw none of its woken idle
+/// periods past 16 us, the window planned was 16 us, and a fixed 16 us window doubled the
+/// ping-pong's p99 (17.9 against haltpoll's 8.7 us, 8 alternated rounds), where a fixed
+/// 64 us one was at haltpoll's (8.7). docs/idle-policy.md, "The narrowest window".
+pub const MIN_POLL_CAP: u64 = 1 << 16;
 
 /// The finite candidate windows, ascending.
 pub fn windows() -> impl Iterator<Item = u64> + Clone {
@@ -542,7 +551,8 @@ fn plan_polling(means: &Means, curve: &WakeCurve, cfg: &PlanConfig, inputs: &[Vc
         .zip(behind)
         .map(|(i, &b)| if b { halt_behind(curve, i).plan } else { best_alone(curve, m, cfg, i, false, means.poll_always) })
         .collect();
-    let caps: Vec<u64> = if means.poll_window { std::iter::once(0).chain(windows()).collect() } else { vec![0] };
+    let caps: Vec<u64> =
+        if means.poll_window { std::iter::once(0).chain(windows().filter(|&w| w >= MIN_POLL_CAP)).collect() } else { vec![0] };
     let mut best: Option<(f64, u64, Vec<VcpuPlan>)> = None;
     for &cap in &caps {
         let options: Vec<Vec<Choice>> = inputs
