@@ -117,8 +117,8 @@ fn a_process_started_while_traced_is_reported_missed() {
 
 /// The first slice counts the shortest slice, then goes on only as far as its measured cost
 /// allows: a ping-pong started with the agent (counting costs a fifth of a vCPU there) is
-/// counted for about `MIN_SLICE` of its 50 ms first period, not all of it, whose round trips,
-/// each slower while counted, made the run's p99.
+/// counted for about `MIN_SLICE` of its 50 ms first period, not all of it (14.5 ms of the
+/// tracer's CPU in a 3 s run, 4.7 ms with the rule).
 #[test]
 #[serial(host)]
 fn a_busy_workload_s_first_slice_ends_at_the_shortest() {

@@ -396,14 +396,13 @@ impl Session {
         loop {
             // A traced period is traced for its first slice (the tracer's cost bounded), then
             // the rest is waited detached.
-            let (rate, starting) = (guest.sync_rate(), guest.workload_starting());
-            let mut slice = tracing.slice(period, rate, starting);
+            let mut slice = tracing.slice(period, guest.sync_rate(), guest.workload_starting());
             let mut ended = false;
             let mut rest = period;
             if !slice.is_zero() && slice < period {
                 ended = wait_period(waiter.as_ref(), slice, child_pid, workload_start, &mut outcome)?;
                 // The first slice goes on for as long as its cost so far allows.
-                let more = if ended { Duration::ZERO } else { tracing.slice_more(period, slice, rate, starting) };
+                let more = if ended { Duration::ZERO } else { tracing.slice_more(period, slice) };
                 if !more.is_zero() {
                     ended = wait_period(waiter.as_ref(), more, child_pid, workload_start, &mut outcome)?;
                     slice += more;

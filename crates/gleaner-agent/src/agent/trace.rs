@@ -193,14 +193,14 @@ fn slice_for(
 
 /// What is left of the first slice, `counted` into it: as much as the budget allows at the
 /// cost measured over those first [`MIN_SLICE`] (`share` of a vCPU), up to the whole (short)
-/// first period. The first slice used to be the whole period, sized before any cost was
-/// known: on a ping-pong started with the agent (125,000 round trips a second, counting at
-/// 23% of a vCPU) it counted 51 ms, 1.7% of a 3 s run's round trips, each 1.4-1.7 us slower
-/// while counted, which made the run's p99 theirs (10.5 against 8.8 us without the tracer).
-/// A light workload, whose first slice costs next to nothing, is still counted through the
-/// period, where its few long idle periods can be seen.
-fn first_slice_rest(period: Duration, counted: Duration, paused_share: f64, share: f64, rate: Option<f64>, starting: bool) -> Duration {
-    slice_for(period, paused_share, Some(share), true, None, rate, starting).saturating_sub(counted)
+/// first period. Nothing is known before it (no rate, no paused stretch, not a start-up's
+/// rate yet), so the budget is [`slice_for`]'s with the measured share alone. The first slice
+/// used to be the whole period, sized before any cost was known: a ping-pong started with the
+/// agent (counting at 23% of a vCPU) was counted for 51 ms, its tracer's CPU 14.5 ms of a 3 s
+/// run (4.7 ms now). A light workload, whose first slice costs next to nothing, is still
+/// counted through the period, where its few long idle periods can be seen.
+fn first_slice_rest(period: Duration, counted: Duration, share: f64) -> Duration {
+    slice_for(period, 0.0, Some(share), true, None, None, false).saturating_sub(counted)
 }
 
 /// Slices to wait, detached, before pausing again after `detaches` detaches for cost.
@@ -329,8 +329,8 @@ impl Tracing {
     /// How long to count in a period of `period` (zero: not traced this period), the
     /// workload's last rate of sync points a second being `rate` (`None`: not measured yet),
     /// `starting` while that rate is a start-up's
-    /// ([`gleaner_policy::guest::GuestController::workload_starting`]).
-    /// The first slice, before any cost was measured, is [`MIN_SLICE`] at first: what follows
+    /// ([`gleaner_policy::guest::GuestController::workload_starting`]). The first slice,
+    /// before any cost was measured, is [`MIN_SLICE`] at first: what follows
     /// is for [`Self::slice_more`] to say, from its cost over those.
     pub fn slice(&self, period: Duration, rate: Option<f64>, starting: bool) -> Duration {
         if !self.tracer.as_ref().is_some_and(WakeTracer::counting) {
@@ -348,13 +348,13 @@ impl Tracing {
     /// How much longer to count, `counted` into a slice of a period of `period` (zero: end
     /// it now). Only the first slice goes on ([`first_slice_rest`]); the others were sized
     /// whole by [`Self::slice`].
-    pub fn slice_more(&self, period: Duration, counted: Duration, rate: Option<f64>, starting: bool) -> Duration {
+    pub fn slice_more(&self, period: Duration, counted: Duration) -> Duration {
         let Some(t) = self.tracer.as_ref().filter(|t| t.counting() && self.unmeasured()) else { return Duration::ZERO };
         let (Some(now), Some(at), Some(since)) = (t.prog_stats(), self.at_resume.as_ref(), self.resumed_at) else {
             return Duration::ZERO;
         };
         let share = share_of(now.delta_since(at).run_time_ns, since.elapsed());
-        first_slice_rest(period, counted, self.paused_share, share, rate, starting)
+        first_slice_rest(period, counted, share)
     }
 
     /// No slice's cost measured yet, and it can be (the run-time statistics are on).
@@ -625,16 +625,16 @@ mod tests {
         let (first, ms) = (Duration::from_millis(50), Duration::from_millis);
         // A ping-pong started with the agent: counting cost 23% of a vCPU over the first
         // 5 ms, and the budget allows 0.5% x 5 / 4.5 / 23% of the period, 1.2 ms: it ends.
-        assert_eq!(first_slice_rest(first, MIN_SLICE, 0.0, 0.23, None, false), Duration::ZERO);
+        assert_eq!(first_slice_rest(first, MIN_SLICE, 0.23), Duration::ZERO);
         // A light workload (an open loop at 200/s, or a server still starting): nearly
         // free, counted to the period's end; nothing counted at all, the same.
-        assert_eq!(first_slice_rest(first, MIN_SLICE, 0.0, 1e-5, None, false), first - MIN_SLICE);
-        assert_eq!(first_slice_rest(first, MIN_SLICE, 0.0, 0.0, None, false), first - MIN_SLICE);
+        assert_eq!(first_slice_rest(first, MIN_SLICE, 1e-5), first - MIN_SLICE);
+        assert_eq!(first_slice_rest(first, MIN_SLICE, 0.0), first - MIN_SLICE);
         // In between, as far as the budget allows: 0.5% x 5 / 4.5 / 2% of 50 ms, 13.9 ms.
-        let rest = first_slice_rest(first, MIN_SLICE, 0.0, 0.02, None, false);
+        let rest = first_slice_rest(first, MIN_SLICE, 0.02);
         assert!((rest.as_secs_f64() - (0.05 * 0.025 / 4.5 / 0.02 - 0.005)).abs() < 1e-6, "{rest:?}");
         // Never past the period, whatever was counted.
-        assert_eq!(first_slice_rest(first, ms(60), 0.0, 0.0, None, false), Duration::ZERO);
+        assert_eq!(first_slice_rest(first, ms(60), 0.0), Duration::ZERO);
     }
 
     #[test]
