@@ -520,14 +520,15 @@ impl Engine {
         }
         let mut deltas = Vec::with_capacity(self.vcpus.len());
         for (i, vc) in self.vcpus.iter().enumerate() {
+            let (llc_refs, llc_misses) = vc.c.llc(&self.vms[vc.vm as usize].cache);
             let cur = SimVcpuCounters {
                 vm: vc.vm,
                 vcpu: vc.idx,
                 io_events: vc.c.io_events,
                 ple_exits: vc.c.exits_ple,
                 spin_ns: vc.c.spin_ns,
-                llc_refs: vc.c.llc_refs,
-                llc_misses: vc.c.llc_misses,
+                llc_refs,
+                llc_misses,
                 run_ns: vc.c.run_ns,
             };
             let prev = std::mem::replace(&mut self.host_prev[i], cur);

@@ -152,23 +152,27 @@ pub(crate) const GV_YIELD: usize = 1;
 pub(crate) const GV_IDLE: usize = 2;
 
 /// Per-vCPU counters. `repr(C)` in this order: the ones `settle` adds to on every event share
-/// one cache line (see [`Vcpu`]).
+/// one cache line (see [`Vcpu`]), all of them (`hpoll_ns` was on the next).
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(C)]
 pub(crate) struct Counters {
+    // The first cache line: what `settle` adds to.
     pub run_ns: u64,
     pub overhead_ns: u64,
     pub work_ns: u64,
-    pub llc_refs: f64,
-    pub llc_misses: f64,
     pub spin_ns: u64,
     pub yield_ns: u64,
     pub gpoll_ns: u64,
+    pub hpoll_ns: u64,
+    /// Working-set refills after another vCPU ran on the pCPU. The LLC references and misses
+    /// are derived from these and `work_ns` ([`Counters::llc`]), not summed per segment: a
+    /// floating-point multiply, divide and two dependent adds on every `settle` were a tenth
+    /// of the run's time.
+    pub refills: u64,
     /// Guest view: time with a workload thread current, yielding, idle (halted or polling),
     /// at [`GV_WORK`], [`GV_YIELD`] and [`GV_IDLE`]: an array, so that `gv_flush` adds to one
     /// picked without a branch.
     pub gv: [u64; 3],
-    pub hpoll_ns: u64,
     pub idle_entries: u64,
     pub exits_hlt: u64,
     pub exits_ipi: u64,
@@ -178,6 +182,17 @@ pub(crate) struct Counters {
     pub exits_io: u64,
     pub hpoll_attempts: u64,
     pub hpoll_success: u64,
+}
+
+impl Counters {
+    /// The LLC references and misses of this much work and these refills, for a VM that uses
+    /// the cache as `cache` says: `refs_per_us` references a microsecond of work, `miss_ratio`
+    /// of them missing, and a refill of the working set 16 references a KiB, each a miss.
+    pub(crate) fn llc(&self, cache: &CacheProfile) -> (f64, f64) {
+        let refs = ns_f64(self.work_ns) * cache.refs_per_us / 1000.0;
+        let refill = ns_f64(self.refills) * cache.wss_kb * 16.0;
+        (refs + refill, refs * cache.miss_ratio + refill)
+    }
 }
 
 /// A vCPU, host and guest side.
@@ -863,10 +878,6 @@ impl Engine {
                     let w = e.min(th.rem);
                     th.rem -= w;
                     vc.c.work_ns += w;
-                    let cache = &self.vms[vc.vm as usize].cache;
-                    let refs = ns_f64(w) * cache.refs_per_us / 1000.0;
-                    vc.c.llc_refs += refs;
-                    vc.c.llc_misses += refs * cache.miss_ratio;
                 }
             }
             Idle::Yield => {
@@ -1017,8 +1028,7 @@ impl Engine {
             oh += pv;
             let cache = &self.vms[vc.vm as usize].cache;
             oh += saturating_u64(cache.wss_kb * cache.refill_ns_per_kb);
-            vc.c.llc_misses += cache.wss_kb * 16.0;
-            vc.c.llc_refs += cache.wss_kb * 16.0; // a refill miss is also a reference
+            vc.c.refills += 1;
         }
         vc.overhead += oh;
         let queued = std::mem::replace(&mut vc.queued_since, Ns::MAX);
@@ -1303,9 +1313,9 @@ impl Engine {
                 c.io_events += x.io_events;
                 c.hpoll_attempts += x.hpoll_attempts;
                 c.hpoll_success += x.hpoll_success;
-                c.llc_refs += x.llc_refs;
-                c.llc_misses += x.llc_misses;
+                c.refills += x.refills;
             }
+            let (llc_refs, llc_misses) = c.llc(&vm.cache);
             let active = vm.agent.as_ref().filter(|a| a.config().consolidation.is_some()).map(|a| a.active().len() as u32);
             let timeouts: Vec<u64> = (vm.vcpu_base..vm.vcpu_base + vm.nvcpus)
                 .filter_map(|v| self.vcpus[v as usize].yielder.as_ref().map(|y| y.det.timeout_ns()))
@@ -1347,8 +1357,8 @@ impl Engine {
                 exits_io: c.exits_io,
                 halt_poll_attempts: c.hpoll_attempts,
                 halt_poll_successes: c.hpoll_success,
-                llc_refs: c.llc_refs,
-                llc_misses: c.llc_misses,
+                llc_refs,
+                llc_misses,
                 context_switches: vm.s_work,
                 lat: vm.lat.clone(),
                 req: vm.req.clone(),
@@ -1559,8 +1569,18 @@ mod tests {
         assert!(offset_of!(Vcpu, idle) + size_of::<Idle>() <= 64);
         assert!(offset_of!(Vcpu, rq) >= 64 && offset_of!(Vcpu, last_p) + 4 <= 128);
         assert_eq!(offset_of!(Vcpu, c), 128);
-        assert!(offset_of!(Counters, gpoll_ns) + 8 <= 64);
+        assert!(offset_of!(Counters, hpoll_ns) + 8 <= 64);
         assert!(size_of::<Vcpu>() <= 7 * 64, "the yielder's detector stays out of line");
+    }
+
+    #[test]
+    fn the_llc_counts_follow_the_work_and_the_refills() {
+        let cache = crate::workload::CacheProfile { refs_per_us: 20.0, miss_ratio: 0.05, wss_kb: 256.0, refill_ns_per_kb: 0.0 };
+        // 2 ms of work: 40,000 references, 2,000 of them misses; 3 refills of 256 KiB at 16
+        // references a KiB: 12,288 more, every one a miss.
+        let c = Counters { work_ns: 2_000_000, refills: 3, ..Counters::default() };
+        assert_eq!(c.llc(&cache), (52_288.0, 14_288.0));
+        assert_eq!(Counters::default().llc(&cache), (0.0, 0.0));
     }
 
     #[test]
