@@ -1463,6 +1463,26 @@ mod tests {
         })
     }
 
+    /// A woken thread's vCPU: its previous one if idle, else the first idle one after it in the
+    /// VM's order, wrapping around; else the previous one; else (not allowed) the least loaded.
+    #[test]
+    fn a_woken_thread_takes_the_next_idle_vcpu_after_its_last_wrapping_around() {
+        let mut e = two_pcpu_engine(4);
+        e.threads[0].vcpu = 2;
+        e.vload = vec![1, 0, 1, 1];
+        assert_eq!(e.select_vcpu(0), 1, "wraps around past the last vCPU");
+        e.vload = vec![0, 0, 1, 0];
+        assert_eq!(e.select_vcpu(0), 3, "the next after the previous one first");
+        e.allowed[3] = false;
+        assert_eq!(e.select_vcpu(0), 0, "only allowed vCPUs");
+        e.vload = vec![1, 1, 0, 1];
+        assert_eq!(e.select_vcpu(0), 2, "the previous one when idle");
+        e.vload = vec![2, 1, 3, 1];
+        assert_eq!(e.select_vcpu(0), 2, "none idle: the previous one");
+        e.allowed[2] = false;
+        assert_eq!(e.select_vcpu(0), 1, "the previous one not allowed: the least loaded allowed");
+    }
+
     /// Four always-runnable vCPUs stacked on one of two pCPUs (three queued behind a running
     /// one, which only an idle pCPU would pull): a balancing pass leaves two on each.
     #[test]

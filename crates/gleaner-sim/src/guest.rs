@@ -420,7 +420,7 @@ impl Engine {
     /// select_task_rq: the previous vCPU if idle, else any idle allowed vCPU, else the previous.
     /// A pinned thread goes to its vCPU while that is in the workload's cpuset, else anywhere
     /// in it (Linux keeps the thread's own affinity and uses the cpuset when they do not meet).
-    fn select_vcpu(&self, t: u32) -> u32 {
+    pub(crate) fn select_vcpu(&self, t: u32) -> u32 {
         let th = &self.threads[t as usize];
         if th.pin != NONE && self.allowed[th.pin as usize] {
             return th.pin;
@@ -431,12 +431,14 @@ impl Engine {
         if self.allowed[prev as usize] && self.vload[prev as usize] == 0 {
             return prev;
         }
-        let start = prev - base;
-        for k in 1..n {
-            let u = base + (start + k) % n;
-            if self.allowed[u as usize] && self.vload[u as usize] == 0 {
-                return u;
-            }
+        // The VM's vCPUs after `prev`, then those before it: two slices, not a `% n` (a
+        // divide) per vCPU looked at.
+        let idle_in = |lo: u32, hi: u32| {
+            let (lo, hi) = (lo as usize, hi as usize);
+            self.vload[lo..hi].iter().zip(&self.allowed[lo..hi]).position(|(&l, &a)| a & (l == 0)).map(|i| lo as u32 + i as u32)
+        };
+        if let Some(u) = idle_in(prev + 1, base + n).or_else(|| idle_in(base, prev)) {
+            return u;
         }
         if self.allowed[prev as usize] {
             return prev;
