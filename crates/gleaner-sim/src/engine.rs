@@ -1469,18 +1469,20 @@ mod tests {
     fn a_woken_thread_takes_the_next_idle_vcpu_after_its_last_wrapping_around() {
         let mut e = two_pcpu_engine(4);
         e.threads[0].vcpu = 2;
-        e.vload = vec![1, 0, 1, 1];
-        assert_eq!(e.select_vcpu(0), 1, "wraps around past the last vCPU");
-        e.vload = vec![0, 0, 1, 0];
-        assert_eq!(e.select_vcpu(0), 3, "the next after the previous one first");
-        e.allowed[3] = false;
-        assert_eq!(e.select_vcpu(0), 0, "only allowed vCPUs");
-        e.vload = vec![1, 1, 0, 1];
-        assert_eq!(e.select_vcpu(0), 2, "the previous one when idle");
-        e.vload = vec![2, 1, 3, 1];
-        assert_eq!(e.select_vcpu(0), 2, "none idle: the previous one");
-        e.allowed[2] = false;
-        assert_eq!(e.select_vcpu(0), 1, "the previous one not allowed: the least loaded allowed");
+        // (loads, allowed, the vCPU picked, why), thread 0 last on vCPU 2.
+        let cases: [([u32; 4], [bool; 4], u32, &str); 6] = [
+            ([1, 0, 1, 1], [true; 4], 1, "wraps around past the last vCPU"),
+            ([0, 0, 1, 0], [true; 4], 3, "the next after the previous one first"),
+            ([0, 0, 1, 0], [true, true, true, false], 0, "only allowed vCPUs"),
+            ([1, 1, 0, 1], [true; 4], 2, "the previous one when idle"),
+            ([2, 1, 3, 1], [true; 4], 2, "none idle: the previous one"),
+            ([2, 1, 3, 1], [true, true, false, true], 1, "the previous one not allowed: the least loaded allowed"),
+        ];
+        for (load, allowed, want, why) in cases {
+            e.vload = load.to_vec();
+            e.allowed = allowed.to_vec();
+            assert_eq!(e.select_vcpu(0), want, "{why}");
+        }
     }
 
     /// Four always-runnable vCPUs stacked on one of two pCPUs (three queued behind a running
