@@ -107,7 +107,7 @@ fn a_process_started_while_traced_is_reported_missed() {
     // (the shell's few sync points), would have sized the slice to the whole period, counted
     // through the ping-pong's start; the shortest slice instead.
     assert_eq!(k, 1, "the ping-pong starts 150 ms in, inside the second period: {text}");
-    let shortest = gleaner_agent::agent::trace::MIN_SLICE.as_nanos() as u64;
+    let shortest = u64::try_from(gleaner_agent::agent::trace::MIN_SLICE.as_nanos()).expect("MIN_SLICE fits u64 ns");
     assert!(periods[k]["traced_ns"].as_u64() <= Some(2 * shortest), "the second period counts the shortest slice: {}", periods[k]);
     let next = periods.get(k + 1).unwrap_or_else(|| panic!("no period after the one that missed: {text}"));
     assert!(next["traced_ns"].as_u64() > Some(0), "the next period is traced: {next}");
@@ -127,7 +127,7 @@ fn a_busy_workload_s_first_slice_ends_at_the_shortest() {
     let (text, periods) = run_for_periods(&[env!("CARGO_BIN_EXE_gleaner"), "bench", "workload", "pingpong", "--duration-ms", "600"]);
     let first = periods.first().unwrap_or_else(|| panic!("no period: {text}"));
     let traced = first["traced_ns"].as_u64().unwrap_or_else(|| panic!("the first period is traced: {first}"));
-    let shortest = gleaner_agent::agent::trace::MIN_SLICE.as_nanos() as u64;
+    let shortest = u64::try_from(gleaner_agent::agent::trace::MIN_SLICE.as_nanos()).expect("MIN_SLICE fits u64 ns");
     assert!(traced >= shortest && traced <= 2 * shortest, "the first slice is about the shortest ({shortest} ns): {first}");
     assert_idle_knobs_as(&knobs);
 }

@@ -136,7 +136,7 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
     }
     let mut notes = Vec::new();
     let balanced = u32::try_from(balanced_rounds(policies.len())).unwrap_or(1);
-    if policies.len() > 1 && args.runs % balanced != 0 {
+    if policies.len() > 1 && !args.runs.is_multiple_of(balanced) {
         notes.push(format!(
             "{} runs of {} policies: each policy takes each place in a round, and follows each other policy, equally often only when --runs is a multiple of {balanced}",
             args.runs,

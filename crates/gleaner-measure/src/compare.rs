@@ -243,7 +243,7 @@ pub fn round_order(n: usize, round: usize) -> Vec<usize> {
 /// Rounds after which [`round_order`] has balanced places and predecessors for `n` policies:
 /// `n` when even, `2n` when odd (its second `n` rounds are the first ones reversed).
 pub fn balanced_rounds(n: usize) -> usize {
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         n
     } else {
         2 * n

@@ -540,10 +540,10 @@ mod tests {
                 if let Some(old) = of_key.remove(&k) {
                     want.remove(&old);
                 }
-                if (x >> 20) % 4 == 0 {
+                if (x >> 20).is_multiple_of(4) {
                     t.remove(k);
                 } else {
-                    let time = if (x >> 24) % 16 == 0 { Ns::MAX - 1 } else { (x >> 50) % 8 };
+                    let time = if (x >> 24).is_multiple_of(16) { Ns::MAX - 1 } else { (x >> 50) % 8 };
                     t.set(k, time, seq);
                     want.insert((time, seq), k);
                     of_key.insert(k, (time, seq));

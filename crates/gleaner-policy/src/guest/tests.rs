@@ -1101,6 +1101,7 @@ fn a_vcpu_behind_a_bottleneck_halts_until_the_bottleneck_idles() {
         t.traced_ns = PERIOD;
         t.vcpus[0].woken.record_n(10_000, 4_000);
         t.latency.halt.record_n(30_000, 4_000);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a share in [0, 1] of a period
         let idle1 = (PERIOD as f64 * nginx_idle) as u64;
         GuestReading {
             snapshot: snapshot(8_000),
