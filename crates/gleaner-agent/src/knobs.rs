@@ -178,6 +178,15 @@ impl KnobWriter {
         Ok(())
     }
 
+    /// Whether [`Self::restore_now`] resets each CPU's own haltpoll window: it does where it
+    /// writes the window cap back, which it changed and which is not at its original now.
+    pub fn restore_resets_windows(&self) -> anyhow::Result<bool> {
+        let Some((_, Change::ModuleParam { original, .. })) = self.changed.get(&Key::Param(HALTPOLL_WINDOW_PARAM.into())) else {
+            return Ok(false);
+        };
+        Ok(self.knobs.haltpoll_param(HALTPOLL_WINDOW_PARAM)?.is_some_and(|now| now != *original))
+    }
+
     /// Keeps `cpu` polling until work arrives (`true`) or lifts the limit (`false`).
     pub fn set_poll_always(&mut self, journal: &mut StateFile, cpu: u32, on: bool) -> anyhow::Result<()> {
         let original = self.knobs.resume_latency(cpu)?;
@@ -295,6 +304,26 @@ pub(crate) mod tests {
 
     fn read(root: &Path, rel: &str) -> String {
         fs::read_to_string(root.join(rel)).unwrap().trim().to_string()
+    }
+
+    /// Restoring resets the windows only where it writes the cap back: a cap changed and put
+    /// back at its original by a later plan (a window of 0 on a machine whose original is 0)
+    /// leaves the windows to the adapter (`IdleActuator::apply`, `WindowReset::Switch`).
+    #[test]
+    fn restoring_resets_the_windows_only_where_it_writes_the_cap_back() {
+        let d = tempfile::tempdir().unwrap();
+        fixture(d.path(), "haltpoll");
+        let mut journal = StateFile::create(&d.path().join("run"), 4243).unwrap();
+        let mut w = writer(d.path());
+        assert!(!w.restore_resets_windows().unwrap(), "nothing changed");
+        w.set_poll_always(&mut journal, 0, true).unwrap();
+        assert!(!w.restore_resets_windows().unwrap(), "the cap untouched");
+        w.set_poll_window(&mut journal, 131_072).unwrap();
+        assert!(w.restore_resets_windows().unwrap(), "the cap changed");
+        w.set_poll_window(&mut journal, 200_000).unwrap();
+        assert!(!w.restore_resets_windows().unwrap(), "the cap back at its original");
+        assert!(w.restore_now().is_empty());
+        assert!(!w.restore_resets_windows().unwrap(), "restored");
     }
 
     #[test]

@@ -180,7 +180,9 @@ pub enum WindowReset {
     /// halts every vCPU for ~15 ms.
     Shrink,
     /// Switch the cpuidle governor away and back (its `enable` sets every window to 0): for a
-    /// vCPU that never halts past its old window, which shrinking cannot reach.
+    /// vCPU that never halts past its old window, which shrinking cannot reach; and when the
+    /// plan goes back to the machine's own settings after a window was polled (the adapter
+    /// switches then unless restoring the cap already did).
     Switch,
 }
 
@@ -764,11 +766,19 @@ impl GuestController {
     /// polling past the estimate, at the price, outweighs the switch (`switch_cost_ns`).
     fn track_kernel_window(&mut self, r: &GuestReading, period_ns: u64, next: &IdlePlan) -> WindowReset {
         if !next.retains() {
-            // The machine's own settings: the adapter restores them, windows reset.
+            // The machine's own settings. Restoring the cap does not bring each CPU's own
+            // window down: the stock rule shrinks it only after a halt longer than it, which a
+            // CPU whose idle periods end while it polls never has. nginx with 50 connections:
+            // the start plan's 200 us window stayed on wrk's vCPU for 1.5 s after the plan
+            // halted it, where its cap had been written back to the original 0 already (a plan
+            // of "until work" on it), so restoring wrote nothing and reset nothing. A switch
+            // here costs nothing the plan does not ask: it halts every vCPU for its ~15 ms,
+            // and the plan halts them all.
+            let reset = if self.kernel_window_ns > 0 { WindowReset::Switch } else { WindowReset::Keep };
             self.kernel_window_ns = 0;
             self.window_check = WindowCheck::Clear;
             self.stale_cpu_ns = 0.0;
-            return WindowReset::Keep;
+            return reset;
         }
         let applied = &self.applied;
         // Each vCPU polling the window with a planned estimate (not the start plan's): its

@@ -308,7 +308,7 @@ impl Engine {
     /// to 0, the governor switched away and back, no polling for [`GOVERNOR_SWITCH_NS`]; a
     /// lowered cap alone leaves them) and `poll_always`
     /// polling until work; otherwise the machine's own settings, which in the model are the
-    /// stock guest's (halt; the agent's restore resets the windows). A vCPU polling now
+    /// stock guest's (halt; the agent's restore, or its switch, resets the windows). A vCPU polling now
     /// follows at once (an always poller that no longer is polls out its own window from
     /// now, or halts). `count`: a period of the guest loop (not the start plan).
     pub(crate) fn kernel_poll_apply(&mut self, vm: u32, on: bool, plan: &IdlePlan, count: bool, reset: WindowReset) {
@@ -323,11 +323,13 @@ impl Engine {
         let always: Vec<bool> = (0..n).map(|i| retains && plan.poll_always.contains(&i)).collect();
         let Some(kp) = self.vms[vmi].kpoll.as_mut() else { return };
         let now = self.now;
-        // The agent's restore to the machine's settings resets the windows too; only a reset
-        // while polling goes on switches governors under a workload.
+        // The agent's restore to the machine's settings resets the windows where it writes the
+        // cap back (a cap over the stock 0), and a switch asked for with it resets them where it
+        // does not (a cap already back at 0, a vCPU polled until work); only a reset while
+        // polling goes on halts a workload that polls.
         kp.shrink = retains && reset == WindowReset::Shrink;
         let switch = reset == WindowReset::Switch && retains;
-        let reset = switch || (!retains && kp.cap_ns > 0);
+        let reset = switch || (!retains && (kp.cap_ns > 0 || reset == WindowReset::Switch));
         if switch {
             kp.reset_until = now + GOVERNOR_SWITCH_NS;
         }

@@ -1533,6 +1533,22 @@ mod tests {
         e.kernel_poll_apply(0, true, &IdlePlan::halt([0, 1]), true, WindowReset::Keep);
         assert_eq!(limits(&e), vec![0; 2], "the machine's settings restored, windows reset");
         assert_eq!(e.vms[0].kpoll.as_ref().map(|k| (k.cap_ns, k.reset_until)), Some((0, 1_000_000_000 + super::GOVERNOR_SWITCH_NS)));
+        // A cap already back at the stock 0 (vCPU 0 polled until work) restores nothing that
+        // resets: the windows stay, unless the guest loop asks for the switch with the stock plan.
+        let until_work = || {
+            let mut p = IdlePlan::initial_poll([0, 1], 0);
+            p.poll_always = vec![0];
+            p
+        };
+        for reset in [WindowReset::Keep, WindowReset::Switch] {
+            e.kernel_poll_apply(0, true, &until_work(), true, WindowReset::Keep);
+            for v in 0..2 {
+                e.vcpus[v].guest_poll_limit = 200_000; // grown under an earlier cap
+            }
+            e.kernel_poll_apply(0, true, &IdlePlan::halt([0, 1]), true, reset);
+            let want = if reset == WindowReset::Switch { 0 } else { 200_000 };
+            assert_eq!(limits(&e), vec![want; 2], "{reset:?}");
+        }
     }
 
     /// A shrink (the agent's first answer to a stale window) pauses nothing: while it is on, a

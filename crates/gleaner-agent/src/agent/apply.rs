@@ -12,7 +12,8 @@
 //!                        reset Switch   -> cpuidle governor away and back (windows to 0)
 //!                        poll_always    -> cpuN resume latency n/a  (others: their original)
 //!                        Yield windows  -> Yielders::set_windows    (0 parks a thread)
-//!  retention off         every knob back to what the agent found (stock); threads parked
+//!  retention off         every knob back to what the agent found (stock); threads parked;
+//!                        reset Switch -> windows to 0 where restoring the cap did not
 //! ```
 
 use std::collections::BTreeSet;
@@ -58,7 +59,13 @@ impl IdleActuator {
     /// it) and says which knob.
     pub fn apply(&mut self, journal: &mut StateFile, plan: &IdlePlan, on: bool, reset: WindowReset) -> anyhow::Result<()> {
         if !on || !plan.retains() {
-            return self.stock();
+            // Restoring a cap that differs from the original resets the windows already.
+            let reset = reset == WindowReset::Switch && self.writer.offer().poll_window() && !self.writer.restore_resets_windows()?;
+            self.stock()?;
+            if reset {
+                self.writer.knobs().reset_poll_windows()?;
+            }
+            return Ok(());
         }
         let offer = self.writer.offer().clone();
         if offer.poll_window() && self.window_ns != Some(plan.poll_window_ns) {

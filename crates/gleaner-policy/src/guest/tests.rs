@@ -1090,31 +1090,63 @@ fn the_first_period_read_is_a_workload_starting() {
     assert!(!step(&mut g, 50_000));
 }
 
+/// A period of nginx with 50 wrk connections: wrk's vCPU 0 woken often and idle a fifth of its
+/// time, nginx's vCPU 1 idle `nginx_idle` of its time (its bottleneck under 5%).
+fn nginx_c50_period(nginx_idle: f64) -> GuestReading {
+    let mut t = WakeTrace::empty(TraceSource::Bpf, [0, 1]);
+    t.traced_ns = PERIOD;
+    t.vcpus[0].woken.record_n(10_000, 4_000);
+    t.latency.halt.record_n(30_000, 4_000);
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a share in [0, 1] of a period
+    let idle1 = (PERIOD as f64 * nginx_idle) as u64;
+    GuestReading {
+        snapshot: snapshot(8_000),
+        idle: vec![
+            VcpuIdle { cpu: 0, idle_ns: PERIOD / 5, entries: Some(4_000), poll_ns: 0, yield_ns: 0, steal_ns: 0 },
+            VcpuIdle { cpu: 1, idle_ns: idle1, entries: Some(10), poll_ns: 0, yield_ns: 0, steal_ns: 0 },
+        ],
+        trace: Some(t),
+        caught: Vec::new(),
+        io: WorkloadIo::default(),
+        trace_missed: 0.0,
+    }
+}
+
+/// Going back to the machine's own settings after kernel polling resets each vCPU's own
+/// haltpoll window (a switch), once, at the step that stops retaining: restoring the cap does
+/// not bring a window down on a vCPU whose idle periods end while it polls (wrk's, with nginx
+/// at 50 connections, went on polling at the start plan's 200 us for 1.5 s). No switch while
+/// the plan retains, none after, and none where nothing was polled.
+#[test]
+fn going_back_to_stock_after_polling_resets_the_windows_once() {
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    assert!(g.applied().poll_window_ns > 0, "the start plan polls a window: {:?}", g.applied());
+    let mut resets = Vec::new();
+    for nginx_idle in [0.2, 0.2, 0.03, 0.03, 0.03, 0.03, 0.03] {
+        let retained = g.applied().retains();
+        let s = g.step(&nginx_c50_period(nginx_idle));
+        resets.push((retained, s.plan.retains(), s.reset_poll_windows));
+    }
+    let stops = resets.iter().filter(|&&(before, now, _)| before && !now).count();
+    assert_eq!(stops, 1, "the plan polls, then halts behind the bottleneck: {resets:?}");
+    for &(before, now, reset) in &resets {
+        let want = if before && !now { WindowReset::Switch } else { WindowReset::Keep };
+        assert_eq!(reset, want, "{resets:?}");
+    }
+    // Yielders only: nothing polled a kernel window, nothing to reset.
+    let mut g = GuestController::new(cfg(Means { poll_window: false, poll_always: false, yielders: true }));
+    for nginx_idle in [0.2, 0.2, 0.03, 0.03, 0.03] {
+        assert_eq!(g.step(&nginx_c50_period(nginx_idle)).reset_poll_windows, WindowReset::Keep);
+    }
+}
+
 /// nginx with 50 wrk connections: wrk's vCPU 0 idle 20% of its time in ~10 us periods ended by
 /// nginx's replies, nginx's vCPU 1 idle `nginx_idle` of it. Behind the busy nginx wrk's vCPU
 /// halts, the loop stays informed (the tracer at its cadence, not every period), and polling
 /// comes back once nginx's vCPU idles.
 #[test]
 fn a_vcpu_behind_a_bottleneck_halts_until_the_bottleneck_idles() {
-    let period = |nginx_idle: f64| {
-        let mut t = WakeTrace::empty(TraceSource::Bpf, [0, 1]);
-        t.traced_ns = PERIOD;
-        t.vcpus[0].woken.record_n(10_000, 4_000);
-        t.latency.halt.record_n(30_000, 4_000);
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a share in [0, 1] of a period
-        let idle1 = (PERIOD as f64 * nginx_idle) as u64;
-        GuestReading {
-            snapshot: snapshot(8_000),
-            idle: vec![
-                VcpuIdle { cpu: 0, idle_ns: PERIOD / 5, entries: Some(4_000), poll_ns: 0, yield_ns: 0, steal_ns: 0 },
-                VcpuIdle { cpu: 1, idle_ns: idle1, entries: Some(10), poll_ns: 0, yield_ns: 0, steal_ns: 0 },
-            ],
-            trace: Some(t),
-            caught: Vec::new(),
-            io: WorkloadIo::default(),
-            trace_missed: 0.0,
-        }
-    };
+    let period = nginx_c50_period;
     let mut c = cfg(HALTPOLL);
     let mut g = GuestController::new(c.clone());
     let mut s = g.step(&period(0.03));
