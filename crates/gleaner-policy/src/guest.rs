@@ -314,6 +314,10 @@ pub struct GuestController {
     /// the machine's own settings, which the adapter restores with a reset): what a vCPU may
     /// still poll at ([`STALE_WINDOW_EXCESS`]).
     kernel_window_ns: u64,
+    /// The largest haltpoll window applied since the last switch (0: none): what a vCPU may
+    /// still hold where no shrink reaches, one polling until work never halting. Going back to
+    /// the machine's own settings switches where it is not 0.
+    grown_window_ns: u64,
     /// Where bringing a stale window down stands.
     window_check: WindowCheck,
     /// CPU polled past the estimate since a shrink that did not reach every vCPU, ns: what a
@@ -499,6 +503,7 @@ impl GuestController {
             idle_share: None,
             quiet_ns: 0,
             kernel_window_ns,
+            grown_window_ns: kernel_window_ns,
             window_check: WindowCheck::Clear,
             stale_cpu_ns: 0.0,
             calm: 0,
@@ -774,11 +779,25 @@ impl GuestController {
             // of "until work" on it), so restoring wrote nothing and reset nothing. A switch
             // here costs nothing the plan does not ask: it halts every vCPU for its ~15 ms,
             // and the plan halts them all.
-            let reset = if self.kernel_window_ns > 0 { WindowReset::Switch } else { WindowReset::Keep };
+            let reset = if self.grown_window_ns > 0 { WindowReset::Switch } else { WindowReset::Keep };
             self.kernel_window_ns = 0;
+            self.grown_window_ns = 0;
             self.window_check = WindowCheck::Clear;
             self.stale_cpu_ns = 0.0;
             return reset;
+        }
+        self.grown_window_ns = self.grown_window_ns.max(next.poll_window_ns);
+        if next.poll_window_ns == 0 && self.kernel_window_ns > 0 && self.window_check == WindowCheck::Clear {
+            // A cap of 0: no vCPU is to poll by the window (those kept polling until work poll
+            // by their resume latency), but each one's own window, grown under an older cap,
+            // stays where shrinking is off, and a vCPU planned to halt polls it out at every
+            // idle period: the open loop at 200 requests a second, its second vCPU planned to
+            // halt after a 16.7 ms shared window, polled 20-45 ms a period past the plan. A
+            // shrink zeroes each window at its vCPU's next halt, which comes after a window
+            // polled out, and halts nothing that polls until work, where a switch would. Judged
+            // like any shrink: no vCPU polls the window now, so it is done after a period.
+            self.window_check = WindowCheck::Shrinking;
+            return WindowReset::Shrink;
         }
         let applied = &self.applied;
         // Each vCPU polling the window with a planned estimate (not the start plan's): its
@@ -826,6 +845,7 @@ impl GuestController {
                 self.window_check = WindowCheck::Clear;
                 self.stale_cpu_ns = 0.0;
                 self.kernel_window_ns = next.poll_window_ns;
+                self.grown_window_ns = next.poll_window_ns;
                 WindowReset::Switch
             }
             (false, check) => {

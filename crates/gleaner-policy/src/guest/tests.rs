@@ -1115,24 +1115,33 @@ fn nginx_c50_period(nginx_idle: f64) -> GuestReading {
 /// Going back to the machine's own settings after kernel polling resets each vCPU's own
 /// haltpoll window (a switch), once, at the step that stops retaining: restoring the cap does
 /// not bring a window down on a vCPU whose idle periods end while it polls (wrk's, with nginx
-/// at 50 connections, went on polling at the start plan's 200 us for 1.5 s). No switch while
-/// the plan retains, none after, and none where nothing was polled.
+/// at 50 connections, went on polling at the start plan's 200 us for 1.5 s after the plan
+/// halted it), and a shrink at the cap's fall to 0 does not reach a vCPU kept polling until
+/// work. A cap lowered to 0 while retaining is a shrink, once (the vCPU planned to halt polls
+/// its old window out otherwise). No switch while the plan retains, none after.
 #[test]
 fn going_back_to_stock_after_polling_resets_the_windows_once() {
     let mut g = GuestController::new(cfg(HALTPOLL));
     assert!(g.applied().poll_window_ns > 0, "the start plan polls a window: {:?}", g.applied());
-    let mut resets = Vec::new();
+    let mut steps = Vec::new();
     for nginx_idle in [0.2, 0.2, 0.03, 0.03, 0.03, 0.03, 0.03] {
-        let retained = g.applied().retains();
+        let (retained, window) = (g.applied().retains(), g.applied().poll_window_ns);
         let s = g.step(&nginx_c50_period(nginx_idle));
-        resets.push((retained, s.plan.retains(), s.reset_poll_windows));
+        steps.push((retained, window, s.plan.retains(), s.plan.poll_window_ns, s.reset_poll_windows));
     }
-    let stops = resets.iter().filter(|&&(before, now, _)| before && !now).count();
-    assert_eq!(stops, 1, "the plan polls, then halts behind the bottleneck: {resets:?}");
-    for &(before, now, reset) in &resets {
-        let want = if before && !now { WindowReset::Switch } else { WindowReset::Keep };
-        assert_eq!(reset, want, "{resets:?}");
+    let stops = steps.iter().filter(|s| s.0 && !s.2).count();
+    assert_eq!(stops, 1, "the plan polls, then halts behind the bottleneck: {steps:?}");
+    for &(before, old_window, now, window, reset) in &steps {
+        let want = if before && !now {
+            WindowReset::Switch
+        } else if now && old_window > 0 && window == 0 {
+            WindowReset::Shrink
+        } else {
+            WindowReset::Keep
+        };
+        assert_eq!(reset, want, "{steps:?}");
     }
+    assert_eq!(steps.iter().filter(|s| s.4 == WindowReset::Shrink).count(), 1, "the cap fell to 0 once: {steps:?}");
     // Yielders only: nothing polled a kernel window, nothing to reset.
     let mut g = GuestController::new(cfg(Means { poll_window: false, poll_always: false, yielders: true }));
     for nginx_idle in [0.2, 0.2, 0.03, 0.03, 0.03] {
