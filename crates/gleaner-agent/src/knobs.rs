@@ -302,6 +302,13 @@ pub(crate) mod tests {
         KnobWriter::new(knobs, offer)
     }
 
+    /// A sysfs fixture under `root` with `governor`, a journal of agent `pid` in `root/run` and a
+    /// writer on them: the set-up of most tests here.
+    pub(crate) fn journaled(root: &Path, governor: &str, pid: i32) -> (StateFile, KnobWriter) {
+        fixture(root, governor);
+        (StateFile::create(&root.join("run"), pid).unwrap(), writer(root))
+    }
+
     fn read(root: &Path, rel: &str) -> String {
         fs::read_to_string(root.join(rel)).unwrap().trim().to_string()
     }
@@ -312,9 +319,7 @@ pub(crate) mod tests {
     #[test]
     fn restoring_resets_the_windows_only_where_it_writes_the_cap_back() {
         let d = tempfile::tempdir().unwrap();
-        fixture(d.path(), "haltpoll");
-        let mut journal = StateFile::create(&d.path().join("run"), 4243).unwrap();
-        let mut w = writer(d.path());
+        let (mut journal, mut w) = journaled(d.path(), "haltpoll", 4243);
         assert!(!w.restore_resets_windows().unwrap(), "nothing changed");
         w.set_poll_always(&mut journal, 0, true).unwrap();
         assert!(!w.restore_resets_windows().unwrap(), "the cap untouched");
@@ -389,9 +394,7 @@ pub(crate) mod tests {
         );
         // A kernel without the two parameters: the cap alone.
         let d = tempfile::tempdir().unwrap();
-        fixture(d.path(), "haltpoll");
-        let mut journal = StateFile::create(&d.path().join("run"), 10).unwrap();
-        let mut w = writer(d.path());
+        let (mut journal, mut w) = journaled(d.path(), "haltpoll", 10);
         w.set_fixed_poll_window(&mut journal, 131_072).unwrap();
         assert_eq!(journal.state().changes.len(), 1);
     }
@@ -423,9 +426,7 @@ pub(crate) mod tests {
     #[test]
     fn a_measurement_turns_polling_off_then_on_and_restores_now() {
         let d = tempfile::tempdir().unwrap();
-        fixture(d.path(), "menu");
-        let mut journal = StateFile::create(&d.path().join("run"), 7).unwrap();
-        let mut w = writer(d.path());
+        let (mut journal, mut w) = journaled(d.path(), "menu", 7);
         let did = w.polling_off(&mut journal, 1).unwrap();
         assert!(did.contains("guest_halt_poll_ns 0") && did.contains("state0 (POLL) disabled"), "{did}");
         assert_eq!(read(d.path(), "devices/system/cpu/cpu1/cpuidle/state0/disable"), "1");
@@ -445,9 +446,7 @@ pub(crate) mod tests {
     #[test]
     fn a_window_under_another_governor_switches_to_haltpoll_and_back() {
         let d = tempfile::tempdir().unwrap();
-        fixture(d.path(), "menu");
-        let mut journal = StateFile::create(&d.path().join("run"), 8).unwrap();
-        let mut w = writer(d.path());
+        let (mut journal, mut w) = journaled(d.path(), "menu", 8);
         w.set_poll_window(&mut journal, 100_000).unwrap();
         assert_eq!(read(d.path(), "devices/system/cpu/cpuidle/current_governor"), "haltpoll");
         assert!(matches!(journal.state().changes[0], Change::CpuidleGovernor { ref original } if original == "menu"));

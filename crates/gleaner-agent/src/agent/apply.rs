@@ -59,13 +59,7 @@ impl IdleActuator {
     /// it) and says which knob.
     pub fn apply(&mut self, journal: &mut StateFile, plan: &IdlePlan, on: bool, reset: WindowReset) -> anyhow::Result<()> {
         if !on || !plan.retains() {
-            // Restoring a cap that differs from the original resets the windows already.
-            let reset = reset == WindowReset::Switch && self.writer.offer().poll_window() && !self.writer.restore_resets_windows()?;
-            self.stock()?;
-            if reset {
-                self.writer.knobs().reset_poll_windows()?;
-            }
-            return Ok(());
+            return self.back_to_stock(reset == WindowReset::Switch).map(drop);
         }
         let offer = self.writer.offer().clone();
         if offer.poll_window() && self.window_ns != Some(plan.poll_window_ns) {
@@ -93,6 +87,15 @@ impl IdleActuator {
             self.always = want;
         }
         Ok(())
+    }
+
+    /// [`Self::stock`], and with `switch` each CPU's own haltpoll window reset too, by a switch
+    /// of the governor where restoring the cap did not do one (it does where it writes the cap
+    /// back). Returns whether it switched itself.
+    fn back_to_stock(&mut self, switch: bool) -> anyhow::Result<bool> {
+        let switch = switch && self.writer.offer().poll_window() && !self.writer.restore_resets_windows()?;
+        self.stock()?;
+        Ok(switch && self.writer.knobs().reset_poll_windows()?)
     }
 
     /// Puts every knob back as the agent found it (the journal keeps the records: the final
@@ -133,7 +136,25 @@ mod tests {
     use gleaner_policy::idle::IdlePlan;
 
     use super::*;
-    use crate::knobs::tests::{fixture, writer};
+    use crate::knobs::tests::{fixture, journaled, writer};
+
+    /// Back to stock with a switch asked for: the adapter switches only where restoring the cap
+    /// did not (the cap already back at its original, one vCPU polled until work); never where
+    /// nothing was asked.
+    #[test]
+    fn back_to_stock_switches_where_restoring_the_cap_does_not() {
+        let plan = |w| IdlePlan::initial_poll([0, 1], w);
+        let mut until_work = plan(200_000);
+        until_work.poll_always = vec![0];
+        for (first, switch, want) in [(plan(131_072), true, false), (until_work.clone(), true, true), (until_work, false, false)] {
+            let d = tempfile::tempdir().unwrap();
+            let (mut journal, w) = journaled(d.path(), "haltpoll", 13);
+            let mut a = IdleActuator::new(w);
+            a.apply(&mut journal, &first, true, WindowReset::Keep).unwrap();
+            assert_eq!(a.back_to_stock(switch).unwrap(), want, "{first:?}, switch asked: {switch}");
+            assert!(!a.writer().restore_resets_windows().unwrap(), "restored");
+        }
+    }
 
     /// A shrink lasts one apply: the next plan's apply turns it off, whatever it changes; a
     /// plan that retains nothing puts every knob back.
