@@ -1,5 +1,6 @@
 //! `gleaner compare`: the main job. Runs a workload under each idle policy a tenant can pick
-//! (stock and Gleaner by default; the kernel's guest haltpoll and naive yielders on request),
+//! (stock and Gleaner by default; the kernel's guest haltpoll at any cap, polling only, and
+//! naive yielders on request),
 //! in turn, N times each, and reports medians, spread (min..max), ratios to stock and the CPU
 //! each policy took, kernel polling counted, all measured in the same invocation.
 //!
@@ -7,9 +8,12 @@
 //!  round i: policies in the order of a Williams design (`round_order`: over n rounds, 2n
 //!           for odd n, each policy in each place and after each other policy as often)
 //!    stock     the command, as the machine is
-//!    haltpoll  guest_halt_poll_ns 200000, grow 2 from 50000, shrink 2 (journaled, put back)
-//!    naive     a SCHED_IDLE yielding thread on every vCPU that never sleeps
-//!    gleaner   `gleaner run` with the given flags
+//!    haltpoll  guest_halt_poll_ns 200000 (haltpoll:CAP: CAP), grow 2 from 50000, shrink 2
+//!              (journaled, put back, each vCPU's window reset after)
+//!    poll      every managed vCPU's resume latency limit n/a: the POLL state only (journaled)
+//!    yielders  a SCHED_IDLE yielding thread on every vCPU that never sleeps
+//!    gleaner   `gleaner run` with the given flags (retention: with --no-consolidation,
+//!              consolidation: with --no-retention)
 //!  each run: SystemMeter (busy, idle, steal) + POLL-state time + compare's own CPU (the
 //!            yielders or the agent) + the workload's own document when it prints one
 //!            (`gleaner bench workload ... --json`: items, throughput, latency)
@@ -25,7 +29,7 @@ use gleaner_measure::measure::{self, SystemMeter};
 use gleaner_measure::report::BenchDoc;
 use gleaner_measure::RunMetrics;
 use gleaner_os::cpuset::CpuSet;
-use gleaner_os::idle::{IdleKnobs, IdleOffer, HALTPOLL_WINDOW_PARAM};
+use gleaner_os::idle::{IdleKnobs, IdleOffer};
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
@@ -47,8 +51,11 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 5, value_name = "N")]
     pub runs: u32,
     /// Idle policies to compare, comma-separated: stock (the machine as found), haltpoll (the
-    /// kernel's guest halt polling, upstream defaults: 200 us cap), naive (a never-sleeping
-    /// SCHED_IDLE yielding thread per vCPU), gleaner (`gleaner run` with these flags).
+    /// kernel's guest halt polling, upstream defaults: 200 us cap), haltpoll:CAP (the same
+    /// under another cap, e.g. haltpoll:2400us), poll (never halt: every vCPU's PM QoS resume
+    /// latency "n/a", what idle=poll gives), yielders or naive (a never-sleeping SCHED_IDLE
+    /// yielding thread per vCPU), gleaner (`gleaner run` with these flags), retention and
+    /// consolidation (gleaner with --no-consolidation / --no-retention).
     #[arg(long, value_delimiter = ',', default_value = "stock,gleaner", value_name = "LIST")]
     pub policies: Vec<Policy>,
     /// Print JSON instead of a table.
@@ -72,9 +79,9 @@ pub struct CompareArgs {
     pub cmd: Vec<String>,
 }
 
-/// The upstream defaults of the haltpoll module (Documentation/virt/guest-halt-polling.rst).
-const HALTPOLL_DEFAULTS: [(&str, &str); 5] = [
-    (HALTPOLL_WINDOW_PARAM, "200000"),
+/// The upstream defaults of the haltpoll module's other parameters
+/// (Documentation/virt/guest-halt-polling.rst); the cap is the policy's.
+const HALTPOLL_DEFAULTS: [(&str, &str); 4] = [
     ("guest_halt_poll_grow", "2"),
     ("guest_halt_poll_grow_start", "50000"),
     ("guest_halt_poll_shrink", "2"),
@@ -107,7 +114,7 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
         }
     }
     if policies.is_empty() {
-        return Err(BadInput::new("--policies", "(none)", "one or more of stock, haltpoll, naive, gleaner").into());
+        return Err(BadInput::new("--policies", "(none)", Policy::allowed()).into());
     }
     let cfg = args.flags.resolve()?;
     let sysfs = Sysfs::new();
@@ -122,16 +129,10 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
     let knobs = IdleKnobs::new();
     let offer = knobs.offer(&cpus).ok();
     let root = nix::unistd::geteuid().is_root();
-    if policies.contains(&Policy::Haltpoll) {
-        let why = match (&offer, root) {
-            (_, false) => Some("it changes the kernel's idle knobs, which needs root".to_string()),
-            (Some(o), true) if o.poll_window() => None,
-            (Some(o), true) => Some(format!("this machine has no haltpoll cpuidle driver and governor ({})", o.describe())),
-            (None, true) => Some("the cpuidle settings cannot be read".to_string()),
-        };
-        if let Some(why) = why {
-            let others: Vec<&str> = Policy::ALL.iter().filter(|p| **p != Policy::Haltpoll).map(|p| p.name()).collect();
-            return Err(BadInput::new("--policies", "haltpoll", format!("{} (haltpoll: {why})", others.join(", "))).into());
+    for &p in &policies {
+        if let Some(why) = unavailable(p, offer.as_ref(), root) {
+            let list: Vec<String> = policies.iter().map(Policy::to_string).collect();
+            return Err(BadInput::new("--policies", list.join(","), format!("policies this machine offers ({p}: {why})")).into());
         }
     }
     let mut notes = Vec::new();
@@ -144,7 +145,7 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
         ));
     }
     // Calibrate once, so every Gleaner run plans from the same wake-cost curve.
-    let calibration = (policies.contains(&Policy::Gleaner) && cfg.retention).then(|| {
+    let calibration = (policies.iter().any(|p| p.retention()) && cfg.retention).then(|| {
         if cfg.timeout_us.is_some() {
             agent::setup::calibration(&cfg, &cpus, None)
         } else {
@@ -261,7 +262,7 @@ impl Runner {
         root: bool,
     ) -> anyhow::Result<Self> {
         let knobs = IdleKnobs::new();
-        let journal = match (policies.contains(&Policy::Haltpoll) && root, offer.clone()) {
+        let journal = match (policies.iter().any(|p| p.sets_idle_knobs()) && root, offer.clone()) {
             (true, Some(o)) => {
                 let state = StateFile::create_for_knobs(&cfg.run_dir, std::process::id().cast_signed())?;
                 let mut guardian = Guardian::spawn(state.path())?;
@@ -307,32 +308,38 @@ impl Runner {
         let self0 = Self::self_cpu_ns()?;
         let (metrics, out) = match policy {
             Policy::Stock => (self.run_child(command, opts)?, None),
-            Policy::Haltpoll => {
+            Policy::Haltpoll { cap_ns } => {
                 let _lock = crate::knobs::try_lock_knobs(&self.run_dir)?.context("another agent drives the idle knobs")?;
                 let (state, _, writer) = self.journal.as_mut().context("haltpoll runs need the knob journal")?;
+                writer.set_poll_window(state, cap_ns)?;
                 for (name, value) in HALTPOLL_DEFAULTS {
-                    if name == HALTPOLL_WINDOW_PARAM {
-                        writer.set_poll_window(state, value.parse().unwrap_or(200_000))?;
-                    } else if writer.knobs().haltpoll_params()?.contains_key(name) {
+                    if writer.knobs().haltpoll_params()?.contains_key(name) {
                         writer.set_haltpoll_param(state, name, value)?;
                     }
                 }
-                let m = run_child(&self.procfs, &self.sysfs, &self.cpus, command, opts);
-                let errors = writer.restore_now();
-                let m = m?;
-                if !errors.is_empty() {
-                    anyhow::bail!("restoring the idle knobs after a haltpoll run: {}", errors.join("; "));
-                }
-                (m, None)
+                (self.with_knobs_restored(command, opts)?, None)
             }
-            Policy::Naive => {
+            Policy::Poll => {
+                let _lock = crate::knobs::try_lock_knobs(&self.run_dir)?.context("another agent drives the idle knobs")?;
+                let (state, _, writer) = self.journal.as_mut().context("poll runs need the knob journal")?;
+                for cpu in self.cpus.iter() {
+                    writer.set_poll_always(state, cpu, true)?;
+                }
+                (self.with_knobs_restored(command, opts)?, None)
+            }
+            Policy::Yielders => {
                 let y = Yielders::start(&self.cpus, self.naive, true)?;
                 y.set_windows(&self.cpus.iter().map(|c| (c, u64::MAX)).collect::<Vec<_>>());
                 let m = self.run_child(command, opts);
                 drop(y);
                 (m?, None)
             }
-            Policy::Gleaner => {
+            Policy::Gleaner | Policy::Retention | Policy::Consolidation => {
+                let cfg = &crate::config::AgentConfig {
+                    retention: cfg.retention && policy.retention(),
+                    consolidation: cfg.consolidation && policy.consolidation(),
+                    ..cfg.clone()
+                };
                 let meter = SystemMeter::start(&self.procfs, &self.sysfs, &self.cpus)?;
                 let out = agent::run(Target::Command(command.to_vec()), cfg, opts)?;
                 // The system counters cover the agent's set-up and clean-up too; the wall time
@@ -365,6 +372,19 @@ impl Runner {
 
     fn run_child(&self, command: &[String], opts: &RunOptions) -> anyhow::Result<RunMetrics> {
         run_child(&self.procfs, &self.sysfs, &self.cpus, command, opts)
+    }
+
+    /// Runs `command` with the knobs the policy set, then puts every knob back (resetting each
+    /// vCPU's haltpoll window, so the next run does not start from this one's).
+    fn with_knobs_restored(&mut self, command: &[String], opts: &RunOptions) -> anyhow::Result<RunMetrics> {
+        let m = run_child(&self.procfs, &self.sysfs, &self.cpus, command, opts);
+        let (_, _, writer) = self.journal.as_mut().context("runs that turn idle knobs need the knob journal")?;
+        let errors = writer.restore_now();
+        let m = m?;
+        if !errors.is_empty() {
+            anyhow::bail!("restoring the idle knobs after a run: {}", errors.join("; "));
+        }
+        Ok(m)
     }
 
     /// Undoes the haltpoll runs' journal and dismisses its guardian.
@@ -410,6 +430,27 @@ fn cpu_count(cpus: &CpuSet) -> u32 {
     u32::try_from(cpus.len()).unwrap_or(u32::MAX)
 }
 
+/// Why `policy` cannot run here (`None`: it can): the knobs it turns need root and the
+/// machine's cpuidle support.
+fn unavailable(policy: Policy, offer: Option<&IdleOffer>, root: bool) -> Option<String> {
+    if !policy.sets_idle_knobs() {
+        return None;
+    }
+    let Some(o) = offer else { return Some("the cpuidle settings cannot be read".into()) };
+    if !root {
+        return Some("it changes the kernel's idle knobs, which needs root".into());
+    }
+    match policy {
+        Policy::Haltpoll { .. } if !o.poll_window() => {
+            Some(format!("this machine has no haltpoll cpuidle driver and governor ({})", o.describe()))
+        }
+        Policy::Poll if !o.poll_always() => {
+            Some(format!("this machine has no POLL state with per-CPU resume latency limits ({})", o.describe()))
+        }
+        _ => None,
+    }
+}
+
 /// The comparison as a table, for people.
 pub fn print_table(d: &CompareDoc) {
     println!("gleaner compare: {}", d.command.join(" "));
@@ -432,7 +473,7 @@ pub fn print_table(d: &CompareDoc) {
         let cpu = format!("{:.2} ({:.2})", s.total_vcpus.p50, s.poll_vcpus.p50);
         println!(
             "  {:<9} {:>24} {:>24} {:>22} {:>22} {:>22} {:>18}",
-            s.policy.name(),
+            s.policy.to_string(),
             f(Some(&s.wall_s), 3),
             f(s.throughput.as_ref(), 0),
             f(s.latency_p50_us.as_ref(), 1),
@@ -451,7 +492,7 @@ pub fn print_table(d: &CompareDoc) {
         let wall = if s.latency_p50_us.is_some() {
             String::new()
         } else {
-            format!(" wall {:.2}x ({});", v.speedup, verdict(&st.wall_s, &s.wall_s, v.policy.name()))
+            format!(" wall {:.2}x ({});", v.speedup, verdict(&st.wall_s, &s.wall_s, &v.policy.to_string()))
         };
         println!("  {} vs stock:{wall}{lat}; CPU {:.2}x", v.policy, v.cpu);
     }
@@ -511,7 +552,7 @@ mod tests {
         let ratios = |v: &[f64]| RoundRatios::of(v);
         let r = |p50: Option<RoundRatios>, thr: Option<RoundRatios>| PerRound {
             policy: Policy::Gleaner,
-            against: Policy::Haltpoll,
+            against: Policy::HALTPOLL,
             rounds: 3,
             speedup: ratios(&[1.0, 1.1, 0.9]),
             throughput: thr,

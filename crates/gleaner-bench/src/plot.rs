@@ -202,7 +202,7 @@ fn draw_latency_cpu<DB: DrawingBackend>(
         chart
             .draw_series(mine.iter().map(|&(x, y, _)| Circle::new((x, y.clamp(ymin, ymax)), 5, color.filled())))
             .map_err(|x| e(&x))?
-            .label(p.name())
+            .label(p.to_string())
             .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
         chart
             .draw_series(

@@ -16,45 +16,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::measure::RunMetrics;
 
-/// An idle policy a tenant can pick for a VM's idle vCPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "lowercase")]
-pub enum Policy {
-    /// The machine as found: its own cpuidle settings.
-    Stock,
-    /// The kernel's guest halt polling with the upstream defaults: `guest_halt_poll_ns`
-    /// 200000, grow 2 from 50000, shrink 2 (needs the haltpoll cpuidle driver).
-    Haltpoll,
-    /// A `SCHED_IDLE` thread calling `sched_yield()` on every vCPU, never sleeping.
-    Naive,
-    /// `gleaner run` with the given flags (none: its defaults).
-    Gleaner,
-}
-
-impl Policy {
-    pub const ALL: [Policy; 4] = [Policy::Stock, Policy::Haltpoll, Policy::Naive, Policy::Gleaner];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Policy::Stock => "stock",
-            Policy::Haltpoll => "haltpoll",
-            Policy::Naive => "naive",
-            Policy::Gleaner => "gleaner",
-        }
-    }
-}
-
-impl std::fmt::Display for Policy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// The idle policies a comparison runs: one type for compare, the lab and the simulator.
+pub use gleaner_policy::IdlePolicy as Policy;
 
 /// One measured run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PolicyRun {
-    /// The policy (the key `mode`, as compare wrote it when it knew only stock and gleaner).
+    /// The policy (the key `mode`, as compare wrote it when it knew only stock and gleaner;
+    /// `naive` in older documents reads as `yielders`).
     #[serde(rename = "mode")]
     pub policy: Policy,
     /// The round the run belonged to (0-based; every round runs each policy once). `None` in
@@ -201,7 +170,7 @@ pub struct CompareDoc {
     pub samples: Vec<PolicyRun>,
     pub summaries: Vec<PolicySummary>,
     pub vs_stock: Vec<VsStock>,
-    /// Every later policy of [`Policy::ALL`] against every earlier one, round by round
+    /// Every later policy (in [`Policy`]'s order) against every earlier one, round by round
     /// (absent in documents written before rounds were recorded).
     #[serde(default)]
     pub per_round: Vec<PerRound>,
@@ -251,13 +220,15 @@ pub fn balanced_rounds(n: usize) -> usize {
 }
 
 /// Pairs the runs of each round (module [`PerRound`]): for every two policies that ran, the
-/// later of [`Policy::ALL`] against the earlier. Runs without a round are left out.
+/// later in [`Policy`]'s order (stock first, the agent's forms last, `gleaner` the very last)
+/// against the earlier. Runs without a round are left out.
 pub fn per_round(samples: &[PolicyRun]) -> Vec<PerRound> {
     let find = |p: Policy, round: u32| samples.iter().find(|s| s.policy == p && s.round == Some(round));
     let rounds: std::collections::BTreeSet<u32> = samples.iter().filter_map(|s| s.round).collect();
+    let ran: Vec<Policy> = samples.iter().map(|s| s.policy).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
     let mut out = Vec::new();
-    for (i, &against) in Policy::ALL.iter().enumerate() {
-        for &policy in &Policy::ALL[i + 1..] {
+    for (i, &against) in ran.iter().enumerate() {
+        for &policy in &ran[i + 1..] {
             let pairs: Vec<(&PolicyRun, &PolicyRun)> = rounds.iter().filter_map(|&r| Some((find(policy, r)?, find(against, r)?))).collect();
             if pairs.is_empty() {
                 continue;
@@ -367,11 +338,11 @@ mod tests {
     fn summaries_count_polling_as_cpu_and_compare_with_stock() {
         let samples = vec![
             run(Policy::Stock, 1000, 40.0, 300, 0),
-            run(Policy::Haltpoll, 1000, 5.0, 400, 600),
+            run(Policy::HALTPOLL, 1000, 5.0, 400, 600),
             run(Policy::Stock, 1000, 42.0, 300, 0),
-            run(Policy::Haltpoll, 1000, 4.0, 400, 600),
+            run(Policy::HALTPOLL, 1000, 4.0, 400, 600),
         ];
-        let (s, vs) = summarize(&[Policy::Stock, Policy::Haltpoll], &samples);
+        let (s, vs) = summarize(&[Policy::Stock, Policy::HALTPOLL], &samples);
         assert_eq!(s.len(), 2);
         let h = &s[1];
         assert!((h.total_vcpus.p50 - 1.0).abs() < 1e-9 && (h.poll_vcpus.p50 - 0.6).abs() < 1e-9);
@@ -399,14 +370,14 @@ mod tests {
         for i in 0..5 {
             let round = u32::try_from(i).unwrap();
             samples.push(in_round(run(Policy::Stock, 1000, 50.0 * stock_speed[i], 300, 0), round));
-            samples.push(in_round(run(Policy::Haltpoll, 1000, 40.0 * haltpoll_speed[i], 300, 0), round));
+            samples.push(in_round(run(Policy::HALTPOLL, 1000, 40.0 * haltpoll_speed[i], 300, 0), round));
         }
-        let (_, vs) = summarize(&[Policy::Stock, Policy::Haltpoll], &samples);
+        let (_, vs) = summarize(&[Policy::Stock, Policy::HALTPOLL], &samples);
         assert!((vs[0].latency_p50.unwrap() - 50.0 / 80.0).abs() < 1e-9, "{vs:?}");
         let pr = per_round(&samples);
         assert_eq!(pr.len(), 1, "{pr:?}");
         let r = &pr[0];
-        assert_eq!((r.policy, r.against, r.rounds), (Policy::Haltpoll, Policy::Stock, 5));
+        assert_eq!((r.policy, r.against, r.rounds), (Policy::HALTPOLL, Policy::Stock, 5));
         let p50 = r.latency_p50.unwrap().summary;
         assert!((p50.p50 - 1.25).abs() < 1e-9 && (p50.min - 0.625).abs() < 1e-9 && (p50.max - 1.25).abs() < 1e-9, "{p50:?}");
         assert!((r.speedup.unwrap().summary.p50 - 1.0).abs() < 1e-12);
@@ -422,15 +393,18 @@ mod tests {
         let samples = vec![
             in_round(run(Policy::Gleaner, 1000, 10.0, 300, 0), 0),
             in_round(run(Policy::Stock, 1000, 20.0, 300, 0), 0),
-            in_round(run(Policy::Naive, 500, 40.0, 300, 0), 0),
+            in_round(run(Policy::Yielders, 500, 40.0, 300, 0), 0),
             // Round 1 lost its stock run; a run without a round pairs with nothing.
             in_round(run(Policy::Gleaner, 1000, 10.0, 300, 0), 1),
-            in_round(run(Policy::Naive, 500, 5.0, 300, 0), 1),
+            in_round(run(Policy::Yielders, 500, 5.0, 300, 0), 1),
             run(Policy::Stock, 1000, 1.0, 300, 0),
         ];
         let pr = per_round(&samples);
         let names: Vec<(Policy, Policy, usize)> = pr.iter().map(|r| (r.policy, r.against, r.rounds)).collect();
-        assert_eq!(names, [(Policy::Naive, Policy::Stock, 1), (Policy::Gleaner, Policy::Stock, 1), (Policy::Gleaner, Policy::Naive, 2)]);
+        assert_eq!(
+            names,
+            [(Policy::Yielders, Policy::Stock, 1), (Policy::Gleaner, Policy::Stock, 1), (Policy::Gleaner, Policy::Yielders, 2)]
+        );
         let gn = &pr[2];
         // Round 0: naive 40 over gleaner 10 = 4; round 1: 5 / 10 = 0.5; median 2.25.
         let l = gn.latency_p50.unwrap().summary;
@@ -486,11 +460,14 @@ mod tests {
 
     #[test]
     fn a_run_keeps_the_mode_key_and_policies_their_names() {
-        let v = serde_json::to_value(run(Policy::Naive, 1, 1.0, 1, 0)).unwrap();
-        assert_eq!(v["mode"], "naive");
+        let v = serde_json::to_value(run(Policy::Yielders, 1, 1.0, 1, 0)).unwrap();
+        assert_eq!(v["mode"], "yielders");
         assert!(v.get("wall_ns").is_some() && v.get("total_cpu_ns").is_some());
-        assert_eq!(Policy::ALL.map(Policy::name), ["stock", "haltpoll", "naive", "gleaner"]);
         let back: PolicyRun = serde_json::from_value(v).unwrap();
-        assert_eq!(back.policy, Policy::Naive);
+        assert_eq!(back.policy, Policy::Yielders);
+        // Written by an older compare.
+        let mut old = serde_json::to_value(run(Policy::Yielders, 1, 1.0, 1, 0)).unwrap();
+        old["mode"] = "naive".into();
+        assert_eq!(serde_json::from_value::<PolicyRun>(old).unwrap().policy, Policy::Yielders);
     }
 }

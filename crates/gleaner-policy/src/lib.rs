@@ -12,6 +12,7 @@
 //! - [`overhead`]: the survey's reduced resource/temporal efficiency and omega.
 //! - [`aql`]: AQL_Sched's vCPU type recognition and pCPU pool clustering.
 //! - [`num`]: float-to-integer conversions that say they saturate.
+//! - [`peer`]: the idle policies a tenant could pick, and the agent's forms ([`IdlePolicy`]).
 
 pub mod aql;
 pub mod gleaner;
@@ -20,5 +21,8 @@ pub mod idle;
 pub mod input;
 pub mod num;
 pub mod overhead;
+pub mod peer;
 pub mod retention;
 pub mod stats;
+
+pub use peer::IdlePolicy;
