@@ -76,6 +76,7 @@ enum Key {
     Latency(u32),
     State(u32, u32),
     Governor,
+    Rcu,
 }
 
 /// Changes the idle knobs under a journal (module documentation).
@@ -176,6 +177,16 @@ impl KnobWriter {
         self.record(journal, Key::Param(name.into()), Change::ModuleParam { module: HALTPOLL_MODULE.into(), name: name.into(), original })?;
         self.knobs.set_haltpoll_param(name, value)?;
         Ok(())
+    }
+
+    /// Resets each CPU's own haltpoll window (`IdleKnobs::reset_poll_windows`: a switch of the
+    /// governor, with grace periods expedited meanwhile), the expedited-RCU switch journaled
+    /// first. Returns whether it switched.
+    pub fn reset_poll_windows(&mut self, journal: &mut StateFile) -> anyhow::Result<bool> {
+        if let Some(original) = self.knobs.rcu_expedited()? {
+            self.record(journal, Key::Rcu, Change::RcuExpedited { original })?;
+        }
+        Ok(self.knobs.reset_poll_windows()?)
     }
 
     /// Whether [`Self::restore_now`] resets each CPU's own haltpoll window: it does where it

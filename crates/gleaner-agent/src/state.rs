@@ -48,6 +48,10 @@ pub enum Change {
     CpuidleGovernor { original: String },
     /// We loaded the `cpuidle-haltpoll` driver; it is unloaded again.
     LoadedHaltpollDriver,
+    /// We may set the kernel's expedited-RCU switch (`kernel/rcu_expedited`) for a governor
+    /// switch (`IdleKnobs::reset_poll_windows` puts it back itself; this covers a kill in
+    /// between); `original` goes back.
+    RcuExpedited { original: String },
 }
 
 impl Change {
@@ -60,6 +64,7 @@ impl Change {
                 | Change::IdleStateDisabled { .. }
                 | Change::CpuidleGovernor { .. }
                 | Change::LoadedHaltpollDriver
+                | Change::RcuExpedited { .. }
         )
     }
 }
@@ -271,6 +276,11 @@ fn undo_one(cx: &UndoCx, change: &Change) -> anyhow::Result<()> {
             }
         }
         Change::LoadedHaltpollDriver => cx.knobs.unload_haltpoll_driver()?,
+        Change::RcuExpedited { original } => {
+            if cx.knobs.rcu_expedited()?.is_some_and(|now| now != *original) {
+                cx.knobs.set_rcu_expedited(original)?;
+            }
+        }
     }
     Ok(())
 }

@@ -59,7 +59,7 @@ impl IdleActuator {
     /// it) and says which knob.
     pub fn apply(&mut self, journal: &mut StateFile, plan: &IdlePlan, on: bool, reset: WindowReset) -> anyhow::Result<()> {
         if !on || !plan.retains() {
-            return self.back_to_stock(reset == WindowReset::Switch).map(drop);
+            return self.back_to_stock(journal, reset == WindowReset::Switch).map(drop);
         }
         let offer = self.writer.offer().clone();
         if offer.poll_window() && self.window_ns != Some(plan.poll_window_ns) {
@@ -73,7 +73,7 @@ impl IdleActuator {
             }
             self.shrinking = shrink;
             if reset == WindowReset::Switch || (reset == WindowReset::Shrink && !shrink) {
-                self.writer.knobs().reset_poll_windows()?;
+                self.writer.reset_poll_windows(journal)?;
             }
         }
         if offer.poll_always() {
@@ -92,10 +92,10 @@ impl IdleActuator {
     /// [`Self::stock`], and with `switch` each CPU's own haltpoll window reset too, by a switch
     /// of the governor where restoring the cap did not do one (it does where it writes the cap
     /// back). Returns whether it switched itself.
-    fn back_to_stock(&mut self, switch: bool) -> anyhow::Result<bool> {
+    fn back_to_stock(&mut self, journal: &mut StateFile, switch: bool) -> anyhow::Result<bool> {
         let switch = switch && self.writer.offer().poll_window() && !self.writer.restore_resets_windows()?;
         self.stock()?;
-        Ok(switch && self.writer.knobs().reset_poll_windows()?)
+        Ok(switch && self.writer.reset_poll_windows(journal)?)
     }
 
     /// Puts every knob back as the agent found it (the journal keeps the records: the final
@@ -151,7 +151,7 @@ mod tests {
             let (mut journal, w) = journaled(d.path(), "haltpoll", 13);
             let mut a = IdleActuator::new(w);
             a.apply(&mut journal, &first, true, WindowReset::Keep).unwrap();
-            assert_eq!(a.back_to_stock(switch).unwrap(), want, "{first:?}, switch asked: {switch}");
+            assert_eq!(a.back_to_stock(&mut journal, switch).unwrap(), want, "{first:?}, switch asked: {switch}");
             assert!(!a.writer().restore_resets_windows().unwrap(), "restored");
         }
     }
