@@ -68,6 +68,9 @@ pub struct AgentConfig {
     pub controller: Params,
     /// Governor parameters (probe intervals, margin, cpu_price, confirm, min_progress).
     pub governor: GovernorConfig,
+    /// How a run starts before it has seen the workload (the start plan's window, when
+    /// tracing begins).
+    pub start: gleaner_policy::guest::StartConfig,
     /// Prometheus text endpoint: a port alone (`9464`, served on 127.0.0.1) or `IP:PORT`.
     pub metrics_addr: Option<String>,
     /// JSON-lines file of decisions, periods and retention changes.
@@ -78,6 +81,9 @@ pub struct AgentConfig {
     #[serde(rename = "target")]
     pub targets: Vec<Target>,
 }
+
+/// The latest [`gleaner_policy::guest::StartConfig::trace_after_ns`]: an hour.
+const MAX_TRACE_AFTER_NS: u64 = 3_600_000_000_000;
 
 /// The governor's first retention mode.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -126,6 +132,7 @@ impl Default for AgentConfig {
             cpus: None,
             controller: Params::default(),
             governor: GovernorConfig::default(),
+            start: gleaner_policy::guest::StartConfig::default(),
             metrics_addr: None,
             events: None,
             run_dir: PathBuf::from("/run/gleaner"),
@@ -217,6 +224,9 @@ impl AgentConfig {
         }
         self.controller.validate().map_err(|e| BadInput::new("controller parameter", e, "see `gleaner daemon --print-config`"))?;
         self.governor.validate().map_err(|e| BadInput::new("governor parameter", e, "see `gleaner daemon --print-config`"))?;
+        if self.start.trace_after_ns > MAX_TRACE_AFTER_NS {
+            return Err(BadInput::new("start.trace_after_ns", self.start.trace_after_ns, "0..=3600000000000 (an hour)").into());
+        }
         for t in &self.targets {
             if t.cgroup.is_some() == t.pid.is_some() {
                 return Err(BadInput::new("[[target]]", format!("{t:?}"), "exactly one of `cgroup = \"PATH\"` or `pid = N`").into());
@@ -383,6 +393,15 @@ latency_gain = 0.1
 # of a comparison (per full period), progress is those bytes instead of its sync points, and
 # only chance (not margin) excuses a fall of them.
 min_io_bytes = 65536
+
+[start]
+# The start plan, before the workload is seen: every vCPU polls in the kernel up to this
+# window (ns; 0: halt), or until work arrives with until_work, where the machine offers it.
+window_ns = 200000
+until_work = false
+# No period is traced before the run is this old (ns): a short run plans from the cpuidle
+# counters and pays nothing for the tracer.
+trace_after_ns = 1000000000
 
 # Workloads the daemon manages: one [[target]] per workload, with either a cgroup or a pid.
 # [[target]]

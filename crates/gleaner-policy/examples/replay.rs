@@ -30,6 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 governor: None,
                 prior: RetentionMode::On,
                 fixed_yield_ns: None,
+                start: gleaner_policy::guest::StartConfig::default(),
             })
         });
         let s = g.step(&r);

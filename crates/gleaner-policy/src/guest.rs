@@ -30,9 +30,11 @@ use serde::{Deserialize, Serialize};
 use crate::gleaner::{Controller, Decision, Metrics, Params, Snapshot};
 use crate::idle::plan::{exponential_gaps, plan, IdlePlan, Means, PlanConfig, PlanReason, VcpuInput};
 use crate::idle::{Log2Hist, TraceSource, VcpuGaps, WakeCurve, WakeTrace};
-use crate::retention::{
-    EpochReading, GovernorConfig, GovernorState, GovernorStep, PriorStrength, RetentionGovernor, RetentionMode, WorkloadIo,
-};
+use crate::retention::{EpochReading, GovernorConfig, GovernorState, GovernorStep, PriorStrength, RetentionMode, WorkloadIo};
+
+pub mod ladder;
+pub mod setup;
+use ladder::{Ladder, Rung};
 
 /// One vCPU's idle counters over a period.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,7 +102,37 @@ pub struct GuestConfig {
     /// experiment; no governor then).
     #[serde(default)]
     pub fixed_yield_ns: Option<u64>,
+    /// How a run starts, before it has seen the workload.
+    #[serde(default)]
+    pub start: StartConfig,
 }
+
+/// How the guest loop starts (priors for a workload it has not seen yet).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StartConfig {
+    /// The kernel polling window of the start plan, ns (0: halt), where the machine offers
+    /// kernel polling and the curve says a poll is cheaper than a halt.
+    pub window_ns: u64,
+    /// Poll until work instead (every vCPU's resume latency limit), where the machine offers it.
+    pub until_work: bool,
+    /// No period is traced before the run is this old, ns: the first periods plan from the
+    /// cpuidle counters ([`estimate_gaps`]).
+    pub trace_after_ns: u64,
+}
+
+impl Default for StartConfig {
+    fn default() -> Self {
+        Self { window_ns: INITIAL_POLL_WINDOW_NS, until_work: false, trace_after_ns: TRACE_AFTER_NS }
+    }
+}
+
+/// The default [`StartConfig::trace_after_ns`]: a second. The tracer's fixed cost (loading its
+/// programs, the statistics switch, the first attach: ~7 ms of the agent's CPU here) and its
+/// first slices weigh most on a short run: the pipe ping-pong of `perf bench sched pipe` ran
+/// 2% slower with the tracer than without over 1.5 s runs (front.py, 2026-12-01), and a run of
+/// a second is what the counters' estimate must serve alone.
+pub const TRACE_AFTER_NS: u64 = 1_000_000_000;
 
 impl GuestConfig {
     /// The governor's prior strength from the curve: a machine whose only means are yielders
@@ -139,9 +171,12 @@ pub struct GuestStep {
     pub mode: RetentionMode,
     /// The next period is a probe of the other mode.
     pub probe: bool,
-    /// What the governor read and decided (`None` without a governor, or while it holds: the
-    /// plan forced, [`GuestController::plan_forced`]).
+    /// What the governor that stepped read and decided (`None` without governors, or while
+    /// neither compares: their plans run alike).
     pub governor: Option<GovernorStep>,
+    /// Which of the ladder's governors that was ([`ladder`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rung: Option<Rung>,
     /// The epoch the governor read.
     pub reading: EpochReading,
     /// Where this period's idle periods came from.
@@ -279,7 +314,8 @@ struct Seen {
 pub struct GuestController {
     cfg: GuestConfig,
     consolidation: Option<Controller>,
-    governor: Option<RetentionGovernor>,
+    /// Off / Planned / Wide, chosen by experiment ([`ladder`]).
+    ladder: Ladder,
     seen: Vec<Seen>,
     /// The mode the current period runs in.
     mode: RetentionMode,
@@ -325,8 +361,9 @@ pub struct GuestController {
     stale_cpu_ns: f64,
     /// Periods in a row the plan held ([`CALM_PERIODS`]).
     calm: u32,
-    /// Periods read so far.
+    /// Periods read so far, and the time they covered, ns.
     periods: u64,
+    elapsed_ns: u64,
 }
 
 /// Bringing a stale haltpoll window down ([`WindowReset`]).
@@ -462,13 +499,19 @@ impl GuestController {
 
     pub fn new(cfg: GuestConfig) -> Self {
         let consolidation = cfg.consolidation.clone().map(|p| Controller::new(cfg.cpus.clone(), p));
-        let governor = cfg.governor.map(|g| RetentionGovernor::with_prior(g, cfg.prior, cfg.prior_strength()));
-        let mode = governor.as_ref().map_or(cfg.prior, RetentionGovernor::mode);
+        // Wide is a level where there is something to widen: a curve to plan from and a
+        // mechanism, and the planner's windows (not a fixed one).
+        let wide = cfg.curve.is_some() && cfg.fixed_yield_ns.is_none() && (cfg.means.kernel_polling() || cfg.means.yielders);
+        let ladder = Ladder::new(cfg.governor, cfg.prior, cfg.prior_strength(), wide);
+        let mode = ladder.mode();
         let polls_cheaper = cfg.curve.as_ref().is_some_and(|c| c.poll_ns.is_some_and(|p| c.halted.iter().any(|h| h.mean_ns > p)));
         let applied = match cfg.fixed_yield_ns {
             Some(w) if mode.is_on() => IdlePlan::fixed_yield(cfg.cpus.iter().copied(), w),
-            None if mode.is_on() && cfg.means.poll_window && polls_cheaper => {
-                IdlePlan::initial_poll(cfg.cpus.iter().copied(), INITIAL_POLL_WINDOW_NS)
+            None if mode.is_on() && polls_cheaper && cfg.start.until_work && cfg.means.poll_always => {
+                IdlePlan::poll_until_work(cfg.cpus.iter().copied())
+            }
+            None if mode.is_on() && cfg.means.poll_window && polls_cheaper && cfg.start.window_ns > 0 => {
+                IdlePlan::initial_poll(cfg.cpus.iter().copied(), cfg.start.window_ns.min(u64::from(u32::MAX)))
             }
             _ => IdlePlan::halt(cfg.cpus.iter().copied()),
         };
@@ -488,7 +531,7 @@ impl GuestController {
         Self {
             cfg,
             consolidation,
-            governor,
+            ladder,
             seen,
             mode,
             applied,
@@ -508,6 +551,7 @@ impl GuestController {
             stale_cpu_ns: 0.0,
             calm: 0,
             periods: 0,
+            elapsed_ns: 0,
         }
     }
 
@@ -532,6 +576,12 @@ impl GuestController {
     /// come one period later.
     pub fn workload_starting(&self) -> bool {
         self.periods == 1
+    }
+
+    /// Some vCPU has seen enough of the workload's wakeups to plan from (until then the start
+    /// plan stands).
+    pub fn informed(&self) -> bool {
+        self.informed
     }
 
     /// The vCPUs the workload may use now.
@@ -560,13 +610,19 @@ impl GuestController {
         self.seen.iter().map(|s| (s.gaps.clone(), s.observed_ns)).collect()
     }
 
+    /// The lower governor's state (Off against Planned).
     pub fn governor_state(&self) -> Option<GovernorState> {
-        self.governor.as_ref().map(RetentionGovernor::state)
+        self.ladder.low_state()
+    }
+
+    /// The upper governor's state (Planned against Wide).
+    pub fn widen_state(&self) -> Option<GovernorState> {
+        self.ladder.high_state()
     }
 
     /// The current period is a probe (its readings are the probe's, not the workload's usual).
     pub fn probing(&self) -> bool {
-        self.governor.as_ref().is_some_and(RetentionGovernor::probing)
+        self.ladder.probing()
     }
 
     /// Whether the coming period should be traced:
@@ -586,14 +642,10 @@ impl GuestController {
     ///   each, 9.7% of the VM while attached);
     /// - otherwise at the tracer's own cadence.
     pub fn trace_need(&self) -> TraceNeed {
-        use crate::retention::Phase;
-        if self.plan_forced() {
+        if self.elapsed_ns < self.cfg.start.trace_after_ns || (self.plan_forced() && !self.ladder.comparing()) {
             return TraceNeed::Skip;
         }
-        let governor = self.governor.as_ref().is_some_and(|g| match g.state().phase {
-            Phase::Baseline { left } => left <= 1,
-            Phase::Probe | Phase::Confirm => true,
-        });
+        let governor = self.ladder.comparing();
         if governor || !self.informed || self.moved || self.set_aside > 0 || self.traced_rate.is_none() || self.rate_moved_since_trace() {
             TraceNeed::Now
         } else {
@@ -643,6 +695,7 @@ impl GuestController {
         let gaps_from = if set_aside { None } else { self.observe(r) };
         self.last_rate = r.snapshot.s_work as f64 * 1e9 / period_ns as f64;
         self.periods += 1;
+        self.elapsed_ns = self.elapsed_ns.saturating_add(period_ns);
         self.quiet_ns = if self.last_rate < QUIET_RATE { self.quiet_ns.saturating_add(period_ns) } else { 0 };
         if r.trace.as_ref().is_some_and(|t| t.traced_ns > 0) {
             self.traced_rate = Some(self.last_rate);
@@ -705,13 +758,19 @@ impl GuestController {
             .iter()
             .any(|v| matches!(v.why, PlanReason::BestValue | PlanReason::NothingPays | PlanReason::VmShare | PlanReason::Bottleneck));
         let reading = epoch_reading(r, u32::try_from(active.len()).unwrap_or(u32::MAX));
-        // While the plan is forced both modes apply the same plan: the governor holds (its
-        // probes would compare a plan with itself) until the workload leaves idle time again.
-        let hold = self.plan_forced()
-            && self.governor.as_ref().is_some_and(|g| matches!(g.state().phase, crate::retention::Phase::Baseline { .. }));
-        let governor = if hold { None } else { self.governor.as_mut().map(|g| g.step(&reading)) };
-        self.mode = governor.map_or(self.mode, |g| g.mode);
-        let plan = if self.mode.is_on() { planned.clone() } else { IdlePlan::off(self.cfg.cpus.iter().copied()) };
+        // The ladder's levels ([`ladder`]): a rung whose two plans run alike is not compared
+        // (while the plan is forced, Planned is Off; a plan that already covers everything is
+        // Wide).
+        let off = IdlePlan::off(self.cfg.cpus.iter().copied());
+        let wide = self.wide_plan(&planned);
+        let ladder = self.ladder.step(&reading, !planned.runs_as(&off), !planned.runs_as(&wide));
+        let (rung, governor) = ladder.governor.map_or((None, None), |(r, g)| (Some(r), Some(g)));
+        self.mode = ladder.mode;
+        let plan = match self.mode {
+            RetentionMode::Off => off,
+            RetentionMode::On => planned.clone(),
+            RetentionMode::Wide => wide,
+        };
         // A period after which the vCPUs go from halting to retaining, or back, is no basis
         // for consolidation: a vCPU taken away now would be judged next period under another
         // idle policy, which moves utilization on its own (yielders-only, the first period
@@ -749,6 +808,7 @@ impl GuestController {
             mode: self.mode,
             probe: self.probing(),
             governor,
+            rung,
             reading,
             gaps_from,
             budget: self.seen.iter().map(|s| (s.gaps.cpu, self.cfg.plan.budget * s.scale())).collect(),
@@ -1017,6 +1077,11 @@ impl GuestController {
 
     /// The planner on the smoothed idle periods.
     fn plan(&self) -> IdlePlan {
+        self.plan_with(&self.cfg.plan)
+    }
+
+    /// The planner on the smoothed idle periods, with `plan_cfg`.
+    fn plan_with(&self, plan_cfg: &PlanConfig) -> IdlePlan {
         if let Some(w) = self.cfg.fixed_yield_ns {
             return IdlePlan::fixed_yield(self.cfg.cpus.iter().copied(), w);
         }
@@ -1028,16 +1093,34 @@ impl GuestController {
             .map(|s| VcpuInput {
                 gaps: &s.gaps,
                 observed_ns: s.observed_ns,
-                budget: self.cfg.plan.budget * s.scale(),
+                budget: plan_cfg.budget * s.scale(),
                 idle_share: s.idle_share.map(|x| x.value),
             })
             .collect();
         if inputs.is_empty() {
             return if self.informed { IdlePlan::halt(self.cfg.cpus.iter().copied()) } else { self.unseen() };
         }
-        let p = plan(&self.cfg.means, curve, &self.cfg.plan, &inputs);
+        let p = plan(&self.cfg.means, curve, plan_cfg, &inputs);
         if !self.informed && p.vcpus.iter().all(|v| v.why == PlanReason::TooFewWakeups) {
             return self.unseen();
+        }
+        p
+    }
+
+    /// The ladder's top level: the planner with no price and none of its rules (no
+    /// bottleneck, no saturation), within the budget and the VM share: every idle period
+    /// whose halt would cost anything is covered. Before the workload is seen, the start
+    /// plan, as Planned (nothing to compare yet).
+    fn wide_plan(&self, planned: &IdlePlan) -> IdlePlan {
+        if !self.informed || self.cfg.fixed_yield_ns.is_some() {
+            return planned.clone();
+        }
+        let cfg = PlanConfig { price: 0.0, bottleneck_idle_share: 0.0, ..self.cfg.plan };
+        let mut p = self.plan_with(&cfg);
+        for v in &mut p.vcpus {
+            if v.why == PlanReason::BestValue {
+                v.why = PlanReason::Wide;
+            }
         }
         p
     }

@@ -18,6 +18,7 @@
 
 use std::collections::VecDeque;
 
+use gleaner_policy::guest::setup::{self, Offer, Prior, SetupInput};
 use gleaner_policy::guest::{GuestConfig, GuestController, WindowReset, FIRST_PERIOD_SHARE};
 use gleaner_policy::idle::{CurvePoint, Log2Hist, Means, Mechanism, PlanConfig, TargetState, TraceSource, WakeCurve, WakeTrace};
 use gleaner_policy::num::saturating_u64;
@@ -698,23 +699,32 @@ impl Engine {
                 };
                 return GuestController::new(GuestConfig { cpus, consolidation: params, means, ..a.clone() });
             }
-            GuestController::new(GuestConfig {
-                cpus,
-                consolidation: params,
-                // The model's host has no CPU cap on a VM (its pCPUs are shared by its own
-                // scheduler): no headroom to leave.
-                plan: PlanConfig { vm_share: 1.0, ..PlanConfig::default() },
-                // A haltpoll guest offers both forms of kernel polling (the window and a
-                // vCPU's resume latency limit).
-                means: Means { poll_window: kernel_polling, poll_always: kernel_polling, yielders },
-                curve: retention.then(|| curve.clone()),
-                // No calibration in the model: the variant asked for retention, so it starts on.
-                governor: (retention && vm.gleaner.govern).then_some(vm.gleaner.governor),
-                prior: if retention { RetentionMode::On } else { RetentionMode::Off },
-                // Without the governor the yielders keep the detector's own cap on every vCPU
-                // (always-on retention, adaptive below the cap).
-                fixed_yield_ns: (yielders && !vm.gleaner.govern).then_some(vm.gleaner.retention.timeout_ns),
-            })
+            // The model's machine as `gleaner_policy::guest::setup::decide` reads one: kernel
+            // polling in both forms where the variant offers it, else yielders, and no
+            // calibration (the variant asked for retention, so it starts on).
+            let offer = Offer { kernel_polling, poll_window: kernel_polling, poll_always: kernel_polling };
+            let s = setup::decide(
+                SetupInput {
+                    cpus,
+                    retention,
+                    // Without the governor the yielders keep the detector's own cap on every
+                    // vCPU (always-on retention, adaptive below the cap).
+                    fixed_yield_ns: (yielders && !vm.gleaner.govern).then_some(vm.gleaner.retention.timeout_ns),
+                    curve: if retention { Ok(&curve) } else { Err("no retention".into()) },
+                    offer: Some(offer),
+                    kernel_polling: Ok(kernel_polling),
+                    workload: true,
+                    governor: vm.gleaner.govern.then_some(vm.gleaner.governor),
+                    prior: Prior::Fixed(if retention { RetentionMode::On } else { RetentionMode::Off }),
+                    // The model's host has no CPU cap on a VM (its pCPUs are shared by its own
+                    // scheduler): no headroom to leave.
+                    plan: PlanConfig { vm_share: 1.0, ..PlanConfig::default() },
+                    start: gleaner_policy::guest::StartConfig::default(),
+                    consolidation: params,
+                },
+                |_| String::new(),
+            );
+            GuestController::new(s.guest)
         });
         let windows = vec![if yielders { vm.gleaner.retention.timeout_ns } else { 0 }; vm.vcpus as usize];
         self.vms.push(VmState {

@@ -379,7 +379,7 @@ impl Session {
 
         let mut sampler = Sampler::new(procfs.clone(), sysfs.clone(), cpus.clone());
         sampler.prime(&managed.tids(procfs), self.yielders.as_ref(), cpus);
-        tracing.arm_next(|| managed.pids(procfs), workload, gleaner_policy::guest::TraceNeed::Now);
+        tracing.arm_next(|| managed.pids(procfs), workload, guest.trace_need());
         let waiter = child_pid.map(ChildWaiter::new).transpose()?;
         let full_period = Duration::from_millis(cfg.period_ms);
         let mut period = full_period.mul_f64(gleaner_policy::guest::FIRST_PERIOD_SHARE);
@@ -477,6 +477,11 @@ impl Session {
             self.run_in_background(&mut background, &guest, status);
             pacer.point();
             tracing.arm_next(|| managed.pids(procfs), workload, guest.trace_need());
+            if let (Some(why), Ok(mut st)) = (tracing.note(), status.lock()) {
+                if let Some(i) = st.idle.as_mut().filter(|i| i.tracer_note.as_deref() != Some(why)) {
+                    i.tracer_note = Some(why.to_string());
+                }
+            }
             pacer.point();
             // Apply.
             let active = CpuSet::from_iter(step.active.iter().copied());

@@ -11,8 +11,9 @@
 
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::idle::IdleOffer;
+use gleaner_policy::guest::setup::{self, Offer, Prior, SetupInput};
 use gleaner_policy::guest::GuestConfig;
-use gleaner_policy::idle::{Means, WakeCurve};
+use gleaner_policy::idle::WakeCurve;
 use gleaner_policy::retention::{RetentionConfig, RetentionMode};
 
 use crate::cache::{CalibrationResults, CalibrationSource};
@@ -104,74 +105,48 @@ pub struct Offered<'a> {
 }
 
 impl IdleSetup {
-    /// Decides the idle policy's configuration (module documentation). `workload`: there is
-    /// a workload whose progress the governor can read (the daemon without targets has none).
+    /// Decides the idle policy's configuration: `gleaner_policy::guest::setup::decide` on what
+    /// this agent found, and the yielding threads' own configuration. `workload`: there is a
+    /// workload whose progress the governors can read (the daemon without targets has none).
     pub fn decide(cfg: &AgentConfig, cpus: &CpuSet, calibrated: &Calibrated, offered: &Offered<'_>, workload: bool) -> Self {
-        let off = Means { poll_window: false, poll_always: false, yielders: false };
-        let mut guest = GuestConfig {
-            cpus: cpus.iter().collect(),
-            consolidation: None,
-            plan: cfg.plan_config(),
-            means: off,
-            curve: calibrated.curve().cloned(),
-            governor: None,
-            prior: RetentionMode::On,
-            fixed_yield_ns: None,
+        let prior = match cfg.retention_start {
+            RetentionStart::Calibrated => Prior::Calibrated,
+            RetentionStart::On => Prior::Fixed(RetentionMode::On),
+            RetentionStart::Off => Prior::Fixed(RetentionMode::Off),
         };
-        let yielder_cfg = |timeout_ns| RetentionConfig {
+        let input = SetupInput {
+            cpus: cpus.iter().collect(),
+            retention: cfg.retention,
+            fixed_yield_ns: cfg.timeout_us.map(|us| us * 1000),
+            curve: calibrated.curve().ok_or_else(|| calibrated.results.as_ref().err().cloned().unwrap_or_default()),
+            offer: offered.offer.map(|o| Offer {
+                kernel_polling: o.kernel_polling(),
+                poll_window: o.poll_window(),
+                poll_always: o.poll_always(),
+            }),
+            kernel_polling: match (&offered.no_knobs, cfg.kernel_polling) {
+                (_, false) => Ok(false),
+                (None, true) => Ok(true),
+                (Some(why), true) => Err(why.clone()),
+            },
+            workload,
+            governor: cfg.adapt.then_some(cfg.governor),
+            prior,
+            plan: cfg.plan_config(),
+            start: cfg.start,
+            consolidation: None,
+        };
+        let s = setup::decide(input, describe_curve);
+        let yielders = s.yielders.then(|| RetentionConfig {
             idle_threshold_ns: idle_threshold_ns(cfg, calibrated),
-            timeout_ns,
+            // Parked until the plan gives a window, or the fixed window.
+            timeout_ns: s.guest.fixed_yield_ns.unwrap_or(0),
             max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
             step_aside_ns: cfg.step_aside_us * 1_000,
             adapt: false,
             ..RetentionConfig::default()
-        };
-        if !cfg.retention {
-            return Self { guest, yielders: None, kernel: false, note: None };
-        }
-        if let Some(us) = cfg.timeout_us {
-            guest.means = Means { yielders: true, ..off };
-            guest.fixed_yield_ns = Some(us * 1000);
-            return Self { guest, yielders: Some(yielder_cfg(us * 1000)), kernel: false, note: None };
-        }
-        let Some(curve) = calibrated.curve() else {
-            let why = calibrated.results.as_ref().err().cloned().unwrap_or_default();
-            return Self { guest, yielders: None, kernel: false, note: Some(format!("retention off: no wake-cost curve ({why})")) };
-        };
-        let mut note = None;
-        let kernel = match (offered.offer, &offered.no_knobs) {
-            (_, _) if !cfg.kernel_polling => false,
-            (Some(o), None) => o.kernel_polling() && curve.poll_ns.is_some(),
-            (Some(o), Some(why)) if o.kernel_polling() => {
-                note = Some(format!("kernel polling not used: {why}; yielding threads instead"));
-                false
-            }
-            _ => false,
-        };
-        guest.means = match offered.offer.filter(|_| kernel) {
-            Some(o) => Means { poll_window: o.poll_window(), poll_always: o.poll_always(), yielders: false },
-            None => Means { yielders: true, ..off },
-        };
-        if workload && cfg.adapt {
-            guest.governor = Some(cfg.governor);
-        }
-        guest.prior = match cfg.retention_start {
-            RetentionStart::On => RetentionMode::On,
-            RetentionStart::Off => RetentionMode::Off,
-            // Kernel polling is planned per period and rarely costs more than its budget; a
-            // yielder pays only where a busy vCPU wakes clearly faster than a halted one.
-            RetentionStart::Calibrated if kernel => RetentionMode::On,
-            RetentionStart::Calibrated if curve.yielders_can_pay() => RetentionMode::On,
-            RetentionStart::Calibrated => {
-                note.get_or_insert_with(|| {
-                    format!("retention starts off: a busy vCPU wakes barely faster than a halted one ({})", describe_curve(curve))
-                });
-                RetentionMode::Off
-            }
-        };
-        // Yielding threads start parked; the plan gives each vCPU its window.
-        let yielders = (!kernel).then(|| yielder_cfg(0));
-        Self { guest, yielders, kernel, note }
+        });
+        Self { guest: s.guest, yielders, kernel: s.kernel, note: s.note }
     }
 }
 

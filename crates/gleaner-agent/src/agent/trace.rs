@@ -126,6 +126,11 @@ pub struct Tracing {
     /// The workload's processes the programs were last armed with (`None`: every task
     /// counted, or not armed yet).
     armed: Option<std::collections::BTreeSet<i32>>,
+    /// What to load the programs with, until the guest loop first asks for a trace
+    /// ([`Self::arm_next`]): a run the loop never traces (a short or saturated one) pays
+    /// nothing for the tracer, whose load, statistics switch and first attach take ~7 ms of
+    /// the agent's CPU here.
+    pending: Option<TracerConfig>,
 }
 
 /// Detached for their cost, the programs are paused again after this many slices (doubled at
@@ -243,8 +248,9 @@ fn counting_share(attached_share: Option<f64>, event_rate: Option<f64>, ns_per_r
 }
 
 impl Tracing {
-    /// Loads the tracer and attaches it for the first period, or says why not (`cfg.trace`
-    /// off, not root, BPF unavailable).
+    /// The tracer of a run: loaded when the guest loop first asks for a trace
+    /// ([`Self::arm_next`]), or says why there is none (`cfg.trace` off, not root; a load
+    /// that fails says so then).
     pub fn start(cfg: &AgentConfig, cpus: &CpuSet, offer: Option<&IdleOffer>, root: bool) -> Self {
         let mut me = Self {
             tracer: None,
@@ -268,6 +274,7 @@ impl Tracing {
             detached_slices: 0,
             cost_detaches: 0,
             armed: None,
+            pending: None,
         };
         if !cfg.retention {
             me.note = Some("retention off".into());
@@ -281,20 +288,33 @@ impl Tracing {
             me.note = Some("not root (eBPF needs CAP_BPF and CAP_PERFMON)".into());
             return me;
         }
-        let tc = TracerConfig { cpus: cpus.clone(), poll_state: offer.and_then(|o| o.poll_state) };
+        me.pending = Some(TracerConfig { cpus: cpus.clone(), poll_state: offer.and_then(|o| o.poll_state) });
+        me
+    }
+
+    /// Loads the programs now, if they wait to be ([`Self::pending`]); a failure is the note.
+    fn load(&mut self) {
+        let Some(tc) = self.pending.take() else { return };
         match WakeTracer::load(&tc) {
             Ok(t) => {
                 // Without statistics the slice stays at its shortest.
-                me._stats = WakeTracer::enable_stats().ok();
+                self._stats = WakeTracer::enable_stats().ok();
                 // Pausing instead of detaching only where its cost can be measured.
-                me.resident = me._stats.is_some();
-                me.last = t.read().ok();
-                me.at_load = t.prog_stats();
-                me.tracer = Some(t);
+                self.resident = self._stats.is_some();
+                self.last = t.read().ok();
+                self.at_load = t.prog_stats();
+                self.tracer = Some(t);
             }
-            Err(e) => me.note = Some(format!("{e:#}")),
+            Err(e) => {
+                tracing::warn!("tracer: {e:#}; idle periods estimated from the cpuidle counters");
+                self.note = Some(format!("{e:#}"));
+            }
         }
-        me
+    }
+
+    /// The programs load when first asked for (a tracer that may still run counts as one).
+    pub fn available(&self) -> bool {
+        self.tracer.is_some() || self.pending.is_some()
     }
 
     /// Why there is no tracer, if there is none.
@@ -490,6 +510,9 @@ impl Tracing {
     /// a trace; the managed processes (`pids`, listed only then) are refreshed before attaching.
     pub fn arm_next(&mut self, pids: impl FnOnce() -> Vec<i32>, workload: bool, need: TraceNeed) {
         self.check_paused();
+        if need != TraceNeed::Skip {
+            self.load();
+        }
         let Some(t) = self.tracer.as_mut() else { return };
         self.since += 1;
         match need {
@@ -546,8 +569,11 @@ mod tests {
         assert!(nix::unistd::geteuid().is_root(), "this test loads eBPF programs: run it as root");
         let cpus = CpuSet::parse("0").unwrap();
         let mut t = Tracing::start(&AgentConfig::default(), &cpus, None, true);
-        assert!(t.tracer.is_some(), "no tracer: {:?}", t.note());
+        assert!(t.tracer.is_none() && t.available(), "loaded only when a trace is asked for: {:?}", t.note());
+        t.arm_next(Vec::new, false, TraceNeed::Skip);
+        assert!(t.tracer.is_none(), "a skipped period loads nothing");
         t.arm_next(Vec::new, false, TraceNeed::Now);
+        assert!(t.tracer.is_some(), "no tracer: {:?}", t.note());
         wakeups_for(Duration::from_millis(30));
         let first = t.read_period().expect("a traced period");
         assert!(first.latency.all().count() > 0, "{first:?}");

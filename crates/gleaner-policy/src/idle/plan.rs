@@ -225,6 +225,9 @@ pub enum PlanReason {
     /// that share, and polling the few short gaps cost a lock-bound workload throughput (guest
     /// loop, `SATURATED_IDLE_SHARE`).
     Saturated,
+    /// The ladder's top level (`gleaner_policy::guest::ladder`): the window of most saving,
+    /// at no price.
+    Wide,
     /// Another vCPU the workload keeps (almost) busy sets its pace
     /// ([`PlanConfig::bottleneck_idle_share`]): wakeups here do not, and retaining here made
     /// the vCPUs feeding it do so in smaller batches.
@@ -274,6 +277,22 @@ impl IdlePlan {
             .map(|cpu| VcpuPlan { cpu, mechanism: Mechanism::Poll, window_ns, estimate: Estimate::default(), why: PlanReason::Initial })
             .collect();
         Self { vcpus, poll_window_ns: window_ns, poll_always: Vec::new() }
+    }
+
+    /// Before anything was seen: every vCPU polls until work arrives.
+    pub fn poll_until_work(cpus: impl IntoIterator<Item = u32>) -> Self {
+        let vcpus: Vec<VcpuPlan> = cpus
+            .into_iter()
+            .map(|cpu| VcpuPlan {
+                cpu,
+                mechanism: Mechanism::Poll,
+                window_ns: ALWAYS,
+                estimate: Estimate::default(),
+                why: PlanReason::Initial,
+            })
+            .collect();
+        let poll_always = vcpus.iter().map(|v| v.cpu).collect();
+        Self { vcpus, poll_window_ns: 0, poll_always }
     }
 
     /// Every vCPU halts, for `why`.

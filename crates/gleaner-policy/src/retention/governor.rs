@@ -69,25 +69,29 @@ use serde::{Deserialize, Serialize};
 /// points to judge cost nothing worth turning them off for.
 pub const IDLE_BURN_VCPUS: f64 = 0.01;
 
-/// Whether the yielding threads run.
+/// Whether retention runs, and how much of it. A governor compares two modes, `On` and
+/// `Off`; the guest loop's ladder of two governors adds `Wide` (`crate::guest::ladder`):
+/// `On` is the planner's plan there, `Wide` the plan with no price.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RetentionMode {
     On,
     Off,
+    Wide,
 }
 
 impl RetentionMode {
-    /// The other mode.
+    /// The other mode of a governor (`Wide` counts as on).
     pub fn flipped(self) -> Self {
         match self {
-            Self::On => Self::Off,
+            Self::On | Self::Wide => Self::Off,
             Self::Off => Self::On,
         }
     }
 
+    /// Retention runs (the plan, or the wide plan).
     pub fn is_on(self) -> bool {
-        self == Self::On
+        self != Self::Off
     }
 }
 
@@ -456,6 +460,24 @@ impl RetentionGovernor {
         self.state.hold_timeouts
     }
 
+    /// An epoch in the baseline mode that another comparison needs (the guest loop's ladder):
+    /// kept as the epoch before this governor's probe, which waits for it (at least one more
+    /// epoch).
+    pub fn wait(&mut self, r: &EpochReading) {
+        if let Phase::Baseline { left } = self.state.phase {
+            self.before = Some(*r);
+            self.state.phase = Phase::Baseline { left: left.saturating_sub(1).max(1) };
+        }
+    }
+
+    /// An epoch this governor did not see (run in neither of its modes): the one it read
+    /// before is no baseline for a probe now (its next step reads a fresh one).
+    pub fn forget_before(&mut self) {
+        if matches!(self.state.phase, Phase::Baseline { .. }) {
+            self.before = None;
+        }
+    }
+
     /// Takes the reading of the epoch that just ended (run in [`Self::mode`]) and says which
     /// mode the next epoch runs in.
     pub fn step(&mut self, r: &EpochReading) -> GovernorStep {
@@ -548,17 +570,14 @@ impl RetentionGovernor {
         let base_wake = (base_wakes > 0)
             .then(|| (before.wake_mean_ns * before.wakeups as f64 + after.wake_mean_ns * after.wakeups as f64) / base_wakes as f64);
         let probe_wake = (probe.wakeups > 0).then_some(probe.wake_mean_ns);
-        let (on_rate, off_rate, burn_vcpus, on_wake, off_wake) = match self.state.baseline {
-            RetentionMode::On => (
-                base_rate,
-                probe_rate,
-                (before.retention_cpu_ns + after.retention_cpu_ns) as f64 / base_ns.max(1) as f64,
-                base_wake,
-                probe_wake,
-            ),
-            RetentionMode::Off => {
-                (probe_rate, base_rate, probe.retention_cpu_ns as f64 / probe.duration_ns.max(1) as f64, probe_wake, base_wake)
-            }
+        // What retention took in each mode, vCPUs: the price is of what "on" takes more (the
+        // ladder's upper governor compares two retaining plans; "off" of the lower is stock).
+        let base_burn = (before.retention_cpu_ns + after.retention_cpu_ns) as f64 / base_ns.max(1) as f64;
+        let probe_burn = probe.retention_cpu_ns as f64 / probe.duration_ns.max(1) as f64;
+        let (on_rate, off_rate, burn_vcpus, on_wake, off_wake) = if self.state.baseline.is_on() {
+            (base_rate, probe_rate, (base_burn - probe_burn).max(0.0), base_wake, probe_wake)
+        } else {
+            (probe_rate, base_rate, (probe_burn - base_burn).max(0.0), probe_wake, base_wake)
         };
         let break_even = self.cfg.cpu_price * burn_vcpus;
         let gain = if off_rate > 0.0 { on_rate / off_rate - 1.0 } else { 0.0 };

@@ -1,0 +1,260 @@
+//! Three levels of retention, chosen by experiment: the planner's model proposes, probes of
+//! the neighbouring levels dispose.
+//!
+//! ```text
+//!   Off       the machine's own idle settings (stock)
+//!    |  low:  a governor comparing Planned ("on") with Off ("off")
+//!   Planned   the planner's plan at the price (its priors: the saturation and bottleneck
+//!    |        rules, the VM share)
+//!    |  high: a governor comparing Wide ("on") with Planned ("off")
+//!   Wide      the planner's plan with no price and no rules: every idle period whose halt
+//!             would cost anything is covered, within the budget and the VM share
+//! ```
+//!
+//! Each governor runs its own A-B-A sandwiches ([`RetentionGovernor`]) and switches its
+//! baseline on its own evidence. Only adjacent levels are compared, and only from a baseline
+//! at one of them: `low` runs while `high` sits at Planned, `high` while `low` sits at
+//! Planned. At most one sandwich runs at a time; where both are due, the one that waited
+//! goes first and the other keeps the epoch as the one before its probe. A pair whose two
+//! plans run alike (the saturation rule made Planned a halt, or the plan already covers
+//! everything Wide would) is not probed: its comparison would be of a plan with itself. So
+//! no rule forbids a level: the rules shape Planned, and Wide, which ignores them, is always
+//! one probe away.
+
+use crate::retention::{GovernorConfig, GovernorState, GovernorStep, Phase, PriorStrength, RetentionGovernor, RetentionMode};
+
+/// Which governor of the ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rung {
+    /// Off against Planned.
+    Low,
+    /// Planned against Wide.
+    High,
+}
+
+/// What one epoch of the ladder decided.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LadderStep {
+    /// The level of the next epoch.
+    pub mode: RetentionMode,
+    /// The governor that stepped, and what it decided (`None`: none did).
+    pub governor: Option<(Rung, GovernorStep)>,
+}
+
+/// The two governors (module documentation).
+#[derive(Debug, Clone)]
+pub struct Ladder {
+    low: Option<RetentionGovernor>,
+    high: Option<RetentionGovernor>,
+    /// The governor that last started a sandwich: the other goes first when both are due.
+    last: Rung,
+    /// The level without governors.
+    prior: RetentionMode,
+}
+
+impl Ladder {
+    /// `low` from the prior (`RetentionMode::On`: Planned, `Off`: stock) and its strength;
+    /// `high` at Planned, probing Wide at the governor's first interval. `None`: no
+    /// governors (the level stays at `prior`).
+    pub fn new(cfg: Option<GovernorConfig>, prior: RetentionMode, strength: PriorStrength, wide: bool) -> Self {
+        let low_prior = if prior == RetentionMode::Off { RetentionMode::Off } else { RetentionMode::On };
+        let high_prior = if prior == RetentionMode::Wide { RetentionMode::On } else { RetentionMode::Off };
+        Self {
+            low: cfg.map(|g| RetentionGovernor::with_prior(g, low_prior, strength)),
+            high: cfg.filter(|_| wide).map(|g| RetentionGovernor::with_prior(g, high_prior, PriorStrength::Plain)),
+            last: Rung::High,
+            prior,
+        }
+    }
+
+    fn governor(&self, r: Rung) -> Option<&RetentionGovernor> {
+        match r {
+            Rung::Low => self.low.as_ref(),
+            Rung::High => self.high.as_ref(),
+        }
+    }
+
+    fn governor_mut(&mut self, r: Rung) -> Option<&mut RetentionGovernor> {
+        match r {
+            Rung::Low => self.low.as_mut(),
+            Rung::High => self.high.as_mut(),
+        }
+    }
+
+    /// The level applied now (the prior without governors).
+    pub fn mode(&self) -> RetentionMode {
+        let (Some(low), high) = (&self.low, &self.high) else { return self.prior };
+        if !low.mode().is_on() {
+            RetentionMode::Off
+        } else if high.as_ref().is_some_and(|h| h.mode().is_on()) {
+            RetentionMode::Wide
+        } else {
+            RetentionMode::On
+        }
+    }
+
+    /// The level the governors believe in (their baselines).
+    pub fn baseline(&self) -> RetentionMode {
+        let (Some(low), high) = (&self.low, &self.high) else { return self.prior };
+        if !low.state().baseline.is_on() {
+            RetentionMode::Off
+        } else if high.as_ref().is_some_and(|h| h.state().baseline.is_on()) {
+            RetentionMode::Wide
+        } else {
+            RetentionMode::On
+        }
+    }
+
+    /// A governor may compare now: it exists and the level sits at one of its two plans.
+    fn active(&self, r: Rung) -> bool {
+        match r {
+            Rung::Low => self.low.is_some() && self.high.as_ref().is_none_or(|h| !h.state().baseline.is_on()),
+            Rung::High => self.high.is_some() && self.low.as_ref().is_some_and(|l| l.state().baseline.is_on()),
+        }
+    }
+
+    fn mid_sandwich(g: &RetentionGovernor) -> bool {
+        matches!(g.state().phase, Phase::Probe | Phase::Confirm)
+    }
+
+    fn due(g: &RetentionGovernor) -> bool {
+        matches!(g.state().phase, Phase::Baseline { left } if left <= 1)
+    }
+
+    /// The epoch running now is a probe of a level the governors do not believe in.
+    pub fn probing(&self) -> bool {
+        self.low.as_ref().is_some_and(RetentionGovernor::probing) || self.high.as_ref().is_some_and(RetentionGovernor::probing)
+    }
+
+    /// Some governor compares the coming epoch (the one before its probe, the probe, the one
+    /// after it): the adapter traces it.
+    pub fn comparing(&self) -> bool {
+        [Rung::Low, Rung::High]
+            .into_iter()
+            .any(|r| self.active(r) && self.governor(r).is_some_and(|g| Self::due(g) || Self::mid_sandwich(g)))
+    }
+
+    pub fn low_state(&self) -> Option<GovernorState> {
+        self.low.as_ref().map(RetentionGovernor::state)
+    }
+
+    pub fn high_state(&self) -> Option<GovernorState> {
+        self.high.as_ref().map(RetentionGovernor::state)
+    }
+
+    /// One epoch (`r`, read under [`Self::mode`]). `distinct[rung]`: that rung's two plans run
+    /// differently (module documentation).
+    pub fn step(&mut self, r: &crate::retention::EpochReading, distinct_low: bool, distinct_high: bool) -> LadderStep {
+        let distinct = |rung| if rung == Rung::Low { distinct_low } else { distinct_high };
+        let rungs = [Rung::Low, Rung::High];
+        // A sandwich under way finishes: its epochs were read under its levels.
+        let running = rungs.into_iter().find(|&g| self.governor(g).is_some_and(Self::mid_sandwich));
+        let turn = running.or_else(|| {
+            let eligible: Vec<Rung> = rungs.into_iter().filter(|&g| self.active(g) && distinct(g)).collect();
+            let due: Vec<Rung> = eligible.iter().copied().filter(|&g| self.governor(g).is_some_and(Self::due)).collect();
+            match due.as_slice() {
+                [] => None,
+                [one] => Some(*one),
+                _ => Some(if self.last == Rung::Low { Rung::High } else { Rung::Low }),
+            }
+        });
+        let mut stepped = None;
+        for g in rungs {
+            let eligible = self.active(g) && distinct(g);
+            let Some(gov) = self.governor_mut(g) else { continue };
+            if Some(g) == turn {
+                let before = gov.state().phase;
+                let s = gov.step(r);
+                if matches!(before, Phase::Baseline { .. }) && gov.probing() {
+                    self.last = g;
+                }
+                stepped = Some((g, s));
+            } else if eligible && running.is_none() {
+                // Its baseline epoch, while it waits its turn.
+                gov.wait(r);
+            } else {
+                // Not its levels (or its plans alike): what it read before is stale.
+                gov.forget_before();
+            }
+        }
+        LadderStep { mode: self.mode(), governor: stepped }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::retention::EpochReading;
+
+    fn reading(progress: u64, cpu_ns: u64) -> EpochReading {
+        EpochReading { duration_ns: 200_000_000, progress, retention_cpu_ns: cpu_ns, active_vcpus: 2, ..EpochReading::default() }
+    }
+
+    /// A closed loop that runs 20% faster under every level above the one below it: the
+    /// ladder climbs Off -> Planned -> Wide by experiment and stays, probing less and less.
+    #[test]
+    fn a_workload_that_gains_at_every_level_climbs_to_wide() {
+        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::Off, PriorStrength::Plain, true);
+        let rate = |m: RetentionMode| match m {
+            RetentionMode::Off => 10_000,
+            RetentionMode::On => 12_000,
+            RetentionMode::Wide => 14_400,
+        };
+        let cpu = |m: RetentionMode| match m {
+            RetentionMode::Off => 0,
+            RetentionMode::On => 40_000_000,
+            RetentionMode::Wide => 100_000_000,
+        };
+        let mut modes = Vec::new();
+        for _ in 0..200 {
+            let m = l.mode();
+            modes.push(m);
+            l.step(&reading(rate(m), cpu(m)), true, true);
+        }
+        assert_eq!(l.baseline(), RetentionMode::Wide, "{modes:?}");
+        let first_wide = modes.iter().position(|&m| m == RetentionMode::Wide).unwrap();
+        assert!(modes[..first_wide].contains(&RetentionMode::On));
+        let tail_off = modes[150..].iter().filter(|&&m| m != RetentionMode::Wide).count();
+        assert!(tail_off <= 3, "settled at Wide, probing Planned rarely: {:?}", &modes[150..]);
+        // Never a jump from Off straight to Wide.
+        assert!(modes.windows(2).all(|w| !(w[0] == RetentionMode::Off && w[1] == RetentionMode::Wide)), "{modes:?}");
+    }
+
+    /// Wide burns CPU and gains nothing over Planned: probed, it loses, and the level stays
+    /// at Planned; Off is still probed from there. A pair whose plans run alike is never probed.
+    #[test]
+    fn a_wide_level_that_only_costs_loses_and_alike_plans_are_not_probed() {
+        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::On, PriorStrength::Plain, true);
+        let mut modes = Vec::new();
+        for _ in 0..120 {
+            let m = l.mode();
+            modes.push(m);
+            let (rate, cpu) = match m {
+                RetentionMode::Off => (8_000, 0),
+                RetentionMode::On => (10_000, 40_000_000),
+                RetentionMode::Wide => (10_000, 200_000_000),
+            };
+            l.step(&reading(rate, cpu), true, true);
+        }
+        assert_eq!(l.baseline(), RetentionMode::On);
+        assert!(modes.contains(&RetentionMode::Wide) && modes.contains(&RetentionMode::Off), "both neighbours probed: {modes:?}");
+        // Two sandwiches never overlap: a probe epoch is followed by the baseline.
+        assert!(modes.windows(2).all(|w| w[0] == RetentionMode::On || w[1] == RetentionMode::On), "{modes:?}");
+        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::On, PriorStrength::Plain, true);
+        for _ in 0..60 {
+            let s = l.step(&reading(10_000, 0), false, false);
+            assert_eq!(s.mode, RetentionMode::On);
+            assert!(s.governor.is_none());
+        }
+    }
+
+    /// Without governors the level is the prior, whatever is read.
+    #[test]
+    fn no_governors_hold_the_prior() {
+        let mut l = Ladder::new(None, RetentionMode::On, PriorStrength::Plain, true);
+        assert_eq!(l.step(&reading(1, 1), true, true).mode, RetentionMode::On);
+        assert_eq!(Ladder::new(None, RetentionMode::Off, PriorStrength::Plain, true).mode(), RetentionMode::Off);
+        assert!(!l.probing() && !l.comparing());
+    }
+}
