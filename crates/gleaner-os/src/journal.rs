@@ -86,14 +86,15 @@ impl<D: Serialize + DeserializeOwned> Journal<D> {
     }
 
     /// Replaces the file atomically, never through a symbolic link; a failed write (a full
-    /// disk) names the file and leaves no partial file behind.
+    /// disk) names the file and leaves no partial file behind. Not synced to disk: the file
+    /// must outlive the agent, not the machine, whose reboot undoes what it records.
     pub fn write(&self) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(&self.doc).map_err(|e| OsError::Parse {
             path: self.path.clone(),
             line: 0,
             reason: format!("cannot serialize: {e}"),
         })?;
-        crate::private::write_private_atomic(&self.path, &bytes)
+        crate::private::write_private_atomic_unsynced(&self.path, &bytes)
     }
 
     /// Removes the file (everything it records was undone); a file already gone is fine.

@@ -86,13 +86,29 @@ pub fn read_private(path: &Path, max_len: u64) -> Result<Option<Vec<u8>>> {
 /// replaces a symlink at `path` itself, never its target). Readers see the old or the new
 /// content, never a part.
 pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    replace_private(path, bytes, true)
+}
+
+/// [`write_private_atomic`] without syncing the data to disk: for a record that must outlive
+/// its writer's death, which the page cache already ensures, but not the machine's, since
+/// what it records does not survive a reboot either (the agents' journals: cgroups and kernel
+/// knobs). Each sync cost a journaled change 1-2 ms here, several of them before a managed
+/// command could start.
+pub fn write_private_atomic_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
+    replace_private(path, bytes, false)
+}
+
+fn replace_private(path: &Path, bytes: &[u8], sync: bool) -> Result<()> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
     let write = |tmp: &PathBuf| -> std::io::Result<()> {
         let mut f =
             OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(tmp)?;
         f.write_all(bytes)?;
-        f.sync_data()
+        if sync {
+            f.sync_data()?;
+        }
+        Ok(())
     };
     if let Err(source) = write(&tmp) {
         let _ = std::fs::remove_file(&tmp);
