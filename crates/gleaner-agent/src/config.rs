@@ -389,16 +389,21 @@ min_progress = 50
 # not fall by more than margin), and loses when it shortens it by less than margin.
 min_wakeups = 50
 latency_gain = 0.1
+# Where not 0, a latency gain pays only if the wakeup time it saves is worth the CPU it takes
+# more at this price (latency ns per CPU ns); the guest loop's upper governor (Planned
+# against Wide) uses the planner's price whatever this says.
+latency_price = 0.0
 # Where the workload moved at least this many bytes through read/write calls in every period
 # of a comparison (per full period), progress is those bytes instead of its sync points, and
 # only chance (not margin) excuses a fall of them.
 min_io_bytes = 65536
 
 [start]
-# The start plan, before the workload is seen: every vCPU polls in the kernel up to this
-# window (ns; 0: halt), or until work arrives with until_work, where the machine offers it.
+# The start plan, before the workload is seen: every vCPU polls until work arrives
+# (until_work, where the machine offers per-CPU resume latency limits), and, once the
+# workload is quiet, or where there is no such limit, up to this window (ns; 0: halt).
 window_ns = 200000
-until_work = false
+until_work = true
 # No period is traced before the run is this old (ns): a short run plans from the cpuidle
 # counters and pays nothing for the tracer.
 trace_after_ns = 1000000000

@@ -128,15 +128,16 @@ pub fn wait4(pid: i32) -> Result<(ExitStatusLike, Rusage)> {
     }
 }
 
+/// CPU time of the calling thread so far, ns (`CLOCK_THREAD_CPUTIME_ID`; 0 if unreadable).
+pub fn thread_cpu_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(0, |t| u64::try_from(std::time::Duration::from(t).as_nanos()).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    fn thread_cpu_ns() -> u64 {
-        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
-        u64::try_from(Duration::from(t).as_nanos()).unwrap()
-    }
 
     #[test]
     fn thread_usage_grows_with_work() {

@@ -31,6 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 prior: RetentionMode::On,
                 fixed_yield_ns: None,
                 start: gleaner_policy::guest::StartConfig::default(),
+                period_ns: r.snapshot.period_ns,
             })
         });
         let s = g.step(&r);

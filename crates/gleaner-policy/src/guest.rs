@@ -34,6 +34,7 @@ use crate::retention::{EpochReading, GovernorConfig, GovernorState, GovernorStep
 
 pub mod ladder;
 pub mod setup;
+pub mod tracer;
 use ladder::{Ladder, Rung};
 
 /// One vCPU's idle counters over a period.
@@ -72,6 +73,10 @@ pub struct GuestReading {
     /// where not measured.
     #[serde(default)]
     pub io: WorkloadIo,
+    /// The agent's own work in the last period (sampling, deciding, applying), ns of CPU;
+    /// 0 where not measured (the simulator's agent costs nothing).
+    #[serde(default)]
+    pub agent_work_ns: u64,
     /// Share of the period's sync points made by the workload's processes that started while
     /// the tracer counted, which it did not follow (it counts the processes it was armed
     /// with): 0 where none or not traced. A trace that missed [`TRACE_MISSED_SHARE`] or more
@@ -105,16 +110,40 @@ pub struct GuestConfig {
     /// How a run starts, before it has seen the workload.
     #[serde(default)]
     pub start: StartConfig,
+    /// The configured control period, ns (a period runs a share of it: [`GuestStep::next_period_ns`]).
+    #[serde(default = "default_period_ns")]
+    pub period_ns: u64,
 }
+
+/// The agent's default control period, 200 ms.
+pub const DEFAULT_PERIOD_NS: u64 = 200_000_000;
+
+fn default_period_ns() -> u64 {
+    DEFAULT_PERIOD_NS
+}
+
+/// The share of a vCPU the agent's own period work (reading the counters, deciding, writing
+/// knobs) may take: where one period's work took more than this share of the configured
+/// period, the periods lengthen until it holds. Half the 1% of a vCPU the agent may cost, the
+/// tracer's budget being the other half ([`tracer::COST_SHARE`]): reading
+/// `/proc` for every thread of `perf bench sched messaging`'s 160 processes took 5 ms a period.
+pub const AGENT_WORK_SHARE: f64 = 0.005;
+
+/// The longest a period is lengthened for the agent's own cost, as a multiple of the
+/// configured period: the loop still sees a changed workload within seconds.
+pub const MAX_PERIOD_STRETCH: f64 = 10.0;
 
 /// How the guest loop starts (priors for a workload it has not seen yet).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StartConfig {
     /// The kernel polling window of the start plan, ns (0: halt), where the machine offers
-    /// kernel polling and the curve says a poll is cheaper than a halt.
+    /// kernel polling and the curve says a poll is cheaper than a halt; with `until_work`, the
+    /// plan of a start that is quiet ([`QUIET_RATE`]).
     pub window_ns: u64,
-    /// Poll until work instead (every vCPU's resume latency limit), where the machine offers it.
+    /// Start by polling until work on every vCPU (their resume latency limits), where the
+    /// machine offers it: the best latency any idle policy gets, from the first wakeup, for
+    /// the first period only unless the workload is quiet (then `window_ns`).
     pub until_work: bool,
     /// No period is traced before the run is this old, ns: the first periods plan from the
     /// cpuidle counters ([`estimate_gaps`]).
@@ -123,7 +152,7 @@ pub struct StartConfig {
 
 impl Default for StartConfig {
     fn default() -> Self {
-        Self { window_ns: INITIAL_POLL_WINDOW_NS, until_work: false, trace_after_ns: TRACE_AFTER_NS }
+        Self { window_ns: INITIAL_POLL_WINDOW_NS, until_work: true, trace_after_ns: TRACE_AFTER_NS }
     }
 }
 
@@ -187,6 +216,10 @@ pub struct GuestStep {
     /// of the other mode is short ([`PROBE_SHARE`]), since it runs in the mode believed worse;
     /// once the plan has held for [`CALM_PERIODS`], longer ([`CALM_PERIOD_SHARE`]).
     pub next_period_share: f64,
+    /// The next period's length: `next_period_share` of the configured period, the period
+    /// first lengthened (up to [`MAX_PERIOD_STRETCH`] times) where the agent's own work would
+    /// take more than [`AGENT_WORK_SHARE`] of a vCPU.
+    pub next_period_ns: u64,
     /// How applying `plan` brings each vCPU's own haltpoll window down to the plan's: a window
     /// lowered earlier is still polled at the older, larger one ([`STALE_WINDOW_EXCESS`]).
     #[serde(default)]
@@ -502,7 +535,7 @@ impl GuestController {
         // Wide is a level where there is something to widen: a curve to plan from and a
         // mechanism, and the planner's windows (not a fixed one).
         let wide = cfg.curve.is_some() && cfg.fixed_yield_ns.is_none() && (cfg.means.kernel_polling() || cfg.means.yielders);
-        let ladder = Ladder::new(cfg.governor, cfg.prior, cfg.prior_strength(), wide);
+        let ladder = Ladder::new(cfg.governor, cfg.prior, cfg.prior_strength(), wide, cfg.plan.price);
         let mode = ladder.mode();
         let polls_cheaper = cfg.curve.as_ref().is_some_and(|c| c.poll_ns.is_some_and(|p| c.halted.iter().any(|h| h.mean_ns > p)));
         let applied = match cfg.fixed_yield_ns {
@@ -731,6 +764,15 @@ impl GuestController {
             self.informed = false;
         }
         let planned = self.plan();
+        // Informed: some vCPU saw enough of the workload's wakeups to plan from on its own (a
+        // window shared from a handful of wakeups is not: a sockperf server's start-up woke it
+        // twice, the agent counted that as seeing the workload and halted the idle server,
+        // which consolidation then packed onto one vCPU). Judged before the saturation rule,
+        // which halts a workload it has seen.
+        self.informed |= planned
+            .vcpus
+            .iter()
+            .any(|v| matches!(v.why, PlanReason::BestValue | PlanReason::NothingPays | PlanReason::VmShare | PlanReason::Bottleneck));
         // The VM's saturation is the reason wherever it applies, over the planner's own
         // bottleneck (on a saturated VM every vCPU paces another).
         let planned = if self.saturated()
@@ -749,14 +791,6 @@ impl GuestController {
         } else {
             planned
         };
-        // Informed: some vCPU saw enough of the workload's wakeups to plan from on its own (a
-        // window shared from a handful of wakeups is not: a sockperf server's start-up woke it
-        // twice, the agent counted that as seeing the workload and halted the idle server,
-        // which consolidation then packed onto one vCPU).
-        self.informed |= planned
-            .vcpus
-            .iter()
-            .any(|v| matches!(v.why, PlanReason::BestValue | PlanReason::NothingPays | PlanReason::VmShare | PlanReason::Bottleneck));
         let reading = epoch_reading(r, u32::try_from(active.len()).unwrap_or(u32::MAX));
         // The ladder's levels ([`ladder`]): a rung whose two plans run alike is not compared
         // (while the plan is forced, Planned is Off; a plan that already covers everything is
@@ -800,7 +834,16 @@ impl GuestController {
             && governor.is_none_or(|g| g.change.is_none());
         self.applied = plan.clone();
         self.calm = if held && !self.probing() && self.trace_need() != TraceNeed::Now { self.calm + 1 } else { 0 };
+        let next_period_share = if self.probing() {
+            PROBE_SHARE
+        } else if self.calm >= CALM_PERIODS {
+            CALM_PERIOD_SHARE
+        } else {
+            1.0
+        };
         GuestStep {
+            next_period_ns: self.next_period_ns(r.agent_work_ns, next_period_share),
+            next_period_share,
             active,
             decisions,
             plan,
@@ -812,15 +855,16 @@ impl GuestController {
             reading,
             gaps_from,
             budget: self.seen.iter().map(|s| (s.gaps.cpu, self.cfg.plan.budget * s.scale())).collect(),
-            next_period_share: if self.probing() {
-                PROBE_SHARE
-            } else if self.calm >= CALM_PERIODS {
-                CALM_PERIOD_SHARE
-            } else {
-                1.0
-            },
             reset_poll_windows,
         }
+    }
+
+    /// `share` of the configured period, lengthened where the agent's own work (`work_ns` last
+    /// period) would take more than [`AGENT_WORK_SHARE`] of it.
+    fn next_period_ns(&self, work_ns: u64, share: f64) -> u64 {
+        let base = self.cfg.period_ns.max(1) as f64;
+        let stretched = (work_ns as f64 / AGENT_WORK_SHARE).clamp(base, base * MAX_PERIOD_STRETCH);
+        crate::num::saturating_u64((stretched * share).round()).max(1)
     }
 
     /// How applying `next` brings each vCPU's own haltpoll window down ([`WindowReset`]): the
@@ -995,7 +1039,10 @@ impl GuestController {
     /// about five times. A saturated VM leaves the background no time: there the agent takes
     /// its fair share, or its periods would wait for an idle task's turn (~0.5 s).
     pub fn agent_in_background(&self) -> bool {
-        !self.saturated() && self.last_rate <= BACKGROUND_MAX_RATE * self.last_active.max(1) as f64
+        // Before the first reading nothing says the VM has idle time: a SCHED_IDLE agent on a
+        // saturated VM did not end its first period before the workload did (`perf bench
+        // sched messaging`, 160 processes: 520 ms for a 50 ms period).
+        self.periods > 0 && !self.saturated() && self.last_rate <= BACKGROUND_MAX_RATE * self.last_active.max(1) as f64
     }
 
     /// Whether the agent's period work steps aside for a woken thread at least every
@@ -1126,12 +1173,27 @@ impl GuestController {
     }
 
     /// The plan while nothing is seen of the workload: what the run started with, unless the
-    /// workload has been quiet for [`QUIET_START_NS`] (then every vCPU halts).
+    /// workload is quiet: polling until work gives way to the start window after a quiet
+    /// period (a server waiting for its client polled both vCPUs whole for nothing: sockperf's
+    /// half second before its client, 1.44 vCPUs over a 1 s run against haltpoll's 0.48, at
+    /// the same latency, front.py 2026-12-01), and every vCPU halts after [`QUIET_START_NS`].
     fn unseen(&self) -> IdlePlan {
+        let until_work = !self.start.poll_always.is_empty();
         if self.quiet_ns >= QUIET_START_NS && self.start.retains() {
             IdlePlan::halt_because(self.cfg.cpus.iter().copied(), PlanReason::TooFewWakeups)
+        } else if self.quiet_ns > 0 && until_work {
+            self.quiet_start()
         } else {
             self.start.clone()
+        }
+    }
+
+    /// The start window's plan (a quiet start), or halting where the machine has no window.
+    fn quiet_start(&self) -> IdlePlan {
+        if self.cfg.means.poll_window && self.cfg.start.window_ns > 0 {
+            IdlePlan::initial_poll(self.cfg.cpus.iter().copied(), self.cfg.start.window_ns.min(u64::from(u32::MAX)))
+        } else {
+            IdlePlan::halt_because(self.cfg.cpus.iter().copied(), PlanReason::TooFewWakeups)
         }
     }
 }

@@ -29,11 +29,11 @@
 
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 use gleaner_policy::guest::{GuestReading, VcpuIdle, WindowReset};
-use gleaner_policy::idle::{IdlePlan, Mechanism, TraceSource, WakeTrace};
+use gleaner_policy::idle::{IdlePlan, TraceSource, WakeTrace};
 use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{KnownProbe, RetentionAction};
 
-use crate::engine::{ms_to_ns, Engine, Host, Idle, Ts, YState, GOVERNOR_SWITCH_NS, GV_IDLE, GV_WORK, GV_YIELD, NONE};
+use crate::engine::{Engine, Host, Idle, Ts, YState, GOVERNOR_SWITCH_NS, GV_IDLE, GV_WORK, GV_YIELD, NONE};
 use crate::policy::{HostView, SimVcpuCounters};
 use crate::queue::{Ev, Ns};
 
@@ -184,7 +184,6 @@ impl Engine {
         if self.vms[vmi].done_at.is_some() {
             return;
         }
-        let period = ms_to_ns(self.vms[vmi].gleaner.period_ms);
         let elapsed = self.now.saturating_sub(self.vms[vmi].period_start).max(1);
         let (base, n) = (self.vms[vmi].vcpu_base, self.vms[vmi].nvcpus);
         let mut samples = Vec::with_capacity(n as usize);
@@ -237,8 +236,15 @@ impl Engine {
         // The model's threads synchronize but move no bytes: the governor judges by sync points.
         let io = gleaner_policy::retention::WorkloadIo::default();
         // The model's tracer follows every thread of the VM's workload: it misses none.
-        let reading =
-            GuestReading { snapshot: Snapshot { period_ns: elapsed, vcpus: samples, s_work }, idle, trace, caught, io, trace_missed: 0.0 };
+        let reading = GuestReading {
+            snapshot: Snapshot { period_ns: elapsed, vcpus: samples, s_work },
+            idle,
+            trace,
+            caught,
+            io,
+            agent_work_ns: 0,
+            trace_missed: 0.0,
+        };
         let Some(agent) = self.vms[vmi].agent.as_mut() else { return };
         let step = agent.step(&reading);
         self.vms[vmi].decisions += step.decisions.len() as u64;
@@ -250,8 +256,7 @@ impl Engine {
         // Every yielder follows the plan: a vCPU it gives no yielding window (kernel
         // polling or halt, in an agent configuration from the lab) parks its yielder.
         if self.has_yielders(vmi) {
-            let windows: Vec<u64> =
-                (0..n).map(|i| step.plan.of(i).filter(|p| p.mechanism == Mechanism::Yield).map_or(0, |p| p.window_ns)).collect();
+            let windows: Vec<u64> = (0..n).map(|i| step.plan.yield_window(i, true)).collect();
             let hold = step.governor.is_some_and(|g| g.hold_timeouts);
             self.retention_apply(vm, step.mode.is_on(), &windows, hold);
         }
@@ -259,8 +264,7 @@ impl Engine {
             self.kernel_poll_apply(vm, step.mode.is_on(), &step.plan, true, step.reset_poll_windows);
         }
         self.vms[vmi].period_start = self.now;
-        let next = saturating_u64((period as f64 * step.next_period_share).round()).max(1);
-        self.q.push(self.now + next, Ev::GleanerPeriod { vm });
+        self.q.push(self.now + step.next_period_ns, Ev::GleanerPeriod { vm });
     }
 
     /// Makes the VM's allowed vCPUs (`base..base + n`) the controller's `active` set (indices in

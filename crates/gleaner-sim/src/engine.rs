@@ -721,6 +721,7 @@ impl Engine {
                     plan: PlanConfig { vm_share: 1.0, ..PlanConfig::default() },
                     start: gleaner_policy::guest::StartConfig::default(),
                     consolidation: params,
+                    period_ns: ms_to_ns(vm.gleaner.period_ms),
                 },
                 |_| String::new(),
             );

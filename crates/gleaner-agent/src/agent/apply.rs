@@ -19,7 +19,7 @@
 use std::collections::BTreeSet;
 
 use gleaner_policy::guest::WindowReset;
-use gleaner_policy::idle::{IdlePlan, Mechanism};
+use gleaner_policy::idle::IdlePlan;
 
 use crate::knobs::KnobWriter;
 use crate::state::StateFile;
@@ -118,14 +118,7 @@ impl IdleActuator {
 
 /// Gives each yielding thread its window from `plan` (0 for a vCPU that does not yield).
 pub fn apply_yielders(y: &Yielders, plan: &IdlePlan, on: bool) {
-    let windows: Vec<(u32, u64)> = y
-        .slots()
-        .iter()
-        .map(|s| {
-            let w = plan.of(s.cpu).filter(|v| on && v.mechanism == Mechanism::Yield).map_or(0, |v| v.window_ns);
-            (s.cpu, w)
-        })
-        .collect();
+    let windows: Vec<(u32, u64)> = y.slots().iter().map(|s| (s.cpu, plan.yield_window(s.cpu, on))).collect();
     y.set_windows(&windows);
 }
 

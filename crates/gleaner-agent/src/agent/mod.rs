@@ -381,8 +381,10 @@ impl Session {
         sampler.prime(&managed.tids(procfs), self.yielders.as_ref(), cpus);
         tracing.arm_next(|| managed.pids(procfs), workload, guest.trace_need());
         let waiter = child_pid.map(ChildWaiter::new).transpose()?;
-        let full_period = Duration::from_millis(cfg.period_ms);
-        let mut period = full_period.mul_f64(gleaner_policy::guest::FIRST_PERIOD_SHARE);
+        let mut period = Duration::from_millis(cfg.period_ms).mul_f64(gleaner_policy::guest::FIRST_PERIOD_SHARE);
+        // The main thread's CPU for the last period's work: the guest loop lengthens the
+        // periods where it costs too much (`AGENT_WORK_SHARE`).
+        let mut last_work_ns = 0;
         let mut outcome = Outcome::default();
         let mut all_wakes = gleaner_policy::idle::WakeLatency::default();
         // Every period's reading as the guest loop took it, for replaying it offline
@@ -417,6 +419,7 @@ impl Session {
             }
             // The period's work from here, in pieces a woken thread need not wait out (pace.rs).
             pacer.start(guest.agent_paced());
+            let work0 = gleaner_os::rusage::thread_cpu_ns();
             if managed.workload_gone(target) {
                 break;
             }
@@ -465,6 +468,7 @@ impl Session {
                 trace: traced,
                 caught: extras.caught.clone(),
                 io: extras.io,
+                agent_work_ns: last_work_ns,
                 trace_missed,
             };
             if let Some(f) = &mut dump {
@@ -499,7 +503,7 @@ impl Session {
             pacer.point();
             self.apply_idle(&step, status);
             pacer.point();
-            period = full_period.mul_f64(step.next_period_share.clamp(0.05, gleaner_policy::guest::CALM_PERIOD_SHARE));
+            period = Duration::from_nanos(step.next_period_ns);
             // Publish.
             let ended = PeriodEnd {
                 t_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -514,6 +518,7 @@ impl Session {
                 wake,
             };
             self.publish(ctx, ended, &guest, events.as_mut(), &mut outcome)?;
+            last_work_ns = gleaner_os::rusage::thread_cpu_ns().saturating_sub(work0);
         }
         // The clean-up at the agent's own priority.
         drop(background);

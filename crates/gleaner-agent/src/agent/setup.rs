@@ -135,6 +135,7 @@ impl IdleSetup {
             plan: cfg.plan_config(),
             start: cfg.start,
             consolidation: None,
+            period_ns: cfg.period_ms * 1_000_000,
         };
         let s = setup::decide(input, describe_curve);
         let yielders = s.yielders.then(|| RetentionConfig {

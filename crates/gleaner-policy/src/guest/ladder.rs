@@ -55,14 +55,16 @@ pub struct Ladder {
 
 impl Ladder {
     /// `low` from the prior (`RetentionMode::On`: Planned, `Off`: stock) and its strength;
-    /// `high` at Planned, probing Wide at the governor's first interval. `None`: no
-    /// governors (the level stays at `prior`).
-    pub fn new(cfg: Option<GovernorConfig>, prior: RetentionMode, strength: PriorStrength, wide: bool) -> Self {
+    /// `high` at Planned, probing Wide at the governor's first interval, its latency gains
+    /// priced at `price` (the planner's). `None`: no governors (the level stays at `prior`).
+    pub fn new(cfg: Option<GovernorConfig>, prior: RetentionMode, strength: PriorStrength, wide: bool, price: f64) -> Self {
         let low_prior = if prior == RetentionMode::Off { RetentionMode::Off } else { RetentionMode::On };
         let high_prior = if prior == RetentionMode::Wide { RetentionMode::On } else { RetentionMode::Off };
         Self {
             low: cfg.map(|g| RetentionGovernor::with_prior(g, low_prior, strength)),
-            high: cfg.filter(|_| wide).map(|g| RetentionGovernor::with_prior(g, high_prior, PriorStrength::Plain)),
+            high: cfg
+                .filter(|_| wide)
+                .map(|g| RetentionGovernor::with_prior(GovernorConfig { latency_price: price, ..g }, high_prior, PriorStrength::Plain)),
             last: Rung::High,
             prior,
         }
@@ -195,7 +197,7 @@ mod tests {
     /// ladder climbs Off -> Planned -> Wide by experiment and stays, probing less and less.
     #[test]
     fn a_workload_that_gains_at_every_level_climbs_to_wide() {
-        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::Off, PriorStrength::Plain, true);
+        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::Off, PriorStrength::Plain, true, 0.005);
         let rate = |m: RetentionMode| match m {
             RetentionMode::Off => 10_000,
             RetentionMode::On => 12_000,
@@ -225,7 +227,7 @@ mod tests {
     /// at Planned; Off is still probed from there. A pair whose plans run alike is never probed.
     #[test]
     fn a_wide_level_that_only_costs_loses_and_alike_plans_are_not_probed() {
-        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::On, PriorStrength::Plain, true);
+        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::On, PriorStrength::Plain, true, 0.005);
         let mut modes = Vec::new();
         for _ in 0..120 {
             let m = l.mode();
@@ -241,7 +243,7 @@ mod tests {
         assert!(modes.contains(&RetentionMode::Wide) && modes.contains(&RetentionMode::Off), "both neighbours probed: {modes:?}");
         // Two sandwiches never overlap: a probe epoch is followed by the baseline.
         assert!(modes.windows(2).all(|w| w[0] == RetentionMode::On || w[1] == RetentionMode::On), "{modes:?}");
-        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::On, PriorStrength::Plain, true);
+        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::On, PriorStrength::Plain, true, 0.005);
         for _ in 0..60 {
             let s = l.step(&reading(10_000, 0), false, false);
             assert_eq!(s.mode, RetentionMode::On);
@@ -252,9 +254,9 @@ mod tests {
     /// Without governors the level is the prior, whatever is read.
     #[test]
     fn no_governors_hold_the_prior() {
-        let mut l = Ladder::new(None, RetentionMode::On, PriorStrength::Plain, true);
+        let mut l = Ladder::new(None, RetentionMode::On, PriorStrength::Plain, true, 0.005);
         assert_eq!(l.step(&reading(1, 1), true, true).mode, RetentionMode::On);
-        assert_eq!(Ladder::new(None, RetentionMode::Off, PriorStrength::Plain, true).mode(), RetentionMode::Off);
+        assert_eq!(Ladder::new(None, RetentionMode::Off, PriorStrength::Plain, true, 0.005).mode(), RetentionMode::Off);
         assert!(!l.probing() && !l.comparing());
     }
 }

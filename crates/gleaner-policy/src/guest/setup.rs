@@ -61,6 +61,8 @@ pub struct SetupInput<'a> {
     pub plan: PlanConfig,
     pub start: StartConfig,
     pub consolidation: Option<Params>,
+    /// The configured control period, ns.
+    pub period_ns: u64,
 }
 
 /// What [`decide`] decided.
@@ -91,6 +93,7 @@ pub fn decide(input: SetupInput<'_>, describe_curve: impl Fn(&WakeCurve) -> Stri
         prior: RetentionMode::On,
         fixed_yield_ns: None,
         start: input.start,
+        period_ns: input.period_ns,
     };
     if !input.retention {
         return Setup { guest, kernel: false, yielders: false, note: None };
@@ -164,6 +167,7 @@ mod tests {
             plan: PlanConfig::default(),
             start: StartConfig::default(),
             consolidation: None,
+            period_ns: crate::guest::DEFAULT_PERIOD_NS,
         }
     }
 

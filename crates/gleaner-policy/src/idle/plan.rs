@@ -323,6 +323,13 @@ impl IdlePlan {
         self.vcpus.iter().find(|v| v.cpu == cpu)
     }
 
+    /// The yielding thread's window on `cpu` under this plan, ns: its window where it yields
+    /// and retention is `on`, else 0 (parked). The agent and the simulator give their yielders
+    /// this.
+    pub fn yield_window(&self, cpu: u32, on: bool) -> u64 {
+        self.of(cpu).filter(|v| on && v.mechanism == Mechanism::Yield).map_or(0, |v| v.window_ns)
+    }
+
     /// Some vCPU polls or yields.
     pub fn retains(&self) -> bool {
         self.vcpus.iter().any(|v| v.mechanism != Mechanism::Halt)

@@ -161,6 +161,11 @@ pub struct GovernorConfig {
     /// Retention pays when it shortens the mean wakeup by this share (and the workload's
     /// progress did not fall by more than `margin`).
     pub latency_gain: f64,
+    /// Where not 0, a latency gain pays only if the wakeup time it saves a second (mean
+    /// shortening x sync points a second) is worth the CPU "on" takes more at this price (ns
+    /// of latency per ns of CPU), else it loses: the ladder's upper governor, whose two modes
+    /// both retain, uses the planner's price. 0: the gain alone decides.
+    pub latency_price: f64,
     /// Epochs in which the workload moved fewer bytes than this through read/write calls (per
     /// full epoch) are judged by sync points; with at least this many in every epoch of a
     /// comparison, progress is the bytes ([`ProgressUnit::IoBytes`]).
@@ -183,6 +188,7 @@ impl Default for GovernorConfig {
             min_progress: 50,
             min_wakeups: 50,
             latency_gain: 0.10,
+            latency_price: 0.0,
             // 320 KB/s at 200 ms epochs: a server answering a few hundred requests a second;
             // less is a log or a trickle that says nothing of the work.
             min_io_bytes: 64 * 1024,
@@ -219,6 +225,9 @@ impl GovernorConfig {
         }
         if self.confirm == 0 {
             return Err("confirm = 0: need at least 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.latency_price) {
+            return Err(format!("latency_price = {}: need 0..=1 (latency ns per CPU ns; 0: off)", self.latency_price));
         }
         if !(0.0..=10.0).contains(&self.latency_gain) {
             return Err(format!("latency_gain = {}: need 0..=10", self.latency_gain));
@@ -602,7 +611,23 @@ impl RetentionGovernor {
             // Wakeups measured, progress held: latency decides. Faster by latency_gain pays;
             // not faster at all (within the margin) loses if the CPU had a price.
             if lg >= self.cfg.latency_gain {
-                Verdict::Pays
+                // Where both modes retain (the ladder's upper governor), the wakeups "on"
+                // saves must be worth the CPU it takes more at the planner's price: Planned
+                // is priced already, and Wide gains by having no price.
+                let sync_rate = if self.state.baseline.is_on() {
+                    rate(before.progress + after.progress, base_ns)
+                } else {
+                    rate(probe.progress, probe.duration_ns)
+                };
+                let saved_ns_per_s = match (on_wake, off_wake) {
+                    (Some(on), Some(off)) => (off - on).max(0.0) * sync_rate,
+                    _ => 0.0,
+                };
+                if self.cfg.latency_price > 0.0 && saved_ns_per_s < self.cfg.latency_price * burn_vcpus * 1e9 {
+                    Verdict::Loses
+                } else {
+                    Verdict::Pays
+                }
             } else if lg < self.cfg.margin.min(self.cfg.latency_gain) && gain < break_even {
                 Verdict::Loses
             } else {
