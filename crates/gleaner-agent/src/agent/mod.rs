@@ -167,9 +167,7 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     let sysfs = Sysfs::new();
     let cpus = managed_cpus(cfg, &sysfs)?;
     if let Target::Pid(pid) = &target {
-        if *pid <= 0 || !gleaner_os::procfs::alive(*pid) {
-            return Err(BadInput::new("--pid", pid, "the pid of a running process").into());
-        }
+        target::check_attach_pid(&procfs, *pid, &target::Caller::this_process())?;
     }
     install_signal_handlers()?;
     let start = Instant::now();

@@ -651,3 +651,28 @@ fn meminfo_and_base_slice_on_fixture() {
     write(d.path(), "sys/kernel/sched_base_slice_ns", "3000000\n");
     assert_eq!(p.sched_base_slice_ns().unwrap(), Some(3_000_000));
 }
+
+#[test]
+fn uids_valid() {
+    let (d, p) = fixture();
+    write(d.path(), "42/status", "Name:\tsh\nState:\tS (sleeping)\nUid:\t1000\t0\t1001\t1002\nGid:\t5\t5\t5\t5\n");
+    assert_eq!(p.uids(42).unwrap(), Uids { real: 1000, effective: 0, saved: 1001, fs: 1002 });
+}
+
+#[test]
+fn uids_malformed() {
+    let (d, p) = fixture();
+    write(d.path(), "42/status", "Name:\tsh\nUid:\t1000\troot\t0\t0\n");
+    let e = p.uids(42).unwrap_err().to_string();
+    assert!(e.contains("42/status") && e.contains("'root' is not a user id"), "{e}");
+    write(d.path(), "42/status", "Uid:\t1000\t0\n");
+    assert!(p.uids(42).unwrap_err().to_string().contains("2 ids, need 4"));
+}
+
+#[test]
+fn uids_empty_and_missing() {
+    let (d, p) = fixture();
+    write(d.path(), "42/status", "");
+    assert!(p.uids(42).unwrap_err().to_string().contains("no 'Uid' line"));
+    assert!(p.uids(43).is_err(), "no such process");
+}
