@@ -73,8 +73,11 @@ fn the_run_directory_and_status_socket_are_root_only() {
             Command::new(PYTHON3)
         };
         let script = "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\nprint(s.recv(1 << 20)[:1].decode())";
-        let out =
-            c.args(["-c", script]).arg(&link).output().unwrap_or_else(|e| panic!("this test needs /usr/bin/python3 (python3) and setpriv (util-linux): {e}"));
+        let out = c
+            .args(["-c", script])
+            .arg(&link)
+            .output()
+            .unwrap_or_else(|e| panic!("this test needs /usr/bin/python3 (python3) and setpriv (util-linux): {e}"));
         (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (ok, out, err) = connect(false);
