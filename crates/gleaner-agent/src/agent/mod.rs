@@ -320,6 +320,9 @@ impl Session {
                 ..IdleStatus::default()
             });
             st.idle_threshold_us = idle.yielders.map_or(0, |y| y.idle_threshold_ns / 1000);
+            // What the status and the retention_timeout_seconds metric report (they said 0).
+            st.timeout_us = idle.yielders.map_or(0, |y| y.timeout_ns / 1000);
+            st.adaptive_timeout = idle.yielders.is_some_and(|y| y.adapt);
         }
 
         let mut guest_cfg = idle.guest.clone();
