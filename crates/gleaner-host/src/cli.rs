@@ -205,6 +205,14 @@ fn metrics_addr(s: &str) -> Result<SocketAddr, String> {
     gleaner_os::input::metrics_addr("--metrics-addr", s).map_err(|e| e.allowed.to_string())
 }
 
+/// `value` of `flag` if within `range`, else the error naming the range as `LO..=HI`.
+fn in_range<T: PartialOrd + std::fmt::Display>(flag: &str, value: T, range: std::ops::RangeInclusive<T>) -> Result<(), BadInput> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(BadInput::new(flag, &value, format!("{}..={}", range.start(), range.end())))
+}
+
 /// Longest `--duration-s`: a year.
 const MAX_DURATION_S: f64 = 31_536_000.0;
 
@@ -231,15 +239,9 @@ pub struct MonitorOptions {
 impl MonitorArgs {
     /// Checks the ranges clap does not know.
     pub fn resolve(&self) -> Result<MonitorOptions, BadInput> {
-        if !(1..=10_000).contains(&self.period_ms) {
-            return Err(BadInput::new("--period-ms", self.period_ms, "1..=10000"));
-        }
-        if !(1..=1000).contains(&self.window) {
-            return Err(BadInput::new("--window", self.window, "1..=1000"));
-        }
-        if !(0.0..=100.0).contains(&self.hysteresis_points) {
-            return Err(BadInput::new("--hysteresis-points", self.hysteresis_points, "0..=100"));
-        }
+        in_range("--period-ms", self.period_ms, 1..=10_000)?;
+        in_range("--window", self.window, 1..=1000)?;
+        in_range("--hysteresis-points", self.hysteresis_points, 0.0..=100.0)?;
         Ok(MonitorOptions {
             filter: self.filter.clone(),
             period: Duration::from_millis(self.period_ms),
@@ -311,15 +313,9 @@ impl CalibrateArgs {
             return Err(BadInput::new("--agnostic-spread", self.agnostic_spread, "[0, 1)"));
         }
         // clap checks these too; the struct can be built without it (tests do).
-        if !(1..=60_000).contains(&self.duration_ms) {
-            return Err(BadInput::new("--duration-ms", self.duration_ms, "1..=60000"));
-        }
-        if !(1..=100).contains(&self.repeats) {
-            return Err(BadInput::new("--repeats", self.repeats, "1..=100"));
-        }
-        if !(1..=64).contains(&self.competitors) {
-            return Err(BadInput::new("--competitors", self.competitors, "1..=64"));
-        }
+        in_range("--duration-ms", self.duration_ms, 1..=60_000)?;
+        in_range("--repeats", self.repeats, 1..=100)?;
+        in_range("--competitors", self.competitors, 1..=64)?;
         if let Some(s) = self.slices_ms.iter().find(|s| !(1..=100).contains(*s)) {
             return Err(BadInput::new("--slices-ms", s, "1..=100 (the EEVDF slice range in whole ms)"));
         }

@@ -307,13 +307,8 @@ fn real_single_thread_in_and_out() {
     let name = format!("gleaner-test-thr-{}", std::process::id());
     let g = cg.create(Path::new(""), &name).unwrap();
     let path = g.path().to_path_buf();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let h = std::thread::spawn(move || {
-        tx.send(crate::sched::gettid()).unwrap();
-        done_rx.recv().unwrap();
-    });
-    let tid = rx.recv().unwrap();
+    let parked = crate::testutil::ParkedThread::start();
+    let tid = parked.tid;
     let before = crate::sched::affinity(tid).unwrap();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         g.set_cpus(&CpuSet::parse("0").unwrap()).unwrap();
@@ -341,8 +336,7 @@ fn real_single_thread_in_and_out() {
     }));
     g.remove().unwrap();
     let after = crate::sched::affinity(tid).unwrap();
-    done_tx.send(()).unwrap();
-    h.join().unwrap();
+    parked.finish();
     assert!(!path.exists());
     if let Err(p) = result {
         std::panic::resume_unwind(p);
@@ -375,13 +369,8 @@ fn real_v2_single_thread_in_and_out_of_a_threaded_group() {
     let path = home.join(format!("gleaner-test-thr-v2-{me}"));
     fs::create_dir(&path).unwrap();
     let g = v2.open(&path).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let h = std::thread::spawn(move || {
-        tx.send(crate::sched::gettid()).unwrap();
-        done_rx.recv().unwrap();
-    });
-    let tid = rx.recv().unwrap();
+    let parked = crate::testutil::ParkedThread::start();
+    let tid = parked.tid;
     let group_of_thread = || {
         let line = fs::read_to_string(format!("/proc/self/task/{tid}/cgroup")).unwrap();
         line.lines().find_map(|l| l.strip_prefix("0::").map(str::to_string)).unwrap()
@@ -396,8 +385,7 @@ fn real_v2_single_thread_in_and_out_of_a_threaded_group() {
     }));
     let removed = g.remove();
     let after = group_of_thread();
-    done_tx.send(()).unwrap();
-    h.join().unwrap();
+    parked.finish();
     if path.exists() {
         let _ = fs::remove_dir(&path);
     }

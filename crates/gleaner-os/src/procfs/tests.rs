@@ -414,17 +414,11 @@ fn real_children_and_descendants() {
 fn real_exited_thread_is_vanished() {
     let p = Procfs::new();
     let me = i32::try_from(std::process::id()).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let h = std::thread::spawn(move || {
-        tx.send(crate::sched::gettid()).unwrap();
-        done_rx.recv().unwrap();
-    });
-    let tid = rx.recv().unwrap();
+    let parked = crate::testutil::ParkedThread::start();
+    let tid = parked.tid;
     assert!(p.task_schedstat(me, tid).is_ok(), "live thread readable");
     assert!(p.task_status(me, tid).unwrap().state == 'S' || p.task_status(me, tid).unwrap().state == 'R');
-    done_tx.send(()).unwrap();
-    h.join().unwrap();
+    parked.finish();
     // After join the kernel has released the thread (CLONE_CHILD_CLEARTID fires after exit).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     loop {
