@@ -391,7 +391,7 @@ fn sigterm_undoes_everything_and_stops_the_workload() {
 
 #[test]
 #[serial(host)]
-fn kill_9_gives_the_workload_its_cpus_back_within_a_second() {
+fn kill_9_gives_the_workload_its_cpus_back() {
     require_root_and_cpuset();
     let run_dir = tempfile::tempdir().unwrap();
     let mut workload = Command::new("sleep").arg("30").spawn().unwrap();
