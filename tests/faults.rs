@@ -2,8 +2,9 @@
 //! workload's cgroup removed by someone else, a cpuset write refused, thread churn, a full run
 //! directory, and a second agent on the same target. After each: the workload has all its CPUs
 //! back (timed and printed; only 10 s fails), no `gleaner*` cgroup, socket or state file is
-//! left, and the agent's exit status and message name what happened. They need root and a cpuset cgroup and fail saying
-//! so; they change host-global state (cgroups, a tmpfs mount), so they run serially.
+//! left, and the agent's exit status and message name what happened. They need root and a
+//! cpuset cgroup and fail saying so; they change host-global state (cgroups, a tmpfs mount), so
+//! they run serially.
 
 mod common;
 
