@@ -4,56 +4,11 @@
 //! command; errors are printed once, with their whole chain, and mapped to exit codes:
 //! 2 for bad input ([`gleaner_os::BadInput`]), 1 for everything else.
 
-mod generate;
-
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
-
-/// Gleaner: mitigate the blocked-waiter wakeup problem of multithreaded programs in VMs,
-/// type vCPUs on KVM hosts (AQL_Sched), and measure virtualization overhead.
-#[derive(Debug, Parser)]
-#[command(name = "gleaner", version, propagate_version = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Benchmarks: wakeup latency (Table 2), workload kernels, external commands, overhead metrics.
-    Bench(gleaner_bench::BenchArgs),
-    /// Tell whether this machine suffers from the blocked-waiter wakeup problem.
-    Diagnose(gleaner_bench::DiagnoseArgs),
-    #[command(flatten)]
-    Agent(gleaner_agent::AgentCommand),
-    /// Discrete-event simulator of two-level scheduling running the real policies.
-    Sim(gleaner_sim::SimArgs),
-    /// Host-side AQL_Sched for Linux/KVM: vCPU typing, pCPU pools, per-type slices.
-    Host(gleaner_host::HostArgs),
-    /// Real QEMU guests for the UC / OC / OC2 experiments.
-    Lab(gleaner_lab::LabArgs),
-    /// Print the shell completion script for gleaner, generated from its command line.
-    ///
-    /// Install it where the shell looks for completions, e.g. bash:
-    /// `gleaner completions bash > /usr/share/bash-completion/completions/gleaner`; zsh: a file
-    /// `_gleaner` in a directory of $fpath; fish: `~/.config/fish/completions/gleaner.fish`.
-    /// The Debian package installs the bash, zsh and fish scripts.
-    Completions {
-        /// The shell: bash, elvish, fish, powershell or zsh.
-        #[arg(value_name = "SHELL", value_parser = generate::ShellName)]
-        shell: String,
-    },
-    /// Write the man pages, generated from the command line: gleaner.1 and one per subcommand
-    /// (gleaner-run.1, gleaner-bench-wakeup.1, ...). Used by scripts/build-deb.sh.
-    #[command(hide = true)]
-    ManPages {
-        /// Directory to write the pages into (created if missing).
-        #[arg(value_name = "DIR")]
-        dir: PathBuf,
-    },
-}
+use clap::CommandFactory;
+use gleaner::cli::{Cli, Command};
+use gleaner::generate;
 
 /// `gleaner compare`, with its `--plot` drawn here: the agent does not link plotting.
 fn compare(a: &gleaner_agent::compare::CompareArgs) -> anyhow::Result<ExitCode> {
@@ -98,7 +53,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = match gleaner::cli::parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     let result = match cli.command {
         Command::Bench(a) => gleaner_bench::run_bench(a),
         Command::Diagnose(a) => gleaner_bench::run_diagnose(a, &AgentSide),

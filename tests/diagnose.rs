@@ -88,7 +88,8 @@ fn pid_shows_a_running_workloads_wakeups_by_target_state() {
         .sum();
     assert_eq!(buckets, all, "the histogram holds every wakeup");
     let traced = r["traced_ns"].as_u64().unwrap();
-    assert!((900_000_000..3_000_000_000).contains(&traced), "traced for about the second asked: {traced} ns");
+    // At least the second asked; the upper bound only catches a tracer that never stops.
+    assert!((900_000_000..30_000_000_000).contains(&traced), "traced for about the second asked: {traced} ns");
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //!
 //! Needs cargo-deb (`cargo install cargo-deb --version 3.8.0 --locked`), dpkg-dev, binutils,
 //! systemd (systemd-analyze) and man-db; a missing one fails the test that needs it, naming it
-//! (`.ci/run` installs them). The install test needs root and changes host-global state (dpkg's
+//! (`scripts/test.sh` installs them). The install test needs root and changes host-global state (dpkg's
 //! database, /usr, /etc), so it refuses to run over an installed gleaner and runs serially.
 
 mod common;

@@ -19,6 +19,10 @@ fn set_mode(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
+/// Debian's python3 (the package the tests install), not one on root's PATH that nobody may not
+/// run.
+const PYTHON3: &str = "/usr/bin/python3";
+
 /// `gleaner` as user and group `nobody` (65534), no supplementary groups.
 fn gleaner_as_nobody() -> Command {
     let mut c = Command::new("setpriv");
@@ -54,12 +58,32 @@ fn the_run_directory_and_status_socket_are_root_only() {
     let out = gleaner_as_nobody().args(["status", "--run-dir"]).arg(&run_dir).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("Permission denied"), "nobody read the status: {err}");
-    let probe = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--", "cat"])
-        .arg(&socket)
-        .output()
-        .unwrap();
-    assert!(!probe.status.success(), "nobody reached the socket");
+    // The socket's own mode, apart from its directory's: a link to it where anyone may look
+    // (the same inode, so the same permission), connected to as nobody and as root.
+    let open = tempfile::tempdir().unwrap();
+    set_mode(open.path(), 0o755);
+    let link = open.path().join("agent.sock");
+    std::fs::hard_link(&socket, &link).unwrap();
+    let connect = |as_nobody: bool| {
+        let mut c = if as_nobody {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--", PYTHON3]);
+            c
+        } else {
+            Command::new(PYTHON3)
+        };
+        let script = "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\nprint(s.recv(1 << 20)[:1].decode())";
+        let out = c
+            .args(["-c", script])
+            .arg(&link)
+            .output()
+            .unwrap_or_else(|e| panic!("this test needs /usr/bin/python3 (python3) and setpriv (util-linux): {e}"));
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (ok, out, err) = connect(false);
+    assert!(ok && out.trim() == "{", "root could not read the status through the link: {out} {err}");
+    let (ok, out, err) = connect(true);
+    assert!(!ok && err.contains("PermissionError"), "nobody connected to the agent's socket: {out} {err}");
     assert!(wait_child(&mut agent.0, Duration::from_secs(10)).is_some_and(|s| s.success()));
     assert_no_leftovers(&run_dir);
 }
@@ -201,4 +225,26 @@ fn metrics_given_a_port_alone_listen_on_loopback_only() {
     assert_eq!(listeners(port), vec![format!("0100007F:{port:04X}")], "metrics must listen on loopback only");
     assert!(wait_child(&mut agent.0, Duration::from_secs(10)).is_some_and(|s| s.success()));
     assert_run_dir_clean(run_dir.path());
+}
+
+/// A user may not attach the agent to another user's process (kill(2)'s rule): as `nobody`,
+/// root's `sleep` is refused, naming the rule, before anything is changed.
+#[test]
+#[serial(host)]
+fn attach_refuses_a_process_the_caller_may_not_manage() {
+    require_root_and_cpuset();
+    let mut workload = Started(Command::new("sleep").arg("30").spawn().unwrap());
+    let pid = workload.0.id().to_string();
+    let run_dir = tempfile::tempdir().unwrap();
+    set_mode(run_dir.path(), 0o777);
+    let out = gleaner_as_nobody().args(["attach", "--run-dir"]).arg(run_dir.path().join("nobody")).args(["--pid", &pid]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with(&format!("gleaner: invalid --pid '{pid}': allowed: a process the caller may manage"))
+            && err.contains("runs as uid 0"),
+        "{err}"
+    );
+    assert_eq!(cpuset_cgroup_of(workload.0.id()), cpuset_cgroup_of(std::process::id()), "the workload was not moved");
+    let _ = workload.0.kill();
 }

@@ -145,8 +145,31 @@ impl AgentFlags {
         } else if cfg.run_dir == AgentConfig::default().run_dir {
             cfg.run_dir = default_run_dir();
         }
-        cfg.validate()?;
+        // The file was valid on its own (`load` checks it): a value refused now came from a
+        // flag, and the error names the flag rather than the key.
+        let checked = cfg.validate().and_then(|()| crate::agent::managed_cpus(&cfg, &gleaner_os::sysfs::Sysfs::new()).map(|_| ()));
+        checked.map_err(|e| self.name_the_flag(e))?;
         Ok(cfg)
+    }
+
+    /// `e` with the configuration key it names replaced by the flag that set it, if one did.
+    fn name_the_flag(&self, e: anyhow::Error) -> anyhow::Error {
+        let Some(bad) = e.downcast_ref::<gleaner_os::BadInput>() else { return e };
+        let set = |key: &str| match key {
+            "budget" => self.budget.is_some(),
+            "vm_share" => self.vm_share.is_some(),
+            "step_aside_us" => self.step_aside_us.is_some(),
+            "period_ms" => self.period_ms.is_some(),
+            "timeout_us" => self.timeout_us.is_some(),
+            "cpus" => self.cpus.is_some(),
+            "calibration_max_age_s" => self.calibration_max_age_s.is_some(),
+            "metrics_addr" => self.metrics_addr.is_some(),
+            _ => false,
+        };
+        if !set(&bad.what) {
+            return e;
+        }
+        gleaner_os::BadInput { what: format!("--{}", bad.what.replace('_', "-")), ..bad.clone() }.into()
     }
 }
 
@@ -182,7 +205,9 @@ pub enum AgentCommand {
         /// Existing cpuset cgroup (absolute path, or relative to the cpuset hierarchy root).
         #[arg(long, value_name = "PATH", conflicts_with = "pid", required_unless_present = "pid")]
         cgroup: Option<PathBuf>,
-        /// Process to manage, with its descendants.
+        /// Process to manage, with its descendants: a running process's pid, 1..=4194304, not
+        /// init, the agent or its ancestors, and one the caller may manage (root, or the same
+        /// user).
         #[arg(long, value_name = "PID")]
         pid: Option<i32>,
     },

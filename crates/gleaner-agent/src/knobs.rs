@@ -449,9 +449,40 @@ pub(crate) mod tests {
         assert_eq!(read(d.path(), "module/haltpoll/parameters/guest_halt_poll_ns"), "200000");
         assert_eq!(read(d.path(), "devices/system/cpu/cpu1/power/pm_qos_resume_latency_us"), "0");
         assert_eq!(read(d.path(), "devices/system/cpu/cpu1/cpuidle/state0/disable"), "0");
-        // The journal still names every knob: a second undo finds them back and writes nothing.
+        // The journal still names every knob: a second undo finds them back and writes nothing
+        // (a write, even of the same value, would move a file's mtime off the one set here).
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        let knob_files = knob_files(d.path());
+        assert!(knob_files.len() >= 4, "{knob_files:?}");
+        for f in &knob_files {
+            fs::File::options().write(true).open(f).unwrap().set_modified(old).unwrap();
+        }
         let cx = UndoCx { cgroups: None, knobs: w.knobs().clone() };
         journal.undo(&cx).unwrap();
+        for f in &knob_files {
+            assert_eq!(fs::metadata(f).unwrap().modified().unwrap(), old, "{} written by the second undo", f.display());
+        }
+        assert_eq!(read(d.path(), "module/haltpoll/parameters/guest_halt_poll_ns"), "200000");
+    }
+
+    /// Every file of the fixture's knobs (module parameters, CPU and cpuidle files).
+    fn knob_files(root: &Path) -> Vec<std::path::PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for top in ["module", "devices"] {
+            walk(&root.join(top), &mut out);
+        }
+        out.sort();
+        out
     }
 
     #[test]

@@ -268,7 +268,10 @@ fn undo_one(cx: &UndoCx, change: &Change) -> anyhow::Result<()> {
             }
         }
         Change::IdleStateDisabled { cpu, state, original } => {
-            cx.knobs.set_state_disabled(*cpu, *state, *original)?;
+            // Already back: nothing to write (as for every other knob).
+            if cx.knobs.state_disabled(*cpu, *state)? != *original {
+                cx.knobs.set_state_disabled(*cpu, *state, *original)?;
+            }
         }
         Change::CpuidleGovernor { original } => {
             if cx.knobs.sysfs().cpuidle_governor()?.as_deref() != Some(original.as_str()) {

@@ -71,23 +71,25 @@ pub struct WakeupArgs {
     /// mutex (a glibc pthread mutex, timed from pthread_mutex_unlock, as in the paper).
     #[arg(long, value_enum, default_value_t = wakeup::Primitive::Condvar)]
     pub primitive: wakeup::Primitive,
-    /// Measured rounds per setting.
+    /// Measured rounds per setting (1..=1000000).
     #[arg(long, default_value_t = 2000)]
     pub rounds: u32,
-    /// Warm-up rounds per setting (not recorded).
-    #[arg(long, default_value_t = 20)]
+    /// Warm-up rounds per setting (not recorded), 0..=100000.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub warmup: u32,
-    /// Time between the waiter blocking and the wakeup, microseconds (lets its CPU go idle).
+    /// Time between the waiter blocking and the wakeup, microseconds (lets its CPU go idle),
+    /// 1..=1000000.
     #[arg(long, default_value_t = 1000)]
     pub period_us: u64,
-    /// CPU of the waking thread (default: first CPU this process may use).
+    /// CPU of the waking thread, 0..=4095 and one this process may use (default: the first).
     #[arg(long)]
     pub waker_cpu: Option<u32>,
-    /// CPU of the blocked thread (default: second CPU this process may use).
+    /// CPU of the blocked thread, 0..=4095 and one this process may use (default: the second).
     #[arg(long)]
     pub waiter_cpu: Option<u32>,
-    /// A wakeup not arriving within this many ms counts as lost (0: 200 ms + 10 periods).
-    #[arg(long, default_value_t = 0)]
+    /// A wakeup not arriving within this many ms counts as lost, 0..=60000 (0: 200 ms + 10
+    /// periods).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub deadline_ms: u64,
     /// Print one JSON document on stdout.
     #[arg(long)]
@@ -103,32 +105,34 @@ pub struct WorkloadArgs {
     /// Kernel: pipeline, barrier, condvar, mutex, spin-barrier, matmul, freqsleep
     /// (throughput); pingpong, openloop (latency).
     pub name: String,
-    /// Worker threads (default: depends on the kernel and the CPU count). Throughput kernels.
+    /// Worker threads, 1..=1024 (default: depends on the kernel and the CPU count). Throughput
+    /// kernels.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Compute per item, microseconds (openloop: the server's work per request, default 5;
-    /// not used by pingpong).
+    /// Compute per item, microseconds, 0..=1000000 (openloop: the server's work per request,
+    /// default 5; not used by pingpong).
     #[arg(long)]
     pub work_us: Option<f64>,
-    /// Amount of work (items, phases, hand-offs, acquisitions, multiplies or sleeps).
-    /// Throughput kernels; the latency kernels run for --duration-ms.
+    /// Amount of work (items, phases, hand-offs, acquisitions, multiplies or sleeps),
+    /// 1..=1000000000. Throughput kernels; the latency kernels run for --duration-ms.
     #[arg(long)]
     pub items: Option<u64>,
     /// Use the small test size (well under a second; latency kernels: 200 ms).
     #[arg(long)]
     pub quick: bool,
-    /// Number of runs.
+    /// Number of runs (1..=1000).
     #[arg(long, default_value_t = 1)]
     pub runs: u32,
-    /// Compute rate in LCG steps per microsecond instead of calibrating (fixes the amount
-    /// of work across processes; not used by pingpong).
+    /// Compute rate in LCG steps per microsecond, in (0, 1000000], instead of calibrating
+    /// (fixes the amount of work across processes; not used by pingpong).
     #[arg(long)]
     pub iters_per_us: Option<f64>,
-    /// Latency kernels: CPU of the client (pingpong's client; openloop's sender and receiver).
-    /// Default: the first CPU this process may use.
+    /// Latency kernels: CPU of the client (pingpong's client; openloop's sender and receiver),
+    /// 0..=4095 and one this process may use. Default: the first CPU this process may use.
     #[arg(long, value_name = "CPU")]
     pub client_cpu: Option<u32>,
-    /// Latency kernels: CPU of the server. Default: the second CPU this process may use (the
+    /// Latency kernels: CPU of the server, 0..=4095 and one this process may use. Default: the
+    /// second CPU this process may use (the
     /// first if it may use only one). The client's CPU is allowed too: every hand-off then
     /// stays on one CPU and no cross-CPU wakeup is measured.
     #[arg(long, value_name = "CPU")]
@@ -149,8 +153,8 @@ pub struct WorkloadArgs {
     /// 1..=200000; with --work-us, rate x work must stay within 1).
     #[arg(long, value_name = "PER_S")]
     pub rate: Option<u32>,
-    /// openloop: seed of the arrival schedule (the same seed gives the same arrivals;
-    /// default 1).
+    /// openloop: seed of the arrival schedule, 0..=18446744073709551615 (the same seed gives
+    /// the same arrivals; default 1).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Print one JSON document on stdout.
@@ -161,7 +165,7 @@ pub struct WorkloadArgs {
 /// `gleaner bench run`
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// Number of runs.
+    /// Number of runs (1..=1000).
     #[arg(long, default_value_t = 5)]
     pub runs: u32,
     /// Print one JSON document on stdout (the command's stdout goes to stderr).
@@ -179,11 +183,12 @@ pub struct OverheadArgs {
     pub base: PathBuf,
     /// Result of the target configuration (virtualized / changed).
     pub target: PathBuf,
-    /// Effective CPU count gamma of the base (default: CPUs available in its runs).
+    /// Effective CPU count gamma of the base, in (0, 1048576] (default: CPUs available in its
+    /// runs).
     #[arg(long)]
     pub gamma_base: Option<f64>,
-    /// Effective CPU count gamma of the target (default: CPUs available in its runs; use
-    /// half of it when two identical VMs share the pCPUs).
+    /// Effective CPU count gamma of the target, in (0, 1048576] (default: CPUs available in its
+    /// runs; use half of it when two identical VMs share the pCPUs).
     #[arg(long)]
     pub gamma_target: Option<f64>,
     /// Print one JSON document on stdout.
@@ -197,7 +202,7 @@ pub struct DiagnoseArgs {
     /// Print one JSON document on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Wakeup rounds per setting (B and C), 1 ms apart.
+    /// Wakeup rounds per setting (B and C), 1 ms apart, 1..=100000.
     #[arg(long, default_value_t = 1000)]
     pub rounds: u32,
     /// Draw the machine's wake-cost curve (halted cost by idle gap, busy and polling costs)
@@ -214,10 +219,10 @@ pub struct DiagnoseArgs {
     pub run_dir: Option<std::path::PathBuf>,
     /// Instead of judging the machine, trace a running process's wakeups with eBPF (root) and
     /// show its wakeup-latency histogram split by the state of the vCPU each wakeup targeted
-    /// (busy, polling, halted).
+    /// (busy, polling, halted). A running process's pid, 1..=4194304.
     #[arg(long, value_name = "PID")]
     pub pid: Option<i32>,
-    /// With --pid: how long to trace, in seconds (more than 0, at most 3600).
+    /// With --pid: how long to trace, in seconds, in (0, 3600].
     #[arg(long, value_name = "S", default_value_t = 5.0, requires = "pid")]
     pub seconds: f64,
 }

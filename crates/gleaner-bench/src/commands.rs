@@ -476,8 +476,7 @@ pub fn overhead_of(
         let cpu = median(&d.runs.iter().map(|r| r.cpu_ns() as f64).collect::<Vec<_>>())?;
         let wall = median(&d.runs.iter().map(|r| r.wall_ns as f64).collect::<Vec<_>>())?;
         let gamma = match gamma {
-            Some(g) if g.is_finite() && g > 0.0 => g,
-            Some(g) => return Err(BadInput::new(flag, g, "a number of CPUs > 0").into()),
+            Some(g) => check_gamma(flag, g)?,
             None => median(&d.runs.iter().map(|r| f64::from(r.cpus_available)).collect::<Vec<_>>())?,
         };
         Ok(Side { cpu, wall, gamma })
@@ -505,7 +504,25 @@ pub fn overhead_of(
     })
 }
 
+/// Most CPUs a `--gamma-*` may count.
+const MAX_GAMMA: f64 = 1_048_576.0;
+
+/// A `--gamma-*` value: a number of CPUs in (0, [`MAX_GAMMA`]].
+fn check_gamma(flag: &str, g: f64) -> Result<f64, BadInput> {
+    if g.is_finite() && g > 0.0 && g <= MAX_GAMMA {
+        Ok(g)
+    } else {
+        Err(BadInput::new(flag, g, "a number of CPUs in (0, 1048576]"))
+    }
+}
+
 pub(crate) fn overhead(a: &OverheadArgs) -> anyhow::Result<ExitCode> {
+    // The flags first: a bad value is named before any file is read.
+    for (flag, g) in [("--gamma-base", a.gamma_base), ("--gamma-target", a.gamma_target)] {
+        if let Some(g) = g {
+            check_gamma(flag, g)?;
+        }
+    }
     let base = BenchDoc::load(&a.base)?;
     let target = BenchDoc::load(&a.target)?;
     let r = overhead_of(&base, &target, a.gamma_base, a.gamma_target)?;

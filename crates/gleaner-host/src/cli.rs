@@ -77,10 +77,10 @@ pub struct DiscoverArgs {
 pub struct MonitorArgs {
     #[command(flatten)]
     pub filter: VmFilter,
-    /// Monitoring period (the paper's 30 ms).
+    /// Monitoring period in ms, 1..=10000 (the paper's 30 ms).
     #[arg(long, default_value_t = 30)]
     pub period_ms: u64,
-    /// Periods per decision (the paper's n = 4).
+    /// Periods per decision, 1..=1000 (the paper's n = 4).
     #[arg(long, default_value_t = 4)]
     pub window: usize,
     /// Configuration (quanta, thresholds). Default: /etc/gleaner/host.toml if present, else the
@@ -88,7 +88,7 @@ pub struct MonitorArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Hysteresis in cursor points: a vCPU keeps its type until another cursor average beats
-    /// it by more than this (0 = the paper's rule).
+    /// it by more than this, 0..=100 (0 = the paper's rule).
     #[arg(long, default_value_t = 10.0)]
     pub hysteresis_points: f64,
 }
@@ -109,7 +109,8 @@ pub struct RunArgs {
     /// Compute and print the first plan and the changes it would make, then exit; change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Stop (and restore everything) after this many seconds. Default: until SIGINT/SIGTERM.
+    /// Stop (and restore everything) after this many seconds, in (0, 31536000]. Default: until
+    /// SIGINT/SIGTERM.
     #[arg(long, value_parser = positive_seconds)]
     pub duration_s: Option<f64>,
     /// Stop (and restore) when no VM is left.
@@ -135,30 +136,32 @@ pub struct RunArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct CalibrateArgs {
-    /// pCPU the kernels and competitors run on. Default: the last online CPU.
+    /// pCPU the kernels and competitors run on, 0..=4095 and online. Default: the last online
+    /// CPU.
     #[arg(long)]
     pub cpu: Option<u32>,
     /// Slices to try, in ms (1..=100).
     #[arg(long, value_delimiter = ',', default_value = "1,10,30,60,90")]
     pub slices_ms: Vec<u64>,
     /// Measurement time per point (after a warm-up of a fifth of it); several rounds of the
-    /// largest slice over all threads sharing the pCPU.
-    #[arg(long, default_value_t = 2000)]
+    /// largest slice over all threads sharing the pCPU; 1..=60000 ms.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub duration_ms: u64,
-    /// Repeats per point (the median is kept).
-    #[arg(long, default_value_t = 3)]
+    /// Repeats per point (the median is kept), 1..=100.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub repeats: u32,
-    /// Cache-thrashing CPU burners sharing the pCPU (the paper: 2-4 vCPUs per pCPU).
-    #[arg(long, default_value_t = 3)]
+    /// Cache-thrashing CPU burners sharing the pCPU, 1..=64 (the paper: 2-4 vCPUs per pCPU).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub competitors: u32,
-    /// LLC size to size the kernels for. Default: from sysfs.
-    #[arg(long)]
+    /// LLC size to size the kernels for, bytes, 65536..=17179869184. Default: from sysfs.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(65_536..=17_179_869_184))]
     pub llc_bytes: Option<u64>,
     /// Types to calibrate (IOInt, ConSpin, LLCF, LoLCF, LLCO). Default: all.
     #[arg(long, value_delimiter = ',', value_parser = vcpu_type)]
     pub types: Vec<VcpuType>,
     /// Least relative gain over the 30 ms default for another slice to be chosen (raised to the
-    /// repeats' noise when that is larger); types whose slices all stay within it are agnostic.
+    /// repeats' noise when that is larger), in [0, 1); types whose slices all stay within it are
+    /// agnostic.
     #[arg(long, default_value_t = 0.05)]
     pub agnostic_spread: f64,
     /// Config file to write.
@@ -202,9 +205,23 @@ fn metrics_addr(s: &str) -> Result<SocketAddr, String> {
     gleaner_os::input::metrics_addr("--metrics-addr", s).map_err(|e| e.allowed.to_string())
 }
 
-/// A positive, finite number of seconds.
+/// `value` of `flag` if within `range`, else the error naming the range as `LO..=HI`.
+fn in_range<T: PartialOrd + std::fmt::Display>(flag: &str, value: T, range: std::ops::RangeInclusive<T>) -> Result<(), BadInput> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(BadInput::new(flag, &value, format!("{}..={}", range.start(), range.end())))
+}
+
+/// Longest `--duration-s`: a year.
+const MAX_DURATION_S: f64 = 31_536_000.0;
+
+/// What `--duration-s` allows.
+const DURATION_S: &str = "a number of seconds in (0, 31536000]";
+
+/// A number of seconds in (0, [`MAX_DURATION_S`]].
 fn positive_seconds(s: &str) -> Result<f64, String> {
-    s.trim().parse::<f64>().ok().filter(|d| *d > 0.0 && d.is_finite()).ok_or_else(|| "a positive number of seconds".to_string())
+    s.trim().parse::<f64>().ok().filter(|d| *d > 0.0 && *d <= MAX_DURATION_S).ok_or_else(|| DURATION_S.to_string())
 }
 
 // ---- resolved options: what the handlers take ----
@@ -222,15 +239,9 @@ pub struct MonitorOptions {
 impl MonitorArgs {
     /// Checks the ranges clap does not know.
     pub fn resolve(&self) -> Result<MonitorOptions, BadInput> {
-        if !(1..=10_000).contains(&self.period_ms) {
-            return Err(BadInput::new("--period-ms", self.period_ms, "1..=10000"));
-        }
-        if !(1..=1000).contains(&self.window) {
-            return Err(BadInput::new("--window", self.window, "1..=1000"));
-        }
-        if !(0.0..=100.0).contains(&self.hysteresis_points) {
-            return Err(BadInput::new("--hysteresis-points", self.hysteresis_points, "0..=100"));
-        }
+        in_range("--period-ms", self.period_ms, 1..=10_000)?;
+        in_range("--window", self.window, 1..=1000)?;
+        in_range("--hysteresis-points", self.hysteresis_points, 0.0..=100.0)?;
         Ok(MonitorOptions {
             filter: self.filter.clone(),
             period: Duration::from_millis(self.period_ms),
@@ -261,8 +272,8 @@ impl RunArgs {
     /// struct can be built without clap (tests do).
     pub fn resolve(&self) -> Result<RunOptions, BadInput> {
         let duration = match self.duration_s {
-            Some(d) if !(d > 0.0 && d.is_finite()) => return Err(BadInput::new("--duration-s", d, "a positive number of seconds")),
-            Some(d) => Some(Duration::try_from_secs_f64(d).map_err(|_| BadInput::new("--duration-s", d, "a positive number of seconds"))?),
+            Some(d) if !(d > 0.0 && d <= MAX_DURATION_S) => return Err(BadInput::new("--duration-s", d, DURATION_S)),
+            Some(d) => Some(Duration::try_from_secs_f64(d).map_err(|_| BadInput::new("--duration-s", d, DURATION_S))?),
             None => None,
         };
         Ok(RunOptions {
@@ -299,10 +310,17 @@ pub struct CalibrateOptions {
 impl CalibrateArgs {
     pub fn resolve(&self) -> Result<CalibrateOptions, BadInput> {
         if !(0.0..1.0).contains(&self.agnostic_spread) {
-            return Err(BadInput::new("--agnostic-spread", self.agnostic_spread, "0 <= x < 1"));
+            return Err(BadInput::new("--agnostic-spread", self.agnostic_spread, "[0, 1)"));
         }
-        if self.duration_ms == 0 || self.repeats == 0 {
-            return Err(BadInput::new("--duration-ms/--repeats", format!("{}/{}", self.duration_ms, self.repeats), "> 0"));
+        // clap checks these too; the struct can be built without it (tests do).
+        in_range("--duration-ms", self.duration_ms, 1..=60_000)?;
+        in_range("--repeats", self.repeats, 1..=100)?;
+        in_range("--competitors", self.competitors, 1..=64)?;
+        if let Some(s) = self.slices_ms.iter().find(|s| !(1..=100).contains(*s)) {
+            return Err(BadInput::new("--slices-ms", s, "1..=100 (the EEVDF slice range in whole ms)"));
+        }
+        if let Some(cpu) = self.cpu.filter(|c| *c > 4095) {
+            return Err(BadInput::new("--cpu", cpu, "0..=4095, an online CPU"));
         }
         Ok(CalibrateOptions {
             cpu: self.cpu,
@@ -360,7 +378,11 @@ mod tests {
             (&["run", "--cpus", "3-1"][..], "3-1", "a CPU list like 0-3,6"),
             (&["run", "--reserve-cpus", "x"][..], "x", "a CPU list"),
             (&["run", "--metrics-addr", "localhost"][..], "localhost", "PORT (served on 127.0.0.1) or IP:PORT"),
-            (&["run", "--duration-s", "0"][..], "0", "a positive number of seconds"),
+            (&["run", "--duration-s", "0"][..], "0", "a number of seconds in (0, 31536000]"),
+            (&["run", "--duration-s", "31536001"][..], "31536001", "a number of seconds in (0, 31536000]"),
+            (&["calibrate", "--competitors", "65"][..], "65", "1..=64"),
+            (&["calibrate", "--repeats", "0"][..], "0", "1..=100"),
+            (&["calibrate", "--duration-ms", "60001"][..], "60001", "1..=60000"),
             (&["calibrate", "--types", "IOInt,Fast"][..], "Fast", "one of IOInt, ConSpin"),
         ] {
             let e = parse(args).unwrap_err();

@@ -62,8 +62,8 @@ pub struct RunFlags {
     /// Host CPUs for guests and native runs (overrides the experiment), e.g. 0-1.
     #[arg(long)]
     pub pcpus: Option<String>,
-    /// Runs per mode (overrides the experiment: 7, or 5 with --quick).
-    #[arg(long)]
+    /// Runs per mode, 1..=1000 (overrides the experiment: 7, or 5 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub runs: Option<u32>,
 }
 
@@ -143,17 +143,17 @@ pub struct FetchArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ExecArgs {
-    /// vCPUs of the guest.
-    #[arg(long, default_value_t = 2)]
+    /// vCPUs of the guest, 1..=64.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub vcpus: u32,
-    /// Guest memory in MiB.
-    #[arg(long, default_value_t = 512)]
+    /// Guest memory in MiB, 128..=16384 (as in experiment files).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(128..=16384))]
     pub memory_mib: u32,
     /// kvm, tcg or auto (try KVM, fall back to TCG).
     #[arg(long, default_value = "auto")]
     pub accel: String,
-    /// Deadline for the whole guest run, in seconds.
-    #[arg(long, default_value_t = 120)]
+    /// Deadline for the whole guest run, in seconds, 1..=86400.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub timeout_s: u64,
     /// Extra guest kernel command-line argument (repeatable), e.g. `idle=poll`.
     #[arg(long = "kernel-arg", value_name = "ARG")]
@@ -173,24 +173,25 @@ pub struct PredictArgs {
     /// only with --jitter-pct.
     #[arg(long, default_value = "1")]
     pub seeds: String,
-    /// Uniform jitter of every simulated compute step, percent (a sensitivity check).
+    /// Uniform jitter of every simulated compute step, percent, 0..=100 (a sensitivity check).
     #[arg(long, default_value_t = 0.0)]
     pub jitter_pct: f64,
     /// Statistic of the lab's wakeup measurements the simulator's costs come from.
     #[arg(long, value_enum, default_value = "p50")]
     pub wake_stat: WakeStat,
-    /// EEVDF base slice of the lab's host, us (default: debugfs or procfs when readable, else
-    /// 0.75 ms x (1 + log2(online CPUs))).
+    /// EEVDF base slice of the lab's host, us, 0..=1000000 (default: debugfs or procfs when
+    /// readable, else 0.75 ms x (1 + log2(online CPUs))).
     #[arg(long)]
     pub base_slice_us: Option<f64>,
-    /// Scheduler tick of the lab's host, us (default: 1 s / CONFIG_HZ; 250 Hz when unknown).
+    /// Scheduler tick of the lab's host, us, 0..=1000000 (default: 1 s / CONFIG_HZ; 250 Hz
+    /// when unknown).
     #[arg(long)]
     pub tick_us: Option<f64>,
     /// Also write each cell's simulator scenario here (TOML; `gleaner sim FILE` runs it).
     #[arg(long, value_name = "DIR")]
     pub scenarios: Option<PathBuf>,
-    /// Worker threads for the simulations (default: all cores).
-    #[arg(long)]
+    /// Worker threads for the simulations, 1..=1024 (default: all cores).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub jobs: Option<usize>,
     /// Print one JSON document instead of the Markdown report.
     #[arg(long)]

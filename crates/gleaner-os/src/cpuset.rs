@@ -285,9 +285,10 @@ mod tests {
         let (baseline, _) = best(&singles);
         assert_eq!((s.len(), s.to_string()), (65536, "0-65535".to_string()));
         // Merged: within a small factor of the singles (about 10 ms here); one insert per id
-        // of every range is 65,536 times the work of a single id: thousands of times slower.
+        // of every range is 65,536 times the work of a single id: tens of thousands of times
+        // slower. The bound leaves a disturbed run a thousandfold.
         let ratio = took.as_secs_f64() / baseline.as_secs_f64().max(1e-6);
-        assert!(ratio < 100.0, "ranges took {took:?}, as many single ids {baseline:?}: {ratio:.0}x");
+        assert!(ratio < 1000.0, "ranges took {took:?}, as many single ids {baseline:?}: {ratio:.0}x");
         // Overlaps, nesting, duplicates and out-of-order parts still give the union.
         assert_eq!(CpuSet::parse("8-9,0-5,2-3,5-7,1,20,12-15,13-14,20").unwrap().to_string(), "0-9,12-15,20");
     }

@@ -302,11 +302,20 @@ impl IdleKnobs {
 
     /// Disables (or enables) idle state `state` of `cpu`; returns whether it was disabled.
     pub fn set_state_disabled(&self, cpu: u32, state: u32, disabled: bool) -> Result<bool> {
-        let path = self.cpu_dir().join(format!("cpu{cpu}/cpuidle/state{state}/disable"));
-        let old = util::read(&path)?;
-        let was = util::parse_u64(&path, 1, "disable", old.trim())? != 0;
-        util::write(&path, if disabled { "1" } else { "0" })?;
+        let was = self.state_disabled(cpu, state)?;
+        util::write(&self.state_disable_path(cpu, state), if disabled { "1" } else { "0" })?;
         Ok(was)
+    }
+
+    /// Whether idle state `state` of `cpu` is disabled (its `disable` file).
+    pub fn state_disabled(&self, cpu: u32, state: u32) -> Result<bool> {
+        let path = self.state_disable_path(cpu, state);
+        let text = util::read(&path)?;
+        Ok(util::parse_u64(&path, 1, "disable", text.trim())? != 0)
+    }
+
+    fn state_disable_path(&self, cpu: u32, state: u32) -> PathBuf {
+        self.cpu_dir().join(format!("cpu{cpu}/cpuidle/state{state}/disable"))
     }
 
     /// Switches the cpuidle governor; returns the one it replaced. The name must be one the

@@ -63,6 +63,8 @@ pub mod rusage;
 pub mod sched;
 pub mod signal;
 pub mod sysfs;
+#[cfg(test)]
+mod testutil;
 mod util;
 pub mod virt;
 

@@ -329,19 +329,44 @@ mod tests {
         assert_eq!(read_trusted(&link, 1024).unwrap(), b"x");
     }
 
+    /// Whether thread `tid` of this process is inside `flock(2)` now (`/proc/self/task/TID/syscall`
+    /// starts with the number of the call a thread blocks in).
+    fn in_flock(tid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
+            .is_ok_and(|s| s.split_whitespace().next() == Some(libc::SYS_flock.to_string().as_str()))
+    }
+
+    /// Held, the lock refuses every other holder (a non-blocking try fails at once, so a lock
+    /// that does not exclude fails here however fast or slow it is), and a second `lock_dir`
+    /// waits inside flock until the first is dropped, then gets it.
     #[test]
     fn the_directory_lock_excludes_a_second_holder() {
         let d = private_tempdir();
         let lock = lock_dir(d.path()).unwrap();
+        assert!(try_lock_dir(d.path()).unwrap().is_none(), "a second holder while the first holds the lock");
         let path = d.path().to_path_buf();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let (tx, rx) = std::sync::mpsc::channel();
         let t = std::thread::spawn(move || {
-            let _l = lock_dir(&path).unwrap();
+            tid_tx.send(crate::sched::gettid()).unwrap();
+            let l = lock_dir(&path).unwrap();
             tx.send(()).unwrap();
+            l
         });
-        assert!(rx.recv_timeout(std::time::Duration::from_millis(100)).is_err(), "second lock taken while the first is held");
+        let tid = tid_rx.recv().unwrap();
+        // Only a hang (the thread never reaching flock) trips the deadline.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !in_flock(tid) {
+            assert!(rx.try_recv().is_err(), "second lock taken while the first is held");
+            assert!(std::time::Instant::now() < deadline, "the second locker never waited in flock");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(rx.try_recv().is_err(), "second lock taken while the first is held");
         drop(lock);
-        rx.recv_timeout(std::time::Duration::from_secs(5)).expect("second lock after release");
-        t.join().unwrap();
+        rx.recv_timeout(std::time::Duration::from_secs(30)).expect("second lock after release");
+        let second = t.join().unwrap();
+        assert!(try_lock_dir(d.path()).unwrap().is_none(), "the second holder excludes others in turn");
+        drop(second);
+        assert!(try_lock_dir(d.path()).unwrap().is_some(), "free once both are dropped");
     }
 }

@@ -129,6 +129,15 @@ pub struct TaskStatus {
     pub nonvoluntary_ctxt_switches: u64,
 }
 
+/// A process's user ids (`Uid:` of `/proc/<pid>/status`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Uids {
+    pub real: u32,
+    pub effective: u32,
+    pub saved: u32,
+    pub fs: u32,
+}
+
 /// The fields of `/proc/<pid>/task/<tid>/stat` gleaner uses.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct TaskStat {
@@ -350,6 +359,13 @@ impl Procfs {
         let path = self.task_dir(pid, tid).join("stat");
         let text = util::read_proc(&path, pid, Some(tid))?;
         parse_task_stat(&path, &text)
+    }
+
+    /// The user ids of process `pid` (the `Uid:` line of `/proc/<pid>/status`).
+    pub fn uids(&self, pid: i32) -> Result<Uids> {
+        let path = self.root.join(pid.to_string()).join("status");
+        let text = util::read_proc(&path, pid, None)?;
+        parse_uids(&path, &text)
     }
 
     /// `/proc/<pid>/stat` (the process as a whole; times summed over threads).
@@ -751,6 +767,23 @@ pub fn parse_status(path: &Path, text: &str) -> Result<TaskStatus> {
         voluntary_ctxt_switches: vol.ok_or_else(|| missing("voluntary_ctxt_switches"))?,
         nonvoluntary_ctxt_switches: nonvol.ok_or_else(|| missing("nonvoluntary_ctxt_switches"))?,
     })
+}
+
+/// Parses the `Uid:` line of a `status` file: real, effective, saved and filesystem uid.
+pub fn parse_uids(path: &Path, text: &str) -> Result<Uids> {
+    let (i, line) = text
+        .lines()
+        .enumerate()
+        .find_map(|(i, l)| l.strip_prefix("Uid:").map(|v| (i, v)))
+        .ok_or_else(|| parse_err(path, 0, "no 'Uid' line"))?;
+    let ids: Vec<u32> = line
+        .split_whitespace()
+        .map(|v| v.parse::<u32>().map_err(|_| parse_err(path, i + 1, format!("Uid: '{v}' is not a user id"))))
+        .collect::<Result<_>>()?;
+    let [real, effective, saved, fs] = ids[..] else {
+        return Err(parse_err(path, i + 1, format!("Uid: {} ids, need 4", ids.len())));
+    };
+    Ok(Uids { real, effective, saved, fs })
 }
 
 /// Parses a `stat` line (`pid (comm) state ppid ...`); `comm` may hold spaces and

@@ -4,7 +4,7 @@
 /// Options shared by a run and a sweep.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunOpts {
-    /// RNG seed (overrides the scenario's `seed`).
+    /// RNG seed, 0..=18446744073709551615 (overrides the scenario's `seed`).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Print one JSON document on stdout instead of the table.
@@ -17,8 +17,8 @@ pub struct RunOpts {
     /// same seed gives byte-identical output.
     #[arg(long)]
     pub no_timing: bool,
-    /// Worker threads for parallel runs (default: all cores).
-    #[arg(long)]
+    /// Worker threads for parallel runs, 1..=1024 (default: all cores).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub jobs: Option<usize>,
     /// Take the VM's wake costs from the agent's calibration record (default
     /// /run/gleaner/calibration.json): RT = P, IPI = B - RT, RV by idle gap = C(g) - B, and
@@ -69,7 +69,7 @@ pub struct PredictArgs {
     /// instead of the scenario's (the Gleaner paper's Table 2).
     #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = crate::scenario::DEFAULT_CALIBRATION)]
     pub from_calibration: Option<std::path::PathBuf>,
-    /// RNG seed (default: the scenario's).
+    /// RNG seed, 0..=18446744073709551615 (default: the scenario's).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Print one JSON document on stdout instead of the table.

@@ -167,9 +167,7 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     let sysfs = Sysfs::new();
     let cpus = managed_cpus(cfg, &sysfs)?;
     if let Target::Pid(pid) = &target {
-        if *pid <= 0 || !gleaner_os::procfs::alive(*pid) {
-            return Err(BadInput::new("--pid", pid, "the pid of a running process").into());
-        }
+        target::check_attach_pid(&procfs, *pid, &target::Caller::this_process())?;
     }
     install_signal_handlers()?;
     let start = Instant::now();
@@ -322,6 +320,9 @@ impl Session {
                 ..IdleStatus::default()
             });
             st.idle_threshold_us = idle.yielders.map_or(0, |y| y.idle_threshold_ns / 1000);
+            // What the status and the retention_timeout_seconds metric report (they said 0).
+            st.timeout_us = idle.yielders.map_or(0, |y| y.timeout_ns / 1000);
+            st.adaptive_timeout = idle.yielders.is_some_and(|y| y.adapt);
         }
 
         let mut guest_cfg = idle.guest.clone();

@@ -97,11 +97,13 @@ mod tests {
 
     #[test]
     fn the_limit_is_measured_from_the_last_yield() {
-        let mut p = Pacer::new(Duration::from_millis(100));
+        // A piece begun 11 s ago against a 10 s limit, without sleeping through it: only a
+        // 10 s stall between the two points below could make the second one yield too.
+        let mut p = Pacer::new(Duration::from_secs(10));
         p.start(true);
-        std::thread::sleep(Duration::from_millis(120));
+        p.since = Instant::now().checked_sub(Duration::from_secs(11)).expect("the monotonic clock is past 11 s");
         p.point();
-        assert_eq!(p.yields(), 1, "120 ms of work past a 100 ms limit");
+        assert_eq!(p.yields(), 1, "11 s of work past a 10 s limit");
         p.point();
         assert_eq!(p.yields(), 1, "the next piece starts at the yield");
     }

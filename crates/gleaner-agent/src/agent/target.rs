@@ -138,3 +138,148 @@ pub(crate) fn lock_managed(path: &Path, what: &str) -> anyhow::Result<gleaner_os
         .into()),
     }
 }
+
+/// Who asks to attach: the agent's own pid and the user ids it runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub pid: i32,
+    pub real_uid: u32,
+    pub effective_uid: u32,
+}
+
+impl Caller {
+    /// This process.
+    pub fn this_process() -> Self {
+        Self {
+            pid: std::process::id().cast_signed(),
+            real_uid: nix::unistd::getuid().as_raw(),
+            effective_uid: nix::unistd::geteuid().as_raw(),
+        }
+    }
+}
+
+/// Longest chain of parents followed from the agent up to init (a kernel's pid chain is far
+/// shorter; the bound only stops a fixture's loop).
+const MAX_ANCESTORS: usize = 4096;
+
+/// Refuses `attach --pid pid` where moving the process and its descendants into a cpuset that
+/// consolidation shrinks would hurt: init (pid 1: the whole system), the agent itself or one
+/// of its ancestors (the agent would squeeze itself, and the shell that started it), and a
+/// process the caller may not manage (the rule of kill(2): root, or a real or effective uid
+/// equal to the process's real or saved uid). The error names the rule.
+pub fn check_attach_pid(procfs: &Procfs, pid: i32, caller: &Caller) -> Result<(), BadInput> {
+    let refuse = |allowed: String| BadInput::new("--pid", pid, allowed);
+    if pid <= 0 || !procfs.alive(pid) {
+        return Err(refuse("the pid of a running process".into()));
+    }
+    if pid == 1 {
+        return Err(refuse("a process other than init (pid 1 is every process's ancestor: the whole system would be moved)".into()));
+    }
+    if pid == caller.pid {
+        return Err(refuse("a process other than the agent itself".into()));
+    }
+    let mut at = caller.pid;
+    for _ in 0..MAX_ANCESTORS {
+        let Ok(stat) = procfs.process_stat(at) else { break };
+        if stat.ppid <= 0 {
+            break;
+        }
+        if stat.ppid == pid {
+            return Err(refuse(format!(
+                "a process that is not an ancestor of the agent (pid {pid} is, through pid {at}: the agent would be moved with it)"
+            )));
+        }
+        at = stat.ppid;
+    }
+    if caller.effective_uid != 0 {
+        let owner = procfs.uids(pid).map_err(|e| refuse(format!("a process whose owner can be read ({e})")))?;
+        let mine = [caller.real_uid, caller.effective_uid];
+        if !mine.contains(&owner.real) && !mine.contains(&owner.saved) {
+            return Err(refuse(format!(
+                "a process the caller may manage (root, or the same user: pid {pid} runs as uid {}, the caller is uid {})",
+                owner.real, caller.effective_uid
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fixture /proc: each (pid, ppid, uid) with the `stat` and `status` lines the check reads.
+    fn procs(list: &[(i32, i32, u32)]) -> (tempfile::TempDir, Procfs) {
+        let d = tempfile::tempdir().unwrap();
+        for &(pid, ppid, uid) in list {
+            let dir = d.path().join(pid.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            // Fields 3..=52 after comm; field 4 is the parent.
+            let mut f: Vec<String> = (3..=52).map(|_| "0".to_string()).collect();
+            f[0] = "S".into();
+            f[1] = ppid.to_string();
+            std::fs::write(dir.join("stat"), format!("{pid} (p{pid}) {}\n", f.join(" "))).unwrap();
+            std::fs::write(dir.join("status"), format!("Name:\tp{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")).unwrap();
+        }
+        let p = Procfs::with_root(d.path());
+        (d, p)
+    }
+
+    /// init <- shell (100, uid 1000) <- agent (200); a sibling workload (300, uid 1000), root's
+    /// daemon (400), a setuid program started by uid 1000 (500: real 1000, saved 0).
+    fn machine() -> (tempfile::TempDir, Procfs) {
+        let (d, p) = procs(&[(1, 0, 0), (100, 1, 1000), (200, 100, 1000), (300, 100, 1000), (400, 1, 0)]);
+        std::fs::create_dir_all(d.path().join("500")).unwrap();
+        std::fs::copy(d.path().join("300/stat"), d.path().join("500/stat")).unwrap();
+        std::fs::write(d.path().join("500/status"), "Uid:\t1000\t0\t0\t0\n").unwrap();
+        (d, p)
+    }
+
+    const USER: Caller = Caller { pid: 200, real_uid: 1000, effective_uid: 1000 };
+    const ROOT: Caller = Caller { pid: 200, real_uid: 0, effective_uid: 0 };
+
+    fn refused(p: &Procfs, pid: i32, caller: &Caller) -> String {
+        let e = check_attach_pid(p, pid, caller).unwrap_err();
+        assert_eq!((e.what.as_str(), e.value.clone()), ("--pid", pid.to_string()));
+        e.allowed
+    }
+
+    #[test]
+    fn a_workload_beside_the_agent_is_accepted_for_its_owner_and_root() {
+        let (_d, p) = machine();
+        assert_eq!(check_attach_pid(&p, 300, &USER), Ok(()));
+        assert_eq!(check_attach_pid(&p, 300, &ROOT), Ok(()));
+        assert_eq!(check_attach_pid(&p, 400, &ROOT), Ok(()), "root manages anyone's");
+        assert_eq!(check_attach_pid(&p, 500, &USER), Ok(()), "started by the caller (real uid), though setuid");
+    }
+
+    #[test]
+    fn init_the_agent_and_its_ancestors_are_refused_even_for_root() {
+        let (_d, p) = machine();
+        assert!(refused(&p, 1, &ROOT).contains("other than init"));
+        assert!(refused(&p, 200, &ROOT).contains("other than the agent itself"));
+        let a = refused(&p, 100, &ROOT);
+        assert!(a.contains("not an ancestor of the agent") && a.contains("through pid 200"), "{a}");
+    }
+
+    #[test]
+    fn another_users_process_is_refused_to_a_user() {
+        let (_d, p) = machine();
+        let a = refused(&p, 400, &USER);
+        assert!(a.contains("may manage") && a.contains("runs as uid 0, the caller is uid 1000"), "{a}");
+    }
+
+    #[test]
+    fn a_process_that_is_not_there_is_refused() {
+        let (_d, p) = machine();
+        for pid in [0, -5, 999] {
+            assert_eq!(refused(&p, pid, &ROOT), "the pid of a running process");
+        }
+    }
+
+    #[test]
+    fn a_loop_of_parents_ends() {
+        let (_d, p) = procs(&[(1, 0, 0), (200, 201, 0), (201, 200, 0), (300, 1, 0)]);
+        assert_eq!(check_attach_pid(&p, 300, &ROOT), Ok(()));
+    }
+}

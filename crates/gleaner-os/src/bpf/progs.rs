@@ -492,11 +492,33 @@ mod tests {
         }
     }
 
+    /// Where `p` marks the target vCPU halted (`mov R3, STATE_HALT`), the step that decides
+    /// between halted and polling.
+    fn halt_mark(p: &[Insn]) -> usize {
+        let at: Vec<usize> = p.iter().enumerate().filter(|(_, i)| **i == insn::mov64_imm(R3, STATE_HALT)).map(|(k, _)| k).collect();
+        assert_eq!(at.len(), 1, "one halt mark");
+        at[0]
+    }
+
+    /// A known POLL state k marks the target vCPU as polling exactly when the last cpuidle
+    /// state seen (kept as k + 1; 0: none) is k: after the halt mark, one `if R1 != k + 1`
+    /// that skips only `mov R3, STATE_POLL`, then the store of the state; an unknown one goes
+    /// from the halt mark straight to the store.
     #[test]
     fn poll_state_is_compared_only_when_known() {
         let m = fds();
-        let with = sched_switch(&m, Some(0)).unwrap();
+        let store = insn::stx(op::W, R8, R3, cpu_state::PEND_STATE);
         let without = sched_switch(&m, None).unwrap();
-        assert_eq!(with.len(), without.len() + 2);
+        let h = halt_mark(&without);
+        assert_eq!(without[h + 1], store, "no POLL state known: halted is stored as it is");
+        for k in [0u32, 3] {
+            let with = sched_switch(&m, Some(k)).unwrap();
+            let h = halt_mark(&with);
+            let imm = i32::try_from(k).unwrap() + 1;
+            assert_eq!(with[h + 1], insn::jmp_imm(op::JNE, R1, imm, 1), "state {k}: compared with {imm}, skipping only the mark");
+            assert_eq!(with[h + 2], insn::mov64_imm(R3, STATE_POLL), "state {k}: polling");
+            assert_eq!(with[h + 3], store, "state {k}: then stored");
+            assert_eq!(with.len(), without.len() + 2, "state {k}: the comparison and the mark, nothing else");
+        }
     }
 }

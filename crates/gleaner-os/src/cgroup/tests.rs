@@ -297,8 +297,9 @@ fn v2_threaded_group_moves_threads() {
 }
 
 /// v1 takes single threads: move one thread of this test process in and let `remove` move it
-/// back (its affinity follows the cpuset both ways). On a v2 machine: a domain group refuses
-/// single threads with EOPNOTSUPP.
+/// back (its affinity follows the cpuset both ways). On a v2 machine a domain group refuses
+/// single threads with EOPNOTSUPP, and the thread goes in and out of a threaded group under
+/// this process's own group instead (the host agent's way with QEMU's vCPU threads).
 #[test]
 #[serial_test::serial(host)]
 fn real_single_thread_in_and_out() {
@@ -306,13 +307,8 @@ fn real_single_thread_in_and_out() {
     let name = format!("gleaner-test-thr-{}", std::process::id());
     let g = cg.create(Path::new(""), &name).unwrap();
     let path = g.path().to_path_buf();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let h = std::thread::spawn(move || {
-        tx.send(crate::sched::gettid()).unwrap();
-        done_rx.recv().unwrap();
-    });
-    let tid = rx.recv().unwrap();
+    let parked = crate::testutil::ParkedThread::start();
+    let tid = parked.tid;
     let before = crate::sched::affinity(tid).unwrap();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         g.set_cpus(&CpuSet::parse("0").unwrap()).unwrap();
@@ -320,6 +316,18 @@ fn real_single_thread_in_and_out() {
             // A v2 domain group refuses single threads (only threaded subtrees take them).
             let e = g.add_thread(tid).unwrap_err();
             assert!(matches!(&e, OsError::Write { source, .. } if source.raw_os_error() == Some(libc::EOPNOTSUPP)), "{e}");
+            let own = cg.group_of(&crate::procfs::Procfs::new(), std::process::id().cast_signed()).unwrap();
+            let t = cg.create_threaded(own.path(), &format!("{name}-threaded")).unwrap();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                t.set_cpus(&CpuSet::parse("0").unwrap()).unwrap();
+                t.add_thread(tid).unwrap();
+                assert_eq!(t.threads().unwrap(), vec![tid]);
+                assert_eq!(crate::sched::affinity(tid).unwrap().to_string(), "0");
+            }));
+            t.remove().unwrap();
+            if let Err(p) = r {
+                std::panic::resume_unwind(p);
+            }
             return;
         }
         g.add_thread(tid).unwrap();
@@ -328,13 +336,65 @@ fn real_single_thread_in_and_out() {
     }));
     g.remove().unwrap();
     let after = crate::sched::affinity(tid).unwrap();
-    done_tx.send(()).unwrap();
-    h.join().unwrap();
+    parked.finish();
     assert!(!path.exists());
     if let Err(p) = result {
         std::panic::resume_unwind(p);
     }
     assert_eq!(after, before, "thread back in the root cpuset gets its CPUs back");
+}
+
+/// The v2 half of the single-thread path on any machine with a cgroup2 mount (on a hybrid
+/// one, like the CI machine, cpuset is v1's, so this is where v2's code runs): a thread of
+/// this process goes into a threaded group under the process's own v2 group
+/// (`cgroup.threads`), is listed there, and `remove` moves it back (the threaded branch of
+/// `move_stragglers`) and removes the group.
+#[test]
+#[serial_test::serial(host)]
+fn real_v2_single_thread_in_and_out_of_a_threaded_group() {
+    assert!(nix::unistd::geteuid().is_root(), "real cgroup test needs root");
+    let procfs = crate::procfs::Procfs::new();
+    let mount = procfs
+        .mountinfo()
+        .unwrap()
+        .into_iter()
+        .find(|m| m.fstype == "cgroup2")
+        .unwrap_or_else(|| panic!("this test needs a cgroup2 filesystem mounted (cgroup v2)"))
+        .mount_point;
+    let v2 = Cgroups::with_layout(Layout::V2 { root: mount.clone() });
+    let me = std::process::id().cast_signed();
+    let own = v2.group_of(&procfs, me).unwrap();
+    let home = own.path().to_path_buf();
+    // By hand (no cpuset on a hybrid machine's v2): a threaded child of our own group.
+    let path = home.join(format!("gleaner-test-thr-v2-{me}"));
+    fs::create_dir(&path).unwrap();
+    let g = v2.open(&path).unwrap();
+    let parked = crate::testutil::ParkedThread::start();
+    let tid = parked.tid;
+    let group_of_thread = || {
+        let line = fs::read_to_string(format!("/proc/self/task/{tid}/cgroup")).unwrap();
+        line.lines().find_map(|l| l.strip_prefix("0::").map(str::to_string)).unwrap()
+    };
+    let before = group_of_thread();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        g.set_threaded().unwrap();
+        assert!(g.is_threaded().unwrap());
+        g.add_thread(tid).unwrap();
+        assert_eq!(g.threads().unwrap(), vec![tid]);
+        assert_eq!(mount.join(group_of_thread().trim_start_matches('/')), path, "the thread is in the threaded group");
+    }));
+    let removed = g.remove();
+    let after = group_of_thread();
+    parked.finish();
+    if path.exists() {
+        let _ = fs::remove_dir(&path);
+    }
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+    removed.unwrap();
+    assert!(!path.exists(), "group removed");
+    assert_eq!(after, before, "the thread is back in the process's own group");
 }
 
 /// rmdir of a group that still has a child group stays EBUSY: `remove` gives up after its

@@ -414,17 +414,11 @@ fn real_children_and_descendants() {
 fn real_exited_thread_is_vanished() {
     let p = Procfs::new();
     let me = i32::try_from(std::process::id()).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let h = std::thread::spawn(move || {
-        tx.send(crate::sched::gettid()).unwrap();
-        done_rx.recv().unwrap();
-    });
-    let tid = rx.recv().unwrap();
+    let parked = crate::testutil::ParkedThread::start();
+    let tid = parked.tid;
     assert!(p.task_schedstat(me, tid).is_ok(), "live thread readable");
     assert!(p.task_status(me, tid).unwrap().state == 'S' || p.task_status(me, tid).unwrap().state == 'R');
-    done_tx.send(()).unwrap();
-    h.join().unwrap();
+    parked.finish();
     // After join the kernel has released the thread (CLONE_CHILD_CLEARTID fires after exit).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     loop {
@@ -650,4 +644,29 @@ fn meminfo_and_base_slice_on_fixture() {
     assert_eq!(p.sched_base_slice_ns().unwrap(), None);
     write(d.path(), "sys/kernel/sched_base_slice_ns", "3000000\n");
     assert_eq!(p.sched_base_slice_ns().unwrap(), Some(3_000_000));
+}
+
+#[test]
+fn uids_valid() {
+    let (d, p) = fixture();
+    write(d.path(), "42/status", "Name:\tsh\nState:\tS (sleeping)\nUid:\t1000\t0\t1001\t1002\nGid:\t5\t5\t5\t5\n");
+    assert_eq!(p.uids(42).unwrap(), Uids { real: 1000, effective: 0, saved: 1001, fs: 1002 });
+}
+
+#[test]
+fn uids_malformed() {
+    let (d, p) = fixture();
+    write(d.path(), "42/status", "Name:\tsh\nUid:\t1000\troot\t0\t0\n");
+    let e = p.uids(42).unwrap_err().to_string();
+    assert!(e.contains("42/status") && e.contains("'root' is not a user id"), "{e}");
+    write(d.path(), "42/status", "Uid:\t1000\t0\n");
+    assert!(p.uids(42).unwrap_err().to_string().contains("2 ids, need 4"));
+}
+
+#[test]
+fn uids_empty_and_missing() {
+    let (d, p) = fixture();
+    write(d.path(), "42/status", "");
+    assert!(p.uids(42).unwrap_err().to_string().contains("no 'Uid' line"));
+    assert!(p.uids(43).is_err(), "no such process");
 }

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian or Ubuntu machine: installs what the tests need, then
+# runs them all. Run as root (the tests are real privileged tests: cgroups, idle knobs,
+# scheduler syscalls, eBPF, QEMU guests):
+#
+#   sudo scripts/test.sh                  # install, fetch the lab kernel, restore, test
+#   sudo scripts/test.sh --install-only   # only the packages and cargo-deb (.ci/run)
+#   sudo scripts/test.sh --skip-install   # the rest, prerequisites already there (.ci/run)
+#
+# This is the one list of what the tests need; .ci/run calls this script. With the
+# prerequisites installed, the inner step alone is `cargo test --workspace --release
+# --no-fail-fast` (as root). Everything comes from Debian's packages or crates.io.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+install=1
+test=1
+for a in "$@"; do
+  case "$a" in
+    --install-only) test=0 ;;
+    --skip-install) install=0 ;;
+    *) echo "scripts/test.sh: unknown argument '$a': allowed: --install-only, --skip-install" >&2; exit 2 ;;
+  esac
+done
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "scripts/test.sh: needs root (apt-get install, then tests that create cgroups, turn idle knobs and trace with eBPF): run it as 'sudo scripts/test.sh'" >&2
+  exit 2
+fi
+
+# Debian packages, and what needs each.
+packages=(
+  sysbench stress-ng          # real workloads of `bench run` and the agent tests
+  qemu-system-x86             # lab guests (TCG, or KVM where the host can)
+  busybox-static cpio         # the guests' initramfs: init and tools, and its archive
+  xz-utils gzip zstd          # kernel and module compressions (vmlinux out of vmlinuz)
+  dpkg apt                    # apt-get download + dpkg-deb -x: the lab kernel, never installed
+  kmod                        # modprobe: the cpuidle-haltpoll driver
+  fonts-dejavu-core           # text in PNG plots
+  util-linux                  # setpriv (unprivileged-agent and security tests), mount/umount
+  mount                       # the full-/run fault test
+  python3                     # the thread-churning workload of tests/faults.rs, socket probes
+  ca-certificates             # crates.io over TLS (cargo install cargo-deb)
+  dpkg-dev binutils           # the Debian package: dpkg-shlibdeps, strip, readelf
+  systemd man-db              # systemd-analyze verify of the unit, man -l on the man pages
+  g++                         # the fuzz targets' libFuzzer (scripts/fuzz.sh)
+  git                         # provenance (git revision) of benchmark documents
+)
+CARGO_DEB_VERSION=3.8.0
+
+# `sudo` drops the invoking user's PATH: find their rustup toolchain if root has none.
+if ! command -v cargo >/dev/null 2>&1; then
+  for home in "${HOME:-/root}" "$(getent passwd "${SUDO_USER:-}" 2>/dev/null | cut -d: -f6)"; do
+    if [ -n "$home" ] && [ -x "$home/.cargo/bin/cargo" ]; then
+      export PATH="$home/.cargo/bin:$PATH"
+      [ -d "$home/.rustup" ] && export RUSTUP_HOME="${RUSTUP_HOME:-$home/.rustup}"
+      break
+    fi
+  done
+fi
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "scripts/test.sh: needs Rust's cargo (rustup: https://rustup.rs), on root's PATH or in ~/.cargo/bin of the user running sudo" >&2
+  exit 2
+fi
+
+if [ "$install" = 1 ]; then
+  echo "== installing test prerequisites (Debian packages)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+  echo "== cargo-deb $CARGO_DEB_VERSION (crates.io), for the package tests"
+  if [ "$(cargo deb --version 2>/dev/null)" != "cargo-deb $CARGO_DEB_VERSION" ]; then
+    cargo install cargo-deb --version "$CARGO_DEB_VERSION" --locked
+  fi
+  echo "== the guest kernel the lab tests fetch (apt-cache policy linux-image-amd64)"
+  apt-cache policy linux-image-amd64 | sed -n '1,3p'
+fi
+
+if [ "$test" = 1 ]; then
+  echo "== guest kernel for the QEMU tests (apt-get download into the lab cache, never installed)"
+  cargo build --release
+  ./target/release/gleaner lab fetch-kernel
+
+  echo "== what agents killed before this run left (gleaner restore: their journals in /run/gleaner)"
+  # An agent and its guardian both killed with SIGKILL leave their journal: its cpuset cgroup
+  # and idle knobs stay changed, and the tests that check for leftovers would blame themselves.
+  ./target/release/gleaner restore || echo "gleaner restore failed: the tests below may see its leftovers"
+
+  echo "== test suite"
+  # --no-fail-fast: every test binary runs and every failure is listed.
+  cargo test --workspace --release --no-fail-fast
+fi
