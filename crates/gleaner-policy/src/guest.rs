@@ -28,13 +28,20 @@
 use serde::{Deserialize, Serialize};
 
 use crate::gleaner::{Controller, Decision, Metrics, Params, Snapshot};
-use crate::idle::plan::{exponential_gaps, plan, IdlePlan, Means, PlanConfig, PlanReason, VcpuInput};
+use crate::idle::plan::{plan, IdlePlan, Means, PlanConfig, PlanReason, VcpuInput};
 use crate::idle::{Log2Hist, TraceSource, VcpuGaps, WakeCurve, WakeTrace};
 use crate::retention::{EpochReading, GovernorConfig, GovernorState, GovernorStep, PriorStrength, RetentionMode, WorkloadIo};
 
+mod observe;
+mod window;
 pub mod ladder;
 pub mod setup;
 pub mod tracer;
+
+pub use observe::{estimate_gaps, STEAL_MIN_NS};
+use observe::{epoch_reading, Seen, Smoothed};
+pub use window::{GOVERNOR_SWITCH_NS, STALE_WINDOW_EXCESS};
+use window::WindowCheck;
 use ladder::{Ladder, Rung};
 
 /// One vCPU's idle counters over a period.
@@ -302,46 +309,6 @@ pub const CALM_PERIODS: u32 = 5;
 /// A calm period's length, a share of the configured period (2.5: 500 ms at the default 200).
 pub const CALM_PERIOD_SHARE: f64 = 2.5;
 
-/// A share smoothed over periods, each weighed by its length and the older halved each period:
-/// a short period (the first, a probe) counts for less. `sysbench threads` left its first 50 ms
-/// (start-up) half idle and no idle time after: counted as a full period, its start kept it
-/// polling for 5 periods, a second. A first reading weighs as two of its periods (full periods
-/// then halve the older, as the idle periods are smoothed).
-#[derive(Debug, Clone, Copy, Default)]
-struct Smoothed {
-    value: f64,
-    /// The time `value` stands for, ns.
-    weight: f64,
-}
-
-impl Smoothed {
-    /// `prev` with a period of `period_ns` at `x` folded in.
-    fn fold(prev: Option<Self>, x: f64, period_ns: u64) -> Self {
-        let p = period_ns as f64;
-        match prev {
-            None => Self { value: x, weight: 2.0 * p },
-            Some(s) => {
-                let w = s.weight / 2.0;
-                Self { value: (s.value * w + x * p) / (w + p), weight: w + p }
-            }
-        }
-    }
-}
-
-/// The smoothed idle periods of one vCPU and the time they stand for.
-#[derive(Debug, Clone, Default)]
-struct Seen {
-    gaps: VcpuGaps,
-    observed_ns: u64,
-    /// Multiplier of the configured budget (1: as configured).
-    budget_scale: f64,
-    /// Multiplier of the budget after the host took the vCPU away while it retained (1: none).
-    steal_scale: f64,
-    /// Share of its time the workload left it idle, measured (not traced), smoothed; `None`
-    /// before a reading had it.
-    idle_share: Option<Smoothed>,
-}
-
 /// The guest loop's state machine (module documentation).
 #[derive(Debug, Clone)]
 pub struct GuestController {
@@ -370,6 +337,9 @@ pub struct GuestController {
     last_rate: f64,
     /// How many vCPUs the workload had last period.
     last_active: usize,
+    /// vCPUs were given back since the start: an unseen workload runs the start window, not
+    /// the start plan's polling until work.
+    restarted: bool,
     /// The last period changed the workload's set of vCPUs: the idle periods of those left
     /// are another workload's now, so the next period is traced ([`Self::trace_need`]).
     moved: bool,
@@ -398,45 +368,6 @@ pub struct GuestController {
     periods: u64,
     elapsed_ns: u64,
 }
-
-/// Bringing a stale haltpoll window down ([`WindowReset`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum WindowCheck {
-    /// No stale window seen since the last reset.
-    Clear,
-    /// The period being read ran with shrinking on: its polling was partly at the old window.
-    Shrinking,
-    /// A shrink did not reach every vCPU: while the window stays stale its polling past the
-    /// estimate adds up, and a switch comes once that outweighs the switch's halts.
-    Judging,
-}
-
-/// Realized kernel polling above what the applied plan estimated, summed over the vCPUs that
-/// poll a window (shares of a vCPU), above which a lowered haltpoll window is taken to be still
-/// polled at an older, larger one, and each vCPU's own window is reset.
-///
-/// The haltpoll governor keeps a window per CPU, grown up to `guest_halt_poll_ns` and shrunk
-/// only after a halt longer than it (and the agent turns shrinking off, so that the window the
-/// kernel keeps is the planned one): lowering the cap leaves a CPU that polls through its idle
-/// periods at its old window. A full reset is switching the cpuidle governor away and back,
-/// which takes [`GOVERNOR_SWITCH_NS`] here and runs every CPU on the default idle (a halt)
-/// meanwhile. So the guest loop first turns shrinking on for a period ([`WindowReset::Shrink`]),
-/// and switches only for a vCPU the shrink did not reach, once that pays (`switch_cost_ns`).
-/// nginx with one wrk connection (the switch fired once or twice in a run's first second, and
-/// every request of its 13-22 ms took 50-190 us): haltpoll's p99 over the agent's per round
-/// 0.832 with switches, 0.891 with shrinks first (16 alternated 3 s rounds).
-/// Done at each lowering, as before, a switch cost a redis server with one client its tail: the
-/// plan lowered the window 3-4 times a run, and p99 was 49.6 us against 26.6 with 1 s periods
-/// and 27.0 under the kernel's own haltpoll (7 alternated rounds, `gleaner run --no-trace
-/// --no-consolidation`). The estimate runs high, not low (realized 0.49-0.55 of a vCPU against
-/// 0.66-0.74 estimated, redis and memcached with one client), so an excess over it is the stale
-/// window's.
-pub const STALE_WINDOW_EXCESS: f64 = 0.05;
-
-/// How long switching the cpuidle governor away and back halts every vCPU, ns: the agent's
-/// two writes of `current_governor` took 13.2-16.0 ms on this VM (2026-11-27, timed in the
-/// agent around `IdleKnobs::reset_poll_windows`, nginx with one connection).
-pub const GOVERNOR_SWITCH_NS: u64 = 15_000_000;
 
 /// The share of a traced period's sync points made by processes the trace did not follow
 /// (started while it counted) from which the trace is set aside ([`GuestReading::trace_missed`]).
@@ -498,27 +429,6 @@ pub const SATURATED_YIELD_IDLE_SHARE: f64 = 0.25;
 /// under haltpoll alone.
 pub const POLL_CONSOLIDATION_UTIL: f64 = 0.15;
 
-/// Realized retention cost over budget by more than this share tightens the budget.
-const BUDGET_SLACK: f64 = 0.05;
-/// Steal above this share of a period in which retention spent above it halves the budget.
-const STEAL_SHARE: f64 = 0.02;
-/// ... and above this much steal, ns, whatever the period: `/proc/stat` counts steal in
-/// USER_HZ ticks (10 ms), so one or two ticks in a period are its rounding, not a stall (one
-/// tick in a 200 ms period reads as 5%: on this VM, a ping-pong whose vCPUs polled had one
-/// vCPU's budget halved in most runs by a single tick and, its windows no longer fitting,
-/// halted it: p99 23 us against 7.7 us). The stalls the rule is for took ~100 ms.
-pub const STEAL_MIN_NS: u64 = 30_000_000;
-/// Per steal-free period, the budget cut for steal grows back by this factor (about 7 s to
-/// double at the default 200 ms period).
-const STEAL_RECOVERY: f64 = 1.02;
-
-impl Seen {
-    /// The budget's multiplier now.
-    fn scale(&self) -> f64 {
-        self.budget_scale * self.steal_scale
-    }
-}
-
 impl GuestController {
     /// The last period's rate of sync points is another workload than the last traced
     /// period's for the plan: twofold either way, and at least [`MIN_RATE_CHANGE`] (false
@@ -576,6 +486,7 @@ impl GuestController {
             last_rate: 0.0,
             last_active: 0,
             moved: false,
+            restarted: false,
             idle_share: None,
             quiet_ns: 0,
             kernel_window_ns,
@@ -762,6 +673,10 @@ impl GuestController {
         // tracer's next turn planned polling again).
         if self.last_active > 0 && active.len() > self.last_active {
             self.informed = false;
+            // Not from the whole vCPUs again: the start window covers a ping-pong's idle
+            // periods at a server's idle cost (polling both vCPUs until work after a reset
+            // polled 0.73 of a 0.66 s sockperf period for its one client).
+            self.restarted = true;
         }
         let planned = self.plan();
         // Informed: some vCPU saw enough of the workload's wakeups to plan from on its own (a
@@ -867,160 +782,6 @@ impl GuestController {
         crate::num::saturating_u64((stretched * share).round()).max(1)
     }
 
-    /// How applying `next` brings each vCPU's own haltpoll window down ([`WindowReset`]): the
-    /// kernel may still poll at a larger window than the applied plan's, and the vCPUs polled
-    /// more than its estimate by [`STALE_WINDOW_EXCESS`]. A lowered window is otherwise just
-    /// written. The first answer to a stale window is a shrink; a switch (every vCPU halted for
-    /// the governor's switch) only where a vCPU the shrink did not reach stays stale until its
-    /// polling past the estimate, at the price, outweighs the switch (`switch_cost_ns`).
-    fn track_kernel_window(&mut self, r: &GuestReading, period_ns: u64, next: &IdlePlan) -> WindowReset {
-        if !next.retains() {
-            // The machine's own settings. Restoring the cap does not bring each CPU's own
-            // window down: the stock rule shrinks it only after a halt longer than it, which a
-            // CPU whose idle periods end while it polls never has. nginx with 50 connections:
-            // the start plan's 200 us window stayed on wrk's vCPU for 1.5 s after the plan
-            // halted it, where its cap had been written back to the original 0 already (a plan
-            // of "until work" on it), so restoring wrote nothing and reset nothing. A switch
-            // here costs nothing the plan does not ask: it halts every vCPU for its ~15 ms,
-            // and the plan halts them all.
-            let reset = if self.grown_window_ns > 0 { WindowReset::Switch } else { WindowReset::Keep };
-            self.kernel_window_ns = 0;
-            self.grown_window_ns = 0;
-            self.window_check = WindowCheck::Clear;
-            self.stale_cpu_ns = 0.0;
-            return reset;
-        }
-        self.grown_window_ns = self.grown_window_ns.max(next.poll_window_ns);
-        if next.poll_window_ns == 0 && self.kernel_window_ns > 0 && self.window_check == WindowCheck::Clear {
-            // A cap of 0: no vCPU is to poll by the window (those kept polling until work poll
-            // by their resume latency), but each one's own window, grown under an older cap,
-            // stays where shrinking is off, and a vCPU planned to halt polls it out at every
-            // idle period: the open loop at 200 requests a second, its second vCPU planned to
-            // halt after a 16.7 ms shared window, polled 20-45 ms a period past the plan. A
-            // shrink zeroes each window at its vCPU's next halt, which comes after a window
-            // polled out, and halts nothing that polls until work, where a switch would. Judged
-            // like any shrink: no vCPU polls the window now, so it is done after a period.
-            self.window_check = WindowCheck::Shrinking;
-            return WindowReset::Shrink;
-        }
-        let applied = &self.applied;
-        // Each vCPU polling the window with a planned estimate (not the start plan's): its
-        // polling past the estimate and its halted time, shares of the period.
-        let over: Vec<(f64, f64)> = applied
-            .vcpus
-            .iter()
-            .filter(|v| {
-                v.mechanism == crate::idle::Mechanism::Poll
-                    && !applied.poll_always.contains(&v.cpu)
-                    && matches!(v.why, PlanReason::BestValue | PlanReason::SharedWindow | PlanReason::VmShare)
-            })
-            .filter_map(|v| {
-                let i = r.idle.iter().find(|i| i.cpu == v.cpu)?;
-                let real = i.poll_ns as f64 / period_ns as f64;
-                Some(((real - v.estimate.cost_share).max(0.0), i.idle_ns.saturating_sub(i.poll_ns) as f64 / period_ns as f64))
-            })
-            .collect();
-        if self.window_check == WindowCheck::Shrinking {
-            // Its polling ran partly at the old window, before each vCPU's first long halt.
-            // Every vCPU still polling past the estimate halted for more than twice its old
-            // window: the shrink reached them (a halt comes after a whole window polled), and
-            // what they poll past the estimate is the estimate's, which no reset changes.
-            // Otherwise the next period says whether a switch is needed.
-            let old_window = 2.0 * self.kernel_window_ns as f64 / period_ns as f64;
-            let reached = over.iter().all(|&(excess, halted)| excess == 0.0 || halted > old_window);
-            self.window_check = if reached { WindowCheck::Clear } else { WindowCheck::Judging };
-            self.kernel_window_ns =
-                if reached { applied.poll_window_ns.max(next.poll_window_ns) } else { self.kernel_window_ns.max(next.poll_window_ns) };
-            return WindowReset::Keep;
-        }
-        let excess: f64 = over.iter().map(|&(e, _)| e).sum();
-        let stale = applied.poll_window_ns > 0 && self.kernel_window_ns > applied.poll_window_ns && excess > STALE_WINDOW_EXCESS;
-        match (stale, self.window_check) {
-            (true, WindowCheck::Clear) => {
-                // The windows stay what they were until the shrink is judged.
-                self.window_check = WindowCheck::Shrinking;
-                WindowReset::Shrink
-            }
-            (true, _) => {
-                self.stale_cpu_ns += excess * period_ns as f64;
-                if self.stale_cpu_ns * self.cfg.plan.price < self.switch_cost_ns(applied.poll_window_ns) {
-                    return WindowReset::Keep;
-                }
-                self.window_check = WindowCheck::Clear;
-                self.stale_cpu_ns = 0.0;
-                self.kernel_window_ns = next.poll_window_ns;
-                self.grown_window_ns = next.poll_window_ns;
-                WindowReset::Switch
-            }
-            (false, check) => {
-                if check == WindowCheck::Judging {
-                    // No longer past the estimate: the shrink got there after all.
-                    self.window_check = WindowCheck::Clear;
-                    self.stale_cpu_ns = 0.0;
-                    self.kernel_window_ns = applied.poll_window_ns;
-                }
-                self.kernel_window_ns = self.kernel_window_ns.max(next.poll_window_ns);
-                WindowReset::Keep
-            }
-        }
-    }
-
-    /// What a switch of the cpuidle governor costs the workload, ns of wakeup latency: every
-    /// wakeup of its [`GOVERNOR_SWITCH_NS`] finds a halted vCPU instead of one polling `window_ns`
-    /// (the curve's halted cost at that gap over its polling cost). 0 without a curve or a
-    /// rate: nothing to weigh it by, so a stale window is switched at once.
-    fn switch_cost_ns(&self, window_ns: u64) -> f64 {
-        let (Some(curve), Some(rate)) = (self.cfg.curve.as_ref(), self.sync_rate()) else { return 0.0 };
-        let polled = curve.poll_cost_ns().unwrap_or_else(|| curve.busy_cost_ns());
-        let per_wake = (curve.halt_cost_ns(window_ns as f64) - polled).max(0.0);
-        rate * GOVERNOR_SWITCH_NS as f64 / 1e9 * per_wake
-    }
-
-    /// Folds this period's idle periods into the smoothed ones (the older weigh half as much
-    /// each period).
-    fn observe(&mut self, r: &GuestReading) -> Option<TraceSource> {
-        let period_ns = r.snapshot.period_ns.max(1);
-        let estimated;
-        let (trace, observed_ns) = match &r.trace {
-            Some(t) if t.traced_ns > 0 => {
-                self.traced_before = true;
-                (t, t.traced_ns)
-            }
-            // A period the tracer skipped: the smoothed idle periods stand.
-            _ if self.traced_before => return None,
-            _ => {
-                estimated = estimate_gaps(r);
-                (&estimated, period_ns)
-            }
-        };
-        for s in &mut self.seen {
-            let Some(g) = trace.gaps(s.gaps.cpu) else { continue };
-            s.gaps = s.gaps.scaled(1, 2);
-            if trace.source == TraceSource::Bpf {
-                // Reweighted, but never more idle time than the slice had.
-                let mut w = g.seen_whole_in(observed_ns, SLICE_MAX_WEIGHT);
-                let (idle, raw) = (w.all().sum_ns(), g.all().sum_ns());
-                if idle > observed_ns.max(raw) {
-                    w = w.scaled(observed_ns.max(raw), idle);
-                }
-                s.gaps.merge(&w);
-            } else {
-                s.gaps.merge(g);
-            }
-            // The yielder's catches over the whole period, scaled to the time traced.
-            if let Some((_, c)) = r.caught.iter().find(|(cpu, _)| *cpu == s.gaps.cpu) {
-                s.gaps.woken.merge(&c.scaled(observed_ns.min(period_ns), period_ns));
-            }
-            s.observed_ns = s.observed_ns / 2 + observed_ns;
-        }
-        Some(trace.source)
-    }
-
-    /// The workload leaves the vCPUs (almost) no idle time ([`SATURATED_IDLE_SHARE`]).
-    pub fn saturated(&self) -> bool {
-        self.saturated_for(crate::idle::Mechanism::Poll)
-    }
-
     /// Whether the agent's own period work runs in the background (the adapter makes it
     /// SCHED_IDLE) rather than at the workload's priority: while the VM is not
     /// [`Self::saturated`] and the workload blocks at most [`BACKGROUND_MAX_RATE`] times a
@@ -1062,64 +823,6 @@ impl GuestController {
     /// counters over tens of milliseconds, so it runs its work in one piece.
     pub fn agent_paced(&self) -> bool {
         !self.saturated()
-    }
-
-    /// The workload leaves the vCPUs too little idle time for `mechanism` to pay
-    /// ([`SATURATED_IDLE_SHARE`] for kernel polling, [`SATURATED_YIELD_IDLE_SHARE`] for the
-    /// yielders; halting always pays).
-    pub fn saturated_for(&self, mechanism: crate::idle::Mechanism) -> bool {
-        let limit = match mechanism {
-            crate::idle::Mechanism::Poll => SATURATED_IDLE_SHARE,
-            crate::idle::Mechanism::Yield => SATURATED_YIELD_IDLE_SHARE,
-            crate::idle::Mechanism::Halt => return false,
-        };
-        self.idle_share.is_some_and(|s| s.value < limit)
-    }
-
-    /// Folds the period's idle share, the VM's and each vCPU's, into the smoothed ones
-    /// ([`Smoothed`]).
-    fn observe_idle_share(&mut self, r: &GuestReading, period_ns: u64) {
-        // Of the time a vCPU had: steal (the host ran something else) is neither the
-        // workload's nor idle; the yielders' time is the workload's idle time.
-        let free_had = |v: &VcpuIdle| (v.idle_ns.saturating_add(v.yield_ns), period_ns.saturating_sub(v.steal_ns));
-        let share = |(free, had): (u64, u64)| (free as f64 / had.max(1) as f64).min(1.0);
-        let seen: Vec<(u32, (u64, u64))> = r.idle.iter().filter(|v| self.cfg.cpus.contains(&v.cpu)).map(|v| (v.cpu, free_had(v))).collect();
-        if seen.is_empty() {
-            return;
-        }
-        for s in &mut self.seen {
-            if let Some(&(_, fh)) = seen.iter().find(|(cpu, _)| *cpu == s.gaps.cpu) {
-                s.idle_share = Some(Smoothed::fold(s.idle_share, share(fh), period_ns));
-            }
-        }
-        let total = seen.iter().fold((0, 0), |(f, h), (_, (free, had))| (f + free, h + had));
-        self.idle_share = Some(Smoothed::fold(self.idle_share, share(total), period_ns));
-    }
-
-    /// Tightens the budget of a vCPU whose polling or yielding took more than its budget in
-    /// the period, and relaxes it back towards the configured one otherwise. Halves it, and
-    /// lets it grow back only slowly, when the host took the vCPU away while it retained:
-    /// the CPU retention burns is the host's to give, and a host that caps the VM's CPU
-    /// (these VMs: stalls of ~100 ms, counted as steal, in half the runs that polled both
-    /// vCPUs for 3 s) makes the whole workload wait.
-    fn tighten_budgets(&mut self, r: &GuestReading, period_ns: u64) {
-        let budget = self.cfg.plan.budget;
-        for s in &mut self.seen {
-            let Some(v) = r.idle.iter().find(|v| v.cpu == s.gaps.cpu) else { continue };
-            let spent = (v.poll_ns + v.yield_ns) as f64 / period_ns as f64;
-            let stolen = v.steal_ns as f64 / period_ns as f64;
-            if stolen > STEAL_SHARE && v.steal_ns > STEAL_MIN_NS && spent > STEAL_SHARE {
-                s.steal_scale = (s.steal_scale * 0.5).max(0.05);
-            } else {
-                s.steal_scale = (s.steal_scale * STEAL_RECOVERY).min(1.0);
-            }
-            let allowed = budget * s.budget_scale;
-            if spent > allowed * (1.0 + BUDGET_SLACK) && spent > 0.0 {
-                s.budget_scale = (s.budget_scale * allowed / spent).max(0.05);
-            } else {
-                s.budget_scale = (s.budget_scale * 1.1).min(1.0);
-            }
-        }
     }
 
     /// The planner on the smoothed idle periods.
@@ -1181,7 +884,7 @@ impl GuestController {
         let until_work = !self.start.poll_always.is_empty();
         if self.quiet_ns >= QUIET_START_NS && self.start.retains() {
             IdlePlan::halt_because(self.cfg.cpus.iter().copied(), PlanReason::TooFewWakeups)
-        } else if self.quiet_ns > 0 && until_work {
+        } else if (self.quiet_ns > 0 || self.restarted) && until_work {
             self.quiet_start()
         } else {
             self.start.clone()
@@ -1196,46 +899,6 @@ impl GuestController {
             IdlePlan::halt_because(self.cfg.cpus.iter().copied(), PlanReason::TooFewWakeups)
         }
     }
-}
-
-/// The governor's epoch from a period's readings.
-fn epoch_reading(r: &GuestReading, active_vcpus: u32) -> EpochReading {
-    let latency = r.trace.as_ref().map(|t| t.latency.all());
-    EpochReading {
-        duration_ns: r.snapshot.period_ns,
-        progress: r.snapshot.s_work,
-        retention_cpu_ns: r.idle.iter().map(|v| v.poll_ns + v.yield_ns).sum(),
-        active_vcpus,
-        wakeups: latency.as_ref().map_or(0, Log2Hist::count),
-        wake_mean_ns: latency.as_ref().and_then(Log2Hist::mean_ns).unwrap_or(0.0),
-        io: r.io,
-    }
-}
-
-/// Idle periods estimated where no tracer saw them: per vCPU, as many as it went idle (or,
-/// without cpuidle, as the workload blocked, shared evenly), exponential with the measured
-/// mean, and as many of them woken by the workload as it blocked (its share by idle entries).
-pub fn estimate_gaps(r: &GuestReading) -> WakeTrace {
-    let n = r.idle.len().max(1) as u64;
-    let s_work = r.snapshot.s_work;
-    let total_entries: u64 = r.idle.iter().filter_map(|v| v.entries).sum();
-    let mut t = WakeTrace::empty(TraceSource::Estimated, r.idle.iter().map(|v| v.cpu));
-    for (v, g) in r.idle.iter().zip(t.vcpus.iter_mut()) {
-        let entries = v.entries.unwrap_or(s_work / n);
-        if entries == 0 || v.idle_ns == 0 {
-            continue;
-        }
-        let woken = if total_entries > 0 && v.entries.is_some() {
-            crate::num::saturating_u64((s_work as f64 * entries as f64 / total_entries as f64).round()).min(entries)
-        } else {
-            (s_work / n).min(entries)
-        };
-        let mean = v.idle_ns as f64 / entries as f64;
-        g.woken = exponential_gaps(woken, mean);
-        g.other = exponential_gaps(entries - woken, mean);
-    }
-    t.traced_ns = r.snapshot.period_ns;
-    t
 }
 
 #[cfg(test)]

@@ -38,7 +38,8 @@ pub enum Rung {
 pub struct LadderStep {
     /// The level of the next epoch.
     pub mode: RetentionMode,
-    /// The governor that stepped, and what it decided (`None`: none did).
+    /// The governor that stepped, and what it decided (`None`: none did), its modes named as
+    /// the ladder's levels (the upper governor's "off" is Planned, `On`; its "on" is `Wide`).
     pub governor: Option<(Rung, GovernorStep)>,
 }
 
@@ -171,7 +172,7 @@ impl Ladder {
                 if matches!(before, Phase::Baseline { .. }) && gov.probing() {
                     self.last = g;
                 }
-                stepped = Some((g, s));
+                stepped = Some((g, if g == Rung::High { s.in_ladder_terms() } else { s }));
             } else if eligible && running.is_none() {
                 // Its baseline epoch, while it waits its turn.
                 gov.wait(r);

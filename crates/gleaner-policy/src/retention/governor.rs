@@ -376,6 +376,20 @@ pub struct GovernorStep {
     pub hold_timeouts: bool,
 }
 
+impl GovernorStep {
+    /// The step of the ladder's upper governor with its modes as the ladder's levels: its
+    /// "off" is the plan (`On`), its "on" the wide plan (`Wide`).
+    #[must_use]
+    pub fn in_ladder_terms(self) -> Self {
+        let level = |m: RetentionMode| if m.is_on() { RetentionMode::Wide } else { RetentionMode::On };
+        Self {
+            mode: level(self.mode),
+            change: self.change.map(|c| ModeChange { from: level(c.from), to: level(c.to), ..c }),
+            ..self
+        }
+    }
+}
+
 /// The governor's state, for status reports.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct GovernorState {

@@ -1,0 +1,218 @@
+//! What the guest loop remembers of the workload between periods: each vCPU's idle periods
+//! (traced, or estimated from the cpuidle counters), the idle share of the VM and of each
+//! vCPU, smoothed over periods, and each vCPU's budget, tightened where retention ran over it
+//! or met steal.
+
+use super::{GuestController, GuestReading, VcpuIdle, SATURATED_IDLE_SHARE, SATURATED_YIELD_IDLE_SHARE, SLICE_MAX_WEIGHT};
+use crate::idle::plan::exponential_gaps;
+use crate::idle::{Log2Hist, TraceSource, VcpuGaps, WakeTrace};
+use crate::retention::EpochReading;
+
+/// A share smoothed over periods, each weighed by its length and the older halved each period:
+/// a short period (the first, a probe) counts for less. `sysbench threads` left its first 50 ms
+/// (start-up) half idle and no idle time after: counted as a full period, its start kept it
+/// polling for 5 periods, a second. A first reading weighs as two of its periods (full periods
+/// then halve the older, as the idle periods are smoothed).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Smoothed {
+    pub(super) value: f64,
+    /// The time `value` stands for, ns.
+    pub(super) weight: f64,
+}
+
+impl Smoothed {
+    /// `prev` with a period of `period_ns` at `x` folded in.
+    pub(super) fn fold(prev: Option<Self>, x: f64, period_ns: u64) -> Self {
+        let p = period_ns as f64;
+        match prev {
+            None => Self { value: x, weight: 2.0 * p },
+            Some(s) => {
+                let w = s.weight / 2.0;
+                Self { value: (s.value * w + x * p) / (w + p), weight: w + p }
+            }
+        }
+    }
+}
+
+/// The smoothed idle periods of one vCPU and the time they stand for.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Seen {
+    pub(super) gaps: VcpuGaps,
+    pub(super) observed_ns: u64,
+    /// Multiplier of the configured budget (1: as configured).
+    pub(super) budget_scale: f64,
+    /// Multiplier of the budget after the host took the vCPU away while it retained (1: none).
+    pub(super) steal_scale: f64,
+    /// Share of its time the workload left it idle, measured (not traced), smoothed; `None`
+    /// before a reading had it.
+    pub(super) idle_share: Option<Smoothed>,
+}
+
+impl Seen {
+    /// The budget's multiplier now.
+    pub(super) fn scale(&self) -> f64 {
+        self.budget_scale * self.steal_scale
+    }
+}
+
+/// Realized retention cost over budget by more than this share tightens the budget.
+pub(super) const BUDGET_SLACK: f64 = 0.05;
+
+/// Steal above this share of a period in which retention spent above it halves the budget.
+pub(super) const STEAL_SHARE: f64 = 0.02;
+
+/// ... and above this much steal, ns, whatever the period: `/proc/stat` counts steal in
+/// USER_HZ ticks (10 ms), so one or two ticks in a period are its rounding, not a stall (one
+/// tick in a 200 ms period reads as 5%: on this VM, a ping-pong whose vCPUs polled had one
+/// vCPU's budget halved in most runs by a single tick and, its windows no longer fitting,
+/// halted it: p99 23 us against 7.7 us). The stalls the rule is for took ~100 ms.
+pub const STEAL_MIN_NS: u64 = 30_000_000;
+
+/// Per steal-free period, the budget cut for steal grows back by this factor (about 7 s to
+/// double at the default 200 ms period).
+pub(super) const STEAL_RECOVERY: f64 = 1.02;
+
+/// The governor's epoch from a period's readings.
+pub(super) fn epoch_reading(r: &GuestReading, active_vcpus: u32) -> EpochReading {
+    let latency = r.trace.as_ref().map(|t| t.latency.all());
+    EpochReading {
+        duration_ns: r.snapshot.period_ns,
+        progress: r.snapshot.s_work,
+        retention_cpu_ns: r.idle.iter().map(|v| v.poll_ns + v.yield_ns).sum(),
+        active_vcpus,
+        wakeups: latency.as_ref().map_or(0, Log2Hist::count),
+        wake_mean_ns: latency.as_ref().and_then(Log2Hist::mean_ns).unwrap_or(0.0),
+        io: r.io,
+    }
+}
+
+/// Idle periods estimated where no tracer saw them: per vCPU, as many as it went idle (or,
+/// without cpuidle, as the workload blocked, shared evenly), exponential with the measured
+/// mean, and as many of them woken by the workload as it blocked (its share by idle entries).
+pub fn estimate_gaps(r: &GuestReading) -> WakeTrace {
+    let n = r.idle.len().max(1) as u64;
+    let s_work = r.snapshot.s_work;
+    let total_entries: u64 = r.idle.iter().filter_map(|v| v.entries).sum();
+    let mut t = WakeTrace::empty(TraceSource::Estimated, r.idle.iter().map(|v| v.cpu));
+    for (v, g) in r.idle.iter().zip(t.vcpus.iter_mut()) {
+        let entries = v.entries.unwrap_or(s_work / n);
+        if entries == 0 || v.idle_ns == 0 {
+            continue;
+        }
+        let woken = if total_entries > 0 && v.entries.is_some() {
+            crate::num::saturating_u64((s_work as f64 * entries as f64 / total_entries as f64).round()).min(entries)
+        } else {
+            (s_work / n).min(entries)
+        };
+        let mean = v.idle_ns as f64 / entries as f64;
+        g.woken = exponential_gaps(woken, mean);
+        g.other = exponential_gaps(entries - woken, mean);
+    }
+    t.traced_ns = r.snapshot.period_ns;
+    t
+}
+
+impl GuestController {
+    /// Folds this period's idle periods into the smoothed ones (the older weigh half as much
+    /// each period).
+    pub(super) fn observe(&mut self, r: &GuestReading) -> Option<TraceSource> {
+        let period_ns = r.snapshot.period_ns.max(1);
+        let estimated;
+        let (trace, observed_ns) = match &r.trace {
+            Some(t) if t.traced_ns > 0 => {
+                self.traced_before = true;
+                (t, t.traced_ns)
+            }
+            // A period the tracer skipped: the smoothed idle periods stand.
+            _ if self.traced_before => return None,
+            _ => {
+                estimated = estimate_gaps(r);
+                (&estimated, period_ns)
+            }
+        };
+        for s in &mut self.seen {
+            let Some(g) = trace.gaps(s.gaps.cpu) else { continue };
+            s.gaps = s.gaps.scaled(1, 2);
+            if trace.source == TraceSource::Bpf {
+                // Reweighted, but never more idle time than the slice had.
+                let mut w = g.seen_whole_in(observed_ns, SLICE_MAX_WEIGHT);
+                let (idle, raw) = (w.all().sum_ns(), g.all().sum_ns());
+                if idle > observed_ns.max(raw) {
+                    w = w.scaled(observed_ns.max(raw), idle);
+                }
+                s.gaps.merge(&w);
+            } else {
+                s.gaps.merge(g);
+            }
+            // The yielder's catches over the whole period, scaled to the time traced.
+            if let Some((_, c)) = r.caught.iter().find(|(cpu, _)| *cpu == s.gaps.cpu) {
+                s.gaps.woken.merge(&c.scaled(observed_ns.min(period_ns), period_ns));
+            }
+            s.observed_ns = s.observed_ns / 2 + observed_ns;
+        }
+        Some(trace.source)
+    }
+
+    /// The workload leaves the vCPUs (almost) no idle time ([`SATURATED_IDLE_SHARE`]).
+    pub fn saturated(&self) -> bool {
+        self.saturated_for(crate::idle::Mechanism::Poll)
+    }
+
+    /// The workload leaves the vCPUs too little idle time for `mechanism` to pay
+    /// ([`SATURATED_IDLE_SHARE`] for kernel polling, [`SATURATED_YIELD_IDLE_SHARE`] for the
+    /// yielders; halting always pays).
+    pub fn saturated_for(&self, mechanism: crate::idle::Mechanism) -> bool {
+        let limit = match mechanism {
+            crate::idle::Mechanism::Poll => SATURATED_IDLE_SHARE,
+            crate::idle::Mechanism::Yield => SATURATED_YIELD_IDLE_SHARE,
+            crate::idle::Mechanism::Halt => return false,
+        };
+        self.idle_share.is_some_and(|s| s.value < limit)
+    }
+
+    /// Folds the period's idle share, the VM's and each vCPU's, into the smoothed ones
+    /// ([`Smoothed`]).
+    pub(super) fn observe_idle_share(&mut self, r: &GuestReading, period_ns: u64) {
+        // Of the time a vCPU had: steal (the host ran something else) is neither the
+        // workload's nor idle; the yielders' time is the workload's idle time.
+        let free_had = |v: &VcpuIdle| (v.idle_ns.saturating_add(v.yield_ns), period_ns.saturating_sub(v.steal_ns));
+        let share = |(free, had): (u64, u64)| (free as f64 / had.max(1) as f64).min(1.0);
+        let seen: Vec<(u32, (u64, u64))> = r.idle.iter().filter(|v| self.cfg.cpus.contains(&v.cpu)).map(|v| (v.cpu, free_had(v))).collect();
+        if seen.is_empty() {
+            return;
+        }
+        for s in &mut self.seen {
+            if let Some(&(_, fh)) = seen.iter().find(|(cpu, _)| *cpu == s.gaps.cpu) {
+                s.idle_share = Some(Smoothed::fold(s.idle_share, share(fh), period_ns));
+            }
+        }
+        let total = seen.iter().fold((0, 0), |(f, h), (_, (free, had))| (f + free, h + had));
+        self.idle_share = Some(Smoothed::fold(self.idle_share, share(total), period_ns));
+    }
+
+    /// Tightens the budget of a vCPU whose polling or yielding took more than its budget in
+    /// the period, and relaxes it back towards the configured one otherwise. Halves it, and
+    /// lets it grow back only slowly, when the host took the vCPU away while it retained:
+    /// the CPU retention burns is the host's to give, and a host that caps the VM's CPU
+    /// (these VMs: stalls of ~100 ms, counted as steal, in half the runs that polled both
+    /// vCPUs for 3 s) makes the whole workload wait.
+    pub(super) fn tighten_budgets(&mut self, r: &GuestReading, period_ns: u64) {
+        let budget = self.cfg.plan.budget;
+        for s in &mut self.seen {
+            let Some(v) = r.idle.iter().find(|v| v.cpu == s.gaps.cpu) else { continue };
+            let spent = (v.poll_ns + v.yield_ns) as f64 / period_ns as f64;
+            let stolen = v.steal_ns as f64 / period_ns as f64;
+            if stolen > STEAL_SHARE && v.steal_ns > STEAL_MIN_NS && spent > STEAL_SHARE {
+                s.steal_scale = (s.steal_scale * 0.5).max(0.05);
+            } else {
+                s.steal_scale = (s.steal_scale * STEAL_RECOVERY).min(1.0);
+            }
+            let allowed = budget * s.budget_scale;
+            if spent > allowed * (1.0 + BUDGET_SLACK) && spent > 0.0 {
+                s.budget_scale = (s.budget_scale * allowed / spent).max(0.05);
+            } else {
+                s.budget_scale = (s.budget_scale * 1.1).min(1.0);
+            }
+        }
+    }
+}
