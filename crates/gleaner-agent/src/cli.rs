@@ -82,6 +82,12 @@ pub struct AgentFlags {
     /// state) and one `exit` line when the run ends.
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
+    /// The workload's own progress counter, read once a period: a file holding a number
+    /// (its first token), or http://HOST:PORT/PATH#METRIC (a Prometheus text endpoint, every
+    /// series of METRIC summed). The guest loop then judges its idle levels by the work this
+    /// counts instead of the workload's sync points or bytes.
+    #[arg(long, value_name = "SOURCE")]
+    pub progress: Option<String>,
     /// Directory of state files, status sockets and the calibration record.
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
@@ -140,6 +146,9 @@ impl AgentFlags {
         if let Some(v) = &self.events {
             cfg.events = Some(v.clone());
         }
+        if let Some(v) = &self.progress {
+            cfg.progress = Some(v.clone());
+        }
         if let Some(v) = &self.run_dir {
             cfg.run_dir = v.clone();
         } else if cfg.run_dir == AgentConfig::default().run_dir {
@@ -164,6 +173,7 @@ impl AgentFlags {
             "cpus" => self.cpus.is_some(),
             "calibration_max_age_s" => self.calibration_max_age_s.is_some(),
             "metrics_addr" => self.metrics_addr.is_some(),
+            "progress" => self.progress.is_some(),
             _ => false,
         };
         if !set(&bad.what) {

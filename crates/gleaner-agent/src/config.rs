@@ -75,6 +75,9 @@ pub struct AgentConfig {
     pub metrics_addr: Option<String>,
     /// JSON-lines file of decisions, periods and retention changes.
     pub events: Option<PathBuf>,
+    /// The workload's own progress counter, which the governors judge by where given: a file
+    /// holding a number, or `http://HOST:PORT/PATH#METRIC` ([`crate::progress`]).
+    pub progress: Option<String>,
     /// Where state files and status sockets live.
     pub run_dir: PathBuf,
     /// Targets managed by `gleaner daemon`.
@@ -135,6 +138,7 @@ impl Default for AgentConfig {
             start: gleaner_policy::guest::StartConfig::default(),
             metrics_addr: None,
             events: None,
+            progress: None,
             run_dir: PathBuf::from("/run/gleaner"),
             targets: Vec::new(),
         }
@@ -224,6 +228,10 @@ impl AgentConfig {
         }
         self.controller.validate().map_err(|e| BadInput::new("controller parameter", e, "see `gleaner daemon --print-config`"))?;
         self.governor.validate().map_err(|e| BadInput::new("governor parameter", e, "see `gleaner daemon --print-config`"))?;
+        if let Some(p) = &self.progress {
+            p.parse::<crate::progress::ProgressSource>()
+                .map_err(|why| BadInput::new("progress", p, format!("{} ({why})", crate::progress::ProgressSource::ALLOWED)))?;
+        }
         if self.start.trace_after_ns > MAX_TRACE_AFTER_NS {
             return Err(BadInput::new("start.trace_after_ns", self.start.trace_after_ns, "0..=3600000000000 (an hour)").into());
         }
@@ -340,6 +348,9 @@ step_aside_us = 0
 # JSON-lines log: every decision (consolidate, restore, reset, factor change), one `period`
 # line per period (per-vCPU retention timeouts) and one `retention` line per change of mode.
 # events = "/var/log/gleaner/events.jsonl"
+# The workload's own progress counter, which the guest loop then compares its levels by: a
+# file holding a number, or a Prometheus endpoint and metric (every series summed).
+# progress = "http://127.0.0.1:9100/metrics#requests_total"
 # State files (for `gleaner restore`) and root-only status sockets.
 run_dir = "/run/gleaner"
 

@@ -20,6 +20,7 @@ pub mod compare;
 pub mod config;
 pub mod diagnose;
 pub mod knobs;
+pub mod progress;
 pub mod sampler;
 pub mod seam;
 pub mod server;

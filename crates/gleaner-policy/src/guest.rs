@@ -32,17 +32,17 @@ use crate::idle::plan::{plan, IdlePlan, Means, PlanConfig, PlanReason, VcpuInput
 use crate::idle::{Log2Hist, TraceSource, VcpuGaps, WakeCurve, WakeTrace};
 use crate::retention::{EpochReading, GovernorConfig, GovernorState, GovernorStep, PriorStrength, RetentionMode, WorkloadIo};
 
-mod observe;
-mod window;
 pub mod ladder;
+mod observe;
 pub mod setup;
 pub mod tracer;
+mod window;
 
-pub use observe::{estimate_gaps, STEAL_MIN_NS};
-use observe::{epoch_reading, Seen, Smoothed};
-pub use window::{GOVERNOR_SWITCH_NS, STALE_WINDOW_EXCESS};
-use window::WindowCheck;
 use ladder::{Ladder, Rung};
+use observe::{epoch_reading, Seen, Smoothed};
+pub use observe::{estimate_gaps, STEAL_MIN_NS};
+use window::WindowCheck;
+pub use window::{GOVERNOR_SWITCH_NS, STALE_WINDOW_EXCESS};
 
 /// One vCPU's idle counters over a period.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +80,10 @@ pub struct GuestReading {
     /// where not measured.
     #[serde(default)]
     pub io: WorkloadIo,
+    /// How far the workload's own progress counter moved in the period (`--progress`), where
+    /// the user gave one and it could be read: the governors' progress then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counter: Option<u64>,
     /// The agent's own work in the last period (sampling, deciding, applying), ns of CPU;
     /// 0 where not measured (the simulator's agent costs nothing).
     #[serde(default)]

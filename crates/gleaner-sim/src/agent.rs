@@ -242,6 +242,8 @@ impl Engine {
             trace,
             caught,
             io,
+            // No user counter, and the model's agent costs nothing.
+            counter: None,
             agent_work_ns: 0,
             trace_missed: 0.0,
         };

@@ -386,6 +386,12 @@ impl Session {
         // The main thread's CPU for the last period's work: the guest loop lengthens the
         // periods where it costs too much (`AGENT_WORK_SHARE`).
         let mut last_work_ns = 0;
+        // The workload's own counter (validated with the configuration), read once now so
+        // that the first period has a step.
+        let mut progress = cfg.progress.as_deref().and_then(|s| s.parse().ok()).map(crate::progress::ProgressReader::new);
+        if let Some(p) = &mut progress {
+            p.step();
+        }
         let mut outcome = Outcome::default();
         let mut all_wakes = gleaner_policy::idle::WakeLatency::default();
         // Every period's reading as the guest loop took it, for replaying it offline
@@ -469,6 +475,7 @@ impl Session {
                 trace: traced,
                 caught: extras.caught.clone(),
                 io: extras.io,
+                counter: progress.as_mut().and_then(crate::progress::ProgressReader::step),
                 agent_work_ns: last_work_ns,
                 trace_missed,
             };

@@ -83,6 +83,7 @@ pub(super) fn epoch_reading(r: &GuestReading, active_vcpus: u32) -> EpochReading
         wakeups: latency.as_ref().map_or(0, Log2Hist::count),
         wake_mean_ns: latency.as_ref().and_then(Log2Hist::mean_ns).unwrap_or(0.0),
         io: r.io,
+        counter: r.counter,
     }
 }
 

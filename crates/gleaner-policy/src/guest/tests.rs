@@ -63,6 +63,7 @@ fn server_period(poll_ns: u64, wake_ns: u64) -> GuestReading {
         trace: Some(t),
         caught: Vec::new(),
         io: WorkloadIo::default(),
+        counter: None,
         agent_work_ns: 0,
         trace_missed: 0.0,
     }
@@ -770,6 +771,7 @@ fn a_vcpu_idle_all_along_counts_as_idle_in_the_vm_share() {
             trace: Some(t),
             caught: Vec::new(),
             io: WorkloadIo::default(),
+            counter: None,
             agent_work_ns: 0,
             trace_missed: 0.0,
         }
@@ -812,6 +814,7 @@ fn consolidation_waits_for_a_trace_at_a_new_rate() {
             trace: Some(t),
             caught: Vec::new(),
             io: WorkloadIo::default(),
+            counter: None,
             agent_work_ns: 0,
             trace_missed: 0.0,
         }
@@ -1129,6 +1132,7 @@ fn nginx_c50_period(nginx_idle: f64) -> GuestReading {
         trace: Some(t),
         caught: Vec::new(),
         io: WorkloadIo::default(),
+        counter: None,
         agent_work_ns: 0,
         trace_missed: 0.0,
     }

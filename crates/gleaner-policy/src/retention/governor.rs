@@ -259,6 +259,11 @@ pub struct EpochReading {
     /// not measured: the simulator).
     #[serde(default)]
     pub io: WorkloadIo,
+    /// How far the workload's own progress counter moved in the epoch (`gleaner run
+    /// --progress`: requests served, items done), where the user gave one: then it is the
+    /// progress every comparison judges by ([`ProgressUnit::Counter`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counter: Option<u64>,
 }
 
 /// Bytes a workload's threads moved through read/write-like calls, and the calls
@@ -282,6 +287,9 @@ pub enum ProgressUnit {
     /// nginx with 50 connections 1-4% of them on the development VM, a loss the 5% margin
     /// would have excused).
     IoBytes,
+    /// The workload's own progress counter, as the user gave it: chosen wherever every epoch
+    /// of the comparison read it. It is the work, so as with bytes only chance excuses a fall.
+    Counter,
 }
 
 /// The outcome of one on/off comparison.
@@ -382,11 +390,7 @@ impl GovernorStep {
     #[must_use]
     pub fn in_ladder_terms(self) -> Self {
         let level = |m: RetentionMode| if m.is_on() { RetentionMode::Wide } else { RetentionMode::On };
-        Self {
-            mode: level(self.mode),
-            change: self.change.map(|c| ModeChange { from: level(c.from), to: level(c.to), ..c }),
-            ..self
-        }
+        Self { mode: level(self.mode), change: self.change.map(|c| ModeChange { from: level(c.from), to: level(c.to), ..c }), ..self }
     }
 }
 
@@ -571,7 +575,9 @@ impl RetentionGovernor {
         // its wakeups for seconds (`gleaner bench workload openloop --rate 200`).
         let longest = [before, probe, after].iter().map(|e| e.duration_ns).max().unwrap_or(0).max(1);
         let enough = |n: u64, e: &EpochReading, min: u64| n as f64 >= min as f64 * e.duration_ns as f64 / longest as f64;
-        let unit = if [before, probe, after].iter().all(|e| enough(e.io.bytes, e, self.cfg.min_io_bytes.max(1))) {
+        let unit = if [before, probe, after].iter().all(|e| e.counter.is_some()) {
+            ProgressUnit::Counter
+        } else if [before, probe, after].iter().all(|e| enough(e.io.bytes, e, self.cfg.min_io_bytes.max(1))) {
             ProgressUnit::IoBytes
         } else {
             ProgressUnit::SyncPoints
@@ -579,6 +585,7 @@ impl RetentionGovernor {
         let amount = |e: &EpochReading| match unit {
             ProgressUnit::SyncPoints => e.progress,
             ProgressUnit::IoBytes => e.io.bytes,
+            ProgressUnit::Counter => e.counter.unwrap_or(0),
         };
         // Chance is judged from a count of events: the sync points, or for bytes the fewer of
         // the calls and the sync points (a request is a few calls and a block or two).
@@ -586,6 +593,9 @@ impl RetentionGovernor {
             ProgressUnit::SyncPoints => e.progress,
             ProgressUnit::IoBytes if e.progress > 0 => e.io.calls.min(e.progress),
             ProgressUnit::IoBytes => e.io.calls,
+            // A counter's steps, as many as the sync points at the most (a byte counter would
+            // claim a precision its epochs do not have).
+            ProgressUnit::Counter => e.counter.unwrap_or(0).min(e.progress.max(1)),
         };
         let base_rate = rate(amount(before) + amount(after), base_ns);
         let probe_rate = rate(amount(probe), probe.duration_ns);
@@ -617,7 +627,7 @@ impl RetentionGovernor {
         // work, and only chance excuses a fall of them.
         let tolerance = match unit {
             ProgressUnit::SyncPoints => self.cfg.margin.max(progress_noise),
-            ProgressUnit::IoBytes => progress_noise,
+            ProgressUnit::IoBytes | ProgressUnit::Counter => progress_noise,
         };
         let verdict = if moved {
             Verdict::Inconclusive
@@ -1074,6 +1084,7 @@ mod tests {
             wakeups: n,
             wake_mean_ns: wake_ns,
             io: WorkloadIo::default(),
+            counter: None,
         }
     }
 
@@ -1183,5 +1194,34 @@ mod tests {
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
+    }
+
+    /// Where the user gave the workload's own counter, it is the progress: sync points that
+    /// do not move (a server whose requests batch differently) neither excuse a loss of it
+    /// nor hide a gain.
+    #[test]
+    fn a_user_counter_is_the_progress_where_every_epoch_has_it() {
+        let epoch = |on: bool, counter: Option<u64>| EpochReading {
+            duration_ns: 200_000_000,
+            progress: 10_000,
+            retention_cpu_ns: if on { 50_000_000 } else { 0 },
+            active_vcpus: 2,
+            counter,
+            ..EpochReading::default()
+        };
+        let mut g = RetentionGovernor::new(GovernorConfig { probe_every_min: 1, ..GovernorConfig::default() }, RetentionMode::On);
+        let counted = |on: bool| epoch(on, Some(if on { 1_000 } else { 1_300 }));
+        g.step(&counted(true));
+        g.step(&counted(false));
+        let s = g.step(&counted(true));
+        let c = s.comparison.expect("a comparison");
+        assert_eq!(c.unit, ProgressUnit::Counter);
+        assert_eq!(c.verdict, Verdict::Loses, "{c:?}");
+        // One epoch without the counter: judged by sync points, which did not move.
+        let mut g = RetentionGovernor::new(GovernorConfig { probe_every_min: 1, ..GovernorConfig::default() }, RetentionMode::On);
+        g.step(&counted(true));
+        g.step(&epoch(false, None));
+        let c = g.step(&counted(true)).comparison.expect("a comparison");
+        assert_eq!(c.unit, ProgressUnit::SyncPoints);
     }
 }

@@ -164,6 +164,7 @@ impl EpochModel {
             wakeups: whole(self.wakes_per_s * secs),
             wake_mean_ns: if mode.is_on() { self.wake_on_ns } else { self.wake_off_ns } * jitter,
             io: super::WorkloadIo { bytes: whole(bytes), calls: whole(bytes / 1024.0) },
+            counter: None,
         }
     }
 }
