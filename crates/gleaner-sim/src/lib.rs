@@ -33,6 +33,7 @@ pub mod agent;
 pub mod cli;
 pub mod engine;
 pub mod guest;
+pub mod knob_probe;
 pub mod plot;
 pub mod policy;
 pub mod predict;

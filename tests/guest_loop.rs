@@ -1,0 +1,177 @@
+//! One guest loop, two adapters: the same readings through one `GuestController` give steps
+//! that the agent's adapter (`IdleActuator`, writing the kernel's idle knobs under a sysfs
+//! fixture) and the simulator's (`Engine::kernel_poll_apply`, through `gleaner_sim::knob_probe`)
+//! must carry out alike, step by step: the haltpoll cap, the vCPUs polling until work,
+//! shrinking, and whether each vCPU's own window was reset. The readings go through a
+//! ping-pong, a quiet stretch, a saturated one and a light server, so that every kind of
+//! change happens (checked at the end).
+
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use gleaner_agent::agent::apply::IdleActuator;
+use gleaner_agent::knobs::KnobWriter;
+use gleaner_agent::state::StateFile;
+use gleaner_os::cpuset::CpuSet;
+use gleaner_os::idle::IdleKnobs;
+use gleaner_os::sysfs::Sysfs;
+use gleaner_policy::gleaner::{Snapshot, VcpuSample};
+use gleaner_policy::guest::setup::{self, Offer, Prior, SetupInput};
+use gleaner_policy::guest::{GuestController, GuestReading, StartConfig, VcpuIdle, WindowReset};
+use gleaner_policy::idle::{CurvePoint, Log2Hist, PlanConfig, TraceSource, WakeCurve, WakeTrace};
+use gleaner_policy::retention::{GovernorConfig, WorkloadIo};
+use gleaner_sim::knob_probe::{KnobProbe, KnobView};
+
+const PERIOD: u64 = 200_000_000;
+
+/// A haltpoll guest as these VMs boot: cap 0, upstream grow/shrink, both CPUs with a POLL state.
+fn fixture(root: &Path) {
+    let cpu = root.join("devices/system/cpu");
+    fs::create_dir_all(cpu.join("cpuidle")).unwrap();
+    fs::write(cpu.join("cpuidle/current_driver"), "haltpoll\n").unwrap();
+    fs::write(cpu.join("cpuidle/current_governor"), "haltpoll\n").unwrap();
+    fs::write(cpu.join("cpuidle/available_governors"), "ladder menu haltpoll\n").unwrap();
+    for c in 0..2 {
+        for (k, name) in [(0, "POLL"), (1, "haltpoll idle")] {
+            let s = cpu.join(format!("cpu{c}/cpuidle/state{k}"));
+            fs::create_dir_all(&s).unwrap();
+            for (f, v) in [("name", name), ("usage", "1"), ("time", "1"), ("disable", "0")] {
+                fs::write(s.join(f), format!("{v}\n")).unwrap();
+            }
+        }
+        fs::create_dir_all(cpu.join(format!("cpu{c}/power"))).unwrap();
+        fs::write(cpu.join(format!("cpu{c}/power/pm_qos_resume_latency_us")), "0\n").unwrap();
+    }
+    let hp = root.join("module/haltpoll/parameters");
+    fs::create_dir_all(&hp).unwrap();
+    for (k, v) in [
+        ("guest_halt_poll_ns", "0"),
+        ("guest_halt_poll_grow", "2"),
+        ("guest_halt_poll_grow_start", "50000"),
+        ("guest_halt_poll_shrink", "2"),
+        ("guest_halt_poll_allow_shrink", "Y"),
+    ] {
+        fs::write(hp.join(k), format!("{v}\n")).unwrap();
+    }
+}
+
+/// What the agent's writes left under the fixture, in the simulator's terms. `switched`: the
+/// cpuidle governor file was written since it was last stamped (a reset of every CPU's window).
+fn agent_view(root: &Path) -> KnobView {
+    let read = |p: &str| fs::read_to_string(root.join(p)).unwrap().trim().to_string();
+    let hp = |k: &str| read(&format!("module/haltpoll/parameters/{k}"));
+    let governor = root.join("devices/system/cpu/cpuidle/current_governor");
+    let switched = fs::metadata(&governor).unwrap().modified().unwrap() > SystemTime::UNIX_EPOCH + Duration::from_secs(1);
+    KnobView {
+        cap_ns: hp("guest_halt_poll_ns").parse().unwrap(),
+        always: (0..2).filter(|c| read(&format!("devices/system/cpu/cpu{c}/power/pm_qos_resume_latency_us")) == "n/a").collect(),
+        shrink: hp("guest_halt_poll_allow_shrink") == "Y" && hp("guest_halt_poll_shrink") == "0",
+        windows_reset: switched,
+    }
+}
+
+fn stamp(root: &Path) {
+    let f = fs::File::options().write(true).open(root.join("devices/system/cpu/cpuidle/current_governor")).unwrap();
+    f.set_modified(SystemTime::UNIX_EPOCH).unwrap();
+}
+
+fn curve() -> WakeCurve {
+    let pt = |g: u64, m: u64| CurvePoint { gap_ns: g * 1000, mean_ns: m * 1000, p50_ns: m * 1000 };
+    WakeCurve::new(vec![pt(10, 49), pt(100, 46), pt(1000, 58), pt(10_000, 116)], 40_000, Some(7_000))
+}
+
+/// A period: each vCPU idle `idle` of it in `gaps` woken idle periods of `gap_ns`, the
+/// workload making `sync` sync points, traced whole.
+fn period(idle: [f64; 2], gaps: [u64; 2], gap_ns: [u64; 2], sync: u64, wake_ns: u64) -> GuestReading {
+    let mut t = WakeTrace::empty(TraceSource::Bpf, [0, 1]);
+    t.traced_ns = PERIOD;
+    let mut vcpus = Vec::new();
+    let mut idles = Vec::new();
+    for c in 0..2 {
+        let mut h = Log2Hist::default();
+        h.record_n(gap_ns[c], gaps[c]);
+        t.vcpus[c].woken = h;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // a share of a period
+        let idle_ns = (PERIOD as f64 * idle[c]) as u64;
+        let cpu = u32::try_from(c).unwrap();
+        vcpus.push(VcpuSample { cpu, t_work_ns: PERIOD - idle_ns, t_yield_ns: 0, t_idle_ns: idle_ns, s_yield: gaps[c] });
+        idles.push(VcpuIdle { cpu, idle_ns, entries: Some(gaps[c]), poll_ns: 0, yield_ns: 0, steal_ns: 0 });
+    }
+    t.latency.halt.record_n(wake_ns, sync);
+    GuestReading {
+        snapshot: Snapshot { period_ns: PERIOD, vcpus, s_work: sync },
+        idle: idles,
+        trace: Some(t),
+        caught: Vec::new(),
+        io: WorkloadIo::default(),
+        counter: None,
+        agent_work_ns: 0,
+        trace_missed: 0.0,
+    }
+}
+
+#[test]
+fn the_agents_and_the_simulators_adapters_carry_out_the_same_steps() {
+    let d = tempfile::tempdir().unwrap();
+    fixture(d.path());
+    let knobs = IdleKnobs::with_roots(Sysfs::with_root(d.path()), d.path().join("mods"));
+    let offer = knobs.offer(&CpuSet::parse("0-1").unwrap()).unwrap();
+    let mut agent = IdleActuator::new(KnobWriter::new(knobs, offer));
+    let mut journal = StateFile::create(&d.path().join("run"), 4242).unwrap();
+    let mut sim = KnobProbe::new(2);
+
+    let c = curve();
+    let input = SetupInput {
+        cpus: vec![0, 1],
+        retention: true,
+        fixed_yield_ns: None,
+        curve: Ok(&c),
+        offer: Some(Offer { kernel_polling: true, poll_window: true, poll_always: true }),
+        kernel_polling: Ok(true),
+        workload: true,
+        governor: Some(GovernorConfig::default()),
+        prior: Prior::Calibrated,
+        plan: PlanConfig { vm_share: 1.0, ..PlanConfig::default() },
+        start: StartConfig { trace_after_ns: 0, ..StartConfig::default() },
+        consolidation: None,
+        period_ns: PERIOD,
+    };
+    let mut g = GuestController::new(setup::decide(input, |_| String::new()).guest);
+
+    // The start plan, as both adapters apply it before the workload runs.
+    stamp(d.path());
+    agent.apply(&mut journal, g.applied(), g.mode().is_on(), WindowReset::Keep).unwrap();
+    let start = sim.apply(g.applied(), g.mode().is_on(), WindowReset::Keep);
+    assert_eq!(agent_view(d.path()), start, "the start plan");
+    assert_eq!(start.always, vec![0, 1], "the start polls until work");
+
+    let pingpong = period([0.3, 0.3], [8_000, 8_000], [6_000, 6_000], 16_000, 30_000);
+    let quiet = period([1.0, 1.0], [0, 0], [0, 0], 0, 0);
+    let saturated = period([0.005, 0.005], [200, 200], [5_000, 5_000], 20_000, 30_000);
+    let server = period([0.95, 0.9], [10, 200], [5_000_000, 5_000_000], 400, 60_000);
+    // The server again with its vCPUs polling far more than the plan estimates: a stale window,
+    // brought down by a shrink.
+    let mut stale = server.clone();
+    for v in &mut stale.idle {
+        v.poll_ns = PERIOD * 9 / 10;
+    }
+    let phases = [(&pingpong, 12), (&quiet, 8), (&saturated, 10), (&server, 14), (&pingpong, 10), (&server, 6), (&stale, 6)];
+    let mut seen = Vec::new();
+    for (k, r) in phases.iter().flat_map(|(r, n)| std::iter::repeat_n(*r, *n)).enumerate() {
+        let s = g.step(r);
+        stamp(d.path());
+        agent.apply(&mut journal, &s.plan, s.mode.is_on(), s.reset_poll_windows).unwrap();
+        let a = agent_view(d.path());
+        let b = sim.apply(&s.plan, s.mode.is_on(), s.reset_poll_windows);
+        assert_eq!(a, b, "period {k}: the adapters disagree on {:?} ({:?}, reset {:?})", s.plan, s.mode, s.reset_poll_windows);
+        seen.push((a, s.reset_poll_windows));
+    }
+    // Every kind of change was carried out: a window, polling until work, the machine's own
+    // settings, a shrink and a reset.
+    assert!(seen.iter().any(|(v, _)| v.cap_ns > 0), "{seen:?}");
+    assert!(seen.iter().any(|(v, _)| !v.always.is_empty()), "{seen:?}");
+    assert!(seen.iter().any(|(v, _)| v.cap_ns == 0 && v.always.is_empty()), "{seen:?}");
+    assert!(seen.iter().any(|(v, _)| v.windows_reset), "{seen:?}");
+    assert!(seen.iter().any(|(_, r)| *r == WindowReset::Shrink), "{seen:?}");
+}
