@@ -29,12 +29,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::accel::{self, shell_quote, AccelChoice};
 use crate::cache::{self, Kernel, KernelMeta};
-use crate::experiment::{Compute, Experiment, Mode, Policy, Scenario};
+use crate::experiment::{Compute, Experiment, Mode, Scenario};
 use crate::guest::{self, Accel, GuestSpec, LabError};
 use crate::native::NativeProc;
 use crate::qmp;
 use crate::results::{self, parse_bench_output, AgentSummary, Row, RunError, SummaryRow};
 use crate::session::{Session, StepResult};
+use gleaner_policy::IdlePolicy;
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -114,7 +115,7 @@ pub fn mode_command(gleaner: &Path, workload: &[String], mode: &Mode) -> String 
         cmd_line(gleaner, &a)
     };
     match (mode.policy(), mode.agent_args()) {
-        (Policy::Yielders, _) => wrap(&["bench", "yielders", "--"]),
+        (IdlePolicy::Yielders, _) => wrap(&["bench", "yielders", "--"]),
         (_, Some(agent)) => {
             let mut a = vec!["run".to_string()];
             a.extend(agent);
@@ -226,7 +227,7 @@ pub fn guest_job(modes: &[&Mode], reps: &[u32], gleaner: &Path, workload: &[Stri
     if modes.iter().any(|m| m.agent_args().is_some()) {
         s.push_str(&step_line(&StepKind::Setup(Setup::Calibrate), &cmd_line(gleaner, &["calibrate".into(), "--json".into()])));
     }
-    if modes.iter().any(|m| m.policy() == Policy::Haltpoll) {
+    if modes.iter().any(|m| matches!(m.policy(), IdlePolicy::Haltpoll { .. })) {
         // Runs that would silently measure stock are not worth their time: stop here when the
         // guest's haltpoll cpuidle driver did not register (the lab reports them as not run).
         s.push_str(&step_line(&StepKind::Setup(Setup::Cpuidle), &format!("cat {CPUIDLE_DRIVER}")));
@@ -838,7 +839,7 @@ fn collect_measured(cx: &PassCtx, s: &mut Session, (inst, id): (&'static str, us
             let step = StepKind::Measured { mode: m.name.clone(), rep }.name();
             if !st.steps.iter().any(|x| x.0.step == step) {
                 let why = match (&cpuidle, m.policy()) {
-                    (Some(d), Policy::Haltpoll) if d != "haltpoll" => {
+                    (Some(d), IdlePolicy::Haltpoll { .. }) if d != "haltpoll" => {
                         format!("the guest's cpuidle driver is {d} (not haltpoll): {}", haltpoll_reason(p.acc))
                     }
                     _ => {
@@ -943,7 +944,7 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
             env: "vm".into(),
             instance: m.instance.into(),
             mode: mode_name.into(),
-            policy: policy.map(|x| x.name().to_string()).unwrap_or_default(),
+            policy: policy.map(|x| x.to_string()).unwrap_or_default(),
             halt_poll: hp.into(),
             rep: rep.parse().unwrap_or(0),
             rc: r.rc,
@@ -959,7 +960,7 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
         };
         host_fields(&mut row, r);
         row.fill_from_bench(&r.stdout);
-        if row.error.is_none() && policy == Some(Policy::Haltpoll) && row.cpuidle_driver.as_deref() != Some("haltpoll") {
+        if row.error.is_none() && matches!(policy, Some(IdlePolicy::Haltpoll { .. })) && row.cpuidle_driver.as_deref() != Some("haltpoll") {
             row.error = Some(RunError::Failed(format!(
                 "the guest's cpuidle driver is {} (not haltpoll): {}",
                 row.cpuidle_driver.as_deref().unwrap_or("unknown"),
@@ -969,7 +970,7 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
         rows.push(row);
     }
     for (inst, mode, rep, why) in &pass.not_run {
-        let policy = exp.modes.iter().find(|x| &x.name == mode).map(|x| x.policy().name().to_string()).unwrap_or_default();
+        let policy = exp.modes.iter().find(|x| &x.name == mode).map(|x| x.policy().to_string()).unwrap_or_default();
         rows.push(Row {
             env: "vm".into(),
             instance: (*inst).into(),
@@ -1048,7 +1049,7 @@ fn add_bww_bounds(summary: &mut [SummaryRow], wake: &[WakeCosts], notes: &mut Ve
         return;
     };
     let penalty = c - a;
-    for s in summary.iter_mut().filter(|s| s.policy == Policy::Stock.name()) {
+    for s in summary.iter_mut().filter(|s| s.policy == IdlePolicy::Stock.to_string()) {
         s.bww_bound = results::bww_bound(s, penalty);
         if let (Some(b), Some(h), Some(t)) = (s.bww_bound, s.sleeps_per_item, s.wall_per_item_us()) {
             notes.push(format!(
@@ -1238,12 +1239,12 @@ mod tests {
     fn every_policy_has_its_command() {
         let w = vec!["bench".to_string(), "workload".into(), "condvar".into()];
         let cmd = |p| mode_command(Path::new("/g"), &w, &Mode::of(p));
-        assert_eq!(cmd(Policy::Stock), "/g bench workload condvar");
-        assert_eq!(cmd(Policy::IdlePoll), "/g bench workload condvar");
-        assert_eq!(cmd(Policy::Yielders), "/g bench yielders -- /g bench workload condvar");
-        assert_eq!(cmd(Policy::Retention), format!("/g run --no-consolidation --events {GUEST_EVENTS} -- /g bench workload condvar"));
-        assert_eq!(cmd(Policy::Consolidation), format!("/g run --no-retention --events {GUEST_EVENTS} -- /g bench workload condvar"));
-        let m = Mode { name: "g2".into(), policy: Some(Policy::Gleaner), agent: Some(vec!["--period-ms".into(), "100".into()]) };
+        assert_eq!(cmd(IdlePolicy::Stock), "/g bench workload condvar");
+        assert_eq!(cmd(IdlePolicy::Poll), "/g bench workload condvar");
+        assert_eq!(cmd(IdlePolicy::Yielders), "/g bench yielders -- /g bench workload condvar");
+        assert_eq!(cmd(IdlePolicy::Retention), format!("/g run --no-consolidation --events {GUEST_EVENTS} -- /g bench workload condvar"));
+        assert_eq!(cmd(IdlePolicy::Consolidation), format!("/g run --no-retention --events {GUEST_EVENTS} -- /g bench workload condvar"));
+        let m = Mode { name: "g2".into(), policy: Some(IdlePolicy::Gleaner), agent: Some(vec!["--period-ms".into(), "100".into()]) };
         assert_eq!(
             mode_command(Path::new("/g"), &w, &m),
             format!("/g run --period-ms 100 --events {GUEST_EVENTS} -- /g bench workload condvar")

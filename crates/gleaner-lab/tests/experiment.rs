@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use gleaner_bench::measure::RunMetrics;
 use gleaner_bench::report::{BenchDoc, HostInfo, RunSummary};
 use gleaner_lab::cache;
-use gleaner_lab::experiment::{Experiment, Mode, Policy};
+use gleaner_lab::experiment::{Experiment, Mode};
 use gleaner_lab::runner::{run_experiment, RunOptions};
+use gleaner_policy::IdlePolicy;
 
 /// A bench document with placeholders the script fills in.
 fn doc_template() -> String {
@@ -165,7 +166,7 @@ fn policies_that_need_another_kernel_command_line_get_their_own_boots() {
     let fake = fake_gleaner(work.path());
     let mut exp = Experiment::load("oc").unwrap();
     exp.compute = Default::default();
-    exp.modes = vec![Mode::stock("off"), Mode::of(Policy::Yielders), Mode::of(Policy::IdlePoll), Mode::of(Policy::Haltpoll)];
+    exp.modes = vec![Mode::stock("off"), Mode::of(IdlePolicy::Yielders), Mode::of(IdlePolicy::Poll), Mode::of(IdlePolicy::HALTPOLL)];
     let r = run_experiment(&exp, &options(fake, work.path().join("out"))).expect("experiment");
     assert!(qemu_pids().is_empty(), "QEMU left behind: {:?}", qemu_pids());
     // Three command lines (none, idle=poll, cpuidle_haltpoll.force=1), two rounds: six boots of

@@ -7,13 +7,12 @@ use std::path::{Path, PathBuf};
 
 use gleaner_agent::config::AgentConfig;
 use gleaner_bench::workload::Workload;
-use gleaner_lab::experiment::Policy;
 use gleaner_lab::predict::input::{self, LabCell};
 use gleaner_lab::predict::model::{self, HostSched, ModelOptions, WakeStat};
 use gleaner_lab::predict::{predict, report};
 use gleaner_os::BadInput;
 use gleaner_policy::retention::{RetentionMode, RetentionVerdict};
-use gleaner_sim::scenario::GuestPolicy;
+use gleaner_policy::IdlePolicy;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
@@ -77,8 +76,10 @@ fn the_scenario_has_the_labs_host_vms_kernel_and_co_runner() {
     assert_eq!(b.groups[0].ops.iter().filter(|o| o.starts_with("sleep")).count(), 450);
 
     let plan = model::agent_plan(&c, "n/a");
-    let variants =
-        vec![model::variant_for("stock", Policy::Stock, &plan, false), model::variant_for("yielders", Policy::Yielders, &plan, false)];
+    let variants = vec![
+        model::variant_for("stock", IdlePolicy::Stock, &plan, false),
+        model::variant_for("yielders", IdlePolicy::Yielders, &plan, false),
+    ];
     let host = model::host_cfg(c.pcpus, &HostSched::default_for(2, 250));
     assert_eq!((host.pcpus, host.slice_us, host.wakeup_granularity_us), (2, 4000.0, 0.0));
     let sc = model::scenario(&c.name, host, c.vcpus, a, Some(b), &costs.table2, variants);
@@ -105,27 +106,27 @@ fn the_sizing_fit_reproduces_the_guests_synchronization_cpu() {
 fn every_lab_policy_maps_to_a_simulator_variant() {
     let cfg = AgentConfig::default();
     let plan = model::agent_plan(&cell(), "n/a");
-    let guest = |p| model::variant_for(p, Policy::parse(p).unwrap(), &plan, false).guest;
+    let guest = |p| model::variant_for(p, p.parse::<IdlePolicy>().unwrap(), &plan, false).guest;
     for (p, sim) in [
-        ("stock", GuestPolicy::Stock),
-        ("yielders", GuestPolicy::Retention),
-        ("idle-poll", GuestPolicy::IdlePoll),
-        ("haltpoll", GuestPolicy::Haltpoll),
-        ("retention", GuestPolicy::Retention),
-        ("consolidation", GuestPolicy::Consolidation),
-        ("gleaner", GuestPolicy::Gleaner),
+        ("stock", IdlePolicy::Stock),
+        ("yielders", IdlePolicy::Retention),
+        ("idle-poll", IdlePolicy::Poll),
+        ("haltpoll", IdlePolicy::HALTPOLL),
+        ("retention", IdlePolicy::Retention),
+        ("consolidation", IdlePolicy::Consolidation),
+        ("gleaner", IdlePolicy::Gleaner),
     ] {
         assert_eq!(guest(p), sim, "{p}");
     }
-    let y = model::variant_for("yielders", Policy::Yielders, &plan, false);
+    let y = model::variant_for("yielders", IdlePolicy::Yielders, &plan, false);
     assert!(y.gleaner.retention.timeout_ns >= 3_600_000_000_000, "naive yielders never time out");
     assert!(y.gleaner.agent.is_none() && !y.gleaner.govern);
     // The agent's policies run the agent's own guest loop configuration, at its period.
-    let g = model::variant_for("gleaner", Policy::Gleaner, &plan, true);
+    let g = model::variant_for("gleaner", IdlePolicy::Gleaner, &plan, true);
     assert_eq!(g.gleaner.agent, plan.guest, "the agent's own configuration");
     assert_eq!(g.gleaner.period_ms, cfg.period_ms as f64, "the agent's period");
     assert!(g.host_halt_poll);
-    assert!(model::variant_for("consolidation", Policy::Consolidation, &plan, false).gleaner.agent.is_none());
+    assert!(model::variant_for("consolidation", IdlePolicy::Consolidation, &plan, false).gleaner.agent.is_none());
     // The fixture's agent measured B 181 us > C 90 us next to VM B: nothing to hide. The agent
     // starts retention off (the governor probes it) and plans from the lab's flat curve.
     assert_eq!((plan.retention, plan.verdict), (false, Some(RetentionVerdict::NoHaltPenalty)));
@@ -155,7 +156,7 @@ fn every_lab_policy_maps_to_a_simulator_variant() {
     assert_eq!(p.config.idle_threshold_ns, 30_000);
     let gc = p.guest.as_ref().expect("the calibrated curve");
     assert_eq!((gc.prior, gc.curve.as_ref()), (RetentionMode::On, Some(&curve)));
-    assert_eq!(model::variant_for("gleaner", Policy::Gleaner, &p, false).gleaner.agent.as_ref(), Some(gc));
+    assert_eq!(model::variant_for("gleaner", IdlePolicy::Gleaner, &p, false).gleaner.agent.as_ref(), Some(gc));
 }
 
 #[test]
@@ -167,8 +168,8 @@ fn the_table_puts_prediction_beside_measurement() {
     assert_eq!(cp.policies[0].mode, "stock", "the baseline first");
     let stock = &cp.policies[0];
     assert_eq!((stock.speedup.predicted, stock.speedup.measured, stock.within()), (Some(1.0), Some(1.0), Some(true)));
-    let y = cp.policies.iter().find(|x| x.policy == Policy::Yielders).unwrap();
-    assert_eq!(y.simulated_as, GuestPolicy::Retention);
+    let y = cp.policies.iter().find(|x| x.policy == IdlePolicy::Yielders).unwrap();
+    assert_eq!(y.simulated_as, IdlePolicy::Retention);
     let (m, s) = (y.speedup.measured.unwrap(), y.speedup.predicted.unwrap());
     assert!((y.speedup.rel_diff.unwrap() - (s / m - 1.0)).abs() < 1e-12);
     assert!(y.co_runner_ratio_workload.is_some(), "rows give the ratio over the workload's own window");

@@ -12,7 +12,9 @@ use gleaner_policy::guest::GuestConfig;
 use gleaner_policy::idle::WakeCurve;
 use gleaner_policy::input::BadInput;
 use gleaner_policy::num::saturating_u64;
+use gleaner_policy::peer::UPSTREAM_HALTPOLL_CAP_NS;
 use gleaner_policy::retention::{GovernorConfig, RetentionConfig};
+use gleaner_policy::IdlePolicy;
 use serde::{Deserialize, Serialize};
 
 use crate::workload::{self, Workload, WorkloadCfg};
@@ -167,33 +169,6 @@ fn onef() -> f64 {
     1.0
 }
 
-/// What the guest does with idle vCPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GuestPolicy {
-    /// Halt (HLT exit) at once.
-    Stock,
-    /// cpuidle-haltpoll: poll with an adaptive window, then halt.
-    Haltpoll,
-    /// `idle=poll`: never halt.
-    IdlePoll,
-    /// Gleaner resource retention only (yielding threads with the idle detector).
-    Retention,
-    /// Gleaner consolidation only (the controller shrinks the workload's vCPU set).
-    Consolidation,
-    /// Both Gleaner mechanisms.
-    Gleaner,
-}
-
-impl GuestPolicy {
-    pub fn retention(self) -> bool {
-        matches!(self, Self::Retention | Self::Gleaner)
-    }
-    pub fn consolidation(self) -> bool {
-        matches!(self, Self::Consolidation | Self::Gleaner)
-    }
-}
-
 /// Which host policy assigns pools and slices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -209,9 +184,12 @@ pub enum HostPolicyKind {
 #[serde(deny_unknown_fields)]
 pub struct VariantCfg {
     pub name: String,
-    /// Guest policy of the foreground VMs (background VMs always run stock).
+    /// Idle policy of the foreground VMs' guests (background VMs always run stock): `stock`
+    /// (halt at once), `haltpoll` or `haltpoll:CAP` (cpuidle-haltpoll, its parameters in
+    /// `haltpoll`; a cap named here is its `guest_halt_poll_ns`), `poll` (`idle=poll`: never
+    /// halt), `retention`, `consolidation`, `gleaner` (the agent's mechanisms).
     #[serde(default = "stock")]
-    pub guest: GuestPolicy,
+    pub guest: IdlePolicy,
     /// KVM halt polling on the host.
     #[serde(default = "yes")]
     pub host_halt_poll: bool,
@@ -261,15 +239,15 @@ impl AqlCfg {
     }
 }
 
-fn stock() -> GuestPolicy {
-    GuestPolicy::Stock
+fn stock() -> IdlePolicy {
+    IdlePolicy::Stock
 }
 fn stock_host() -> HostPolicyKind {
     HostPolicyKind::Stock
 }
 
 impl VariantCfg {
-    pub fn named(name: &str, guest: GuestPolicy) -> Self {
+    pub fn named(name: &str, guest: IdlePolicy) -> Self {
         Self {
             name: name.into(),
             guest,
@@ -278,6 +256,17 @@ impl VariantCfg {
             gleaner: GleanerCfg::default(),
             haltpoll: GuestHaltpollCfg::default(),
             aql: AqlCfg::default(),
+        }
+    }
+
+    /// The guest haltpoll parameters this variant runs with: `haltpoll`'s, with the cap the
+    /// policy names (`haltpoll:CAP`) where it names one other than the upstream default.
+    pub fn haltpoll_params(&self) -> GuestHaltpollCfg {
+        match self.guest {
+            IdlePolicy::Haltpoll { cap_ns } if cap_ns != UPSTREAM_HALTPOLL_CAP_NS => {
+                GuestHaltpollCfg { guest_halt_poll_ns: cap_ns, ..self.haltpoll.clone() }
+            }
+            _ => self.haltpoll.clone(),
         }
     }
 }
@@ -766,7 +755,7 @@ impl Scenario {
     /// The variants to run (a single `stock` if none is given).
     pub fn variants(&self) -> Vec<VariantCfg> {
         if self.variants.is_empty() {
-            vec![VariantCfg::named("stock", GuestPolicy::Stock)]
+            vec![VariantCfg::named("stock", IdlePolicy::Stock)]
         } else {
             self.variants.clone()
         }
@@ -911,6 +900,25 @@ impl Scenario {
             }
             if v.gleaner.retention.timeout_ns == 0 {
                 return Err(bad(k("gleaner.retention.timeout_ns"), 0, ">= 1"));
+            }
+            if v.guest == IdlePolicy::Yielders {
+                return Err(bad(
+                    k("guest"),
+                    v.guest,
+                    "stock, haltpoll, haltpoll:CAP, poll, retention, consolidation, gleaner (always-on yielders are \
+                     guest = \"retention\" with [variant.gleaner] govern = false and a long retention.timeout_ns)",
+                ));
+            }
+            let table_cap = v.haltpoll.guest_halt_poll_ns;
+            if let IdlePolicy::Haltpoll { cap_ns } = v.guest {
+                if cap_ns != UPSTREAM_HALTPOLL_CAP_NS && table_cap != GuestHaltpollCfg::default().guest_halt_poll_ns && table_cap != cap_ns
+                {
+                    return Err(bad(
+                        k("haltpoll.guest_halt_poll_ns"),
+                        table_cap,
+                        format!("{cap_ns} (the cap guest = \"{}\" names), or no cap in guest", v.guest),
+                    ));
+                }
             }
             if v.haltpoll.guest_halt_poll_grow == 0 {
                 return Err(bad(k("haltpoll.guest_halt_poll_grow"), 0, ">= 1"));
@@ -1171,6 +1179,26 @@ mod tests {
             let b = err_of(&text(guest, govern));
             assert_eq!(b.what, "variant.g.gleaner.kernel_polling", "{guest} {govern}");
         }
+    }
+
+    /// The variant's guest is an [`IdlePolicy`]: `idle_poll` still reads as `poll`; a cap named
+    /// in the policy is the haltpoll cap, and naming another in `[variant.haltpoll]` is
+    /// refused; always-on yielders say how to model them.
+    #[test]
+    fn variant_guests_are_idle_policies() {
+        let variant = |guest: &str, extra: &str| format!("{MIN}[[variant]]\nname = \"v\"\nguest = \"{guest}\"\n{extra}");
+        let sc = parse(&variant("idle_poll", ""), "t").expect("the simulator's old name");
+        assert_eq!(sc.variants[0].guest, IdlePolicy::Poll);
+        let sc = parse(&variant("haltpoll:400us", ""), "t").expect("a cap");
+        assert_eq!(sc.variants[0].haltpoll_params().guest_halt_poll_ns, 400_000);
+        let sc = parse(&variant("haltpoll", "[variant.haltpoll]\nguest_halt_poll_ns = 50000\n"), "t").expect("the table's cap");
+        assert_eq!(sc.variants[0].haltpoll_params().guest_halt_poll_ns, 50_000);
+        let b = err_of(&variant("haltpoll:400us", "[variant.haltpoll]\nguest_halt_poll_ns = 50000\n"));
+        assert_eq!(b.what, "variant.v.haltpoll.guest_halt_poll_ns");
+        let b = err_of(&variant("yielders", ""));
+        assert_eq!(b.what, "variant.v.guest");
+        assert!(b.allowed.contains("govern = false"), "{b}");
+        assert!(err_of(&variant("naiv", "")).value.contains("naiv"));
     }
 
     #[test]

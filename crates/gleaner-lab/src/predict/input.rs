@@ -8,11 +8,11 @@ use gleaner_bench::workload::{Workload, WorkloadParams};
 use gleaner_os::BadInput;
 use serde::de::DeserializeOwned;
 
-use crate::experiment::Policy;
 use crate::guest::Accel;
 use crate::matrix::MatrixResults;
 use crate::results::{Row, SummaryRow};
 use crate::runner::{bench_workload_params, LabResults, Sizing, WakeCosts, WakePlace};
+use gleaner_policy::IdlePolicy;
 
 /// A `gleaner bench workload` kernel as a guest ran it: the kernel and its typed size, with the
 /// thread count the guest used.
@@ -25,7 +25,7 @@ pub struct Kernel {
 /// One measured mode of VM A (a line of the lab's summary).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MeasuredMode {
-    pub policy: Policy,
+    pub policy: IdlePolicy,
     pub summary: SummaryRow,
 }
 
@@ -102,7 +102,7 @@ pub fn kernel_of(args: &[String], vcpus: u32) -> Result<Kernel, BadInput> {
 fn measured_modes(summary: &[SummaryRow], notes: &mut Vec<String>) -> Vec<MeasuredMode> {
     let mut out = Vec::new();
     for s in summary.iter().filter(|s| s.instance == "A") {
-        match Policy::parse(&s.policy) {
+        match s.policy.parse::<IdlePolicy>() {
             Ok(policy) => out.push(MeasuredMode { policy, summary: s.clone() }),
             Err(_) => notes.push(format!("mode {} has no known policy ({:?}): not predicted", s.mode, s.policy)),
         }

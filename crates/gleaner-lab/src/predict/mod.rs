@@ -26,11 +26,11 @@ use anyhow::Context;
 use gleaner_bench::wakeup::Setting;
 use gleaner_os::BadInput;
 use gleaner_policy::stats::{median, ratio_of_medians_ci};
+use gleaner_policy::IdlePolicy;
 use gleaner_sim::runner::{Report, VmReport};
-use gleaner_sim::scenario::{GuestPolicy, Scenario, VariantCfg};
+use gleaner_sim::scenario::{Scenario, VariantCfg};
 
 pub use crate::cli::PredictArgs;
-use crate::experiment::Policy;
 use crate::guest::Accel;
 use crate::results::{co_runner_rate, Row};
 use crate::runner::WakePlace;
@@ -102,7 +102,7 @@ pub fn predict(
             out.push(c);
         }
     }
-    let all: Vec<&PolicyPrediction> = out.iter().flat_map(|c| c.policies.iter()).filter(|x| x.policy != Policy::Stock).collect();
+    let all: Vec<&PolicyPrediction> = out.iter().flat_map(|c| c.policies.iter()).filter(|x| x.policy != IdlePolicy::Stock).collect();
     let compared = all.iter().filter(|x| x.within().is_some()).count();
     let within_25 = all.iter().filter(|x| x.within() == Some(true)).count();
     let outside_25_inside_ci = all.iter().filter(|x| x.within() == Some(false) && x.inside_ci() == Some(true)).count();
@@ -138,8 +138,8 @@ fn predict_cell(
     }
     // The stock mode first: it is the baseline of every ratio, as in the lab.
     let mut modes: Vec<&input::MeasuredMode> = cell.modes.iter().filter(|m| m.summary.halt_poll == hp).collect();
-    modes.sort_by_key(|m| m.policy != Policy::Stock);
-    if modes.first().is_none_or(|m| m.policy != Policy::Stock) {
+    modes.sort_by_key(|m| m.policy != IdlePolicy::Stock);
+    if modes.first().is_none_or(|m| m.policy != IdlePolicy::Stock) {
         return Err(
             BadInput::new(format!("modes of cell {}", cell.name), "no stock mode", "a stock mode (speedups are relative to it)").into()
         );
@@ -251,7 +251,7 @@ impl LabWindows {
         let stock = cell
             .modes
             .iter()
-            .find(|m| m.policy == Policy::Stock && m.summary.halt_poll == hp)
+            .find(|m| m.policy == IdlePolicy::Stock && m.summary.halt_poll == hp)
             .map(|m| m.summary.mode.clone())
             .unwrap_or_default();
         Self { steps, stock }
@@ -293,8 +293,8 @@ fn wake_check(cell: &LabCell, hp: &str, sc: &Scenario, seed: u64) -> anyhow::Res
             g("waiter", 1.min(cell.vcpus - 1), &["wait ping", "compute 1us", "signal pong"]),
         ],
     };
-    let yielders = model::variant_for("B", Policy::Yielders, &model::agent_plan(cell, hp), false);
-    let stock = VariantCfg { host_halt_poll: sc.variants[0].host_halt_poll, ..VariantCfg::named("C", GuestPolicy::Stock) };
+    let yielders = model::variant_for("B", IdlePolicy::Yielders, &model::agent_plan(cell, hp), false);
+    let stock = VariantCfg { host_halt_poll: sc.variants[0].host_halt_poll, ..VariantCfg::named("C", IdlePolicy::Stock) };
     let co = sc.workloads.get("B").cloned();
     let (mut cases, mut places) = (Vec::new(), Vec::new());
     for (ctx, with) in [(WakePlace::Alone, None), (WakePlace::WithCoRunner, co)] {

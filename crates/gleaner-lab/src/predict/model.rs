@@ -30,14 +30,12 @@ use gleaner_policy::guest::GuestConfig;
 use gleaner_policy::idle::{CurvePoint, WakeCurve};
 use gleaner_policy::retention::{RetentionConfig, RetentionVerdict};
 use gleaner_policy::stats::median;
-use gleaner_sim::scenario::{
-    Costs, CostsCfg, GleanerCfg, GuestHaltpollCfg, GuestPolicy, HostCfg, HostPolicyKind, Scenario, Table2, VariantCfg, VmCfg,
-};
+use gleaner_policy::IdlePolicy;
+use gleaner_sim::scenario::{Costs, CostsCfg, GleanerCfg, GuestHaltpollCfg, HostCfg, HostPolicyKind, Scenario, Table2, VariantCfg, VmCfg};
 use gleaner_sim::workload::{CacheProfile, GroupCfg, WorkloadCfg};
 use serde::Serialize;
 
 use super::input::{Kernel, LabCell};
-use crate::experiment::Policy;
 use crate::results::Row;
 
 /// Items of the lab's sizing runs (`runner::size_workload`: the kernel with `--work-us 0`).
@@ -341,7 +339,7 @@ pub fn workload_window(r: &Row) -> (f64, f64) {
 pub fn co_runner_model(cell: &LabCell, k: &Kernel, hp: &str, rt_us: f64) -> CoRunnerModel {
     let co: Vec<&Row> = cell.rows.iter().filter(|r| r.mode == "co-runner" && r.halt_poll == hp && r.ok() && r.items.is_some()).collect();
     let stock: Vec<(f64, f64)> =
-        ok_vm_a(&cell.rows).filter(|r| r.policy == Policy::Stock.name() && r.halt_poll == hp).map(workload_window).collect();
+        ok_vm_a(&cell.rows).filter(|r| r.policy == IdlePolicy::Stock.to_string() && r.halt_poll == hp).map(workload_window).collect();
     let inside: Vec<&Row> = co.iter().copied().filter(|c| stock.iter().any(|&(b, e)| c.begin_s >= b && c.end_s <= e)).collect();
     let (used, which) = if inside.len() >= 3 { (inside, "inside stock workload windows") } else { (co, "all") };
     let threads = threads_u32(k);
@@ -456,7 +454,7 @@ pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
     let cfg = AgentConfig::default();
     let lab_timeouts = (!cell.rows.is_empty()).then(|| {
         ok_vm_a(&cell.rows)
-            .filter(|r| r.halt_poll == hp && matches!(Policy::parse(&r.policy), Ok(Policy::Retention | Policy::Gleaner)))
+            .filter(|r| r.halt_poll == hp && matches!(r.policy.parse(), Ok(IdlePolicy::Retention | IdlePolicy::Gleaner)))
             .filter_map(|r| r.agent.as_ref().map(|a| a.timeouts))
             .sum()
     });
@@ -511,22 +509,14 @@ const NO_TIMEOUT_NS: u64 = 3_600_000_000_000;
 /// The simulator's variant for a lab policy: stock, yielders (retention without a timeout),
 /// idle=poll, guest haltpoll, and the agent's policies as the agent runs them (retention only
 /// when its start-up verdict says it pays).
-pub fn variant_for(name: &str, policy: Policy, plan: &AgentPlan, halt_poll: bool) -> VariantCfg {
+pub fn variant_for(name: &str, policy: IdlePolicy, plan: &AgentPlan, halt_poll: bool) -> VariantCfg {
     let cfg = AgentConfig::default();
-    let guest = match policy {
-        Policy::Stock => GuestPolicy::Stock,
-        Policy::Yielders => GuestPolicy::Retention,
-        Policy::IdlePoll => GuestPolicy::IdlePoll,
-        Policy::Haltpoll => GuestPolicy::Haltpoll,
-        Policy::Retention => GuestPolicy::Retention,
-        Policy::Consolidation => GuestPolicy::Consolidation,
-        Policy::Gleaner => GuestPolicy::Gleaner,
-    };
+    let guest = if policy == IdlePolicy::Yielders { IdlePolicy::Retention } else { policy };
     // Naive yielders never time out, adapt or stop. The agent's policies run the agent's own
     // guest loop configuration (`plan.guest`): its planner gives each vCPU a window from the
     // curve it calibrated, and its governor starts where the agent's did.
-    let yielders = policy == Policy::Yielders;
-    let agent = matches!(policy, Policy::Retention | Policy::Gleaner);
+    let yielders = policy == IdlePolicy::Yielders;
+    let agent = policy.retention();
     // The agent's yielders start parked with no window (timeout 0) until the plan gives them one;
     // the simulator's detector wants a cap of at least 1 ns meanwhile.
     let retention = if yielders {
@@ -654,7 +644,7 @@ fn sizing_cpu_per_item(k: &Kernel, pcpus: u32, vcpus: u32, host: &HostSched, cos
         w,
         None,
         costs,
-        vec![VariantCfg { host_halt_poll: false, ..VariantCfg::named("stock", GuestPolicy::Stock) }],
+        vec![VariantCfg { host_halt_poll: false, ..VariantCfg::named("stock", IdlePolicy::Stock) }],
     );
     sc.validate()?;
     let r = gleaner_sim::run_cases("sizing", "", &[("sizing".into(), sc)], 1, false)?;
