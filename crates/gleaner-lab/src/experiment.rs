@@ -15,6 +15,7 @@ use gleaner_policy::IdlePolicy;
 use serde::{Deserialize, Serialize};
 
 use crate::guest::GuestCgroup;
+use crate::keys::HaltPoll;
 
 /// The survey's scenarios.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,7 +144,7 @@ pub struct Experiment {
     pub modes: Vec<Mode>,
     /// Host `kvm.halt_poll_ns` values to run with under KVM ("default" keeps the host's).
     #[serde(default = "default_halt_poll")]
-    pub halt_poll: Vec<String>,
+    pub halt_poll: Vec<HaltPoll>,
     #[serde(default)]
     pub guest_cgroup: GuestCgroup,
     /// Compute per item in the guest: `native` (same iterations) or `guest` (same
@@ -170,8 +171,8 @@ fn default_timeout() -> u64 {
 fn default_quick_timeout() -> u64 {
     540
 }
-fn default_halt_poll() -> Vec<String> {
-    vec!["default".into(), "0".into()]
+fn default_halt_poll() -> Vec<HaltPoll> {
+    vec![HaltPoll::Default, HaltPoll::Ns(0)]
 }
 
 /// The built-in experiments: (name, TOML text).
@@ -246,10 +247,8 @@ impl Experiment {
         if self.scenario == Scenario::Oc && self.co_runner.as_ref().is_none_or(Vec::is_empty) {
             return bad("co_runner", "missing".into(), "gleaner arguments of the co-runner (oc needs one)");
         }
-        for h in &self.halt_poll {
-            if h != "default" && h.parse::<u64>().is_err() {
-                return bad("halt_poll", h.clone(), "\"default\" or a number of ns");
-            }
+        if self.halt_poll.contains(&HaltPoll::NotApplicable) {
+            return bad("halt_poll", HaltPoll::NotApplicable.to_string(), "\"default\" or a number of ns");
         }
         if self.pcpus.as_ref().is_some_and(CpuSet::is_empty) {
             return bad("pcpus", String::new(), "a CPU list like 0-1 or 0,2");

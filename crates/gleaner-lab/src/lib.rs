@@ -25,6 +25,7 @@ pub mod experiment;
 pub mod guest;
 pub mod hostproc;
 pub mod interrupt;
+pub mod keys;
 pub mod matrix;
 pub mod modinfo;
 pub mod native;

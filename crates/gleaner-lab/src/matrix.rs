@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::experiment::{Compute, Experiment, Mode, Scenario};
 use crate::guest::Accel;
+use crate::keys::{HaltPoll, Instance};
 use crate::results::{RunError, SummaryRow};
 use crate::runner::{self, LabResults, RunOptions, Sizing, WakeCosts};
 use gleaner_policy::IdlePolicy;
@@ -88,7 +89,7 @@ pub fn cell_experiment(workload: Workload, co_runner: Workload, policies: &[Idle
         timeout_s: 3600,
         quick_timeout_s: 1800,
         modes,
-        halt_poll: vec!["default".into(), "0".into()],
+        halt_poll: vec![HaltPoll::Default, HaltPoll::Ns(0)],
         guest_cgroup: Default::default(),
         compute: Compute::Balanced,
     }
@@ -171,7 +172,7 @@ fn add_cell(m: &mut MatrixResults, w: Workload, c: Workload, dir: &Path, r: &Lab
         co_runner_args: r.experiment.co_runner_args(r.quick).unwrap_or_default(),
         notes: r.notes.clone(),
     });
-    for s in r.summary.iter().filter(|s| s.instance == "A") {
+    for s in r.summary.iter().filter(|s| s.instance == Instance::A) {
         m.entries.push(MatrixEntry { workload: w, co_runner: c, summary: s.clone() });
     }
 }
@@ -231,7 +232,7 @@ pub fn verdicts(m: &MatrixResults) -> Vec<String> {
     let mut out = Vec::new();
     for c in &m.cells {
         let es: Vec<&MatrixEntry> = m.entries.iter().filter(|e| e.workload == c.workload && e.co_runner == c.co_runner).collect();
-        let mut hps: Vec<&str> = es.iter().map(|e| e.summary.halt_poll.as_str()).collect();
+        let mut hps: Vec<HaltPoll> = es.iter().map(|e| e.summary.halt_poll).collect();
         hps.dedup();
         for hp in hps {
             let cell: Vec<&&MatrixEntry> = es.iter().filter(|e| e.summary.halt_poll == hp).collect();
@@ -239,7 +240,7 @@ pub fn verdicts(m: &MatrixResults) -> Vec<String> {
                 .iter()
                 .filter(|e| e.summary.weighted_speedup.is_some())
                 .max_by(|a, b| a.summary.weighted_speedup.partial_cmp(&b.summary.weighted_speedup).unwrap_or(std::cmp::Ordering::Equal));
-            let g = cell.iter().find(|e| e.summary.policy == IdlePolicy::Gleaner.to_string());
+            let g = cell.iter().find(|e| e.summary.policy == Some(IdlePolicy::Gleaner));
             if let Some(b) = best {
                 let gl = g.map_or("gleaner not run".into(), |g| {
                     format!(
@@ -293,6 +294,7 @@ pub fn write(out: &Path, m: &MatrixResults) -> anyhow::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::RowMode;
 
     #[test]
     fn cells_have_a_stock_mode_and_one_mode_per_policy() {
@@ -313,7 +315,7 @@ mod tests {
             workload: Workload::Pipeline,
             co_runner: Workload::Matmul,
             summary: SummaryRow {
-                mode: mode.into(),
+                mode: RowMode::mode(mode),
                 runs_ok,
                 runs: 7,
                 failure: failure.map(|f| RunError::from(f.to_string())),

@@ -35,8 +35,8 @@ use gleaner_sim::scenario::{Costs, CostsCfg, GleanerCfg, GuestHaltpollCfg, HostC
 use gleaner_sim::workload::{CacheProfile, GroupCfg, WorkloadCfg};
 use serde::Serialize;
 
-use super::input::{Kernel, LabCell};
-use crate::results::Row;
+use super::input::{Kernel, LabCell, Pass};
+use crate::results::{HaltPoll, Row};
 
 /// Items of the lab's sizing runs (`runner::size_workload`: the kernel with `--work-us 0`).
 pub const SIZING_ITEMS: u64 = 2000;
@@ -160,7 +160,7 @@ fn setting(w: &crate::runner::WakeCosts, s: Setting) -> Option<&SettingResult> {
 ///   disturbed.
 /// - D = C + PV, with PV the median over the cells of C next to VM B minus C alone (medians:
 ///   the model simulates the waiting for the co-runner's vCPU itself).
-pub fn choose_costs(cells: &[LabCell], hp: &str, stat: WakeStat) -> anyhow::Result<CostChoice> {
+pub fn choose_costs(cells: &[LabCell], hp: HaltPoll, stat: WakeStat) -> anyhow::Result<CostChoice> {
     let get = |w: &crate::runner::WakeCosts, s: Setting, stat: WakeStat| setting(w, s).and_then(|r| stat_of(r, stat));
     let alone: Vec<&crate::runner::WakeCosts> = cells.iter().filter_map(LabCell::wake_alone).collect();
     let with_co: Vec<&crate::runner::WakeCosts> = cells.iter().filter_map(|c| c.wake_with_co_runner(hp)).collect();
@@ -320,10 +320,6 @@ pub struct CoRunnerModel {
     pub source: String,
 }
 
-fn ok_vm_a(rows: &[Row]) -> impl Iterator<Item = &Row> {
-    rows.iter().filter(|r| r.instance == "A" && r.env == "vm" && r.ok())
-}
-
 /// The workload's own window of a measured step: the bench's wall time ends where the step
 /// ends (agent start-up, if any, comes before it).
 pub fn workload_window(r: &Row) -> (f64, f64) {
@@ -336,10 +332,9 @@ pub fn workload_window(r: &Row) -> (f64, f64) {
 /// times (the window minus the kernel's wall time, and the kernel's wall time): next to VM A,
 /// VM B's vCPUs take about the same share of the pCPUs in both phases (lab samples: 1.0 +-
 /// 0.1 pCPU over whole iterations, both vCPUs alike).
-pub fn co_runner_model(cell: &LabCell, k: &Kernel, hp: &str, rt_us: f64) -> CoRunnerModel {
-    let co: Vec<&Row> = cell.rows.iter().filter(|r| r.mode == "co-runner" && r.halt_poll == hp && r.ok() && r.items.is_some()).collect();
-    let stock: Vec<(f64, f64)> =
-        ok_vm_a(&cell.rows).filter(|r| r.policy == IdlePolicy::Stock.to_string() && r.halt_poll == hp).map(workload_window).collect();
+pub fn co_runner_model(pass: &Pass, k: &Kernel, rt_us: f64) -> CoRunnerModel {
+    let co: Vec<&Row> = pass.co_runner.iter().filter(|r| r.items.is_some()).collect();
+    let stock: Vec<(f64, f64)> = pass.runs_of(IdlePolicy::Stock).map(workload_window).collect();
     let inside: Vec<&Row> = co.iter().copied().filter(|c| stock.iter().any(|&(b, e)| c.begin_s >= b && c.end_s <= e)).collect();
     let (used, which) = if inside.len() >= 3 { (inside, "inside stock workload windows") } else { (co, "all") };
     let threads = threads_u32(k);
@@ -450,11 +445,12 @@ pub struct AgentPlan {
 /// medians the lab measured in VM A next to VM B (setting C, halted, after 500 us, the lab's
 /// period; setting B, a busy vCPU). The machine's kernel polling is not known from the results:
 /// the agent is taken to have yielding threads only, as the lab's guests do.
-pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
+pub fn agent_plan(cell: &LabCell, pass: &Pass) -> AgentPlan {
     let cfg = AgentConfig::default();
-    let lab_timeouts = (!cell.rows.is_empty()).then(|| {
-        ok_vm_a(&cell.rows)
-            .filter(|r| r.halt_poll == hp && matches!(r.policy.parse(), Ok(IdlePolicy::Retention | IdlePolicy::Gleaner)))
+    let lab_timeouts = cell.per_run.then(|| {
+        pass.vm_a
+            .iter()
+            .filter(|r| matches!(r.policy, Some(IdlePolicy::Retention | IdlePolicy::Gleaner)))
             .filter_map(|r| r.agent.as_ref().map(|a| a.timeouts))
             .sum()
     });
@@ -463,7 +459,7 @@ pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
         let disagree = if agree { String::new() } else { format!("; {} boots, curves disagree", cell.calibrations.len()) };
         (Ok(first.clone()), format!("the wake-cost curve the agent calibrated at boot ({guest}{disagree})"))
     } else {
-        let w = cell.wake_with_co_runner(hp).or(cell.wake_alone());
+        let w = cell.wake_with_co_runner(pass.halt_poll).or(cell.wake_alone());
         let p50 = |s: Setting| w.and_then(|w| setting(w, s)).and_then(|r| r.p50_us);
         match (p50(Setting::B), p50(Setting::C)) {
             (Some(b), Some(c)) => {

@@ -33,7 +33,7 @@ pub struct CellPrediction {
     pub name: String,
     pub workload: Workload,
     pub co_runner: Option<Workload>,
-    pub halt_poll: String,
+    pub halt_poll: crate::results::HaltPoll,
     pub accel: Accel,
     pub pcpus: u32,
     pub vcpus: u32,
