@@ -475,14 +475,14 @@ pub fn summarize(rows: &[Row], stock: &RowMode) -> Vec<SummaryRow> {
         wall: median(&native.iter().map(|r| r.wall_ns as f64).collect::<Vec<_>>()).unwrap_or(0.0),
         gamma: native[0].gamma,
     });
-    let mut groups: BTreeMap<(Env, String, String, String), (HaltPoll, Instance, RowMode, Vec<&Row>)> = BTreeMap::new();
+    // Lines ordered by environment, then by the keys' text (halt poll, instance, mode).
+    let mut groups: BTreeMap<(Env, String, String, String), Vec<&Row>> = BTreeMap::new();
     for r in rows.iter().filter(|r| r.mode != RowMode::CoRunner) {
-        // Ordered by the keys' text, as the summary has always listed its lines.
-        let key = (r.env, r.halt_poll.to_string(), r.instance.to_string(), r.mode.to_string());
-        groups.entry(key).or_insert_with(|| (r.halt_poll, r.instance, r.mode.clone(), Vec::new())).3.push(r);
+        groups.entry((r.env, r.halt_poll.to_string(), r.instance.to_string(), r.mode.to_string())).or_default().push(r);
     }
     let mut out: Vec<SummaryRow> = Vec::new();
-    for ((env, hp_text, inst_text, mode_text), (hp, inst, mode, rs)) in &groups {
+    for ((env, hp_text, inst_text, mode_text), rs) in &groups {
+        let (hp, inst, mode) = (&rs[0].halt_poll, &rs[0].instance, &rs[0].mode);
         let ok: Vec<&Row> = rs.iter().copied().filter(|r| r.ok()).collect();
         let col = |f: &dyn Fn(&Row) -> Option<f64>| ok.iter().filter_map(|r| f(r)).collect::<Vec<f64>>();
         let walls = col(&|r| Some(r.wall_ns as f64 / 1e9));
