@@ -296,7 +296,8 @@ fn daemon(config: &std::path::Path) -> anyhow::Result<ExitCode> {
                 cache::obtain(&cfg.cache_policy(), &cache::World::real(), &cpus, || calibrate::measure_journaled(&cfg.run_dir, &cpus));
             tracing::info!("calibration {}", got.source.describe());
         }
-        Some(cache::Refresher::spawn(cfg.cache_policy(), cpus)?)
+        let run_dir = cfg.run_dir.clone();
+        Some(cache::Refresher::spawn(cfg.cache_policy(), cpus, move || server::retention_agents(&run_dir))?)
     } else {
         None
     };

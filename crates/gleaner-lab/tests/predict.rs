@@ -151,10 +151,10 @@ fn every_lab_policy_maps_to_a_simulator_variant() {
     let curve = gleaner_policy::idle::WakeCurve::new(vec![pt(100, 80), pt(500, 90)], 20_000, None);
     c.calibrations = vec![(
         "lab-x-A".into(),
-        gleaner_agent::cache::CalibrationResults {
+        gleaner_measure::calibration::CalibrationResults {
             curve: curve.clone(),
             idle_threshold_ns: 30_000,
-            polling: gleaner_agent::cache::PollingControl { halted: "as found".into(), poll: "not measured".into() },
+            polling: gleaner_measure::calibration::PollingControl { halted: "as found".into(), poll: "not measured".into() },
         },
     )];
     let p = model::agent_plan(&c, &c.passes[0]);

@@ -70,7 +70,7 @@ pub struct LabCell {
     pub per_run: bool,
     /// The agent's own calibration at each boot of VM A (guest, results), when the lab
     /// recorded it.
-    pub calibrations: Vec<(String, gleaner_agent::cache::CalibrationResults)>,
+    pub calibrations: Vec<(String, gleaner_measure::calibration::CalibrationResults)>,
     /// What had to be assumed while reading.
     pub notes: Vec<String>,
 }

@@ -20,10 +20,10 @@
 use std::collections::BTreeMap;
 
 use gleaner_agent::agent::setup::{idle_threshold_ns, Calibrated, IdleSetup, Offered};
-use gleaner_agent::cache::{CalibrationResults, PollingControl};
 use gleaner_agent::config::AgentConfig;
 use gleaner_bench::wakeup::{Setting, SettingResult};
 use gleaner_bench::workload::Workload;
+use gleaner_measure::calibration::{CalibrationResults, PollingControl};
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::BadInput;
 use gleaner_policy::guest::GuestConfig;
