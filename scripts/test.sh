@@ -40,6 +40,7 @@ packages=(
   util-linux                  # setpriv (unprivileged-agent and security tests), mount/umount
   mount                       # the full-/run fault test
   python3                     # the thread-churning workload of tests/faults.rs, socket probes
+  python3-prometheus-client   # the OpenMetrics parser that reads the agent's Prometheus text in its unit tests
   ca-certificates             # crates.io over TLS (cargo install cargo-deb)
   dpkg-dev binutils           # the Debian package: dpkg-shlibdeps, strip, readelf
   systemd man-db              # systemd-analyze verify of the unit, man -l on the man pages

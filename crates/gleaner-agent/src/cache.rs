@@ -24,27 +24,14 @@ use std::time::Duration;
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::procfs::{CpuTimes, Procfs};
 use gleaner_os::sysfs::Sysfs;
-use gleaner_policy::idle::WakeCurve;
 use serde::{Deserialize, Serialize};
 
+use gleaner_measure::calibration::{measured_pair, schema_meaning};
+pub use gleaner_measure::calibration::{
+    CalibrationRecord, CalibrationResults, Dependencies, DependencyChange, PollingControl, RecordError, FILE_NAME, SCHEMA,
+};
+
 use crate::calibrate::Incomplete;
-
-/// Version of the record's meaning; a record of another version is measured again.
-/// 3: a wake-cost curve (halted after 10 us .. 10 ms, busy, polling), measured with kernel
-/// polling controlled; 2: three wakeup means and a timeout; 1: medians.
-pub const SCHEMA: u32 = 3;
-
-/// What each schema held, for the message that refuses an old record.
-fn schema_meaning(v: u64) -> &'static str {
-    match v {
-        1 => "three wakeup medians and a retention timeout",
-        2 => "three wakeup means and a retention timeout",
-        _ => "unknown to this gleaner",
-    }
-}
-
-/// The record of the first two online vCPUs (the default managed set).
-pub const FILE_NAME: &str = "calibration.json";
 
 /// Default maximum age of a record (config `calibration_max_age_s`).
 pub const DEFAULT_MAX_AGE_S: u64 = 24 * 3600;
@@ -58,108 +45,6 @@ const REFRESH_AT: f64 = 0.9;
 
 /// The machine counts as idle for a refresh below this busy fraction (all CPUs, 1 s window).
 pub const IDLE_BUSY_FRACTION: f64 = 0.10;
-
-/// What a calibration depends on: when any of it changes, the numbers are measured again.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Dependencies {
-    /// `/proc/sys/kernel/random/boot_id`.
-    pub boot_id: String,
-    /// `uname -r`.
-    pub kernel_release: String,
-    /// `/sys/devices/system/cpu/online`.
-    pub online_cpus: String,
-    /// The vCPU that wakes and the vCPU that waits in the wakeup measurement.
-    pub waker_cpu: u32,
-    pub waiter_cpu: u32,
-    /// cpuidle driver and governor (`None`: no cpuidle). The haltpoll parameters are not a
-    /// dependency: the measurement sets them itself (kernel polling off for the halted curve,
-    /// on for the polling cost), and agents change them while they run.
-    pub cpuidle_driver: Option<String>,
-    pub cpuidle_governor: Option<String>,
-}
-
-/// One dependency that differs between a record and the machine now.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DependencyChange {
-    /// e.g. `boot id`, `cpuidle governor`, `haltpoll parameter guest_halt_poll_ns`.
-    pub dependency: String,
-    pub was: String,
-    pub now: String,
-}
-
-impl Dependencies {
-    /// Reads them from the machine (fixtures through the adapters' roots).
-    pub fn read(procfs: &Procfs, sysfs: &Sysfs, cpus: &CpuSet) -> gleaner_os::Result<Self> {
-        let (waker_cpu, waiter_cpu) = crate::calibrate::measured_pair(cpus);
-        Ok(Self {
-            boot_id: procfs.boot_id()?,
-            kernel_release: procfs.kernel_release()?,
-            online_cpus: sysfs.online_cpus()?.to_string(),
-            waker_cpu,
-            waiter_cpu,
-            cpuidle_driver: sysfs.cpuidle_driver()?,
-            cpuidle_governor: sysfs.cpuidle_governor()?,
-        })
-    }
-
-    /// The first dependency of `self` (the record's) that differs in `now`.
-    pub fn first_change(&self, now: &Self) -> Option<DependencyChange> {
-        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".into());
-        let scalars = [
-            ("boot id", self.boot_id.clone(), now.boot_id.clone()),
-            ("kernel release", self.kernel_release.clone(), now.kernel_release.clone()),
-            ("online CPUs", self.online_cpus.clone(), now.online_cpus.clone()),
-            ("measured vCPUs", format!("{} -> {}", self.waker_cpu, self.waiter_cpu), format!("{} -> {}", now.waker_cpu, now.waiter_cpu)),
-            ("cpuidle driver", opt(&self.cpuidle_driver), opt(&now.cpuidle_driver)),
-            ("cpuidle governor", opt(&self.cpuidle_governor), opt(&now.cpuidle_governor)),
-        ];
-        for (name, was, is) in scalars {
-            if was != is {
-                return Some(DependencyChange { dependency: name.into(), was, now: is });
-            }
-        }
-        None
-    }
-}
-
-/// The measured numbers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CalibrationResults {
-    /// The wake-cost curve: halted after each gap, busy (a yielder), polling (POLL state).
-    pub curve: WakeCurve,
-    /// A yield longer than this means the workload ran.
-    pub idle_threshold_ns: u64,
-    /// What was done to kernel polling while measuring.
-    pub polling: PollingControl,
-}
-
-/// How kernel polling was controlled while the curve was measured (for people).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PollingControl {
-    /// For the halted curve and B, e.g. `guest_halt_poll_ns 0`.
-    pub halted: String,
-    /// For P, e.g. `cpu1 resume latency limit 0 (n/a)`, or why it was not measured.
-    pub poll: String,
-}
-
-/// The stored calibration of one boot: what it depends on, when and how long it took, the
-/// numbers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CalibrationRecord {
-    pub schema: u32,
-    pub depends_on: Dependencies,
-    /// Wall clock at the measurement (for people).
-    pub measured_at_unix_s: u64,
-    /// `CLOCK_BOOTTIME` at the measurement (ages are computed from it: it does not jump).
-    pub measured_at_boottime_ms: u64,
-    /// How long the measurement took.
-    pub took_ms: u64,
-    pub results: CalibrationResults,
-}
 
 /// Why the numbers were measured now instead of read from a record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -263,7 +148,7 @@ fn ms(d: Duration) -> u64 {
 /// different CPU sets do not overwrite each other's record.
 pub fn record_path(run_dir: &Path, deps: &Dependencies) -> PathBuf {
     let online = CpuSet::parse(&deps.online_cpus).unwrap_or_default();
-    if crate::calibrate::measured_pair(&online) == (deps.waker_cpu, deps.waiter_cpu) {
+    if measured_pair(&online) == (deps.waker_cpu, deps.waiter_cpu) {
         run_dir.join(FILE_NAME)
     } else {
         run_dir.join(format!("calibration-cpu{}-cpu{}.json", deps.waker_cpu, deps.waiter_cpu))
@@ -308,15 +193,11 @@ pub fn lookup(path: &Path, now: &Dependencies, now_boottime: Duration, max_age: 
         Ok(None) => return Err(Reason::Missing),
         Err(e) => return Err(unusable(e.to_string())),
     };
-    // The schema first: a record of another schema has other fields and is refused by what it
-    // is, not by the first field this gleaner does not know.
-    let value: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| unusable(format!("{} is not a calibration record ({e})", path.display())))?;
-    if let Some(v) = value.get("schema").and_then(serde_json::Value::as_u64).filter(|&v| v != u64::from(SCHEMA)) {
-        return Err(old_schema(v));
-    }
-    let record: CalibrationRecord =
-        serde_json::from_value(value).map_err(|e| unusable(format!("{} is not a calibration record ({e})", path.display())))?;
+    let record = CalibrationRecord::from_slice(&bytes).map_err(|e| match e {
+        RecordError::Schema { found: Some(v) } => old_schema(v),
+        RecordError::NotJson(e) | RecordError::Invalid(e) => unusable(format!("{} is not a calibration record ({e})", path.display())),
+        RecordError::Schema { found: None } => unusable(format!("{} is not a calibration record (no schema)", path.display())),
+    })?;
     let age = check(&record, now, now_boottime, max_age)?;
     Ok((record, age))
 }
@@ -583,8 +464,9 @@ pub fn refresh_step(
 }
 
 impl Refresher {
-    /// Starts checking every [`refresh_period`] of the policy's maximum age.
-    pub fn spawn(policy: CachePolicy, cpus: CpuSet) -> anyhow::Result<Self> {
+    /// Starts checking every [`refresh_period`] of the policy's maximum age;
+    /// `retention_agents` counts the running agents with retention (their status sockets).
+    pub fn spawn(policy: CachePolicy, cpus: CpuSet, retention_agents: impl Fn() -> usize + Send + 'static) -> anyhow::Result<Self> {
         use std::sync::atomic::{AtomicBool, Ordering};
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let st = std::sync::Arc::clone(&stop);
@@ -600,7 +482,7 @@ impl Refresher {
                     }
                     std::thread::sleep(Duration::from_millis(100));
                 }
-                let retention = || crate::server::retention_agents(&policy.run_dir);
+                let retention = &retention_agents;
                 let busy = || sample_busy(&world.procfs, Duration::from_secs(1));
                 let d =
                     refresh_step(&policy, &world, &cpus, busy, retention, || crate::calibrate::measure_journaled(&policy.run_dir, &cpus));

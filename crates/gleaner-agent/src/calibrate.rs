@@ -24,9 +24,10 @@ use gleaner_policy::idle::{CurvePoint, WakeCurve};
 use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::idle_threshold_from_samples;
 
-use crate::cache::{CalibrationResults, PollingControl};
-use crate::knobs::KnobWriter;
-use crate::state::StateFile;
+pub use gleaner_measure::calibration::measured_pair;
+use gleaner_measure::calibration::{CalibrationResults, PollingControl};
+
+pub use crate::knobs::Control;
 
 /// Gaps (us) of the halted curve: log-spaced from 10 us to 10 ms.
 pub const CURVE_GAPS_US: [u64; 7] = [10, 30, 100, 300, 1_000, 3_000, 10_000];
@@ -74,12 +75,6 @@ const IDLE_SAMPLES: usize = 2000;
 /// Idle threshold when sampling gave nothing.
 const DEFAULT_IDLE_THRESHOLD_NS: u64 = 20_000;
 
-/// The two vCPUs the wakeup measurement uses for `cpus`: (waker, waiter).
-pub fn measured_pair(cpus: &CpuSet) -> (u32, u32) {
-    let c = WakeupConfig::for_cpus(cpus);
-    (c.waker_cpu, c.waiter_cpu)
-}
-
 /// The idle threshold: twice the 99th percentile of yields with nothing else runnable.
 pub fn idle_threshold_now() -> u64 {
     let samples = crate::yielders::sample_yields(IDLE_SAMPLES);
@@ -94,11 +89,6 @@ pub struct Incomplete {
     /// What failed, for the warning.
     pub error: String,
 }
-
-/// Kernel polling as the measurement may change it: the agent's knob writer and journal
-/// (`None`: not root, or another agent drives the knobs; the curve is then measured as the
-/// machine is, and P is not measured).
-pub type Control<'a> = Option<(&'a mut KnobWriter, &'a mut StateFile)>;
 
 /// [`measure`] outside an agent's run (`gleaner calibrate`, `compare`, the daemon's refresh):
 /// the idle knobs under a journal of its own in `run_dir`, guarded and undone after.

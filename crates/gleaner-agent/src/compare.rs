@@ -362,8 +362,12 @@ impl Runner {
             total_cpu_ns: metrics.busy_ns.saturating_add(poll_ns),
             agent_cpu_ns: out.as_ref().map(|_| policy_cpu_ns),
             agent_maxrss_kib: None,
-            decisions: out.as_ref().map(|o| o.decisions),
-            retention_on_share: out.as_ref().filter(|o| o.periods > 0).map(|o| o.retention_on_periods as f64 / o.periods as f64),
+            decisions: out.as_ref().map(|o| o.final_status.totals.decisions),
+            retention_on_share: out
+                .as_ref()
+                .map(|o| o.final_status.totals)
+                .filter(|t| t.periods > 0)
+                .map(|t| t.retention_on_periods as f64 / t.periods as f64),
             wake: out.as_ref().and_then(|o| o.wake),
             tracer_cpu_ns: out.as_ref().and_then(|o| o.tracer_cpu_ns),
             metrics,

@@ -36,11 +36,16 @@ pub fn try_lock_knobs(run_dir: &Path) -> anyhow::Result<Option<gleaner_os::priva
     Ok(gleaner_os::private::try_lock_dir(&dir)?)
 }
 
+/// Kernel polling as a measurement may change it: the agent's knob writer and journal
+/// (`None`: not root, or another agent drives the knobs; the curve is then measured as the
+/// machine is, and P is not measured).
+pub type Control<'a> = Option<(&'a mut KnobWriter, &'a mut StateFile)>;
+
 /// Runs `f` with control of the idle knobs of `cpus` under a journal of its own
 /// (`RUN_DIR/knobs-<pid>.json`, watched by a guardian), which is undone and removed when
 /// `f` returns; `f(None)` where that cannot be had (not root, no usable run dir, another
 /// agent drives the knobs: `why` says which). For a calibration outside an agent's run.
-pub fn with_knob_journal<T>(run_dir: &Path, cpus: &CpuSet, f: impl FnOnce(crate::calibrate::Control<'_>, Option<String>) -> T) -> T {
+pub fn with_knob_journal<T>(run_dir: &Path, cpus: &CpuSet, f: impl FnOnce(Control<'_>, Option<String>) -> T) -> T {
     if !nix::unistd::geteuid().is_root() {
         return f(None, Some("not root".into()));
     }

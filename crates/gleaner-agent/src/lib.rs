@@ -1,13 +1,14 @@
 //! The Gleaner guest agent: resource retention and consolidation scheduling (Gleaner paper,
 //! sections 4 to 6) at user level, for a VM user who cannot touch the hypervisor.
 //!
-//! - [`agent`]: the loop that samples, decides (with `gleaner_policy::gleaner::Controller`)
+//! - [`agent`]: the loop that samples, decides (with `gleaner_policy::guest::GuestController`)
 //!   and applies, and undoes everything on every exit path.
 //! - [`yielders`]: the `SCHED_IDLE` yielding threads (retention mechanism).
 //! - [`sampler`]: metric snapshots from procfs/sysfs.
 //! - [`state`]: the state file, the guardian process and `restore`.
-//! - [`mod@status`]: the typed status and JSON-lines events; [`server`]: the status socket and
-//!   Prometheus text.
+//! - [`mod@status`]: the typed status and JSON-lines events, each stat declared once
+//!   ([`stats`]: its JSON field, Prometheus name, type and help, printed line); [`server`]: the
+//!   status socket and Prometheus text.
 //! - [`cli`]: the clap types of the agent's commands and their resolution into an
 //!   [`config::AgentConfig`].
 //! - [`compare`]: the main job, stock vs Gleaner side by side.
@@ -25,6 +26,7 @@ pub mod sampler;
 pub mod seam;
 pub mod server;
 pub mod state;
+pub mod stats;
 pub mod status;
 pub mod yielders;
 
@@ -135,11 +137,8 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         if let Some(i) = &r.idle {
             print_idle_status(i);
         }
-        if r.yields > 0 {
-            println!(
-                "  yields {}  timeouts {}  noise {}  step-asides {}  decisions {}",
-                r.yields, r.timeouts, r.noise_returns, r.step_asides, r.decisions
-            );
+        if r.totals.yields > 0 {
+            println!("  {}", stats::line(status::Totals::STATS, &r.totals));
         }
         if let Some(c) = &r.calibration {
             println!("  calibration {} at start; the numbers are {} old", c.describe(), cache::human_age(c.age_now_s()));
@@ -298,7 +297,8 @@ fn daemon(config: &std::path::Path) -> anyhow::Result<ExitCode> {
                 cache::obtain(&cfg.cache_policy(), &cache::World::real(), &cpus, || calibrate::measure_journaled(&cfg.run_dir, &cpus));
             tracing::info!("calibration {}", got.source.describe());
         }
-        Some(cache::Refresher::spawn(cfg.cache_policy(), cpus)?)
+        let run_dir = cfg.run_dir.clone();
+        Some(cache::Refresher::spawn(cfg.cache_policy(), cpus, move || server::retention_agents(&run_dir))?)
     } else {
         None
     };

@@ -25,7 +25,6 @@ use gleaner_policy::idle::Log2Hist;
 use gleaner_policy::retention::WorkloadIo;
 
 use crate::agent::pace::Pacer;
-use crate::status::VcpuTimeout;
 use crate::yielders::Yielders;
 
 /// Per-thread cumulative values at the previous sample.
@@ -68,6 +67,17 @@ impl ThreadFiles {
             io: procfs.open_task_io(pid, tid).ok(),
         })
     }
+}
+
+/// One vCPU's retention timeout, as reported per period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VcpuTimeout {
+    pub cpu: u32,
+    /// Its yielding thread's timeout now (adaptive, or the fixed one).
+    pub timeout_ns: u64,
+    /// Times it grew / shrank (in the period for `period` events, since start in the status).
+    pub grows: u64,
+    pub shrinks: u64,
 }
 
 /// Extra readings of a period that the controller does not use but status/metrics show.

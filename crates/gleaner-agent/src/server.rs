@@ -10,10 +10,9 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::Context;
-use gleaner_policy::retention::RetentionMode;
-
+use crate::stats;
 use crate::status::{SharedStatus, StatusReport};
+use anyhow::Context;
 
 /// A background server thread; stopping it wakes the accept loop at once (through a pipe the
 /// loop polls beside the listener) and joins it. An earlier loop slept 50 ms between
@@ -158,150 +157,110 @@ pub fn serve_metrics(addr: &str, status: SharedStatus) -> anyhow::Result<Server>
     })
 }
 
-/// Renders the status in the OpenMetrics text format with `prometheus-client`.
+/// Renders the status in the OpenMetrics text format with `prometheus-client`: every stat
+/// declared beside the status ([`crate::status::STATUS_STATS`], [`crate::status::Totals`],
+/// [`crate::status::IdleStatus::STATS`]).
 pub fn prometheus_text(s: &StatusReport) -> String {
-    use prometheus_client::encoding::text::encode;
-    use prometheus_client::metrics::counter::Counter;
-    use prometheus_client::metrics::family::Family;
-    use prometheus_client::metrics::gauge::Gauge;
-    use prometheus_client::registry::Registry;
-    use std::sync::atomic::AtomicU64;
-
-    let mut reg = Registry::with_prefix("gleaner");
-    let gauge = |reg: &mut Registry, name: &str, help: &str, v: f64| {
-        let g: Gauge<f64, AtomicU64> = Gauge::default();
-        g.set(v);
-        reg.register(name, help, g);
-    };
-    let counter = |reg: &mut Registry, name: &str, help: &str, v: u64| {
-        let c: Counter = Counter::default();
-        c.inc_by(v);
-        reg.register(name, help, c);
-    };
-    let m = &s.metrics;
-    let active = gleaner_os::cpuset::CpuSet::parse(&s.active_cpus).map(|c| c.len()).unwrap_or(0);
-    gauge(&mut reg, "active_vcpus", "vCPUs the workload may run on", active as f64);
-    gauge(&mut reg, "rho", "Load factor", m.rho);
-    gauge(&mut reg, "eta", "Granularity factor", m.eta);
-    gauge(&mut reg, "l_comp_seconds", "Computation length between idle periods", m.l_comp_ns.unwrap_or(f64::NAN) / 1e9);
-    gauge(&mut reg, "g_comp_seconds", "Computation granularity", m.g_comp_ns.unwrap_or(f64::NAN) / 1e9);
-    gauge(&mut reg, "l_idle_seconds", "Idle period length", m.l_idle_ns.unwrap_or(f64::NAN) / 1e9);
-    gauge(&mut reg, "utilization_vcpus", "Workload utilization in vCPUs", m.util);
-    gauge(
-        &mut reg,
-        "retention_timeout_seconds",
-        "Retention timeout (configured, or the cap of the adaptive ones)",
-        s.timeout_us as f64 / 1e6,
-    );
-    gauge(&mut reg, "retention_on", "Retention on (1) or off (0) now", f64::from(u8::from(s.retention_mode == Some(RetentionMode::On))));
-    let per_cpu: Family<Vec<(String, String)>, Gauge<f64, AtomicU64>> = Family::default();
-    for v in &s.vcpu_timeouts {
-        per_cpu.get_or_create(&vec![("cpu".to_string(), v.cpu.to_string())]).set(v.timeout_ns as f64 / 1e9);
-    }
-    reg.register("vcpu_retention_timeout_seconds", "Adaptive retention timeout of each vCPU's yielding thread", per_cpu);
-    counter(&mut reg, "retention_timeout_grows", "Times a vCPU's adaptive timeout grew", s.vcpu_timeouts.iter().map(|v| v.grows).sum());
-    counter(
-        &mut reg,
-        "retention_timeout_shrinks",
-        "Times a vCPU's adaptive timeout shrank",
-        s.vcpu_timeouts.iter().map(|v| v.shrinks).sum(),
-    );
-    counter(
-        &mut reg,
-        "retention_switches",
-        "Times the governor switched retention's baseline mode",
-        s.governor.map(|g| g.switches).unwrap_or(0),
-    );
-    counter(&mut reg, "retention_probes", "Probe epochs the governor ran in the other mode", s.governor.map(|g| g.probes).unwrap_or(0));
-    counter(&mut reg, "yields", "sched_yield calls of the yielding threads", s.yields);
-    counter(&mut reg, "timeouts", "Retention timeouts", s.timeouts);
-    counter(&mut reg, "step_asides", "Yielding threads stepping aside for a thread waiting on another vCPU", s.step_asides);
-    counter(
-        &mut reg,
-        "noise_yields",
-        "Slow yields with no other task run (interrupts, host preemption): not counted as work",
-        s.noise_returns,
-    );
-    counter(&mut reg, "decisions", "Controller decisions", s.decisions);
-    counter(&mut reg, "periods", "Control periods", s.periods);
-    gauge(&mut reg, "yielder_cpu_seconds", "CPU time of the yielding threads", s.yielder_cpu_ns as f64 / 1e9);
+    use crate::status::{IdleStatus, Totals, STATUS_STATS};
+    let mut reg = prometheus_client::registry::Registry::with_prefix("gleaner");
+    stats::register(&mut reg, STATUS_STATS, s);
+    stats::register(&mut reg, Totals::STATS, &s.totals);
     if let Some(i) = &s.idle {
-        idle_metrics(&mut reg, i);
+        stats::register(&mut reg, IdleStatus::STATS, i);
     }
     let mut out = String::new();
-    let _ = encode(&mut out, &reg);
+    let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
     out
-}
-
-/// The idle policy's metrics: each vCPU's mechanism and window, kernel polling, the traced
-/// wakeups by target state.
-fn idle_metrics(reg: &mut prometheus_client::registry::Registry, i: &crate::status::IdleStatus) {
-    use gleaner_policy::idle::plan::{Mechanism, ALWAYS};
-    use prometheus_client::metrics::counter::Counter;
-    use prometheus_client::metrics::family::Family;
-    use prometheus_client::metrics::gauge::Gauge;
-    use std::sync::atomic::AtomicU64;
-    type Labels = Vec<(String, String)>;
-    let kernel_polling: Counter<f64, AtomicU64> = Counter::default();
-    kernel_polling.inc_by(i.poll_ns as f64 / 1e9);
-    reg.register(
-        "kernel_polling_seconds",
-        "Time the managed vCPUs polled in the kernel's POLL state (idle for /proc/stat)",
-        kernel_polling,
-    );
-    if let Some(p) = &i.plan {
-        let window: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
-        let always: Family<Labels, Gauge> = Family::default();
-        let mechanism: Family<Labels, Gauge> = Family::default();
-        for v in &p.vcpus {
-            let cpu = ("cpu".to_string(), v.cpu.to_string());
-            // prometheus-client writes an infinite float as `inf`, which OpenMetrics does not
-            // read: "until work arrives" is a gauge of its own.
-            always.get_or_create(&vec![cpu.clone()]).set(i64::from(v.window_ns == ALWAYS));
-            if v.window_ns != ALWAYS {
-                window.get_or_create(&vec![cpu.clone()]).set(v.window_ns as f64 / 1e9);
-            }
-            for m in [Mechanism::Halt, Mechanism::Poll, Mechanism::Yield] {
-                let name = serde_json::to_value(m).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
-                mechanism.get_or_create(&vec![cpu.clone(), ("mechanism".to_string(), name)]).set(i64::from(v.mechanism == m));
-            }
-        }
-        reg.register(
-            "vcpu_idle_window_seconds",
-            "How long an idle vCPU is kept from halting (vCPUs kept until work arrives: see vcpu_idle_until_work)",
-            window,
-        );
-        reg.register("vcpu_idle_until_work", "1 where an idle vCPU is kept from halting until work arrives", always);
-        reg.register("vcpu_idle_mechanism", "What keeps each vCPU from halting (1 for the one in use)", mechanism);
-        let g: Gauge<f64, AtomicU64> = Gauge::default();
-        g.set(p.poll_window_ns as f64 / 1e9);
-        reg.register("poll_window_seconds", "The haltpoll governor's cap (guest_halt_poll_ns) the agent set", g);
-    }
-    if let Some(w) = &i.wake {
-        let count: Family<Labels, Gauge> = Family::default();
-        let mean: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
-        for (state, l) in [("busy", w.busy), ("poll", w.poll), ("halt", w.halt), ("idle", w.idle)] {
-            let labels = vec![("target".to_string(), state.to_string())];
-            count.get_or_create(&labels).set(i64::try_from(l.count).unwrap_or(i64::MAX));
-            mean.get_or_create(&labels).set(l.mean_ns / 1e9);
-        }
-        reg.register("wakeups", "The workload's wakeups in the last traced period, by the state of the vCPU woken onto", count);
-        reg.register("wakeup_latency_mean_seconds", "Their mean latency, sched_waking to running", mean);
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use gleaner_policy::retention::{GovernorConfig, PriorStrength, RetentionGovernor, RetentionMode};
+
     use super::*;
-    use crate::status::VcpuTimeout;
+    use crate::status::{IdleStatus, Totals, VcpuTimeout};
+
+    /// A status with every stat set: a governor, two yielding threads, a plan with each
+    /// mechanism (one vCPU polled until work), traced wakeups.
+    fn rich() -> StatusReport {
+        let mut plan = gleaner_policy::idle::IdlePlan::initial_poll([0, 1, 2], 200_000);
+        plan.vcpus[1].window_ns = gleaner_policy::idle::plan::ALWAYS;
+        plan.vcpus[2].mechanism = gleaner_policy::idle::plan::Mechanism::Yield;
+        let mut wake = gleaner_policy::idle::WakeSummary::default();
+        wake.poll.count = 9;
+        wake.poll.mean_ns = 4_000.0;
+        wake.halt.count = 3;
+        wake.halt.mean_ns = 61_500.0;
+        let mut gov = RetentionGovernor::with_prior(GovernorConfig::default(), RetentionMode::On, PriorStrength::Plain).state();
+        gov.switches = 2;
+        gov.probes = 5;
+        StatusReport {
+            agent_pid: 42,
+            target: "pid 7".into(),
+            retention: true,
+            retention_mode: Some(RetentionMode::On),
+            governor: Some(gov),
+            vcpu_timeouts: vec![
+                VcpuTimeout { cpu: 0, timeout_ns: 20_000, grows: 3, shrinks: 1 },
+                VcpuTimeout { cpu: 1, timeout_ns: 40_000, grows: 2, shrinks: 0 },
+            ],
+            consolidation: true,
+            all_cpus: "0-3".parse().unwrap(),
+            active_cpus: "0-2".parse().unwrap(),
+            timeout_us: 150,
+            idle_threshold_us: 10,
+            period_ms: 200,
+            uptime_s: 2.25,
+            metrics: gleaner_policy::gleaner::Metrics {
+                l_comp_ns: Some(120_000.0),
+                g_comp_ns: None,
+                l_idle_ns: Some(30_000.0),
+                util: 1.25,
+                rho: 0.9,
+                eta: 0.5,
+                active: 3,
+                ..Default::default()
+            },
+            totals: Totals {
+                yields: 7,
+                timeouts: 4,
+                step_asides: 2,
+                noise_returns: 1,
+                decisions: 3,
+                periods: 11,
+                yielder_cpu_ns: 1_500_000_000,
+                retention_on_periods: 9,
+            },
+            threads: 5,
+            idle: Some(IdleStatus { plan: Some(plan), wake: Some(wake), poll_ns: 1_500_000_000, ..Default::default() }),
+            ..StatusReport::default()
+        }
+    }
+
+    /// The lines of an exposition, sorted: a family's samples come in hash order.
+    fn sorted_lines(t: &str) -> Vec<&str> {
+        let mut l: Vec<&str> = t.lines().collect();
+        l.sort_unstable();
+        l
+    }
+
+    /// Every name, type, help text and value of the exposition stays what scrapers and
+    /// dashboards know (`tests/data/status.prom`, written by the agent before its stats were
+    /// declared once, plus `retention_on_periods`).
+    #[test]
+    fn prometheus_text_keeps_its_names_and_values() {
+        let t = prometheus_text(&rich());
+        assert_eq!(sorted_lines(&t), sorted_lines(include_str!("../tests/data/status.prom")), "{t}");
+        assert!(t.ends_with("# EOF\n"));
+    }
 
     #[test]
     fn prometheus_text_has_metrics() {
         let s = StatusReport {
-            active_cpus: "0-1".into(),
-            yields: 7,
+            active_cpus: "0-1".parse().unwrap(),
+            totals: Totals { yields: 7, ..Totals::default() },
             retention_mode: Some(RetentionMode::On),
             vcpu_timeouts: vec![
                 VcpuTimeout { cpu: 0, timeout_ns: 20_000, grows: 3, shrinks: 1 },
@@ -315,29 +274,58 @@ mod tests {
         assert!(t.contains("gleaner_retention_on 1"), "{t}");
         assert!(t.contains("gleaner_vcpu_retention_timeout_seconds{cpu=\"1\"} 0.00004"), "{t}");
         assert!(t.contains("gleaner_retention_timeout_grows_total 5"), "{t}");
+        assert!(!t.contains("kernel_polling") && !t.contains("vcpu_idle"), "no idle policy, no idle stats: {t}");
         assert!(t.ends_with("# EOF\n"));
     }
 
     #[test]
     fn prometheus_text_has_the_idle_plan_and_traced_wakeups() {
-        use gleaner_policy::idle::plan::ALWAYS;
-        let mut plan = gleaner_policy::idle::IdlePlan::initial_poll([0, 1], 200_000);
-        plan.vcpus[1].window_ns = ALWAYS;
-        let mut wake = gleaner_policy::idle::WakeSummary::default();
-        wake.poll.count = 9;
-        wake.poll.mean_ns = 4_000.0;
-        let s = StatusReport {
-            idle: Some(crate::status::IdleStatus { plan: Some(plan), wake: Some(wake), poll_ns: 1_500_000_000, ..Default::default() }),
-            ..StatusReport::default()
-        };
-        let t = prometheus_text(&s);
+        let t = prometheus_text(&rich());
         assert!(t.contains("gleaner_kernel_polling_seconds_total 1.5"), "{t}");
         assert!(t.contains("gleaner_vcpu_idle_window_seconds{cpu=\"0\"} 0.0002"), "{t}");
         assert!(!t.contains("gleaner_vcpu_idle_window_seconds{cpu=\"1\"}") && !t.contains("inf"), "{t}");
-        assert!(t.contains("gleaner_vcpu_idle_until_work{cpu=\"1\"} 1"), "{t}");
-        assert!(t.contains("gleaner_vcpu_idle_mechanism{cpu=\"0\",mechanism=\"poll\"} 1"), "{t}");
-        assert!(t.contains("gleaner_wakeups{target=\"poll\"} 9"), "{t}");
+        assert!(t.contains("gleaner_vcpu_idle_until_work{cpu=\"1\"} 1\n"), "{t}");
+        assert!(t.contains("gleaner_vcpu_idle_mechanism{cpu=\"0\",mechanism=\"poll\"} 1\n"), "{t}");
+        assert!(t.contains("gleaner_wakeups{target=\"poll\"} 9\n"), "{t}");
         assert!(t.contains("gleaner_wakeup_latency_mean_seconds{target=\"poll\"} 0.000004"), "{t}");
+    }
+
+    /// A real scraper's parser reads the exposition: the Prometheus project's strict
+    /// OpenMetrics parser (Debian's python3-prometheus-client), for a full status and an empty
+    /// one; every declared stat is there with its type.
+    #[test]
+    fn a_real_openmetrics_parser_reads_the_exposition() {
+        use std::io::Write as _;
+        const PYTHON: &str = "/usr/bin/python3";
+        const PARSE: &str = "import sys\n\
+            from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\n\
+            for f in parse(sys.stdin.read()):\n    print(f.name, f.type, len(f.samples))\n";
+        for (what, s) in [("full", rich()), ("empty", StatusReport::default())] {
+            let text = prometheus_text(&s);
+            let mut child = std::process::Command::new(PYTHON)
+                .args(["-c", PARSE])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{PYTHON} is needed to check the exposition with a real parser ({e}): apt-get install python3 python3-prometheus-client"));
+            child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+            let out = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!err.contains("No module named"), "the parser is missing: apt-get install python3-prometheus-client ({err})");
+            assert!(out.status.success(), "{what} status refused by the OpenMetrics parser: {err}\n{text}");
+            let parsed = String::from_utf8_lossy(&out.stdout);
+            let kind = |k: stats::Kind| if k == stats::Kind::Counter { "counter" } else { "gauge" };
+            let declared = crate::status::STATUS_STATS
+                .iter()
+                .map(|st| (st.name, st.kind))
+                .chain(Totals::STATS.iter().map(|st| (st.name, st.kind)))
+                .chain(s.idle.iter().flat_map(|_| IdleStatus::STATS.iter().map(|st| (st.name, st.kind))));
+            for (name, k) in declared {
+                let line = format!("gleaner_{name} {} ", kind(k));
+                assert!(parsed.lines().any(|l| l.starts_with(&line)), "{what}: {line} not parsed: {parsed}");
+            }
+        }
     }
 
     #[test]
@@ -350,5 +338,16 @@ mod tests {
         assert_eq!(got[0].agent_pid, 42);
         server.stop();
         assert!(query_all(dir.path()).unwrap().is_empty(), "socket removed on stop");
+    }
+
+    /// The JSON keeps its field names: the totals at the top level, the CPU sets as lists.
+    #[test]
+    fn status_json_keeps_its_fields() {
+        let v = serde_json::to_value(rich()).unwrap();
+        for (k, want) in [("yields", 7), ("timeouts", 4), ("step_asides", 2), ("noise_returns", 1), ("decisions", 3), ("periods", 11)] {
+            assert_eq!(v[k], want, "{k}: {v}");
+        }
+        assert_eq!((v["active_cpus"].as_str(), v["all_cpus"].as_str()), (Some("0-2"), Some("0-3")));
+        assert_eq!(serde_json::from_value::<StatusReport>(v).unwrap(), rich());
     }
 }

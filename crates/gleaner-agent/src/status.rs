@@ -11,24 +11,19 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
+use gleaner_os::cpuset::CpuSet;
 use gleaner_policy::gleaner::{Decision, Metrics};
+use gleaner_policy::idle::plan::{Mechanism, ALWAYS};
 use gleaner_policy::idle::{IdlePlan, Means, PlanConfig, TraceSource, WakeCurve, WakeSummary};
 use gleaner_policy::retention::{Comparison, EpochReading, GovernorState, ModeChange, RetentionMode};
 use serde::{Deserialize, Serialize};
 
+use crate::sampler::PeriodExtras;
+pub use crate::sampler::VcpuTimeout;
+use crate::stats::{one, stats, Kind, Reading, Sample, Stat, Value};
+
 /// How many recent decisions the status keeps.
 pub const RECENT: usize = 32;
-
-/// One vCPU's retention timeout, as reported per period.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VcpuTimeout {
-    pub cpu: u32,
-    /// Its yielding thread's timeout now (adaptive, or the fixed one).
-    pub timeout_ns: u64,
-    /// Times it grew / shrank (in the period for `period` events, since start in the status).
-    pub grows: u64,
-    pub shrinks: u64,
-}
 
 /// One decision or notable event, as written to `--events` (one JSON object per line) and kept
 /// in the status. `event` says which optional fields are set:
@@ -282,8 +277,8 @@ pub struct StatusReport {
     pub agent_paced: bool,
     /// Why consolidation is off although it was asked for.
     pub note: Option<String>,
-    pub all_cpus: String,
-    pub active_cpus: String,
+    pub all_cpus: CpuSet,
+    pub active_cpus: CpuSet,
     /// The configured or calibrated timeout: fixed, or the cap of the adaptive ones.
     pub timeout_us: u64,
     /// Per-vCPU timeouts adapt.
@@ -291,23 +286,12 @@ pub struct StatusReport {
     pub adaptive_timeout: bool,
     pub idle_threshold_us: u64,
     pub period_ms: u64,
-    pub periods: u64,
     pub uptime_s: f64,
     /// The last period's measurements (l_comp, g_comp, l_idle, utilization, rho, eta).
     pub metrics: Metrics,
     /// Totals since start.
-    pub yields: u64,
-    pub timeouts: u64,
-    /// Times a yielding thread stepped aside for a thread waiting on another vCPU.
-    #[serde(default)]
-    pub step_asides: u64,
-    /// Slow yields during which no other task ran (interrupts, host preemption): noise, not
-    /// idle periods.
-    #[serde(default)]
-    pub noise_returns: u64,
-    pub decisions: u64,
-    /// CPU time of the yielding threads since start.
-    pub yielder_cpu_ns: u64,
+    #[serde(flatten)]
+    pub totals: Totals,
     /// Workload threads seen in the last period.
     pub threads: usize,
     /// The idle policy (`None`: retention off).
@@ -342,11 +326,241 @@ impl EventLog {
     }
 }
 
+stats! {
+    /// What the agent totals over its periods since start (each period added once, by
+    /// [`StatusReport::add_period`]).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(default)]
+    pub struct Totals {
+        yields: u64 => Counter("yields", "sched_yield calls of the yielding threads") print "yields";
+        timeouts: u64 => Counter("timeouts", "Retention timeouts") print "timeouts";
+        step_asides: u64 => Counter("step_asides", "Yielding threads stepping aside for a thread waiting on another vCPU") print "step-asides";
+        noise_returns: u64 => Counter("noise_yields", "Slow yields with no other task run (interrupts, host preemption): not counted as work") print "noise";
+        decisions: u64 => Counter("decisions", "Controller decisions") print "decisions";
+        periods: u64 => Counter("periods", "Control periods");
+        yielder_cpu_ns: u64 => Gauge("yielder_cpu_seconds", "CPU time of the yielding threads", seconds);
+        retention_on_periods: u64 => Counter("retention_on_periods", "Control periods run with retention on");
+    }
+}
+
+impl Totals {
+    /// Adds one period: its counts, its `decisions`, and whether it ran with retention on.
+    pub fn add_period(&mut self, extras: &PeriodExtras, decisions: u64, retention_on: bool) {
+        self.periods += 1;
+        self.yields += extras.yields;
+        self.timeouts += extras.timeouts;
+        self.step_asides += extras.step_asides;
+        self.noise_returns += extras.noise_returns;
+        self.decisions += decisions;
+        self.yielder_cpu_ns += extras.yielder_run_ns;
+        self.retention_on_periods += u64::from(retention_on);
+    }
+}
+
+/// A single float, always exported.
+fn float(x: f64) -> Reading {
+    one(Value::Float(x))
+}
+
+/// Nanoseconds in seconds; a measurement that is not there is `NaN`.
+fn seconds_or_nan(ns: Option<f64>) -> Reading {
+    float(ns.unwrap_or(f64::NAN) / 1e9)
+}
+
+/// One value per vCPU.
+fn by_cpu<I: IntoIterator<Item = (u32, Value)>>(values: I) -> Reading {
+    Some(values.into_iter().map(|(cpu, value)| Sample { labels: vec![cpu.to_string()], value }).collect())
+}
+
+/// The status's own stats (before its [`Totals`] and its [`IdleStatus::STATS`]).
+pub const STATUS_STATS: &[Stat<StatusReport>] = &[
+    Stat {
+        name: "active_vcpus",
+        kind: Kind::Gauge,
+        help: "vCPUs the workload may run on",
+        labels: &[],
+        print: None,
+        read: |s| float(s.active_cpus.len() as f64),
+    },
+    Stat { name: "rho", kind: Kind::Gauge, help: "Load factor", labels: &[], print: None, read: |s| float(s.metrics.rho) },
+    Stat { name: "eta", kind: Kind::Gauge, help: "Granularity factor", labels: &[], print: None, read: |s| float(s.metrics.eta) },
+    Stat {
+        name: "l_comp_seconds",
+        kind: Kind::Gauge,
+        help: "Computation length between idle periods",
+        labels: &[],
+        print: None,
+        read: |s| seconds_or_nan(s.metrics.l_comp_ns),
+    },
+    Stat {
+        name: "g_comp_seconds",
+        kind: Kind::Gauge,
+        help: "Computation granularity",
+        labels: &[],
+        print: None,
+        read: |s| seconds_or_nan(s.metrics.g_comp_ns),
+    },
+    Stat {
+        name: "l_idle_seconds",
+        kind: Kind::Gauge,
+        help: "Idle period length",
+        labels: &[],
+        print: None,
+        read: |s| seconds_or_nan(s.metrics.l_idle_ns),
+    },
+    Stat {
+        name: "utilization_vcpus",
+        kind: Kind::Gauge,
+        help: "Workload utilization in vCPUs",
+        labels: &[],
+        print: None,
+        read: |s| float(s.metrics.util),
+    },
+    Stat {
+        name: "retention_timeout_seconds",
+        kind: Kind::Gauge,
+        help: "Retention timeout (configured, or the cap of the adaptive ones)",
+        labels: &[],
+        print: None,
+        read: |s| float(s.timeout_us as f64 / 1e6),
+    },
+    Stat {
+        name: "retention_on",
+        kind: Kind::Gauge,
+        help: "Retention on (1) or off (0) now",
+        labels: &[],
+        print: None,
+        read: |s| float(f64::from(u8::from(s.retention_mode == Some(RetentionMode::On)))),
+    },
+    Stat {
+        name: "vcpu_retention_timeout_seconds",
+        kind: Kind::Gauge,
+        help: "Adaptive retention timeout of each vCPU's yielding thread",
+        labels: &["cpu"],
+        print: None,
+        read: |s| by_cpu(s.vcpu_timeouts.iter().map(|v| (v.cpu, Value::seconds(v.timeout_ns)))),
+    },
+    Stat {
+        name: "retention_timeout_grows",
+        kind: Kind::Counter,
+        help: "Times a vCPU's adaptive timeout grew",
+        labels: &[],
+        print: None,
+        read: |s| one(Value::Count(s.vcpu_timeouts.iter().map(|v| v.grows).sum())),
+    },
+    Stat {
+        name: "retention_timeout_shrinks",
+        kind: Kind::Counter,
+        help: "Times a vCPU's adaptive timeout shrank",
+        labels: &[],
+        print: None,
+        read: |s| one(Value::Count(s.vcpu_timeouts.iter().map(|v| v.shrinks).sum())),
+    },
+    Stat {
+        name: "retention_switches",
+        kind: Kind::Counter,
+        help: "Times the governor switched retention's baseline mode",
+        labels: &[],
+        print: None,
+        read: |s| one(Value::Count(s.governor.map_or(0, |g| g.switches))),
+    },
+    Stat {
+        name: "retention_probes",
+        kind: Kind::Counter,
+        help: "Probe epochs the governor ran in the other mode",
+        labels: &[],
+        print: None,
+        read: |s| one(Value::Count(s.governor.map_or(0, |g| g.probes))),
+    },
+];
+
+/// The traced wakeups' summaries by the state of the vCPU woken onto.
+fn by_target(i: &IdleStatus, value: fn(&gleaner_policy::idle::LatencySummary) -> Value) -> Reading {
+    let w = i.wake.as_ref()?;
+    let states = [("busy", &w.busy), ("poll", &w.poll), ("halt", &w.halt), ("idle", &w.idle)];
+    Some(states.into_iter().map(|(state, l)| Sample { labels: vec![state.to_string()], value: value(l) }).collect())
+}
+
+impl IdleStatus {
+    /// The idle policy's stats: kernel polling, each vCPU's mechanism and window, the traced
+    /// wakeups by target state.
+    pub const STATS: &'static [Stat<IdleStatus>] = &[
+        Stat {
+            name: "kernel_polling_seconds",
+            kind: Kind::Counter,
+            help: "Time the managed vCPUs polled in the kernel's POLL state (idle for /proc/stat)",
+            labels: &[],
+            print: None,
+            read: |i| one(Value::seconds(i.poll_ns)),
+        },
+        // prometheus-client writes an infinite float as `inf`, which OpenMetrics does not
+        // read: "until work arrives" is a gauge of its own.
+        Stat {
+            name: "vcpu_idle_window_seconds",
+            kind: Kind::Gauge,
+            help: "How long an idle vCPU is kept from halting (vCPUs kept until work arrives: see vcpu_idle_until_work)",
+            labels: &["cpu"],
+            print: None,
+            read: |i| by_cpu(i.plan.as_ref()?.vcpus.iter().filter(|v| v.window_ns != ALWAYS).map(|v| (v.cpu, Value::seconds(v.window_ns)))),
+        },
+        Stat {
+            name: "vcpu_idle_until_work",
+            kind: Kind::Gauge,
+            help: "1 where an idle vCPU is kept from halting until work arrives",
+            labels: &["cpu"],
+            print: None,
+            read: |i| by_cpu(i.plan.as_ref()?.vcpus.iter().map(|v| (v.cpu, Value::Count(u64::from(v.window_ns == ALWAYS))))),
+        },
+        Stat {
+            name: "vcpu_idle_mechanism",
+            kind: Kind::Gauge,
+            help: "What keeps each vCPU from halting (1 for the one in use)",
+            labels: &["cpu", "mechanism"],
+            print: None,
+            read: |i| {
+                let mechanisms = [(Mechanism::Halt, "halt"), (Mechanism::Poll, "poll"), (Mechanism::Yield, "yield")];
+                let each = i.plan.as_ref()?.vcpus.iter().flat_map(|v| {
+                    mechanisms.into_iter().map(move |(m, name)| Sample {
+                        labels: vec![v.cpu.to_string(), name.to_string()],
+                        value: Value::Count(u64::from(v.mechanism == m)),
+                    })
+                });
+                Some(each.collect())
+            },
+        },
+        Stat {
+            name: "poll_window_seconds",
+            kind: Kind::Gauge,
+            help: "The haltpoll governor's cap (guest_halt_poll_ns) the agent set",
+            labels: &[],
+            print: None,
+            read: |i| one(Value::seconds(i.plan.as_ref()?.poll_window_ns)),
+        },
+        Stat {
+            name: "wakeups",
+            kind: Kind::Gauge,
+            help: "The workload's wakeups in the last traced period, by the state of the vCPU woken onto",
+            labels: &["target"],
+            print: None,
+            read: |i| by_target(i, |l| Value::Count(l.count)),
+        },
+        Stat {
+            name: "wakeup_latency_mean_seconds",
+            kind: Kind::Gauge,
+            help: "Their mean latency, sched_waking to running",
+            labels: &["target"],
+            print: None,
+            read: |i| by_target(i, |l| Value::Float(l.mean_ns / 1e9)),
+        },
+    ];
+}
+
 impl StatusReport {
-    /// Adds one period's counts: yields, timeouts, decisions, yielder CPU, each vCPU's timeout
-    /// (grows and shrinks summed), and the decisions and retention switches among `records`
-    /// to the recent ones (at most [`RECENT`]).
-    pub fn add_period(&mut self, extras: &crate::sampler::PeriodExtras, decisions: u64, records: Vec<EventRecord>) {
+    /// Adds one period (the one place the agent sums its periods): its counts to the
+    /// [`Totals`], kernel polling to the idle status, each vCPU's timeout (grows and shrinks
+    /// summed), and the decisions and retention switches among `records` to the recent ones
+    /// (at most [`RECENT`]).
+    pub fn add_period(&mut self, extras: &PeriodExtras, decisions: u64, ran: RetentionMode, records: Vec<EventRecord>) {
         for v in &extras.vcpus {
             match self.vcpu_timeouts.iter_mut().find(|t| t.cpu == v.cpu) {
                 Some(t) => {
@@ -357,13 +571,7 @@ impl StatusReport {
                 None => self.vcpu_timeouts.push(*v),
             }
         }
-        self.periods += 1;
-        self.yields += extras.yields;
-        self.timeouts += extras.timeouts;
-        self.step_asides += extras.step_asides;
-        self.noise_returns += extras.noise_returns;
-        self.decisions += decisions;
-        self.yielder_cpu_ns += extras.yielder_run_ns;
+        self.totals.add_period(extras, decisions, ran.is_on());
         if let Some(i) = &mut self.idle {
             i.poll_ns += extras.poll_ns;
         }

@@ -76,7 +76,7 @@ pub(crate) fn wakeup(a: &WakeupArgs) -> anyhow::Result<ExitCode> {
     }
     let doc = WakeupDoc {
         kind: "wakeup".into(),
-        primitive: cfg.primitive.describe().into(),
+        primitive: cfg.primitive,
         rounds: cfg.rounds,
         warmup: cfg.warmup,
         period_us: cfg.period_us,

@@ -315,10 +315,11 @@ pub fn host_config(data: &[u8]) {
 /// Lab experiment files: a valid experiment round-trips; its stock mode is stock; every mode
 /// is in exactly one boot group; `pcpus` is a non-empty CPU list.
 pub fn lab_experiment(data: &[u8]) {
-    use gleaner_lab::experiment::{Experiment, Policy};
+    use gleaner_lab::experiment::Experiment;
+    use gleaner_policy::IdlePolicy;
     let s = text(data);
     let Ok(e) = Experiment::parse(&s, "fuzz.toml") else { return };
-    assert_eq!(e.stock_mode().policy(), Policy::Stock);
+    assert_eq!(e.stock_mode().policy(), IdlePolicy::Stock);
     let grouped: usize = e.boot_groups().iter().map(|(_, ms)| ms.len()).sum();
     assert_eq!(grouped, e.modes.len());
     if let Some(p) = &e.pcpus {

@@ -96,9 +96,9 @@ pub struct MatrixArgs {
     /// Co-runners of VM B (comma-separated): matmul, freqsleep.
     #[arg(long, default_value = "matmul,freqsleep")]
     pub co_runners: String,
-    /// Policies (comma-separated): stock, yielders, idle-poll, haltpoll, retention,
+    /// Policies (comma-separated): stock, yielders, poll, haltpoll, haltpoll:CAP, retention,
     /// consolidation, gleaner. Stock is always run (speedups are relative to it).
-    #[arg(long, default_value = "stock,yielders,idle-poll,haltpoll,retention,consolidation,gleaner")]
+    #[arg(long, default_value = "stock,yielders,poll,haltpoll,retention,consolidation,gleaner")]
     pub policies: String,
     /// Output directory (default: lab-results/matrix-UNIXTIME).
     #[arg(long)]

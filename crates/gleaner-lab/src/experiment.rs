@@ -10,9 +10,12 @@ use std::path::Path;
 
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::BadInput;
+use gleaner_policy::peer::UPSTREAM_HALTPOLL_CAP_NS;
+use gleaner_policy::IdlePolicy;
 use serde::{Deserialize, Serialize};
 
 use crate::guest::GuestCgroup;
+use crate::keys::HaltPoll;
 
 /// The survey's scenarios.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,73 +29,20 @@ pub enum Scenario {
     Oc2,
 }
 
-/// What keeps (or does not keep) the measured guest's idle vCPUs from halting: the policy
-/// matrix of issue 13, each a way a VM user or operator could attack the blocked-waiter
-/// wakeup problem.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Policy {
-    /// Nothing: the stock guest (idle vCPUs halt).
-    Stock,
-    /// Naive always-on retention: a `SCHED_IDLE` `sched_yield()` loop on every vCPU, no
-    /// timeout (`gleaner bench yielders -- ...`).
-    Yielders,
-    /// The guest kernel booted with `idle=poll`: idle vCPUs spin in the kernel, never halt.
-    IdlePoll,
-    /// The guest's cpuidle-haltpoll driver (`cpuidle_haltpoll.force=1`): poll adaptively, then
-    /// halt. Loads only where the guest sees KVM's paravirtual CPUID leaves.
-    Haltpoll,
-    /// Gleaner's resource retention alone (`gleaner run --no-consolidation`).
-    Retention,
-    /// Gleaner's consolidation scheduling alone (`gleaner run --no-retention`).
-    Consolidation,
-    /// Gleaner, both mechanisms (`gleaner run`).
-    Gleaner,
+/// A policy named on the command line or in an experiment file.
+pub fn parse_policy(s: &str) -> Result<IdlePolicy, BadInput> {
+    s.parse().map_err(|_| BadInput::new("policy", s, IdlePolicy::allowed()))
 }
 
-impl Policy {
-    pub const ALL: [Policy; 7] =
-        [Policy::Stock, Policy::Yielders, Policy::IdlePoll, Policy::Haltpoll, Policy::Retention, Policy::Consolidation, Policy::Gleaner];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Policy::Stock => "stock",
-            Policy::Yielders => "yielders",
-            Policy::IdlePoll => "idle-poll",
-            Policy::Haltpoll => "haltpoll",
-            Policy::Retention => "retention",
-            Policy::Consolidation => "consolidation",
-            Policy::Gleaner => "gleaner",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<Policy, BadInput> {
-        Policy::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| BadInput::new("policy", s, Policy::ALL.map(Policy::name).join(", ")))
-    }
-
-    /// Kernel command-line arguments the guest must boot with.
-    pub fn kernel_args(self) -> &'static [&'static str] {
-        match self {
-            Policy::IdlePoll => &["idle=poll"],
-            Policy::Haltpoll => &["cpuidle_haltpoll.force=1"],
-            _ => &[],
-        }
-    }
-
-    /// `gleaner run` arguments of the agent policies; `None` for policies without the agent.
-    pub fn agent_args(self) -> Option<&'static [&'static str]> {
-        match self {
-            Policy::Retention => Some(&["--no-consolidation"]),
-            Policy::Consolidation => Some(&["--no-retention"]),
-            Policy::Gleaner => Some(&[]),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for Policy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+/// Kernel command-line arguments a guest running `policy` boots with: `idle=poll` for
+/// `poll` (the lab's guests have no POLL state to hold them in), the haltpoll driver forced on
+/// (it loads only where the guest sees KVM's paravirtual CPUID leaves) with the policy's cap.
+pub fn kernel_args(policy: IdlePolicy) -> Vec<String> {
+    match policy {
+        IdlePolicy::Poll => vec!["idle=poll".into()],
+        IdlePolicy::Haltpoll { cap_ns } if cap_ns == UPSTREAM_HALTPOLL_CAP_NS => vec!["cpuidle_haltpoll.force=1".into()],
+        IdlePolicy::Haltpoll { cap_ns } => vec!["cpuidle_haltpoll.force=1".into(), format!("haltpoll.guest_halt_poll_ns={cap_ns}")],
+        _ => Vec::new(),
     }
 }
 
@@ -103,7 +53,7 @@ pub struct Mode {
     pub name: String,
     /// The policy; absent: `gleaner` when `agent` is given, else `stock`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub policy: Option<Policy>,
+    pub policy: Option<IdlePolicy>,
     /// Extra arguments of `gleaner run` (agent policies only), e.g. `["--period-ms", "100"]`.
     #[serde(default)]
     pub agent: Option<Vec<String>>,
@@ -111,16 +61,17 @@ pub struct Mode {
 
 impl Mode {
     pub fn stock(name: &str) -> Self {
-        Self { name: name.into(), policy: Some(Policy::Stock), agent: None }
+        Self { name: name.into(), policy: Some(IdlePolicy::Stock), agent: None }
     }
 
-    pub fn of(policy: Policy) -> Self {
-        Self { name: policy.name().into(), policy: Some(policy), agent: None }
+    /// The mode of `policy`, named after it (a cap's `:` as `-`: `haltpoll-2400us`).
+    pub fn of(policy: IdlePolicy) -> Self {
+        Self { name: policy.to_string().replace(':', "-"), policy: Some(policy), agent: None }
     }
 
     /// The policy this mode runs.
-    pub fn policy(&self) -> Policy {
-        self.policy.unwrap_or(if self.agent.is_some() { Policy::Gleaner } else { Policy::Stock })
+    pub fn policy(&self) -> IdlePolicy {
+        self.policy.unwrap_or(if self.agent.is_some() { IdlePolicy::Gleaner } else { IdlePolicy::Stock })
     }
 
     /// Every `gleaner run` argument of this mode (`None`: the agent does not run).
@@ -133,7 +84,7 @@ impl Mode {
 
     /// Kernel arguments of the boot this mode needs (modes with equal ones share a boot).
     pub fn kernel_args(&self) -> Vec<String> {
-        self.policy().kernel_args().iter().map(|s| (*s).to_string()).collect()
+        kernel_args(self.policy())
     }
 }
 
@@ -193,7 +144,7 @@ pub struct Experiment {
     pub modes: Vec<Mode>,
     /// Host `kvm.halt_poll_ns` values to run with under KVM ("default" keeps the host's).
     #[serde(default = "default_halt_poll")]
-    pub halt_poll: Vec<String>,
+    pub halt_poll: Vec<HaltPoll>,
     #[serde(default)]
     pub guest_cgroup: GuestCgroup,
     /// Compute per item in the guest: `native` (same iterations) or `guest` (same
@@ -220,8 +171,8 @@ fn default_timeout() -> u64 {
 fn default_quick_timeout() -> u64 {
     540
 }
-fn default_halt_poll() -> Vec<String> {
-    vec!["default".into(), "0".into()]
+fn default_halt_poll() -> Vec<HaltPoll> {
+    vec![HaltPoll::Default, HaltPoll::Ns(0)]
 }
 
 /// The built-in experiments: (name, TOML text).
@@ -286,7 +237,7 @@ impl Experiment {
                 );
             }
         }
-        if !self.modes.iter().any(|m| m.policy() == Policy::Stock) {
+        if !self.modes.iter().any(|m| m.policy() == IdlePolicy::Stock) {
             return bad(
                 "modes",
                 self.modes.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
@@ -296,10 +247,8 @@ impl Experiment {
         if self.scenario == Scenario::Oc && self.co_runner.as_ref().is_none_or(Vec::is_empty) {
             return bad("co_runner", "missing".into(), "gleaner arguments of the co-runner (oc needs one)");
         }
-        for h in &self.halt_poll {
-            if h != "default" && h.parse::<u64>().is_err() {
-                return bad("halt_poll", h.clone(), "\"default\" or a number of ns");
-            }
+        if self.halt_poll.contains(&HaltPoll::NotApplicable) {
+            return bad("halt_poll", HaltPoll::NotApplicable.to_string(), "\"default\" or a number of ns");
         }
         if self.pcpus.as_ref().is_some_and(CpuSet::is_empty) {
             return bad("pcpus", String::new(), "a CPU list like 0-1 or 0,2");
@@ -309,7 +258,7 @@ impl Experiment {
 
     /// The stock mode every speedup is relative to (the first one).
     pub fn stock_mode(&self) -> &Mode {
-        self.modes.iter().find(|m| m.policy() == Policy::Stock).unwrap_or(&self.modes[0])
+        self.modes.iter().find(|m| m.policy() == IdlePolicy::Stock).unwrap_or(&self.modes[0])
     }
 
     /// Modes grouped by the guest boot they need (same kernel arguments), in first-use order.
@@ -367,8 +316,8 @@ mod tests {
         for (name, _) in BUILTIN {
             let e = Experiment::load(name).unwrap();
             assert_eq!(&e.name, name);
-            assert_eq!(e.stock_mode().policy(), Policy::Stock, "{name} has a stock mode");
-            assert!(e.modes.iter().any(|m| m.policy() == Policy::Gleaner), "{name} has a Gleaner mode");
+            assert_eq!(e.stock_mode().policy(), IdlePolicy::Stock, "{name} has a stock mode");
+            assert!(e.modes.iter().any(|m| m.policy() == IdlePolicy::Gleaner), "{name} has a Gleaner mode");
             assert_eq!((e.runs, e.quick_runs, e.compute), (7, 5, Compute::Balanced), "{name}: >= 7 full, >= 5 quick runs");
         }
         let oc = Experiment::load("oc").unwrap();
@@ -391,9 +340,9 @@ mod tests {
     #[test]
     fn modes_are_checked_and_typed() {
         let base = "name='x'\nscenario='uc'\nworkload=['a']\n";
-        // An old-style file (agent without policy) still means Gleaner.
+        // A mode with agent arguments and no policy means Gleaner.
         let e = Experiment::parse(&format!("{base}[[modes]]\nname='off'\n[[modes]]\nname='on'\nagent=['--no-retention']\n"), "x").unwrap();
-        assert_eq!((e.modes[0].policy(), e.modes[1].policy()), (Policy::Stock, Policy::Gleaner));
+        assert_eq!((e.modes[0].policy(), e.modes[1].policy()), (IdlePolicy::Stock, IdlePolicy::Gleaner));
         assert_eq!(e.modes[1].agent_args().unwrap(), ["--no-retention"]);
         let p = Experiment::parse(
             &format!("{base}[[modes]]\nname='s'\n[[modes]]\nname='c'\npolicy='consolidation'\nagent=['--period-ms','100']\n"),
@@ -407,11 +356,14 @@ mod tests {
         assert!(err("[[modes]]\nname='g'\npolicy='gleaner'\n").contains("a stock mode"));
         assert!(err("[[modes]]\nname='s'\n[[modes]]\nname='y'\npolicy='yielders'\nagent=[]\n").contains("does not run the agent"));
         assert!(err("[[modes]]\nname='native'\n").contains("other than native"));
-        assert_eq!(Policy::parse("idle-poll").unwrap().kernel_args(), ["idle=poll"]);
-        assert!(Policy::parse("x")
-            .unwrap_err()
-            .to_string()
-            .contains("stock, yielders, idle-poll, haltpoll, retention, consolidation, gleaner"));
+        assert_eq!(kernel_args(parse_policy("idle-poll").unwrap()), ["idle=poll"]);
+        assert_eq!(kernel_args(IdlePolicy::HALTPOLL), ["cpuidle_haltpoll.force=1"]);
+        assert_eq!(
+            kernel_args(parse_policy("haltpoll:2400us").unwrap()),
+            ["cpuidle_haltpoll.force=1", "haltpoll.guest_halt_poll_ns=2400000"]
+        );
+        assert_eq!(Mode::of(IdlePolicy::Haltpoll { cap_ns: 2_400_000 }).name, "haltpoll-2400us");
+        assert!(parse_policy("x").unwrap_err().to_string().contains(IdlePolicy::allowed()));
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod experiment;
 pub mod guest;
 pub mod hostproc;
 pub mod interrupt;
+pub mod keys;
 pub mod matrix;
 pub mod modinfo;
 pub mod native;
@@ -128,7 +129,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         LabCommand::Matrix(m) => {
             let workloads = matrix::parse_list("--workloads", &m.workloads, gleaner_bench::workload::Workload::parse)?;
             let co_runners = matrix::parse_list("--co-runners", &m.co_runners, gleaner_bench::workload::Workload::parse)?;
-            let policies = matrix::parse_list("--policies", &m.policies, experiment::Policy::parse)?;
+            let policies = matrix::parse_list("--policies", &m.policies, experiment::parse_policy)?;
             let out = m.out.clone().unwrap_or_else(|| default_out("matrix"));
             let opts = m.flags.options(out.clone(), cache_dir)?;
             let results = matrix::run_matrix(&workloads, &co_runners, &policies, &opts)?;

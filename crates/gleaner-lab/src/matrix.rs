@@ -20,10 +20,12 @@ use gleaner_bench::workload::Workload;
 use gleaner_os::BadInput;
 use serde::{Deserialize, Serialize};
 
-use crate::experiment::{Compute, Experiment, Mode, Policy, Scenario};
+use crate::experiment::{Compute, Experiment, Mode, Scenario};
 use crate::guest::Accel;
+use crate::keys::{HaltPoll, Instance};
 use crate::results::{RunError, SummaryRow};
 use crate::runner::{self, LabResults, RunOptions, Sizing, WakeCosts};
+use gleaner_policy::IdlePolicy;
 
 /// The matrix's default workloads and co-runners (the Gleaner paper's 7.2 co-runners).
 pub const DEFAULT_WORKLOADS: [Workload; 3] = [Workload::Pipeline, Workload::Barrier, Workload::Condvar];
@@ -58,11 +60,11 @@ pub fn parse_list<T>(flag: &str, s: &str, parse: impl Fn(&str) -> Result<T, BadI
 }
 
 /// The experiment of one cell.
-pub fn cell_experiment(workload: Workload, co_runner: Workload, policies: &[Policy]) -> Experiment {
+pub fn cell_experiment(workload: Workload, co_runner: Workload, policies: &[IdlePolicy]) -> Experiment {
     let (full, quick) = items_for(workload);
     let mut modes: Vec<Mode> = Vec::new();
-    if !policies.contains(&Policy::Stock) {
-        modes.push(Mode::of(Policy::Stock));
+    if !policies.contains(&IdlePolicy::Stock) {
+        modes.push(Mode::of(IdlePolicy::Stock));
     }
     modes.extend(policies.iter().map(|&p| Mode::of(p)));
     Experiment {
@@ -87,7 +89,7 @@ pub fn cell_experiment(workload: Workload, co_runner: Workload, policies: &[Poli
         timeout_s: 3600,
         quick_timeout_s: 1800,
         modes,
-        halt_poll: vec!["default".into(), "0".into()],
+        halt_poll: vec![HaltPoll::Default, HaltPoll::Ns(0)],
         guest_cgroup: Default::default(),
         compute: Compute::Balanced,
     }
@@ -124,7 +126,7 @@ pub struct MatrixCell {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MatrixResults {
     pub quick: bool,
-    pub policies: Vec<Policy>,
+    pub policies: Vec<IdlePolicy>,
     pub cells: Vec<MatrixCell>,
     pub entries: Vec<MatrixEntry>,
 }
@@ -133,7 +135,7 @@ pub struct MatrixResults {
 pub fn run_matrix(
     workloads: &[Workload],
     co_runners: &[Workload],
-    policies: &[Policy],
+    policies: &[IdlePolicy],
     opts: &RunOptions,
 ) -> anyhow::Result<MatrixResults> {
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
@@ -170,7 +172,7 @@ fn add_cell(m: &mut MatrixResults, w: Workload, c: Workload, dir: &Path, r: &Lab
         co_runner_args: r.experiment.co_runner_args(r.quick).unwrap_or_default(),
         notes: r.notes.clone(),
     });
-    for s in r.summary.iter().filter(|s| s.instance == "A") {
+    for s in r.summary.iter().filter(|s| s.instance == Instance::A) {
         m.entries.push(MatrixEntry { workload: w, co_runner: c, summary: s.clone() });
     }
 }
@@ -230,7 +232,7 @@ pub fn verdicts(m: &MatrixResults) -> Vec<String> {
     let mut out = Vec::new();
     for c in &m.cells {
         let es: Vec<&MatrixEntry> = m.entries.iter().filter(|e| e.workload == c.workload && e.co_runner == c.co_runner).collect();
-        let mut hps: Vec<&str> = es.iter().map(|e| e.summary.halt_poll.as_str()).collect();
+        let mut hps: Vec<HaltPoll> = es.iter().map(|e| e.summary.halt_poll).collect();
         hps.dedup();
         for hp in hps {
             let cell: Vec<&&MatrixEntry> = es.iter().filter(|e| e.summary.halt_poll == hp).collect();
@@ -238,7 +240,7 @@ pub fn verdicts(m: &MatrixResults) -> Vec<String> {
                 .iter()
                 .filter(|e| e.summary.weighted_speedup.is_some())
                 .max_by(|a, b| a.summary.weighted_speedup.partial_cmp(&b.summary.weighted_speedup).unwrap_or(std::cmp::Ordering::Equal));
-            let g = cell.iter().find(|e| e.summary.policy == Policy::Gleaner.name());
+            let g = cell.iter().find(|e| e.summary.policy == Some(IdlePolicy::Gleaner));
             if let Some(b) = best {
                 let gl = g.map_or("gleaner not run".into(), |g| {
                     format!(
@@ -292,16 +294,17 @@ pub fn write(out: &Path, m: &MatrixResults) -> anyhow::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::RowMode;
 
     #[test]
     fn cells_have_a_stock_mode_and_one_mode_per_policy() {
-        let e = cell_experiment(Workload::Condvar, Workload::Freqsleep, &[Policy::Gleaner, Policy::IdlePoll]);
+        let e = cell_experiment(Workload::Condvar, Workload::Freqsleep, &[IdlePolicy::Gleaner, IdlePolicy::Poll]);
         assert_eq!(e.name, "oc-condvar-freqsleep");
-        assert_eq!(e.modes.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["stock", "gleaner", "idle-poll"]);
+        assert_eq!(e.modes.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["stock", "gleaner", "poll"]);
         assert_eq!(e.boot_groups().len(), 2, "idle=poll needs its own boot");
         assert_eq!(e.co_runner_args(true).unwrap(), ["bench", "workload", "freqsleep", "--json", "--quick"]);
-        let all = cell_experiment(Workload::Pipeline, Workload::Matmul, &Policy::ALL);
-        assert_eq!(all.modes.len(), Policy::ALL.len());
+        let all = cell_experiment(Workload::Pipeline, Workload::Matmul, &gleaner_policy::peer::ALL);
+        assert_eq!(all.modes.len(), gleaner_policy::peer::ALL.len());
         // The generated experiment passes the same validation as a file.
         Experiment::parse(&toml::to_string(&all).unwrap(), "matrix").unwrap();
     }
@@ -312,7 +315,7 @@ mod tests {
             workload: Workload::Pipeline,
             co_runner: Workload::Matmul,
             summary: SummaryRow {
-                mode: mode.into(),
+                mode: RowMode::mode(mode),
                 runs_ok,
                 runs: 7,
                 failure: failure.map(|f| RunError::from(f.to_string())),
@@ -322,7 +325,7 @@ mod tests {
         let why = "not run: the guest's cpuidle driver is none (not haltpoll): QEMU provides it only with -accel kvm";
         let m = MatrixResults {
             quick: false,
-            policies: vec![Policy::Haltpoll],
+            policies: vec![IdlePolicy::HALTPOLL],
             cells: Vec::new(),
             entries: vec![entry("haltpoll", 0, Some(why)), entry("gleaner", 5, None), entry("yielders", 0, Some("guest timed out"))],
         };
@@ -350,8 +353,8 @@ mod tests {
         assert_eq!(parse_list("--workloads", "pipeline,condvar", Workload::parse).unwrap(), [Workload::Pipeline, Workload::Condvar]);
         let e = parse_list("--workloads", "pipeline,nope", Workload::parse).unwrap_err();
         assert!(e.to_string().contains("--workloads") && e.to_string().contains("nope"), "{e}");
-        let e = parse_list("--policies", "gleaner,magic", Policy::parse).unwrap_err();
-        assert!(e.to_string().contains("magic") && e.to_string().contains("idle-poll"), "{e}");
-        assert!(parse_list("--policies", ",", Policy::parse).is_err());
+        let e = parse_list("--policies", "gleaner,magic", crate::experiment::parse_policy).unwrap_err();
+        assert!(e.to_string().contains("magic") && e.to_string().contains("haltpoll:CAP"), "{e}");
+        assert!(parse_list("--policies", ",", crate::experiment::parse_policy).is_err());
     }
 }

@@ -14,7 +14,9 @@ use std::sync::OnceLock;
 use anyhow::Context;
 use plotters::prelude::*;
 
-use crate::results::{rows_csv, SummaryRow};
+use gleaner_policy::IdlePolicy;
+
+use crate::results::{rows_csv, HaltPoll, Instance, RowMode, SummaryRow};
 use crate::runner::LabResults;
 
 const DEFAULT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -38,9 +40,9 @@ fn f(v: Option<f64>, digits: usize) -> String {
 }
 
 fn label(s: &SummaryRow) -> String {
-    match s.mode.as_str() {
-        "native" => s.instance.clone(),
-        _ if s.halt_poll == "n/a" => format!("VM {} {}", s.instance, s.mode),
+    match s.mode {
+        RowMode::Native => s.instance.to_string(),
+        _ if s.halt_poll == HaltPoll::NotApplicable => format!("VM {} {}", s.instance, s.mode),
         _ => format!("VM {} {} hp={}", s.instance, s.mode, s.halt_poll),
     }
 }
@@ -60,12 +62,12 @@ pub fn main_table(r: &LabResults) -> String {
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in &r.summary {
-        let who = if s.mode == "native" { format!("{} (host)", s.instance) } else { format!("VM {} {}", s.instance, s.mode) };
+        let who = if s.mode == RowMode::Native { format!("{} (host)", s.instance) } else { format!("VM {} {}", s.instance, s.mode) };
         let cons = agent_cell(s);
         let _ = writeln!(
             t,
             "| {who} | {} | {} | {}/{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {cons} | {} | {} | {} | {} | {} | {} |",
-            if s.policy.is_empty() { "-" } else { &s.policy },
+            s.policy.map_or_else(|| "-".to_string(), |p| p.to_string()),
             s.halt_poll,
             s.runs_ok,
             s.runs,
@@ -117,7 +119,7 @@ pub fn agent_cell(s: &SummaryRow) -> String {
 pub struct CostPoint {
     pub label: String,
     /// The policy (its color).
-    pub policy: String,
+    pub policy: Option<IdlePolicy>,
     pub cpu: f64,
     pub wall: f64,
     pub wall_lo: f64,
@@ -128,27 +130,27 @@ pub struct CostPoint {
 pub fn cost_points(summary: &[SummaryRow]) -> Vec<CostPoint> {
     summary
         .iter()
-        .filter(|s| s.mode != "native" && s.instance == "A")
+        .filter(|s| s.mode != RowMode::Native && s.instance == Instance::A)
         .filter_map(|s| {
             let (cpu, wall) = (s.host_cpu_per_item_us?, s.wall_s?);
             let c = s.wall_ci.unwrap_or(gleaner_policy::stats::Interval { lo: wall, hi: wall });
-            let hp = if s.halt_poll == "n/a" { String::new() } else { format!(" hp={}", s.halt_poll) };
-            Some(CostPoint { label: format!("{}{hp}", s.mode), policy: s.policy.clone(), cpu, wall, wall_lo: c.lo, wall_hi: c.hi })
+            let hp = if s.halt_poll == HaltPoll::NotApplicable { String::new() } else { format!(" hp={}", s.halt_poll) };
+            Some(CostPoint { label: format!("{}{hp}", s.mode), policy: s.policy, cpu, wall, wall_lo: c.lo, wall_hi: c.hi })
         })
         .collect()
 }
 
 /// One color per policy, the same in every plot.
-fn policy_color(policy: &str) -> RGBColor {
+fn policy_color(policy: Option<IdlePolicy>) -> RGBColor {
     match policy {
-        "stock" => RGBColor(110, 110, 110),
-        "yielders" => RGBColor(255, 127, 14),
-        "idle-poll" => RGBColor(214, 39, 40),
-        "haltpoll" => RGBColor(148, 103, 189),
-        "retention" => RGBColor(31, 119, 180),
-        "consolidation" => RGBColor(44, 160, 44),
-        "gleaner" => RGBColor(0, 0, 0),
-        _ => RGBColor(140, 86, 75),
+        Some(IdlePolicy::Stock) => RGBColor(110, 110, 110),
+        Some(IdlePolicy::Yielders) => RGBColor(255, 127, 14),
+        Some(IdlePolicy::Poll) => RGBColor(214, 39, 40),
+        Some(IdlePolicy::Haltpoll { .. }) => RGBColor(148, 103, 189),
+        Some(IdlePolicy::Retention) => RGBColor(31, 119, 180),
+        Some(IdlePolicy::Consolidation) => RGBColor(44, 160, 44),
+        Some(IdlePolicy::Gleaner) => RGBColor(0, 0, 0),
+        None => RGBColor(140, 86, 75),
     }
 }
 
@@ -170,7 +172,7 @@ pub fn latency_cpu_chart(path: &Path, title: &str, x_desc: &str, points: &[CostP
         .map_err(|x| e(&x))?;
     chart.configure_mesh().x_desc(x_desc).y_desc("wall time, s (median, 95% CI)").draw().map_err(|x| e(&x))?;
     for p in points {
-        let c = policy_color(&p.policy);
+        let c = policy_color(p.policy);
         chart
             .draw_series(std::iter::once(PathElement::new(vec![(p.cpu, p.wall_lo), (p.cpu, p.wall_hi)], c.stroke_width(2))))
             .map_err(|x| e(&x))?;
@@ -254,10 +256,10 @@ pub fn summary_csv(summary: &[SummaryRow]) -> String {
     );
     for s in summary {
         let f = [
-            s.instance.clone(),
-            s.mode.clone(),
-            s.policy.clone(),
-            s.halt_poll.clone(),
+            s.instance.to_string(),
+            s.mode.to_string(),
+            s.policy.map(|p| p.to_string()).unwrap_or_default(),
+            s.halt_poll.to_string(),
             s.runs_ok.to_string(),
             s.runs.to_string(),
             o(s.wall_s),
@@ -310,7 +312,7 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
 
     let walls: Vec<(String, f64)> = r.summary.iter().filter_map(|s| s.wall_s.map(|x| (label(s), x))).collect();
     let mut vcpu = Vec::new();
-    for s in r.summary.iter().filter(|s| s.mode != "native") {
+    for s in r.summary.iter().filter(|s| s.mode != RowMode::Native) {
         for (i, v) in s.host_vcpu_s.iter().enumerate() {
             vcpu.push((format!("{} vCPU{i}", label(s).trim_start_matches("VM ")), *v));
         }

@@ -17,7 +17,11 @@ use gleaner_measure::report::{self, BenchDoc};
 use gleaner_policy::overhead::{overhead, Side};
 use gleaner_policy::retention::{ChangeCause, RetentionMode};
 use gleaner_policy::stats::{bootstrap_ci, median as median_of, Interval, BOOTSTRAP_RESAMPLES};
+use gleaner_policy::IdlePolicy;
 use serde::{Deserialize, Serialize};
+
+use crate::keys::policy_or_empty;
+pub use crate::keys::{Env, HaltPoll, Instance, RowMode};
 
 /// The bench document in a step's stdout (the whole output, or the first JSON object in it
 /// when something else printed too: [`report::from_output`]). Errors say what was wrong.
@@ -141,18 +145,15 @@ impl AgentSummary {
 /// One measured run of the workload (native or in a guest) or of the co-runner.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Row {
-    /// `native` or `vm`.
-    pub env: String,
-    /// `native-1`, `A`, `B`.
-    pub instance: String,
+    pub env: Env,
+    pub instance: Instance,
     /// The mode's name (`off`, `gleaner`, ...); `native` for baselines; `co-runner`.
-    pub mode: String,
-    /// The mode's policy (`stock`, `yielders`, `idle-poll`, `haltpoll`, `retention`,
-    /// `consolidation`, `gleaner`); empty for native and co-runner rows.
-    #[serde(default)]
-    pub policy: String,
-    /// Host `kvm.halt_poll_ns` setting (`default`, a number, or `n/a` under TCG).
-    pub halt_poll: String,
+    pub mode: RowMode,
+    /// The mode's policy; none for native and co-runner rows.
+    #[serde(default, with = "policy_or_empty")]
+    pub policy: Option<IdlePolicy>,
+    /// Host `kvm.halt_poll_ns` setting.
+    pub halt_poll: HaltPoll,
     pub rep: u32,
     pub rc: i32,
     /// Guest-side (or native) measurements from the bench JSON.
@@ -280,11 +281,11 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
 }
 
 const COLUMNS: &[Column] = &[
-    ("env", |r| r.env.clone()),
-    ("instance", |r| r.instance.clone()),
-    ("mode", |r| r.mode.clone()),
-    ("policy", |r| r.policy.clone()),
-    ("halt_poll", |r| r.halt_poll.clone()),
+    ("env", |r| r.env.to_string()),
+    ("instance", |r| r.instance.to_string()),
+    ("mode", |r| r.mode.to_string()),
+    ("policy", |r| opt(&r.policy)),
+    ("halt_poll", |r| r.halt_poll.to_string()),
     ("rep", |r| r.rep.to_string()),
     ("rc", |r| r.rc.to_string()),
     ("wall_ns", |r| r.wall_ns.to_string()),
@@ -339,11 +340,11 @@ pub fn rows_csv(rows: &[Row]) -> String {
 /// One line of the report's main table: a (halt poll, mode) cell for an instance.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct SummaryRow {
-    pub instance: String,
-    pub mode: String,
-    #[serde(default)]
-    pub policy: String,
-    pub halt_poll: String,
+    pub instance: Instance,
+    pub mode: RowMode,
+    #[serde(default, with = "policy_or_empty")]
+    pub policy: Option<IdlePolicy>,
+    pub halt_poll: HaltPoll,
     pub runs_ok: usize,
     pub runs: usize,
     /// When no run succeeded: the first failed run's error (e.g. a policy `not run:` here, and
@@ -466,29 +467,31 @@ fn ci95(samples: &[&[f64]], seed: u64, stat: impl Fn(&[Vec<f64>]) -> Option<f64>
     bootstrap_ci(samples, 0.95, BOOTSTRAP_RESAMPLES, seed, stat).ok()
 }
 
-/// Builds the summary. `stock` is the name of the stock mode (speedups relative to it).
-pub fn summarize(rows: &[Row], stock: &str) -> Vec<SummaryRow> {
-    let native: Vec<&Row> = rows.iter().filter(|r| r.env == "native" && r.ok()).collect();
+/// Builds the summary. `stock` is the stock mode (speedups relative to it).
+pub fn summarize(rows: &[Row], stock: &RowMode) -> Vec<SummaryRow> {
+    let native: Vec<&Row> = rows.iter().filter(|r| r.env == Env::Native && r.ok()).collect();
     let native_side = (!native.is_empty()).then(|| Side {
         cpu: median(&native.iter().map(|r| r.cpu_ns as f64).collect::<Vec<_>>()).unwrap_or(0.0),
         wall: median(&native.iter().map(|r| r.wall_ns as f64).collect::<Vec<_>>()).unwrap_or(0.0),
         gamma: native[0].gamma,
     });
-    let mut groups: BTreeMap<(String, String, String, String), Vec<&Row>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.mode != "co-runner") {
-        groups.entry((r.env.clone(), r.halt_poll.clone(), r.instance.clone(), r.mode.clone())).or_default().push(r);
+    // Lines ordered by environment, then by the keys' text (halt poll, instance, mode).
+    let mut groups: BTreeMap<(Env, String, String, String), Vec<&Row>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.mode != RowMode::CoRunner) {
+        groups.entry((r.env, r.halt_poll.to_string(), r.instance.to_string(), r.mode.to_string())).or_default().push(r);
     }
     let mut out: Vec<SummaryRow> = Vec::new();
-    for ((env, hp, inst, mode), rs) in &groups {
+    for ((env, hp_text, inst_text, mode_text), rs) in &groups {
+        let (hp, inst, mode) = (&rs[0].halt_poll, &rs[0].instance, &rs[0].mode);
         let ok: Vec<&Row> = rs.iter().copied().filter(|r| r.ok()).collect();
         let col = |f: &dyn Fn(&Row) -> Option<f64>| ok.iter().filter_map(|r| f(r)).collect::<Vec<f64>>();
         let walls = col(&|r| Some(r.wall_ns as f64 / 1e9));
         let wall = median(&walls);
-        let host = if env == "vm" { median(&col(&|r| r.host_cpu_ns.map(|x| x as f64))) } else { None };
+        let host = if *env == Env::Vm { median(&col(&|r| r.host_cpu_ns.map(|x| x as f64))) } else { None };
         let nv = ok.iter().map(|r| r.host_vcpu_ns.len()).max().unwrap_or(0);
         let host_vcpu_s = (0..nv).filter_map(|i| median(&col(&|r| r.host_vcpu_ns.get(i).map(|&x| x as f64)))).map(|x| x / 1e9).collect();
-        let (d_eta_r, d_eta_t, omega) = match (env.as_str(), native_side, wall, host) {
-            ("vm", Some(base), Some(w), Some(c)) => match overhead(base, Side { cpu: c, wall: w * 1e9, gamma: ok[0].gamma }) {
+        let (d_eta_r, d_eta_t, omega) = match (env, native_side, wall, host) {
+            (Env::Vm, Some(base), Some(w), Some(c)) => match overhead(base, Side { cpu: c, wall: w * 1e9, gamma: ok[0].gamma }) {
                 Ok(o) => (Some(o.d_eta_r), Some(o.d_eta_t), Some(o.omega)),
                 Err(_) => (None, None, None),
             },
@@ -498,15 +501,15 @@ pub fn summarize(rows: &[Row], stock: &str) -> Vec<SummaryRow> {
         let drivers: Vec<&str> = ok.iter().filter_map(|r| r.cpuidle_driver.as_deref()).collect();
         let cpuidle_driver = drivers.first().map(|d| if drivers.iter().all(|x| x == d) { (*d).to_string() } else { "mixed".into() });
         out.push(SummaryRow {
-            instance: inst.clone(),
+            instance: *inst,
             mode: mode.clone(),
-            policy: rs.first().map(|r| r.policy.clone()).unwrap_or_default(),
-            halt_poll: hp.clone(),
+            policy: rs.first().and_then(|r| r.policy),
+            halt_poll: *hp,
             failure: if ok.is_empty() { rs.iter().find_map(|r| r.error.clone()) } else { None },
             runs_ok: ok.len(),
             runs: rs.len(),
             wall_s: wall,
-            wall_ci: ci95(&[&walls], seed_of(&[inst, mode, hp, "wall"]), |d| median(&d[0])),
+            wall_ci: ci95(&[&walls], seed_of(&[inst_text, mode_text, hp_text, "wall"]), |d| median(&d[0])),
             wall_spread: spread,
             guest_cpu_s: median(&col(&|r| Some(r.cpu_ns as f64))).map(|x| x / 1e9),
             host_cpu_s: host.map(|x| x / 1e9),
@@ -535,20 +538,20 @@ pub fn summarize(rows: &[Row], stock: &str) -> Vec<SummaryRow> {
 
 /// Speedups, co-runner ratios and weighted speedups (with intervals) against the stock mode
 /// of the same instance and halt-poll setting, and host CPU per avoided halt.
-fn relative_to_stock(out: &mut [SummaryRow], rows: &[Row], stock: &str) {
-    let runs_of = |inst: &str, hp: &str, mode: &str| -> Vec<&Row> {
-        rows.iter().filter(|r| r.ok() && r.instance == inst && r.halt_poll == hp && r.mode == mode).collect()
+fn relative_to_stock(out: &mut [SummaryRow], rows: &[Row], stock: &RowMode) {
+    let runs_of = |inst: Instance, hp: HaltPoll, mode: &RowMode| -> Vec<&Row> {
+        rows.iter().filter(|r| r.ok() && r.instance == inst && r.halt_poll == hp && r.mode == *mode).collect()
     };
     let snapshot = out.to_vec();
-    for s in out.iter_mut().filter(|s| s.mode != "native") {
-        let Some(base) = snapshot.iter().find(|b| b.instance == s.instance && b.halt_poll == s.halt_poll && b.mode == stock) else {
+    for s in out.iter_mut().filter(|s| s.mode != RowMode::Native) {
+        let Some(base) = snapshot.iter().find(|b| b.instance == s.instance && b.halt_poll == s.halt_poll && b.mode == *stock) else {
             continue;
         };
-        let (b_rows, m_rows) = (runs_of(&s.instance, &s.halt_poll, stock), runs_of(&s.instance, &s.halt_poll, &s.mode));
+        let (b_rows, m_rows) = (runs_of(s.instance, s.halt_poll, stock), runs_of(s.instance, s.halt_poll, &s.mode));
         let walls = |rs: &[&Row]| rs.iter().map(|r| r.wall_ns as f64).collect::<Vec<_>>();
         let rates = |rs: &[&Row]| rs.iter().filter_map(|r| r.co_runner_rate).collect::<Vec<_>>();
         let (bw, mw, br, mr) = (walls(&b_rows), walls(&m_rows), rates(&b_rows), rates(&m_rows));
-        let seed = seed_of(&[&s.instance, &s.mode, &s.halt_poll]);
+        let seed = seed_of(&[&s.instance.to_string(), &s.mode.to_string(), &s.halt_poll.to_string()]);
         let ratio = |d: &[Vec<f64>]| {
             let t = median(&d[1])?;
             (t > 0.0).then(|| median(&d[0]).map(|b| b / t)).flatten()
@@ -774,10 +777,10 @@ mod tests {
     #[allow(clippy::too_many_arguments)]
     fn row(env: &str, inst: &str, mode: &str, wall: u64, cpu: u64, host: Option<u64>, gamma: f64, rate: Option<f64>) -> Row {
         Row {
-            env: env.into(),
-            instance: inst.into(),
-            mode: mode.into(),
-            halt_poll: "n/a".into(),
+            env: env.parse().unwrap(),
+            instance: inst.parse().unwrap(),
+            mode: mode.parse().unwrap(),
+            halt_poll: HaltPoll::NotApplicable,
             wall_ns: wall,
             cpu_ns: cpu,
             host_cpu_ns: host,
@@ -794,9 +797,9 @@ mod tests {
             row("vm", "A", "off", 4_000, 3_000, Some(6_000), 1.0, Some(10.0)),
             row("vm", "A", "on", 2_000, 3_000, Some(4_000), 1.0, Some(8.0)),
         ];
-        let s = summarize(&rows, "off");
-        let on = s.iter().find(|r| r.mode == "on").unwrap();
-        let off = s.iter().find(|r| r.mode == "off").unwrap();
+        let s = summarize(&rows, &RowMode::mode("off"));
+        let on = s.iter().find(|r| r.mode == RowMode::mode("on")).unwrap();
+        let off = s.iter().find(|r| r.mode == RowMode::mode("off")).unwrap();
         // d_eta_r = (4000 - 1500) / 1500; d_eta_t = (2000*1 - 1000*2) / 2000 = 0.
         assert!((on.d_eta_r.unwrap() - 2500.0 / 1500.0).abs() < 1e-9);
         assert!(on.d_eta_t.unwrap().abs() < 1e-9);
@@ -805,7 +808,7 @@ mod tests {
         // WS = (2.0 + 8/10) / 2
         assert!((on.weighted_speedup.unwrap() - 1.4).abs() < 1e-9);
         assert_eq!(off.weighted_speedup, Some(1.0));
-        let native = s.iter().find(|r| r.mode == "native").unwrap();
+        let native = s.iter().find(|r| r.mode == RowMode::Native).unwrap();
         assert_eq!(native.d_eta_r, None);
     }
 
@@ -816,8 +819,8 @@ mod tests {
             rows.push(row("vm", "A", "off", 2_000 + 10 * i, 1, Some(4_000), 1.0, Some(100.0 + i as f64)));
             rows.push(row("vm", "A", "on", 1_000 + 10 * i, 1, Some(4_000), 1.0, Some(150.0 + i as f64)));
         }
-        let s = summarize(&rows, "off");
-        let on = s.iter().find(|r| r.mode == "on").unwrap();
+        let s = summarize(&rows, &RowMode::mode("off"));
+        let on = s.iter().find(|r| r.mode == RowMode::mode("on")).unwrap();
         let (sp, ci) = (on.speedup.unwrap(), on.speedup_ci.unwrap());
         assert!(ci.lo <= sp && sp <= ci.hi && ci.excludes(1.0), "{sp} {ci:?}");
         let (ws, wci) = (on.weighted_speedup.unwrap(), on.weighted_speedup_ci.unwrap());
@@ -825,7 +828,7 @@ mod tests {
         let w = on.wall_ci.unwrap();
         assert!(w.lo <= on.wall_s.unwrap() && on.wall_s.unwrap() <= w.hi);
         // Same rows, same report.
-        assert_eq!(summarize(&rows, "off"), s);
+        assert_eq!(summarize(&rows, &RowMode::mode("off")), s);
     }
 
     #[test]
@@ -834,11 +837,11 @@ mod tests {
         off.items = Some(100);
         off.vcpu_sleeps = Some(300);
         let mut on = off.clone();
-        on.mode = "on".into();
+        on.mode = RowMode::mode("on");
         on.host_cpu_ns = Some(3_000_000);
         on.vcpu_sleeps = Some(100);
-        let s = summarize(&[off, on], "off");
-        let on = s.iter().find(|r| r.mode == "on").unwrap();
+        let s = summarize(&[off, on], &RowMode::mode("off"));
+        let on = s.iter().find(|r| r.mode == RowMode::mode("on")).unwrap();
         // 10 us/item -> 30 us/item for 3 -> 1 halts/item: 10 us per avoided halt.
         assert_eq!((on.host_cpu_per_item_us, on.sleeps_per_item), (Some(30.0), Some(1.0)));
         assert!((on.cpu_per_avoided_halt_us.unwrap() - 10.0).abs() < 1e-9);
@@ -860,10 +863,10 @@ mod tests {
     fn failed_runs_are_excluded() {
         let mut bad = row("vm", "A", "off", 4_000, 3_000, Some(6_000), 1.0, None);
         bad.rc = 1;
-        let s = summarize(&[bad], "off");
+        let s = summarize(&[bad], &RowMode::mode("off"));
         assert_eq!(s[0].runs_ok, 0);
         assert_eq!(s[0].wall_s, None);
-        assert!(summarize(&[], "off").is_empty());
+        assert!(summarize(&[], &RowMode::mode("off")).is_empty());
     }
 
     #[test]

@@ -29,12 +29,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::accel::{self, shell_quote, AccelChoice};
 use crate::cache::{self, Kernel, KernelMeta};
-use crate::experiment::{Compute, Experiment, Mode, Policy, Scenario};
+use crate::experiment::{Compute, Experiment, Mode, Scenario};
 use crate::guest::{self, Accel, GuestSpec, LabError};
 use crate::native::NativeProc;
 use crate::qmp;
 use crate::results::{self, parse_bench_output, AgentSummary, Row, RunError, SummaryRow};
 use crate::session::{Session, StepResult};
+use gleaner_policy::IdlePolicy;
+
+use crate::keys::{Env, HaltPoll, Instance, RowMode};
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -114,7 +117,7 @@ pub fn mode_command(gleaner: &Path, workload: &[String], mode: &Mode) -> String 
         cmd_line(gleaner, &a)
     };
     match (mode.policy(), mode.agent_args()) {
-        (Policy::Yielders, _) => wrap(&["bench", "yielders", "--"]),
+        (IdlePolicy::Yielders, _) => wrap(&["bench", "yielders", "--"]),
         (_, Some(agent)) => {
             let mut a = vec!["run".to_string()];
             a.extend(agent);
@@ -226,7 +229,7 @@ pub fn guest_job(modes: &[&Mode], reps: &[u32], gleaner: &Path, workload: &[Stri
     if modes.iter().any(|m| m.agent_args().is_some()) {
         s.push_str(&step_line(&StepKind::Setup(Setup::Calibrate), &cmd_line(gleaner, &["calibrate".into(), "--json".into()])));
     }
-    if modes.iter().any(|m| m.policy() == Policy::Haltpoll) {
+    if modes.iter().any(|m| matches!(m.policy(), IdlePolicy::Haltpoll { .. })) {
         // Runs that would silently measure stock are not worth their time: stop here when the
         // guest's haltpoll cpuidle driver did not register (the lab reports them as not run).
         s.push_str(&step_line(&StepKind::Setup(Setup::Cpuidle), &format!("cat {CPUIDLE_DRIVER}")));
@@ -303,7 +306,7 @@ impl std::fmt::Display for WakePlace {
 #[serde(try_from = "String", into = "String")]
 pub struct WakeContext {
     pub place: WakePlace,
-    pub halt_poll: Option<String>,
+    pub halt_poll: Option<HaltPoll>,
 }
 
 const HALT_POLL_SEP: &str = ", halt_poll ";
@@ -328,7 +331,7 @@ impl TryFrom<String> for WakeContext {
 
     fn try_from(s: String) -> Result<Self, String> {
         let (place, halt_poll) = match s.split_once(HALT_POLL_SEP) {
-            Some((p, hp)) => (p, Some(hp.to_string())),
+            Some((p, hp)) => (p, Some(hp.parse::<HaltPoll>()?)),
             None => (s.as_str(), None),
         };
         let place = WakePlace::ALL.into_iter().find(|w| w.label() == place).ok_or_else(|| {
@@ -390,7 +393,7 @@ struct Prepared {
     pcpus: Vec<usize>,
     acc: Accel,
     deadline: Instant,
-    halt_polls: Vec<String>,
+    halt_polls: Vec<HaltPoll>,
     gamma_native: f64,
     gamma_vm: f64,
     native_instances: usize,
@@ -455,7 +458,7 @@ fn prepare(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Prepared> {
         Scenario::Oc => (1, np, np / 2.0),
         Scenario::Oc2 => (2, np / 2.0, np / 2.0),
     };
-    let halt_polls = if acc == Accel::Kvm { exp.halt_poll.clone() } else { vec!["n/a".into()] };
+    let halt_polls = if acc == Accel::Kvm { exp.halt_poll.clone() } else { vec![HaltPoll::NotApplicable] };
     let deadline = Instant::now() + Duration::from_secs(exp.timeout_for(opts.quick));
     Ok(Prepared {
         gleaner,
@@ -645,10 +648,10 @@ fn native_baseline(exp: &Experiment, p: &Prepared, wargs: &[String], pb: &Progre
         for (i, proc) in procs.into_iter().enumerate() {
             let (rc, out, wall) = proc.wait(p.deadline, "native baseline")?;
             let mut row = Row {
-                env: "native".into(),
-                instance: format!("native-{}", i + 1),
-                mode: "native".into(),
-                halt_poll: "n/a".into(),
+                env: Env::Native,
+                instance: Instance::Native(u32::try_from(i + 1).unwrap_or(u32::MAX)),
+                mode: RowMode::Native,
+                halt_poll: HaltPoll::NotApplicable,
                 rep,
                 rc,
                 gamma: p.gamma_native,
@@ -668,7 +671,7 @@ fn native_baseline(exp: &Experiment, p: &Prepared, wargs: &[String], pb: &Progre
 
 /// One measured step, with its guest role and session-clock window.
 struct Measured {
-    instance: &'static str,
+    instance: Instance,
     step: StepResult,
     begin_s: f64,
     end_s: f64,
@@ -685,7 +688,7 @@ struct Pass {
     notes: Vec<String>,
     wake_costs: Vec<WakeCosts>,
     /// Runs a boot was to do but did not, and why: (instance, mode, rep, reason).
-    not_run: Vec<(&'static str, String, u32, String)>,
+    not_run: Vec<(Instance, String, u32, String)>,
 }
 
 /// The boots of the measured guest: (rep numbers, boot group index). One boot for all reps
@@ -701,7 +704,7 @@ fn boot_plan(groups: usize, runs: u32) -> Vec<(Vec<u32>, usize)> {
 /// One halt-poll pass of the guests, in named steps: set the host knob, start the co-runner
 /// (oc), boot the measured guest(s) once per entry of the boot plan and collect each boot,
 /// let the co-runner finish its iteration and collect it, read KVM statistics, kill all.
-fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick: bool, pb: &ProgressBar) -> anyhow::Result<Pass> {
+fn guest_pass(exp: &Experiment, p: &Prepared, hp: HaltPoll, wargs: &[String], quick: bool, pb: &ProgressBar) -> anyhow::Result<Pass> {
     let _guard = set_halt_poll(p, hp)?;
     let mut pass = Pass::default();
     let mut s = Session::new(p.kernel.clone(), p.busybox.clone());
@@ -734,15 +737,15 @@ fn guest_pass(exp: &Experiment, p: &Prepared, hp: &str, wargs: &[String], quick:
 struct PassCtx<'a> {
     exp: &'a Experiment,
     p: &'a Prepared,
-    hp: &'a str,
+    hp: HaltPoll,
     epoch: Instant,
 }
 
 /// Sets the host's `kvm.halt_poll_ns` to `hp` for the pass (KVM and a number only; `n/a`
 /// under TCG); restored when the guard drops.
-fn set_halt_poll(p: &Prepared, hp: &str) -> anyhow::Result<Option<HaltPollGuard>> {
-    Ok(match hp.parse::<u64>() {
-        Ok(v) if p.acc == Accel::Kvm => Some(HaltPollGuard::set(&Sysfs::new(), v)?),
+fn set_halt_poll(p: &Prepared, hp: HaltPoll) -> anyhow::Result<Option<HaltPollGuard>> {
+    Ok(match hp {
+        HaltPoll::Ns(v) if p.acc == Accel::Kvm => Some(HaltPollGuard::set(&Sysfs::new(), v)?),
         _ => None,
     })
 }
@@ -813,11 +816,11 @@ fn boot_measured(
     suffix: &str,
     co: Option<usize>,
     tick: &mut dyn FnMut(&Session),
-) -> anyhow::Result<Vec<(&'static str, usize)>> {
+) -> anyhow::Result<Vec<(Instance, usize)>> {
     let (exp, p) = (cx.exp, cx.p);
-    let mut ids = vec![("A", s.start(&p.spec(exp, &format!("lab-{}-A{suffix}", exp.name), boot.job.clone(), boot.kargs))?)];
+    let mut ids = vec![(Instance::A, s.start(&p.spec(exp, &format!("lab-{}-A{suffix}", exp.name), boot.job.clone(), boot.kargs))?)];
     if exp.scenario == Scenario::Oc2 {
-        ids.push(("B", s.start(&p.spec(exp, &format!("lab-{}-B{suffix}", exp.name), boot.job.clone(), boot.kargs))?));
+        ids.push((Instance::B, s.start(&p.spec(exp, &format!("lab-{}-B{suffix}", exp.name), boot.job.clone(), boot.kargs))?));
     }
     let mut needed: Vec<usize> = ids.iter().map(|x| x.1).collect();
     needed.extend(co);
@@ -828,7 +831,7 @@ fn boot_measured(
 
 /// Collects one measured guest after its boot: the runs it did not do (and why), its boot
 /// time, its wakeup costs, setup steps and measured steps; then waits for QEMU to exit.
-fn collect_measured(cx: &PassCtx, s: &mut Session, (inst, id): (&'static str, usize), boot: &Boot, pass: &mut Pass) {
+fn collect_measured(cx: &PassCtx, s: &mut Session, (inst, id): (Instance, usize), boot: &Boot, pass: &mut Pass) {
     let (exp, p, hp, epoch) = (cx.exp, cx.p, cx.hp, cx.epoch);
     let name = s.guests[id].name.clone();
     let st = &s.states[id];
@@ -838,7 +841,7 @@ fn collect_measured(cx: &PassCtx, s: &mut Session, (inst, id): (&'static str, us
             let step = StepKind::Measured { mode: m.name.clone(), rep }.name();
             if !st.steps.iter().any(|x| x.0.step == step) {
                 let why = match (&cpuidle, m.policy()) {
-                    (Some(d), Policy::Haltpoll) if d != "haltpoll" => {
+                    (Some(d), IdlePolicy::Haltpoll { .. }) if d != "haltpoll" => {
                         format!("the guest's cpuidle driver is {d} (not haltpoll): {}", haltpoll_reason(p.acc))
                     }
                     _ => {
@@ -855,7 +858,7 @@ fn collect_measured(cx: &PassCtx, s: &mut Session, (inst, id): (&'static str, us
     for (r, bi, ei) in &s.states[id].steps {
         let kind = r.kind();
         if kind == StepKind::Setup(Setup::Wakeup) {
-            let context = WakeContext { place: WakePlace::of(exp.scenario), halt_poll: Some(hp.to_string()) };
+            let context = WakeContext { place: WakePlace::of(exp.scenario), halt_poll: Some(hp) };
             if let Some(w) = wake_costs(context, &name, &r.stdout) {
                 pass.wake_costs.push(w);
             }
@@ -888,7 +891,7 @@ fn finish_co_runner(cx: &PassCtx, s: &mut Session, b: usize, pass: &mut Pass, ti
     }
     for (r, bi, ei) in &s.states[b].steps {
         pass.co_runner.push(Measured {
-            instance: "B",
+            instance: Instance::B,
             step: r.clone(),
             begin_s: (*bi - epoch).as_secs_f64(),
             end_s: (*ei - epoch).as_secs_f64(),
@@ -901,7 +904,7 @@ fn finish_co_runner(cx: &PassCtx, s: &mut Session, b: usize, pass: &mut Pass, ti
 }
 
 /// QMP `query-stats` of every guest of the session (KVM only); a failure is a note.
-fn collect_kvm_stats(s: &Session, hp: &str, pass: &mut Pass) {
+fn collect_kvm_stats(s: &Session, hp: HaltPoll, pass: &mut Pass) {
     for g in &s.guests {
         let stats = qmp::Qmp::connect(&g.qmp_path(), Duration::from_secs(5))
             .and_then(|mut q| q.execute("query-stats", Some(serde_json::json!({"target": "vcpu"}))))
@@ -917,7 +920,7 @@ fn collect_kvm_stats(s: &Session, hp: &str, pass: &mut Pass) {
 
 /// The rows of a pass: measured steps (with the co-runner's rate during each) and the
 /// co-runner's iterations.
-fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> {
+fn pass_rows(exp: &Experiment, p: &Prepared, hp: HaltPoll, pass: &Pass) -> Vec<Row> {
     let co_iters: Vec<(f64, f64, u64)> = pass
         .co_runner
         .iter()
@@ -940,11 +943,11 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
         let mode = exp.modes.iter().find(|x| x.name == mode_name);
         let policy = mode.map(Mode::policy);
         let mut row = Row {
-            env: "vm".into(),
-            instance: m.instance.into(),
-            mode: mode_name.into(),
-            policy: policy.map(|x| x.name().to_string()).unwrap_or_default(),
-            halt_poll: hp.into(),
+            env: Env::Vm,
+            instance: m.instance,
+            mode: RowMode::mode(mode_name),
+            policy,
+            halt_poll: hp,
             rep: rep.parse().unwrap_or(0),
             rc: r.rc,
             begin_s: m.begin_s,
@@ -959,7 +962,7 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
         };
         host_fields(&mut row, r);
         row.fill_from_bench(&r.stdout);
-        if row.error.is_none() && policy == Some(Policy::Haltpoll) && row.cpuidle_driver.as_deref() != Some("haltpoll") {
+        if row.error.is_none() && matches!(policy, Some(IdlePolicy::Haltpoll { .. })) && row.cpuidle_driver.as_deref() != Some("haltpoll") {
             row.error = Some(RunError::Failed(format!(
                 "the guest's cpuidle driver is {} (not haltpoll): {}",
                 row.cpuidle_driver.as_deref().unwrap_or("unknown"),
@@ -969,13 +972,13 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
         rows.push(row);
     }
     for (inst, mode, rep, why) in &pass.not_run {
-        let policy = exp.modes.iter().find(|x| &x.name == mode).map(|x| x.policy().name().to_string()).unwrap_or_default();
+        let policy = exp.modes.iter().find(|x| &x.name == mode).map(Mode::policy);
         rows.push(Row {
-            env: "vm".into(),
-            instance: (*inst).into(),
-            mode: mode.clone(),
+            env: Env::Vm,
+            instance: *inst,
+            mode: RowMode::mode(mode),
             policy,
-            halt_poll: hp.into(),
+            halt_poll: hp,
             rep: *rep,
             rc: -1,
             gamma: p.gamma_vm,
@@ -985,10 +988,10 @@ fn pass_rows(exp: &Experiment, p: &Prepared, hp: &str, pass: &Pass) -> Vec<Row> 
     }
     for m in &pass.co_runner {
         let mut row = Row {
-            env: "vm".into(),
-            instance: "B".into(),
-            mode: "co-runner".into(),
-            halt_poll: hp.into(),
+            env: Env::Vm,
+            instance: Instance::B,
+            mode: RowMode::CoRunner,
+            halt_poll: hp,
             rep: match m.step.kind() {
                 StepKind::Co(n) => n,
                 _ => 0,
@@ -1017,7 +1020,7 @@ fn add_compute_shares(summary: &mut [SummaryRow], native_args: &[String], guest_
     };
     let (native, guest) = (compute_us(native_args), compute_us(guest_args));
     for s in summary.iter_mut() {
-        let (compute, cpu_s) = if s.mode == "native" {
+        let (compute, cpu_s) = if s.mode == RowMode::Native {
             (native, s.guest_cpu_s)
         } else {
             (guest, (!s.host_vcpu_s.is_empty()).then(|| s.host_vcpu_s.iter().sum::<f64>()))
@@ -1048,7 +1051,7 @@ fn add_bww_bounds(summary: &mut [SummaryRow], wake: &[WakeCosts], notes: &mut Ve
         return;
     };
     let penalty = c - a;
-    for s in summary.iter_mut().filter(|s| s.policy == Policy::Stock.name()) {
+    for s in summary.iter_mut().filter(|s| s.policy == Some(IdlePolicy::Stock)) {
         s.bww_bound = results::bww_bound(s, penalty);
         if let (Some(b), Some(h), Some(t)) = (s.bww_bound, s.sleeps_per_item, s.wall_per_item_us()) {
             notes.push(format!(
@@ -1083,7 +1086,7 @@ pub fn run_experiment(exp: &Experiment, opts: &RunOptions) -> anyhow::Result<Lab
     let Guests { setup, boot_s, kvm_stats, mut notes, wake_costs, .. } = guests;
     let calibrations = calibration_notes(&setup, &mut notes);
     failure_notes(&setup, &rows, &mut notes);
-    let mut summary = results::summarize(&rows, &exp.stock_mode().name);
+    let mut summary = results::summarize(&rows, &RowMode::mode(&exp.stock_mode().name));
     add_bww_bounds(&mut summary, &wake_costs, &mut notes);
     add_compute_shares(&mut summary, &native_args, &guest_args);
     Ok(LabResults {
@@ -1146,8 +1149,8 @@ fn guest_passes(exp: &Experiment, p: &mut Prepared, guest_args: &[String], quick
         wake_costs: std::mem::take(&mut p.wake_costs),
     };
     for hp in p.halt_polls.clone() {
-        let pass = guest_pass(exp, p, &hp, guest_args, quick, pb)?;
-        g.rows.extend(pass_rows(exp, p, &hp, &pass));
+        let pass = guest_pass(exp, p, hp, guest_args, quick, pb)?;
+        g.rows.extend(pass_rows(exp, p, hp, &pass));
         g.setup.extend(pass.setup);
         g.boot_s.extend(pass.boot_s);
         g.kvm_stats.extend(pass.kvm_stats);
@@ -1183,7 +1186,7 @@ fn failure_notes(setup: &[SetupStep], rows: &[Row], notes: &mut Vec<String>) {
     for st in setup.iter().filter(|s| s.rc != 0) {
         notes.push(format!("{} {} exited {}: {}", st.guest, st.step, st.rc, st.stdout.chars().take(200).collect::<String>()));
     }
-    let failed: Vec<&Row> = rows.iter().filter(|r| !r.ok() && r.mode != "co-runner").collect();
+    let failed: Vec<&Row> = rows.iter().filter(|r| !r.ok() && r.mode != RowMode::CoRunner).collect();
     if !failed.is_empty() {
         let mut why: Vec<String> = failed.iter().filter_map(|r| r.error.as_ref().map(RunError::to_string)).collect();
         why.dedup();
@@ -1238,12 +1241,12 @@ mod tests {
     fn every_policy_has_its_command() {
         let w = vec!["bench".to_string(), "workload".into(), "condvar".into()];
         let cmd = |p| mode_command(Path::new("/g"), &w, &Mode::of(p));
-        assert_eq!(cmd(Policy::Stock), "/g bench workload condvar");
-        assert_eq!(cmd(Policy::IdlePoll), "/g bench workload condvar");
-        assert_eq!(cmd(Policy::Yielders), "/g bench yielders -- /g bench workload condvar");
-        assert_eq!(cmd(Policy::Retention), format!("/g run --no-consolidation --events {GUEST_EVENTS} -- /g bench workload condvar"));
-        assert_eq!(cmd(Policy::Consolidation), format!("/g run --no-retention --events {GUEST_EVENTS} -- /g bench workload condvar"));
-        let m = Mode { name: "g2".into(), policy: Some(Policy::Gleaner), agent: Some(vec!["--period-ms".into(), "100".into()]) };
+        assert_eq!(cmd(IdlePolicy::Stock), "/g bench workload condvar");
+        assert_eq!(cmd(IdlePolicy::Poll), "/g bench workload condvar");
+        assert_eq!(cmd(IdlePolicy::Yielders), "/g bench yielders -- /g bench workload condvar");
+        assert_eq!(cmd(IdlePolicy::Retention), format!("/g run --no-consolidation --events {GUEST_EVENTS} -- /g bench workload condvar"));
+        assert_eq!(cmd(IdlePolicy::Consolidation), format!("/g run --no-retention --events {GUEST_EVENTS} -- /g bench workload condvar"));
+        let m = Mode { name: "g2".into(), policy: Some(IdlePolicy::Gleaner), agent: Some(vec!["--period-ms".into(), "100".into()]) };
         assert_eq!(
             mode_command(Path::new("/g"), &w, &m),
             format!("/g run --period-ms 100 --events {GUEST_EVENTS} -- /g bench workload condvar")
@@ -1268,17 +1271,17 @@ mod tests {
         };
         let mut rows = vec![
             // Natively 1000 items, 0.04 s of CPU: 40 us per item, 2 x 10 us compute = 50%.
-            SummaryRow { mode: "native".into(), items: Some(1000.0), guest_cpu_s: Some(0.04), ..Default::default() },
+            SummaryRow { mode: RowMode::Native, items: Some(1000.0), guest_cpu_s: Some(0.04), ..Default::default() },
             // In the guest 2 x 100 us per item out of (0.3 + 0.5) s / 1000 = 800 us: 25%.
-            SummaryRow { mode: "stock".into(), items: Some(1000.0), host_vcpu_s: vec![0.3, 0.5], ..Default::default() },
-            SummaryRow { mode: "gleaner".into(), items: None, host_vcpu_s: vec![0.3], ..Default::default() },
+            SummaryRow { mode: RowMode::mode("stock"), items: Some(1000.0), host_vcpu_s: vec![0.3, 0.5], ..Default::default() },
+            SummaryRow { mode: RowMode::mode("gleaner"), items: None, host_vcpu_s: vec![0.3], ..Default::default() },
         ];
         add_compute_shares(&mut rows, &args("10"), &args("100"));
         assert!((rows[0].compute_share.unwrap() - 0.5).abs() < 1e-9);
         assert!((rows[1].compute_share.unwrap() - 0.25).abs() < 1e-9);
         assert_eq!(rows[2].compute_share, None);
         // Kernels without a fixed number of steps per item get none.
-        let mut m = vec![SummaryRow { mode: "stock".into(), items: Some(1.0), host_vcpu_s: vec![1.0], ..Default::default() }];
+        let mut m = vec![SummaryRow { mode: RowMode::mode("stock"), items: Some(1.0), host_vcpu_s: vec![1.0], ..Default::default() }];
         add_compute_shares(&mut m, &[], &["bench".into(), "workload".into(), "matmul".into()]);
         assert_eq!(m[0].compute_share, None);
     }
@@ -1303,7 +1306,7 @@ mod tests {
             ("next to VM B, halt_poll 0", WakePlace::NextToVmB, Some("0")),
         ] {
             let c: WakeContext = serde_json::from_str(&format!("\"{text}\"")).unwrap();
-            assert_eq!(c, WakeContext { place, halt_poll: hp.map(str::to_string) });
+            assert_eq!(c, WakeContext { place, halt_poll: hp.map(|h| h.parse().unwrap()) });
             assert_eq!(serde_json::to_string(&c).unwrap(), format!("\"{text}\""));
         }
         let e = serde_json::from_str::<WakeContext>("\"beside B\"").unwrap_err().to_string();

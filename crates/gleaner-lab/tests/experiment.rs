@@ -12,8 +12,10 @@ use std::path::{Path, PathBuf};
 use gleaner_bench::measure::RunMetrics;
 use gleaner_bench::report::{BenchDoc, HostInfo, RunSummary};
 use gleaner_lab::cache;
-use gleaner_lab::experiment::{Experiment, Mode, Policy};
+use gleaner_lab::experiment::{Experiment, Mode};
+use gleaner_lab::results::{Env, Instance, RowMode};
 use gleaner_lab::runner::{run_experiment, RunOptions};
+use gleaner_policy::IdlePolicy;
 
 /// A bench document with placeholders the script fills in.
 fn doc_template() -> String {
@@ -127,9 +129,9 @@ fn oc_experiment_end_to_end_with_real_guests_from_a_binary_under_tmp() {
     let r = run_experiment(&exp, &options(fake, out.clone())).expect("experiment");
     assert!(qemu_pids().is_empty(), "QEMU left behind: {:?}", qemu_pids());
     eprintln!("accel {} boot {:?} duration {:.1}s notes {:?}", r.accel, r.boot_s, r.duration_s, r.notes);
-    assert_eq!(r.rows.iter().filter(|x| x.env == "native").count(), 2);
+    assert_eq!(r.rows.iter().filter(|x| x.env == Env::Native).count(), 2);
     for mode in ["off", "gleaner"] {
-        let rows: Vec<_> = r.rows.iter().filter(|x| x.instance == "A" && x.mode == mode).collect();
+        let rows: Vec<_> = r.rows.iter().filter(|x| x.instance == Instance::A && x.mode == RowMode::mode(mode)).collect();
         assert_eq!(rows.len(), 2, "{mode}: {rows:?}");
         for x in rows {
             assert!(x.ok(), "{x:?}");
@@ -139,7 +141,7 @@ fn oc_experiment_end_to_end_with_real_guests_from_a_binary_under_tmp() {
             assert_eq!(x.agent.is_some(), mode == "gleaner", "{x:?}");
         }
     }
-    assert!(r.rows.iter().any(|x| x.mode == "co-runner" && x.ok()));
+    assert!(r.rows.iter().any(|x| x.mode == RowMode::CoRunner && x.ok()));
     // Balanced sizing: both rates measured, the guest's work scaled by the measured ratio.
     let sz = r.sizing.as_ref().expect("sizing");
     assert_eq!((sz.native_iters_per_us, sz.guest_iters_per_us), (123.5, Some(123.5)));
@@ -147,7 +149,7 @@ fn oc_experiment_end_to_end_with_real_guests_from_a_binary_under_tmp() {
     assert!(r.notes.iter().any(|n| n.contains("balanced compute")), "{:?}", r.notes);
     // The agent's calibration ran as a setup step of VM A, outside the measured steps.
     assert!(r.setup.iter().any(|s| s.step == "setup.calibrate" && s.rc == 0), "{:?}", r.setup);
-    let g = r.summary.iter().find(|s| s.mode == "gleaner").unwrap();
+    let g = r.summary.iter().find(|s| s.mode == RowMode::mode("gleaner")).unwrap();
     assert!(g.speedup.is_some() && g.speedup_ci.is_some() && g.weighted_speedup_ci.is_some() && g.omega.is_some(), "{g:?}");
     assert_eq!(r.boot_s.len(), 2);
     let report = gleaner_lab::report::write(&out, &r).unwrap();
@@ -165,14 +167,14 @@ fn policies_that_need_another_kernel_command_line_get_their_own_boots() {
     let fake = fake_gleaner(work.path());
     let mut exp = Experiment::load("oc").unwrap();
     exp.compute = Default::default();
-    exp.modes = vec![Mode::stock("off"), Mode::of(Policy::Yielders), Mode::of(Policy::IdlePoll), Mode::of(Policy::Haltpoll)];
+    exp.modes = vec![Mode::stock("off"), Mode::of(IdlePolicy::Yielders), Mode::of(IdlePolicy::Poll), Mode::of(IdlePolicy::HALTPOLL)];
     let r = run_experiment(&exp, &options(fake, work.path().join("out"))).expect("experiment");
     assert!(qemu_pids().is_empty(), "QEMU left behind: {:?}", qemu_pids());
     // Three command lines (none, idle=poll, cpuidle_haltpoll.force=1), two rounds: six boots of
     // VM A and one of VM B.
     assert_eq!(r.boot_s.len(), 7, "{:?}", r.boot_s);
-    let rows = |m: &str| r.rows.iter().filter(|x| x.instance == "A" && x.mode == m).collect::<Vec<_>>();
-    assert!(rows("idle-poll").iter().all(|x| x.ok() && x.cpuidle_driver.as_deref() == Some("idle-poll-booted")), "{:?}", rows("idle-poll"));
+    let rows = |m: &str| r.rows.iter().filter(|x| x.instance == Instance::A && x.mode == RowMode::mode(m)).collect::<Vec<_>>();
+    assert!(rows("poll").iter().all(|x| x.ok() && x.cpuidle_driver.as_deref() == Some("idle-poll-booted")), "{:?}", rows("poll"));
     assert!(rows("off").iter().chain(rows("yielders").iter()).all(|x| x.ok() && x.cpuidle_driver.as_deref() != Some("idle-poll-booted")));
     // The guest's haltpoll driver cannot load under TCG: those runs are not run, saying why.
     assert_eq!(rows("haltpoll").len(), 2);

@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 
 use gleaner_agent::config::AgentConfig;
 use gleaner_bench::workload::Workload;
-use gleaner_lab::experiment::Policy;
 use gleaner_lab::predict::input::{self, LabCell};
 use gleaner_lab::predict::model::{self, HostSched, ModelOptions, WakeStat};
 use gleaner_lab::predict::{predict, report};
+use gleaner_lab::results::{HaltPoll, Instance, RowMode};
 use gleaner_os::BadInput;
 use gleaner_policy::retention::{RetentionMode, RetentionVerdict};
-use gleaner_sim::scenario::GuestPolicy;
+use gleaner_policy::IdlePolicy;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
@@ -43,14 +43,18 @@ fn a_results_file_becomes_a_cell_with_the_guests_kernel_and_costs() {
     assert_eq!((c.workload.params.threads, c.workload.params.items, c.workload.params.work_us), (2, 4000, 80.2));
     let co = c.co_runner.as_ref().expect("oc has a co-runner");
     assert_eq!((co.workload, co.params.threads, co.params.items), (Workload::Freqsleep, 2, 900));
-    let modes: Vec<&str> = c.modes.iter().map(|m| m.summary.mode.as_str()).collect();
+    assert_eq!(c.passes.len(), 1, "one halt-poll setting");
+    let pass = &c.passes[0];
+    let modes: Vec<String> = pass.modes.iter().map(|m| m.summary.mode.to_string()).collect();
     assert_eq!(modes, ["consolidation", "stock", "yielders"]);
-    assert_eq!(c.halt_polls(), ["n/a"]);
-    assert!(c.wake_alone().is_some() && c.wake_with_co_runner("n/a").is_some());
+    assert_eq!(pass.halt_poll, HaltPoll::NotApplicable);
+    assert!(pass.vm_a.iter().all(|r| r.ok() && r.instance == Instance::A) && !pass.vm_a.is_empty());
+    assert!(pass.co_runner.iter().all(|r| r.ok() && r.mode == RowMode::CoRunner) && !pass.co_runner.is_empty());
+    assert!(c.wake_alone().is_some() && c.wake_with_co_runner(HaltPoll::NotApplicable).is_some());
 
     // Table 2 from the sizing guest (alone): A, B, C medians; D adds the median extra of C
     // next to the co-runner.
-    let costs = model::choose_costs(std::slice::from_ref(&c), "n/a", WakeStat::P50).expect("costs");
+    let costs = model::choose_costs(std::slice::from_ref(&c), HaltPoll::NotApplicable, WakeStat::P50).expect("costs");
     let t = costs.table2;
     assert_eq!((t.a_us, t.b_us, t.c_us), (36.225, 57.955, 76.83500000000001));
     assert!((t.d_us - 89.675).abs() < 1e-9, "D = C + (89.675 - 76.835): {}", t.d_us);
@@ -60,7 +64,7 @@ fn a_results_file_becomes_a_cell_with_the_guests_kernel_and_costs() {
 #[test]
 fn the_scenario_has_the_labs_host_vms_kernel_and_co_runner() {
     let c = cell();
-    let costs = model::choose_costs(std::slice::from_ref(&c), "n/a", WakeStat::P50).unwrap();
+    let costs = model::choose_costs(std::slice::from_ref(&c), HaltPoll::NotApplicable, WakeStat::P50).unwrap();
     let (a, per_item) = model::kernel_workload(&c.workload, 80_200, 30_000, 0.0).unwrap();
     assert_eq!(per_item, 2.0, "put and take");
     let names: Vec<&str> = a.groups.iter().map(|g| g.name.as_str()).collect();
@@ -69,16 +73,18 @@ fn the_scenario_has_the_labs_host_vms_kernel_and_co_runner() {
     assert_eq!(a.groups[0].iterations, Some(4000));
     assert_eq!(a.queue_capacity, 1, "a one-slot mailbox");
 
-    let m = model::co_runner_model(&c, c.co_runner.as_ref().unwrap(), "n/a", costs.table2.a_us);
+    let m = model::co_runner_model(&c.passes[0], c.co_runner.as_ref().unwrap(), costs.table2.a_us);
     assert!(m.iterations >= 3 && m.startup_cpu_us > m.kernel_cpu_us, "start-up dominates the lab's freqsleep loop: {m:?}");
     let b = model::co_runner_workload(&m, c.vcpus, 0.0);
     assert_eq!(b.groups.len(), 2, "one pinned sleeper per vCPU");
     assert_eq!(b.groups[1].pin, [1]);
     assert_eq!(b.groups[0].ops.iter().filter(|o| o.starts_with("sleep")).count(), 450);
 
-    let plan = model::agent_plan(&c, "n/a");
-    let variants =
-        vec![model::variant_for("stock", Policy::Stock, &plan, false), model::variant_for("yielders", Policy::Yielders, &plan, false)];
+    let plan = model::agent_plan(&c, &c.passes[0]);
+    let variants = vec![
+        model::variant_for("stock", IdlePolicy::Stock, &plan, false),
+        model::variant_for("yielders", IdlePolicy::Yielders, &plan, false),
+    ];
     let host = model::host_cfg(c.pcpus, &HostSched::default_for(2, 250));
     assert_eq!((host.pcpus, host.slice_us, host.wakeup_granularity_us), (2, 4000.0, 0.0));
     let sc = model::scenario(&c.name, host, c.vcpus, a, Some(b), &costs.table2, variants);
@@ -94,7 +100,7 @@ fn the_scenario_has_the_labs_host_vms_kernel_and_co_runner() {
 #[test]
 fn the_sizing_fit_reproduces_the_guests_synchronization_cpu() {
     let c = cell();
-    let costs = model::choose_costs(std::slice::from_ref(&c), "n/a", WakeStat::P50).unwrap();
+    let costs = model::choose_costs(std::slice::from_ref(&c), HaltPoll::NotApplicable, WakeStat::P50).unwrap();
     let fit = model::fit_sync(&c, &HostSched::default_for(2, 250), &costs.table2).unwrap();
     let target = fit.measured_us_per_item.expect("the fixture has a sizing");
     assert!((fit.simulated_us_per_item - target).abs() <= 0.02 * target, "{fit:?}");
@@ -104,28 +110,29 @@ fn the_sizing_fit_reproduces_the_guests_synchronization_cpu() {
 #[test]
 fn every_lab_policy_maps_to_a_simulator_variant() {
     let cfg = AgentConfig::default();
-    let plan = model::agent_plan(&cell(), "n/a");
-    let guest = |p| model::variant_for(p, Policy::parse(p).unwrap(), &plan, false).guest;
+    let c = cell();
+    let plan = model::agent_plan(&c, &c.passes[0]);
+    let guest = |p| model::variant_for(p, p.parse::<IdlePolicy>().unwrap(), &plan, false).guest;
     for (p, sim) in [
-        ("stock", GuestPolicy::Stock),
-        ("yielders", GuestPolicy::Retention),
-        ("idle-poll", GuestPolicy::IdlePoll),
-        ("haltpoll", GuestPolicy::Haltpoll),
-        ("retention", GuestPolicy::Retention),
-        ("consolidation", GuestPolicy::Consolidation),
-        ("gleaner", GuestPolicy::Gleaner),
+        ("stock", IdlePolicy::Stock),
+        ("yielders", IdlePolicy::Retention),
+        ("idle-poll", IdlePolicy::Poll),
+        ("haltpoll", IdlePolicy::HALTPOLL),
+        ("retention", IdlePolicy::Retention),
+        ("consolidation", IdlePolicy::Consolidation),
+        ("gleaner", IdlePolicy::Gleaner),
     ] {
         assert_eq!(guest(p), sim, "{p}");
     }
-    let y = model::variant_for("yielders", Policy::Yielders, &plan, false);
+    let y = model::variant_for("yielders", IdlePolicy::Yielders, &plan, false);
     assert!(y.gleaner.retention.timeout_ns >= 3_600_000_000_000, "naive yielders never time out");
     assert!(y.gleaner.agent.is_none() && !y.gleaner.govern);
     // The agent's policies run the agent's own guest loop configuration, at its period.
-    let g = model::variant_for("gleaner", Policy::Gleaner, &plan, true);
+    let g = model::variant_for("gleaner", IdlePolicy::Gleaner, &plan, true);
     assert_eq!(g.gleaner.agent, plan.guest, "the agent's own configuration");
     assert_eq!(g.gleaner.period_ms, cfg.period_ms as f64, "the agent's period");
     assert!(g.host_halt_poll);
-    assert!(model::variant_for("consolidation", Policy::Consolidation, &plan, false).gleaner.agent.is_none());
+    assert!(model::variant_for("consolidation", IdlePolicy::Consolidation, &plan, false).gleaner.agent.is_none());
     // The fixture's agent measured B 181 us > C 90 us next to VM B: nothing to hide. The agent
     // starts retention off (the governor probes it) and plans from the lab's flat curve.
     assert_eq!((plan.retention, plan.verdict), (false, Some(RetentionVerdict::NoHaltPenalty)));
@@ -144,18 +151,18 @@ fn every_lab_policy_maps_to_a_simulator_variant() {
     let curve = gleaner_policy::idle::WakeCurve::new(vec![pt(100, 80), pt(500, 90)], 20_000, None);
     c.calibrations = vec![(
         "lab-x-A".into(),
-        gleaner_agent::cache::CalibrationResults {
+        gleaner_measure::calibration::CalibrationResults {
             curve: curve.clone(),
             idle_threshold_ns: 30_000,
-            polling: gleaner_agent::cache::PollingControl { halted: "as found".into(), poll: "not measured".into() },
+            polling: gleaner_measure::calibration::PollingControl { halted: "as found".into(), poll: "not measured".into() },
         },
     )];
-    let p = model::agent_plan(&c, "n/a");
+    let p = model::agent_plan(&c, &c.passes[0]);
     assert!(p.retention && p.why.contains("calibrated at boot"), "{}", p.why);
     assert_eq!(p.config.idle_threshold_ns, 30_000);
     let gc = p.guest.as_ref().expect("the calibrated curve");
     assert_eq!((gc.prior, gc.curve.as_ref()), (RetentionMode::On, Some(&curve)));
-    assert_eq!(model::variant_for("gleaner", Policy::Gleaner, &p, false).gleaner.agent.as_ref(), Some(gc));
+    assert_eq!(model::variant_for("gleaner", IdlePolicy::Gleaner, &p, false).gleaner.agent.as_ref(), Some(gc));
 }
 
 #[test]
@@ -167,8 +174,8 @@ fn the_table_puts_prediction_beside_measurement() {
     assert_eq!(cp.policies[0].mode, "stock", "the baseline first");
     let stock = &cp.policies[0];
     assert_eq!((stock.speedup.predicted, stock.speedup.measured, stock.within()), (Some(1.0), Some(1.0), Some(true)));
-    let y = cp.policies.iter().find(|x| x.policy == Policy::Yielders).unwrap();
-    assert_eq!(y.simulated_as, GuestPolicy::Retention);
+    let y = cp.policies.iter().find(|x| x.policy == IdlePolicy::Yielders).unwrap();
+    assert_eq!(y.simulated_as, IdlePolicy::Retention);
     let (m, s) = (y.speedup.measured.unwrap(), y.speedup.predicted.unwrap());
     assert!((y.speedup.rel_diff.unwrap() - (s / m - 1.0)).abs() < 1e-12);
     assert!(y.co_runner_ratio_workload.is_some(), "rows give the ratio over the workload's own window");
@@ -234,10 +241,10 @@ fn matrix_json_with_halt_poll_twice_reads_back() {
     let cells = input::load(&fixture("matrix-old")).expect("an old matrix.json loads");
     assert_eq!(cells.len(), 1);
     let c = &cells[0];
-    assert!(c.rows.is_empty() && c.notes[0].contains("no results.json"), "{:?}", c.notes);
+    assert!(!c.per_run && c.notes[0].contains("no results.json"), "{:?}", c.notes);
     assert_eq!((c.pcpus, c.vcpus), (2, 2), "the matrix's own cell experiment");
-    assert_eq!(c.modes.len(), 3);
-    assert!(c.modes.iter().all(|m| m.summary.halt_poll == "n/a"));
+    assert_eq!(c.passes.len(), 1);
+    assert_eq!((c.passes[0].modes.len(), c.passes[0].halt_poll), (3, HaltPoll::NotApplicable));
     // Written again, each entry has the key once.
     let text = std::fs::read_to_string(fixture("matrix-old/matrix.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -278,4 +285,19 @@ fn a_finished_matrix_gets_the_prediction_appended_to_its_report() {
     gleaner_lab::predict::append_to_matrix_report(empty.path());
     let md = std::fs::read_to_string(empty.path().join("matrix.md")).unwrap();
     assert!(md.contains("not available: invalid lab results"), "{md}");
+}
+
+/// A results file whose row names a policy this gleaner does not know is refused in one line
+/// that names the file and what is allowed.
+#[test]
+fn a_results_file_with_an_unknown_policy_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(fixture("oc-condvar-freqsleep.results.json")).unwrap();
+    assert!(text.contains("\"policy\":\"yielders\""), "the fixture names its policies");
+    let f = dir.path().join("results.json");
+    std::fs::write(&f, text.replacen("\"policy\":\"yielders\"", "\"policy\":\"magic\"", 1)).unwrap();
+    let e = input::load(&f).unwrap_err();
+    let b = bad_input(&e);
+    assert_eq!(format!("{e:#}").lines().count(), 1, "{e:#}");
+    assert!(b.value.contains("results.json") && b.allowed.contains("'magic' is not an idle policy"), "{b}");
 }

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::measure::RunMetrics;
-use crate::wakeup::SettingResult;
+use crate::wakeup::{Primitive, SettingResult};
 
 /// Where and when a result was measured.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -163,13 +163,23 @@ impl BenchDoc {
 pub struct WakeupDoc {
     /// Always `wakeup`.
     pub kind: String,
-    /// The primitive measured.
-    pub primitive: String,
+    /// The primitive measured (written by name; a document that describes it in words, as
+    /// `bench wakeup` wrote it before, reads too).
+    #[serde(deserialize_with = "primitive_by_name_or_description")]
+    pub primitive: Primitive,
     pub rounds: u32,
     pub warmup: u32,
     pub period_us: u64,
     pub settings: Vec<SettingResult>,
     pub host: HostInfo,
+}
+
+fn primitive_by_name_or_description<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Primitive, D::Error> {
+    let s = String::deserialize(d)?;
+    [Primitive::Condvar, Primitive::Mutex]
+        .into_iter()
+        .find(|p| serde_json::to_value(p).is_ok_and(|v| v == s.as_str()) || p.describe() == s)
+        .ok_or_else(|| serde::de::Error::custom(format!("primitive '{s}': allowed condvar, mutex")))
 }
 
 /// Write `doc` as `gleaner bench ... --json` prints it: pretty JSON and a newline.

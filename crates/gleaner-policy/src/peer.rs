@@ -132,14 +132,15 @@ pub struct UnknownPolicy {
 impl FromStr for IdlePolicy {
     type Err = UnknownPolicy;
 
-    /// A policy by name; `naive` (compare's old name) and `idle-poll` (the lab's) read as
-    /// `yielders` and `poll`. A cap is a number with `ns`, `us` (the default) or `ms`.
+    /// A policy by name; `naive` (compare's old name), `idle-poll` (the lab's) and `idle_poll`
+    /// (the simulator's) read as `yielders` and `poll`. A cap is a number with `ns`, `us` (the
+    /// default) or `ms`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || UnknownPolicy { name: s.to_string() };
         Ok(match s {
             "stock" => Self::Stock,
             "haltpoll" => Self::HALTPOLL,
-            "poll" | "idle-poll" => Self::Poll,
+            "poll" | "idle-poll" | "idle_poll" => Self::Poll,
             "yielders" | "naive" => Self::Yielders,
             "retention" => Self::Retention,
             "consolidation" => Self::Consolidation,
@@ -193,6 +194,7 @@ mod tests {
         assert_eq!(ALL.map(|p| p.to_string()), ["stock", "haltpoll", "poll", "yielders", "retention", "consolidation", "gleaner"]);
         assert_eq!("naive".parse(), Ok(IdlePolicy::Yielders));
         assert_eq!("idle-poll".parse(), Ok(IdlePolicy::Poll));
+        assert_eq!("idle_poll".parse(), Ok(IdlePolicy::Poll));
         assert_eq!("haltpoll:200us".parse(), Ok(IdlePolicy::HALTPOLL));
         assert_eq!(IdlePolicy::Haltpoll { cap_ns: 200_000 }.to_string(), "haltpoll");
         assert_eq!("haltpoll:2400".parse(), Ok(IdlePolicy::Haltpoll { cap_ns: 2_400_000 }));

@@ -28,10 +28,11 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::policy::{HostPolicy, SimVcpuCounters};
 use crate::queue::{Ev, EventQueue, Ns};
-use crate::scenario::{Costs, GleanerCfg, GuestHaltpollCfg, GuestPolicy};
+use crate::scenario::{Costs, GleanerCfg, GuestHaltpollCfg};
 use crate::stats::RetentionOutcome;
 use crate::stats::{Hist, VmOutcome};
 use crate::workload::{CacheProfile, Op, Workload};
+use gleaner_policy::IdlePolicy;
 
 pub(crate) const NONE: u32 = u32::MAX;
 
@@ -53,7 +54,7 @@ pub struct SetupVm {
     /// Pin vCPU i to pCPU `offset + i`.
     pub pin_offset: Option<u32>,
     pub background: bool,
-    pub guest: GuestPolicy,
+    pub guest: IdlePolicy,
     pub gleaner: GleanerCfg,
     pub haltpoll: GuestHaltpollCfg,
 }
@@ -321,7 +322,7 @@ pub(crate) struct VmState {
     pub alive: u32,
     pub done_at: Option<Ns>,
     pub background: bool,
-    pub guest: GuestPolicy,
+    pub guest: IdlePolicy,
     pub gleaner: GleanerCfg,
     pub haltpoll: GuestHaltpollCfg,
     pub cache: CacheProfile,
@@ -1450,7 +1451,7 @@ mod tests {
             vcpus,
             pin_offset: None,
             background: true,
-            guest: crate::scenario::GuestPolicy::Stock,
+            guest: gleaner_policy::IdlePolicy::Stock,
             gleaner: Default::default(),
             haltpoll: Default::default(),
         };

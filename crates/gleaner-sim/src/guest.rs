@@ -6,8 +6,8 @@ use gleaner_policy::idle::TargetState;
 
 use crate::engine::{Engine, Host, Idle, Ts, YState, GV_IDLE, GV_WORK, GV_YIELD, NONE};
 use crate::queue::{Ev, Ns};
-use crate::scenario::GuestPolicy;
 use crate::workload::Op;
+use gleaner_policy::IdlePolicy;
 
 /// When a blocked thread's timer fires.
 #[derive(Debug, Clone, Copy)]
@@ -271,13 +271,13 @@ impl Engine {
             }
             return;
         }
-        let mode = if self.virt { self.vms[vm].guest } else { GuestPolicy::Stock };
+        let mode = if self.virt { self.vms[vm].guest } else { IdlePolicy::Stock };
         match mode {
-            GuestPolicy::IdlePoll => {
+            IdlePolicy::Poll => {
                 self.trace_idle_start(v);
                 self.vcpus[vi].idle = Idle::Poll { until: Ns::MAX };
             }
-            GuestPolicy::Haltpoll => {
+            IdlePolicy::Haltpoll { .. } => {
                 let limit = self.vcpus[vi].guest_poll_limit;
                 if limit > 0 {
                     self.trace_idle_start(v);
@@ -389,7 +389,7 @@ impl Engine {
             }
             return;
         }
-        if self.vms[vm].guest != GuestPolicy::Haltpoll || !self.virt {
+        if !matches!(self.vms[vm].guest, IdlePolicy::Haltpoll { .. }) || !self.virt {
             return;
         }
         let hp = self.vms[vm].haltpoll.clone();

@@ -41,7 +41,7 @@ impl KnobProbe {
             vcpus,
             pin_offset: None,
             background: true,
-            guest: crate::scenario::GuestPolicy::Stock,
+            guest: gleaner_policy::IdlePolicy::Stock,
             gleaner: crate::scenario::GleanerCfg::default(),
             haltpoll: crate::scenario::GuestHaltpollCfg::default(),
         };

@@ -10,8 +10,9 @@ use serde::Serialize;
 
 use crate::engine::{ms_to_ns, Engine, HaltPoll, Outcome, Setup, SetupVm};
 use crate::policy::{AqlHost, HostPolicy, StockHost};
-use crate::scenario::{CalibrationUse, Costs, GuestPolicy, HostPolicyKind, ResolvedCosts, Scenario, VariantCfg};
+use crate::scenario::{CalibrationUse, Costs, HostPolicyKind, ResolvedCosts, Scenario, VariantCfg};
 use crate::stats::{LatencySummary, VmOutcome};
+use gleaner_policy::IdlePolicy;
 
 /// The whole result of `gleaner sim`.
 #[derive(Debug, Clone, Serialize)]
@@ -78,7 +79,9 @@ pub struct NativeReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct VariantReport {
     pub name: String,
-    pub guest: GuestPolicy,
+    /// The guest's idle policy, as reports name it ([`report_name`]).
+    #[serde(serialize_with = "report_name")]
+    pub guest: IdlePolicy,
     pub host_halt_poll: bool,
     pub host: HostPolicyKind,
     pub finished: bool,
@@ -89,6 +92,15 @@ pub struct VariantReport {
     pub vms: Vec<VmReport>,
     /// Mean over the VMs of their speedup against the baseline variant (Gleaner paper, 7.2).
     pub weighted_speedup: Option<f64>,
+}
+
+/// A policy as the simulator's reports name it: by its name, `poll` as `idle_poll` (the
+/// name the readers of these reports match on).
+fn report_name<S: serde::Serializer>(p: &IdlePolicy, s: S) -> Result<S::Ok, S::Error> {
+    match p {
+        IdlePolicy::Poll => s.serialize_str("idle_poll"),
+        p => s.collect_str(p),
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -194,9 +206,9 @@ pub fn setup_with_costs(sc: &Scenario, v: &VariantCfg, seed: u64, costs: &Resolv
             vcpus: vm.vcpus,
             pin_offset: vm.pin.then_some(vm.pin_offset),
             background: vm.background,
-            guest: if vm.background { GuestPolicy::Stock } else { v.guest },
+            guest: if vm.background { IdlePolicy::Stock } else { v.guest },
             gleaner: gleaner.clone(),
-            haltpoll: v.haltpoll.clone(),
+            haltpoll: v.haltpoll_params(),
         });
     }
     Ok(Setup {
@@ -252,7 +264,7 @@ pub fn native_setup_with_costs(sc: &Scenario, vm_index: usize, seed: u64, costs:
                 vcpus: cores,
                 pin_offset: Some(0),
                 background: false,
-                guest: GuestPolicy::Stock,
+                guest: IdlePolicy::Stock,
                 gleaner: Default::default(),
                 haltpoll: Default::default(),
             }],

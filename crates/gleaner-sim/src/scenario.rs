@@ -7,12 +7,17 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use gleaner_measure::calibration::{self, CalibrationRecord, RecordError};
+use gleaner_measure::report::WakeupDoc;
+use gleaner_measure::wakeup::Setting;
 use gleaner_policy::gleaner::Params;
 use gleaner_policy::guest::GuestConfig;
 use gleaner_policy::idle::WakeCurve;
 use gleaner_policy::input::BadInput;
 use gleaner_policy::num::saturating_u64;
+use gleaner_policy::peer::UPSTREAM_HALTPOLL_CAP_NS;
 use gleaner_policy::retention::{GovernorConfig, RetentionConfig};
+use gleaner_policy::IdlePolicy;
 use serde::{Deserialize, Serialize};
 
 use crate::workload::{self, Workload, WorkloadCfg};
@@ -167,33 +172,6 @@ fn onef() -> f64 {
     1.0
 }
 
-/// What the guest does with idle vCPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GuestPolicy {
-    /// Halt (HLT exit) at once.
-    Stock,
-    /// cpuidle-haltpoll: poll with an adaptive window, then halt.
-    Haltpoll,
-    /// `idle=poll`: never halt.
-    IdlePoll,
-    /// Gleaner resource retention only (yielding threads with the idle detector).
-    Retention,
-    /// Gleaner consolidation only (the controller shrinks the workload's vCPU set).
-    Consolidation,
-    /// Both Gleaner mechanisms.
-    Gleaner,
-}
-
-impl GuestPolicy {
-    pub fn retention(self) -> bool {
-        matches!(self, Self::Retention | Self::Gleaner)
-    }
-    pub fn consolidation(self) -> bool {
-        matches!(self, Self::Consolidation | Self::Gleaner)
-    }
-}
-
 /// Which host policy assigns pools and slices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -209,9 +187,12 @@ pub enum HostPolicyKind {
 #[serde(deny_unknown_fields)]
 pub struct VariantCfg {
     pub name: String,
-    /// Guest policy of the foreground VMs (background VMs always run stock).
+    /// Idle policy of the foreground VMs' guests (background VMs always run stock): `stock`
+    /// (halt at once), `haltpoll` or `haltpoll:CAP` (cpuidle-haltpoll, its parameters in
+    /// `haltpoll`; a cap named here is its `guest_halt_poll_ns`), `poll` (`idle=poll`: never
+    /// halt), `retention`, `consolidation`, `gleaner` (the agent's mechanisms).
     #[serde(default = "stock")]
-    pub guest: GuestPolicy,
+    pub guest: IdlePolicy,
     /// KVM halt polling on the host.
     #[serde(default = "yes")]
     pub host_halt_poll: bool,
@@ -261,15 +242,15 @@ impl AqlCfg {
     }
 }
 
-fn stock() -> GuestPolicy {
-    GuestPolicy::Stock
+fn stock() -> IdlePolicy {
+    IdlePolicy::Stock
 }
 fn stock_host() -> HostPolicyKind {
     HostPolicyKind::Stock
 }
 
 impl VariantCfg {
-    pub fn named(name: &str, guest: GuestPolicy) -> Self {
+    pub fn named(name: &str, guest: IdlePolicy) -> Self {
         Self {
             name: name.into(),
             guest,
@@ -278,6 +259,17 @@ impl VariantCfg {
             gleaner: GleanerCfg::default(),
             haltpoll: GuestHaltpollCfg::default(),
             aql: AqlCfg::default(),
+        }
+    }
+
+    /// The guest haltpoll parameters this variant runs with: `haltpoll`'s, with the cap the
+    /// policy names (`haltpoll:CAP`) where it names one other than the upstream default.
+    pub fn haltpoll_params(&self) -> GuestHaltpollCfg {
+        match self.guest {
+            IdlePolicy::Haltpoll { cap_ns } if cap_ns != UPSTREAM_HALTPOLL_CAP_NS => {
+                GuestHaltpollCfg { guest_halt_poll_ns: cap_ns, ..self.haltpoll.clone() }
+            }
+            _ => self.haltpoll.clone(),
         }
     }
 }
@@ -520,74 +512,46 @@ impl Costs {
     }
 }
 
-/// Reads the wake-up medians from a `gleaner bench wakeup --json` document: any array of
-/// objects with `setting` ("A".."D") and `p50_us` (falling back to `mean_us`), wherever it is.
+/// Table 2's VM column from a `gleaner bench wakeup --json` document ([`WakeupDoc`]): each
+/// setting's median, its mean where it has none.
 pub fn table2_from_bench_json(text: &str, path: &str) -> anyhow::Result<Table2> {
-    let v: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| BadInput::new("costs.bench_json", path, format!("a `gleaner bench wakeup --json` file ({e})")))?;
-    let mut found: BTreeMap<String, f64> = BTreeMap::new();
-    fn walk(v: &serde_json::Value, found: &mut BTreeMap<String, f64>) {
-        match v {
-            serde_json::Value::Object(m) => {
-                if let Some(s) = m.get("setting").and_then(|s| s.as_str()) {
-                    let val = m.get("p50_us").and_then(|x| x.as_f64()).or_else(|| m.get("mean_us").and_then(|x| x.as_f64()));
-                    if let Some(val) = val {
-                        found.entry(s.trim().to_ascii_uppercase()).or_insert(val);
-                    }
-                }
-                for x in m.values() {
-                    walk(x, found);
-                }
-            }
-            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, found)),
-            _ => {}
-        }
-    }
-    walk(&v, &mut found);
-    let get = |k: &str| -> anyhow::Result<f64> {
-        match found.get(k) {
-            Some(&x) if x.is_finite() && x >= 0.0 => Ok(x),
-            Some(&x) => Err(BadInput::new(format!("costs.bench_json setting {k} p50_us"), x, "a number >= 0").into()),
+    let doc: WakeupDoc = serde_json::from_str(text)
+        .map_err(|e| BadInput::new("costs.bench_json", path, format!("a `gleaner bench wakeup --json` document ({e})")))?;
+    let get = |setting: Setting| -> anyhow::Result<f64> {
+        let found = doc.settings.iter().find(|r| r.setting == setting).and_then(|r| r.p50_us.or(r.mean_us));
+        match found {
+            Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
+            Some(x) => Err(BadInput::new(format!("costs.bench_json setting {setting:?} p50_us"), x, "a number >= 0").into()),
             None => Err(BadInput::new(
                 "costs.bench_json",
                 path,
-                format!("results for settings A, B, C and D (objects with \"setting\" and \"p50_us\"); setting {k} is missing"),
+                format!("a measurement of settings A, B, C and D (`gleaner bench wakeup --json`); setting {setting:?} is missing"),
             )
             .into()),
         }
     };
-    Ok(Table2 { a_us: get("A")?, b_us: get("B")?, c_us: get("C")?, d_us: get("D")? })
+    Ok(Table2 { a_us: get(Setting::A)?, b_us: get(Setting::B)?, c_us: get(Setting::C)?, d_us: get(Setting::D)? })
 }
 
-/// Where the agent keeps its calibration record (`gleaner_agent::cache`: `RUN_DIR/calibration.json`).
-pub const DEFAULT_CALIBRATION: &str = "/run/gleaner/calibration.json";
+/// Where the agent keeps its calibration record.
+pub const DEFAULT_CALIBRATION: &str = calibration::DEFAULT_PATH;
 
-/// The record schema whose `results.curve` is a wake-cost curve (`gleaner_agent::cache::SCHEMA`;
-/// the simulator does not depend on the agent, so the number is repeated here).
-pub const CALIBRATION_SCHEMA: u64 = 3;
-
-/// The wake-cost curve of an agent calibration record (`gleaner_agent::cache::CalibrationRecord`:
-/// `{"schema": 3, ..., "results": {"curve": {"halted": [...], "busy_ns", "poll_ns"}, ...}}`).
-/// Only `schema` and `results.curve` are read; the curve is `gleaner_policy`'s own type, the
-/// one the record holds. Errors name the file and the field.
+/// The wake-cost curve of an agent calibration record ([`CalibrationRecord`], the agent's own
+/// type). Errors name the file, and the field where one is wrong.
 pub fn curve_from_calibration(text: &str, path: &str) -> anyhow::Result<WakeCurve> {
     let field = |f: &str| format!("calibration record {path} field {f}");
-    let v: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| BadInput::new("calibration record", path, format!("a JSON record as `gleaner calibrate --json` writes it ({e})")))?;
-    let schema = v.get("schema");
-    if schema.and_then(serde_json::Value::as_u64) != Some(CALIBRATION_SCHEMA) {
-        let got = schema.map_or_else(|| "missing".to_string(), ToString::to_string);
-        return Err(bad(
+    let record = CalibrationRecord::from_slice(text.as_bytes()).map_err(|e| match e {
+        RecordError::NotJson(e) => bad("calibration record", path, format!("a JSON record as the agent writes it ({e})")),
+        RecordError::Schema { found } => bad(
             field("schema"),
-            got,
-            format!("{CALIBRATION_SCHEMA} (a wake-cost curve; an older record has none: measure again with `gleaner calibrate`)"),
-        ));
-    }
-    let shape = r#"{"halted": [{"gap_ns", "mean_ns", "p50_ns"}, ...], "busy_ns", "poll_ns" (null without a POLL state)}"#;
-    let Some(c) = v.get("results").and_then(|r| r.get("curve")).filter(|c| !c.is_null()) else {
-        return Err(bad(field("results.curve"), "missing", shape));
-    };
-    let curve: WakeCurve = serde_json::from_value(c.clone()).map_err(|e| bad(field("results.curve"), e, shape))?;
+            found.map_or_else(|| "missing".to_string(), |v| v.to_string()),
+            format!("{} (a wake-cost curve; an older record has none: measure again with `gleaner calibrate`)", calibration::SCHEMA),
+        ),
+        RecordError::Invalid(e) => {
+            bad(format!("calibration record {path}"), e, format!("a record as the agent writes it ({})", calibration::DEFAULT_PATH))
+        }
+    })?;
+    let curve = record.results.curve;
     curve.validate().map_err(|e| bad(field("results.curve.halted"), e, "at least one point, gaps > 0 ns, strictly ascending"))?;
     Ok(curve)
 }
@@ -766,7 +730,7 @@ impl Scenario {
     /// The variants to run (a single `stock` if none is given).
     pub fn variants(&self) -> Vec<VariantCfg> {
         if self.variants.is_empty() {
-            vec![VariantCfg::named("stock", GuestPolicy::Stock)]
+            vec![VariantCfg::named("stock", IdlePolicy::Stock)]
         } else {
             self.variants.clone()
         }
@@ -912,6 +876,25 @@ impl Scenario {
             if v.gleaner.retention.timeout_ns == 0 {
                 return Err(bad(k("gleaner.retention.timeout_ns"), 0, ">= 1"));
             }
+            if v.guest == IdlePolicy::Yielders {
+                return Err(bad(
+                    k("guest"),
+                    v.guest,
+                    "stock, haltpoll, haltpoll:CAP, poll, retention, consolidation, gleaner (always-on yielders are \
+                     guest = \"retention\" with [variant.gleaner] govern = false and a long retention.timeout_ns)",
+                ));
+            }
+            let table_cap = v.haltpoll.guest_halt_poll_ns;
+            if let IdlePolicy::Haltpoll { cap_ns } = v.guest {
+                if cap_ns != UPSTREAM_HALTPOLL_CAP_NS && table_cap != GuestHaltpollCfg::default().guest_halt_poll_ns && table_cap != cap_ns
+                {
+                    return Err(bad(
+                        k("haltpoll.guest_halt_poll_ns"),
+                        table_cap,
+                        format!("{cap_ns} (the cap guest = \"{}\" names), or no cap in guest", v.guest),
+                    ));
+                }
+            }
             if v.haltpoll.guest_halt_poll_grow == 0 {
                 return Err(bad(k("haltpoll.guest_halt_poll_grow"), 0, ">= 1"));
             }
@@ -1014,19 +997,40 @@ mod tests {
         assert_eq!(c.rt + c.ipi + c.rv, 94_000, "C");
     }
 
+    /// A `gleaner bench wakeup --json` document with these (setting, p50 us) results.
+    fn wakeup_doc(p50s: &[(&str, f64)]) -> String {
+        let settings: Vec<String> = p50s
+            .iter()
+            .map(|(s, p50)| {
+                format!(
+                    r#"{{"setting":"{s}","description":"","waker_cpu":0,"waiter_cpu":1,"samples":10,"mean_us":{},"p50_us":{p50},
+                    "p90_us":null,"p99_us":null,"min_us":null,"max_us":null,"discarded":0,"lost":0,"warmup":10,"samples_ns":[]}}"#,
+                    p50 + 1.0
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"kind":"wakeup","primitive":"condvar","rounds":10,"warmup":10,"period_us":500,"settings":[{}],
+            "host":{{"kernel":"6.18","cpus":2,"allowed_cpus":"0-1","virtualized":true,"hypervisor":null,"cpuidle_driver":null,
+            "cpuidle_governor":null,"git_revision":null,"date":"2026-12-01T00:00:00Z"}}}}"#,
+            settings.join(",")
+        )
+    }
+
     #[test]
     fn bench_json_valid_malformed_empty() {
-        let j = r#"{"results":[{"setting":"A","samples":10,"mean_us":5,"p50_us":4,"p90_us":6,"p99_us":9},
-            {"setting":"B","samples":10,"mean_us":30,"p50_us":28,"p90_us":6,"p99_us":9},
-            {"setting":"C","samples":10,"mean_us":60,"p50_us":50,"p90_us":6,"p99_us":9},
-            {"setting":"D","samples":10,"mean_us":200,"p50_us":150,"p90_us":6,"p99_us":9}]}"#;
-        let t = table2_from_bench_json(j, "x").expect("valid");
+        let j = wakeup_doc(&[("A", 4.0), ("B", 28.0), ("C", 50.0), ("D", 150.0)]);
+        let t = table2_from_bench_json(&j, "x").expect("valid");
         assert_eq!((t.a_us, t.b_us, t.c_us, t.d_us), (4.0, 28.0, 50.0, 150.0));
         assert!(table2_from_bench_json("{not json", "x").is_err());
         let e = table2_from_bench_json("", "x").expect_err("empty");
         assert!(e.downcast_ref::<BadInput>().is_some());
-        let e = table2_from_bench_json("{\"results\":[]}", "x").expect_err("no settings");
-        assert!(e.to_string().contains("setting A is missing"), "{e}");
+        let e = table2_from_bench_json(&wakeup_doc(&[("A", 4.0), ("B", 28.0), ("C", 50.0)]), "x").expect_err("no D");
+        assert!(e.to_string().contains("setting D is missing"), "{e}");
+        // A document that is not `bench wakeup`'s is refused, naming the file.
+        let e = table2_from_bench_json(r#"{"results":[{"setting":"A","p50_us":4}]}"#, "old.json").expect_err("not a WakeupDoc");
+        let b = e.downcast_ref::<BadInput>().expect("bad input");
+        assert!(b.value == "old.json" && b.allowed.contains("gleaner bench wakeup --json"), "{b}");
     }
 
     fn rv_costs(points: &[(u64, u64)]) -> Costs {
@@ -1066,6 +1070,15 @@ mod tests {
 
     fn fixture() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/calibration.json")
+    }
+
+    /// An agent record of schema `schema` holding `curve` (JSON).
+    fn record(schema: &str, curve: &str) -> String {
+        format!(
+            r#"{{"schema": {schema}, "depends_on": {{"boot_id": "b", "kernel_release": "6.18", "online_cpus": "0-1", "waker_cpu": 0,
+            "waiter_cpu": 1, "cpuidle_driver": null, "cpuidle_governor": null}}, "measured_at_unix_s": 1, "measured_at_boottime_ms": 2,
+            "took_ms": 3, "results": {{"curve": {curve}, "idle_threshold_ns": 10000, "polling": {{"halted": "h", "poll": "p"}}}}}}"#
+        )
     }
 
     /// The fixture (an agent record of a haltpoll guest: C 20.4..60.1 us by gap, B 17.5 us,
@@ -1111,9 +1124,12 @@ mod tests {
     /// clamps RV to 0 at that gap, and says so.
     #[test]
     fn a_calibration_without_poll_keeps_a_and_clamps_rv_at_zero() {
-        let j = r#"{"schema": 3, "results": {"curve": {"halted": [{"gap_ns": 10000, "mean_ns": 15000, "p50_ns": 14000},
-            {"gap_ns": 1000000, "mean_ns": 40000, "p50_ns": 38000}], "busy_ns": 16000, "poll_ns": null}}}"#;
-        let curve = curve_from_calibration(j, "x.json").expect("valid");
+        let j = record(
+            "3",
+            r#"{"halted": [{"gap_ns": 10000, "mean_ns": 15000, "p50_ns": 14000},
+            {"gap_ns": 1000000, "mean_ns": 40000, "p50_ns": 38000}], "busy_ns": 16000, "poll_ns": null}"#,
+        );
+        let curve = curve_from_calibration(&j, "x.json").expect("valid");
         let base = Costs::from_table2(&CostsCfg::default().vm, 1.0, 2.0, 1.0);
         let c = Costs::from_calibration(&base, &curve);
         assert_eq!((c.rt, c.ipi, c.rv_at(10_000), c.rv_at(1_000_000), c.poll_state), (6_000, 10_000, 0, 22_000, false));
@@ -1135,24 +1151,23 @@ mod tests {
         assert!(b.allowed.contains("a readable file"), "{b}");
         let b = one(curve_from_calibration("{not json", "c.json").expect_err("malformed"));
         assert_eq!(b.value, "c.json");
-        assert!(b.allowed.contains("gleaner calibrate --json"), "{b}");
-        let curve = r#""results": {"curve": {"halted": [{"gap_ns": 10000, "mean_ns": 30000, "p50_ns": 29000}], "busy_ns": 17000, "poll_ns": 6000}}"#;
-        for (text, field, value) in [
-            (format!("{{\"schema\": 2, {curve}}}"), "schema", "2"),
-            (format!("{{{curve}}}"), "schema", "missing"),
-            ("[]".to_string(), "schema", "missing"),
-            ("{\"schema\": 3, \"results\": {}}".to_string(), "results.curve", "missing"),
-            ("{\"schema\": 3, \"results\": {\"curve\": null}}".to_string(), "results.curve", "missing"),
-            (format!("{{\"schema\": 3, {}}}", curve.replace("\"busy_ns\": 17000, ", "")), "results.curve", "missing field `busy_ns`"),
-            (format!("{{\"schema\": 3, {}}}", curve.replace("17000", "-1")), "results.curve", "invalid value"),
+        assert!(b.allowed.contains("as the agent writes it"), "{b}");
+        let curve = r#"{"halted": [{"gap_ns": 10000, "mean_ns": 30000, "p50_ns": 29000}], "busy_ns": 17000, "poll_ns": 6000}"#;
+        for (text, what, value) in [
+            (record("2", curve), "calibration record c.json field schema", "2"),
+            (record("3", curve).replace("\"schema\": 3, ", ""), "calibration record c.json field schema", "missing"),
+            ("[]".to_string(), "calibration record c.json field schema", "missing"),
+            (record("3", "null"), "calibration record c.json", "invalid type: null"),
+            (record("3", &curve.replace("\"busy_ns\": 17000, ", "")), "calibration record c.json", "missing field `busy_ns`"),
+            (record("3", &curve.replace("17000", "-1")), "calibration record c.json", "invalid value"),
             (
-                "{\"schema\": 3, \"results\": {\"curve\": {\"halted\": [], \"busy_ns\": 1, \"poll_ns\": null}}}".to_string(),
-                "results.curve.halted",
+                record("3", r#"{"halted": [], "busy_ns": 1, "poll_ns": null}"#),
+                "calibration record c.json field results.curve.halted",
                 "at least one",
             ),
         ] {
             let b = one(curve_from_calibration(&text, "c.json").expect_err(&text));
-            assert_eq!(b.what, format!("calibration record c.json field {field}"), "{text}");
+            assert_eq!(b.what, what, "{text}");
             assert!(b.value.contains(value), "{text}: {b}");
         }
         // Through a scenario: the same one line (the key is the file's).
@@ -1171,6 +1186,26 @@ mod tests {
             let b = err_of(&text(guest, govern));
             assert_eq!(b.what, "variant.g.gleaner.kernel_polling", "{guest} {govern}");
         }
+    }
+
+    /// The variant's guest is an [`IdlePolicy`]: `idle_poll` still reads as `poll`; a cap named
+    /// in the policy is the haltpoll cap, and naming another in `[variant.haltpoll]` is
+    /// refused; always-on yielders say how to model them.
+    #[test]
+    fn variant_guests_are_idle_policies() {
+        let variant = |guest: &str, extra: &str| format!("{MIN}[[variant]]\nname = \"v\"\nguest = \"{guest}\"\n{extra}");
+        let sc = parse(&variant("idle_poll", ""), "t").expect("the simulator's old name");
+        assert_eq!(sc.variants[0].guest, IdlePolicy::Poll);
+        let sc = parse(&variant("haltpoll:400us", ""), "t").expect("a cap");
+        assert_eq!(sc.variants[0].haltpoll_params().guest_halt_poll_ns, 400_000);
+        let sc = parse(&variant("haltpoll", "[variant.haltpoll]\nguest_halt_poll_ns = 50000\n"), "t").expect("the table's cap");
+        assert_eq!(sc.variants[0].haltpoll_params().guest_halt_poll_ns, 50_000);
+        let b = err_of(&variant("haltpoll:400us", "[variant.haltpoll]\nguest_halt_poll_ns = 50000\n"));
+        assert_eq!(b.what, "variant.v.haltpoll.guest_halt_poll_ns");
+        let b = err_of(&variant("yielders", ""));
+        assert_eq!(b.what, "variant.v.guest");
+        assert!(b.allowed.contains("govern = false"), "{b}");
+        assert!(err_of(&variant("naiv", "")).value.contains("naiv"));
     }
 
     #[test]

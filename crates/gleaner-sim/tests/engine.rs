@@ -1,8 +1,9 @@
 //! Event core and schedulers: small setups with exact or tightly bounded answers.
 
+use gleaner_policy::IdlePolicy;
 use gleaner_sim::engine::{Engine, HaltPoll, Outcome, Setup, SetupVm};
 use gleaner_sim::policy::StockHost;
-use gleaner_sim::scenario::{Costs, CostsCfg, GuestPolicy, RvPoint};
+use gleaner_sim::scenario::{Costs, CostsCfg, RvPoint};
 use gleaner_sim::workload::{CacheProfile, GroupCfg, WorkloadCfg};
 
 fn wl(groups: Vec<GroupCfg>) -> WorkloadCfg {
@@ -18,7 +19,7 @@ fn group(name: &str, threads: u32, iterations: Option<u64>, pin: Vec<u32>, ops: 
     GroupCfg { name: name.into(), threads: Some(threads), iterations, pin, ops: ops.iter().map(|s| s.to_string()).collect() }
 }
 
-fn vm(name: &str, w: WorkloadCfg, vcpus: u32, pin: Option<u32>, background: bool, guest: GuestPolicy) -> SetupVm {
+fn vm(name: &str, w: WorkloadCfg, vcpus: u32, pin: Option<u32>, background: bool, guest: IdlePolicy) -> SetupVm {
     SetupVm {
         name: name.into(),
         workload: w.resolve(name, vcpus, vcpus).expect("workload resolves"),
@@ -63,7 +64,7 @@ fn run(s: Setup) -> Outcome {
 #[test]
 fn lone_compute_thread_takes_exactly_its_work_plus_start_costs() {
     let w = wl(vec![group("g", 1, Some(10), vec![], &["compute 100us"])]);
-    let o = run(setup(1, vec![vm("a", w, 1, None, false, GuestPolicy::Stock)]));
+    let o = run(setup(1, vec![vm("a", w, 1, None, false, IdlePolicy::Stock)]));
     assert!(o.finished);
     let c = costs();
     // resume of the initially halted vCPU (RV) + one thread switch (RT) + 10 x 100 us
@@ -74,7 +75,7 @@ fn lone_compute_thread_takes_exactly_its_work_plus_start_costs() {
 #[test]
 fn two_vcpus_share_one_pcpu_fairly() {
     let hog = || wl(vec![group("g", 1, None, vec![], &["compute 10ms"])]);
-    let mut s = setup(1, vec![vm("a", hog(), 1, None, true, GuestPolicy::Stock), vm("b", hog(), 1, None, true, GuestPolicy::Stock)]);
+    let mut s = setup(1, vec![vm("a", hog(), 1, None, true, IdlePolicy::Stock), vm("b", hog(), 1, None, true, IdlePolicy::Stock)]);
     s.stop_at = Some(300_000_000);
     let o = run(s);
     let (a, b) = (o.vms[0].work_ns as f64, o.vms[1].work_ns as f64);
@@ -85,7 +86,7 @@ fn two_vcpus_share_one_pcpu_fairly() {
 #[test]
 fn guest_round_robin_shares_a_vcpu() {
     let w = wl(vec![group("g", 2, None, vec![0], &["compute 1ms"])]);
-    let mut s = setup(1, vec![vm("a", w, 1, None, true, GuestPolicy::Stock)]);
+    let mut s = setup(1, vec![vm("a", w, 1, None, true, IdlePolicy::Stock)]);
     s.stop_at = Some(60_000_000);
     let o = run(s);
     // 2 threads rotating every 3 ms guest slice: about 20 switches in 60 ms.
@@ -93,14 +94,14 @@ fn guest_round_robin_shares_a_vcpu() {
 }
 
 /// Ping-pong between two pinned threads: the wake-up latency is the composition of the costs.
-fn pingpong(same_vcpu: bool, guest: GuestPolicy, hog: bool, halt_poll: bool) -> Outcome {
+fn pingpong(same_vcpu: bool, guest: IdlePolicy, hog: bool, halt_poll: bool) -> Outcome {
     let w = wl(vec![
         group("ping", 1, Some(200), vec![0], &["compute 50us", "signal ping", "wait pong"]),
         group("pong", 1, Some(200), vec![if same_vcpu { 0 } else { 1 }], &["wait ping", "compute 30us", "signal pong"]),
     ]);
     let mut vms = vec![vm("app", w, 2, Some(0), false, guest)];
     if hog {
-        vms.push(vm("hog", wl(vec![group("g", 2, None, vec![], &["compute 10ms"])]), 2, Some(0), true, GuestPolicy::Stock));
+        vms.push(vm("hog", wl(vec![group("g", 2, None, vec![], &["compute 10ms"])]), 2, Some(0), true, IdlePolicy::Stock));
     }
     let mut s = setup(2, vms);
     if halt_poll {
@@ -113,9 +114,9 @@ fn pingpong(same_vcpu: bool, guest: GuestPolicy, hog: bool, halt_poll: bool) -> 
 fn wakeup_costs_compose_as_in_table2() {
     let c = costs();
     let p50 = |o: &Outcome| o.vms[0].lat.summary().p50_us;
-    let a = p50(&pingpong(true, GuestPolicy::Stock, false, false));
-    let cc = p50(&pingpong(false, GuestPolicy::Stock, false, false));
-    let d = p50(&pingpong(false, GuestPolicy::Stock, true, false));
+    let a = p50(&pingpong(true, IdlePolicy::Stock, false, false));
+    let cc = p50(&pingpong(false, IdlePolicy::Stock, false, false));
+    let d = p50(&pingpong(false, IdlePolicy::Stock, true, false));
     // 1 us histogram buckets: the p50 is rounded down to the microsecond.
     let us = |ns: u64| ns as f64 / 1000.0;
     assert!((a - us(c.rt)).abs() <= 1.0, "A {a}");
@@ -126,7 +127,7 @@ fn wakeup_costs_compose_as_in_table2() {
 #[test]
 fn retention_keeps_the_vcpu_and_pays_only_the_ipi() {
     let c = costs();
-    let o = pingpong(false, GuestPolicy::Retention, false, false);
+    let o = pingpong(false, IdlePolicy::Retention, false, false);
     let b = o.vms[0].lat.summary().p50_us;
     // The agent's first period (a quarter of 10 ms) halts while it sees the workload (about
     // 15 wakeups per vCPU); then the planner's window (131 us) is longer than the idle periods
@@ -158,8 +159,8 @@ fn a_slow_busy_vcpu_pays_b_and_a_halted_one_c() {
         run(s).vms[0].lat.summary().p50_us
     };
     // 1 us histogram buckets: the p50 is rounded down to the microsecond.
-    assert!((p50(GuestPolicy::Stock) - 90.0).abs() <= 1.0, "C");
-    assert!((p50(GuestPolicy::Retention) - 400.0).abs() <= 1.0, "B");
+    assert!((p50(IdlePolicy::Stock) - 90.0).abs() <= 1.0, "C");
+    assert!((p50(IdlePolicy::Retention) - 400.0).abs() <= 1.0, "B");
 }
 
 /// A ping-pong whose ping sleeps `gap` before each signal (so both vCPUs halt about that
@@ -186,7 +187,7 @@ fn sleepy_pingpong(gap: &str, flat: bool) -> Outcome {
         group("ping", 1, Some(100), vec![0], &[&format!("sleep {gap}"), "signal ping", "wait pong"]),
         group("pong", 1, Some(100), vec![1], &["wait ping", "compute 1us", "signal pong"]),
     ]);
-    let mut s = setup(2, vec![vm("app", w, 2, Some(0), false, GuestPolicy::Stock)]);
+    let mut s = setup(2, vec![vm("app", w, 2, Some(0), false, IdlePolicy::Stock)]);
     s.costs = c;
     run(s)
 }
@@ -210,7 +211,7 @@ fn a_halt_costs_more_after_a_longer_idle_gap() {
 
 #[test]
 fn kvm_halt_polling_catches_short_halts() {
-    let o = pingpong(false, GuestPolicy::Stock, false, true);
+    let o = pingpong(false, IdlePolicy::Stock, false, true);
     let v = &o.vms[0];
     assert!(v.halt_poll_attempts > 300, "attempts {}", v.halt_poll_attempts);
     let rate = v.halt_poll_successes as f64 / v.halt_poll_attempts as f64;
@@ -218,7 +219,7 @@ fn kvm_halt_polling_catches_short_halts() {
     let c = costs();
     assert!(v.lat.summary().p50_us < (c.ipi + c.rv + c.rt) as f64 / 1000.0, "polling beats a full resume");
     // Next to a hog, KVM does not poll when another task wants the pCPU.
-    let o = pingpong(false, GuestPolicy::Stock, true, true);
+    let o = pingpong(false, IdlePolicy::Stock, true, true);
     let v = &o.vms[0];
     assert!(v.halt_poll_successes * 10 <= v.exits_hlt, "polls {} of {} halts", v.halt_poll_successes, v.exits_hlt);
 }
@@ -227,7 +228,7 @@ fn kvm_halt_polling_catches_short_halts() {
 fn halt_poll_window_shrinks_on_long_halts() {
     // 1 ms sleeps: every halt is longer than halt_poll_ns, so the window resets to 0.
     let w = wl(vec![group("g", 1, Some(200), vec![], &["sleep 1ms", "compute 5us"])]);
-    let mut s = setup(1, vec![vm("a", w, 1, None, false, GuestPolicy::Stock)]);
+    let mut s = setup(1, vec![vm("a", w, 1, None, false, IdlePolicy::Stock)]);
     s.halt_poll = Some(HaltPoll { max_ns: 200_000, grow: 2, grow_start: 10_000, shrink: 0 });
     let o = run(s);
     let v = &o.vms[0];
@@ -239,7 +240,7 @@ fn halt_poll_window_shrinks_on_long_halts() {
 #[test]
 fn idle_poll_never_halts_and_costs_cpu() {
     let w = wl(vec![group("g", 2, Some(100), vec![], &["compute 20us", "lock m", "compute 20us", "unlock m", "sleep 50us"])]);
-    let o = run(setup(2, vec![vm("a", w, 2, None, false, GuestPolicy::IdlePoll)]));
+    let o = run(setup(2, vec![vm("a", w, 2, None, false, IdlePolicy::Poll)]));
     assert!(o.finished);
     let v = &o.vms[0];
     assert_eq!(v.exits_hlt, 0);
@@ -253,7 +254,7 @@ fn mutex_and_queues_conserve_work() {
         group("prod", 2, Some(300), vec![], &["compute 10us", "push q"]),
         group("cons", 3, None, vec![], &["pop q", "lock m", "compute 5us", "unlock m"]),
     ]);
-    let o = run(setup(4, vec![vm("a", w, 4, None, false, GuestPolicy::Stock)]));
+    let o = run(setup(4, vec![vm("a", w, 4, None, false, IdlePolicy::Stock)]));
     assert!(o.finished, "consumers end when the queue closes");
     assert_eq!(o.vms[0].work_ns, 600 * 10_000 + 600 * 5_000);
 }
@@ -261,26 +262,26 @@ fn mutex_and_queues_conserve_work() {
 #[test]
 fn barrier_and_spin_barrier_release_everyone() {
     let w = wl(vec![group("g", 4, Some(50), vec![], &["compute 30us +-50%", "barrier b", "compute 10us", "spin_barrier s"])]);
-    let o = run(setup(4, vec![vm("a", w, 4, None, false, GuestPolicy::Stock)]));
+    let o = run(setup(4, vec![vm("a", w, 4, None, false, IdlePolicy::Stock)]));
     assert!(o.finished);
     assert!(o.vms[0].spin_ns > 0);
     // Over-subscribed spin barrier: 4 threads on 2 vCPUs still finish (guest slices rotate).
     let w = wl(vec![group("g", 4, Some(5), vec![], &["compute 30us", "spin_barrier s"])]);
-    let o = run(setup(2, vec![vm("a", w, 2, None, false, GuestPolicy::Stock)]));
+    let o = run(setup(2, vec![vm("a", w, 2, None, false, IdlePolicy::Stock)]));
     assert!(o.finished);
 }
 
 #[test]
 fn spinning_vcpus_take_pause_loop_exits() {
     let w = wl(vec![group("g", 2, Some(20), vec![], &["compute 200us +-90%", "spin_barrier s"])]);
-    let o = run(setup(2, vec![vm("a", w, 2, None, false, GuestPolicy::Stock)]));
+    let o = run(setup(2, vec![vm("a", w, 2, None, false, IdlePolicy::Stock)]));
     assert!(o.vms[0].exits_ple > 0);
 }
 
 #[test]
 fn native_has_no_exits() {
     let w = wl(vec![group("g", 2, Some(100), vec![], &["compute 20us", "lock m", "compute 20us", "unlock m", "sleep 50us"])]);
-    let mut s = setup(2, vec![vm("a", w, 2, Some(0), false, GuestPolicy::Stock)]);
+    let mut s = setup(2, vec![vm("a", w, 2, Some(0), false, IdlePolicy::Stock)]);
     s.virt = false;
     let o = run(s);
     let v = &o.vms[0];
@@ -293,7 +294,7 @@ fn native_has_no_exits() {
 fn consolidation_shrinks_an_underused_vm() {
     // 8 threads taking turns on one mutex: about one vCPU of work spread over 8 vCPUs.
     let w = wl(vec![group("g", 8, Some(4000), vec![], &["compute 5us", "lock m", "compute 10us", "unlock m"])]);
-    let o = run(setup(8, vec![vm("a", w, 8, None, false, GuestPolicy::Gleaner)]));
+    let o = run(setup(8, vec![vm("a", w, 8, None, false, IdlePolicy::Gleaner)]));
     assert!(o.finished);
     let v = &o.vms[0];
     assert!(v.gleaner_decisions > 0);
@@ -307,9 +308,9 @@ fn the_governor_keeps_retention_where_it_pays_and_drops_it_where_it_cannot() {
     let hog = wl(vec![group("h", 4, None, vec![], &["compute 10ms"])]);
     // The idle planner plans a vCPU from 8 woken idle periods: at the default 10 ms period
     // this barrier, slowed by the hog, gives each vCPU 3 to 7; at 40 ms it has enough.
-    let mut app = vm("app", barrier, 4, None, false, GuestPolicy::Retention);
+    let mut app = vm("app", barrier, 4, None, false, IdlePolicy::Retention);
     app.gleaner.period_ms = 40.0;
-    let o = run(setup(4, vec![app, vm("hog", hog, 4, None, true, GuestPolicy::Stock)]));
+    let o = run(setup(4, vec![app, vm("hog", hog, 4, None, true, IdlePolicy::Stock)]));
     let r = o.vms[0].retention.expect("a governed retention variant");
     assert!(o.finished && r.periods > 20, "{r:?}");
     assert!(r.probes > 0, "{r:?}");
@@ -320,7 +321,7 @@ fn the_governor_keeps_retention_where_it_pays_and_drops_it_where_it_cannot() {
     // planner sees too few wakeups to give any vCPU a window (or the governor turns retention
     // off): the yielders take almost nothing.
     let coarse = wl(vec![group("g", 4, Some(60), vec![], &["compute 5ms +-50%", "barrier b"])]);
-    let o = run(setup(4, vec![vm("app", coarse, 4, None, false, GuestPolicy::Retention)]));
+    let o = run(setup(4, vec![vm("app", coarse, 4, None, false, IdlePolicy::Retention)]));
     let v = &o.vms[0];
     assert!(v.retention.is_some(), "a governed retention variant");
     let vcpu_ns = v.end_ns * u64::from(v.vcpus);
@@ -331,7 +332,7 @@ fn the_governor_keeps_retention_where_it_pays_and_drops_it_where_it_cannot() {
 fn an_ungoverned_fixed_timeout_is_the_old_retention() {
     // `govern = false` and `adapt = false`: no governor record, the configured timeout.
     let w = wl(vec![group("g", 4, Some(500), vec![], &["compute 60us", "barrier b"])]);
-    let mut app = vm("app", w, 4, None, false, GuestPolicy::Retention);
+    let mut app = vm("app", w, 4, None, false, IdlePolicy::Retention);
     app.gleaner.govern = false;
     app.gleaner.retention.adapt = false;
     let o = run(setup(4, vec![app]));
@@ -341,7 +342,7 @@ fn an_ungoverned_fixed_timeout_is_the_old_retention() {
 
 /// An open loop: a sender on vCPU 0 pushes requests at Poisson arrivals, a server on vCPU 1
 /// answers each after `work`, a receiver on vCPU 0 records the request latency.
-fn openloop(rate: u32, requests: u64, guest: GuestPolicy) -> Outcome {
+fn openloop(rate: u32, requests: u64, guest: IdlePolicy) -> Outcome {
     let arrive = format!("arrive {rate}/s");
     let mut w = wl(vec![
         group("sender", 1, Some(requests), vec![0], &[&arrive, "push requests"]),
@@ -355,7 +356,7 @@ fn openloop(rate: u32, requests: u64, guest: GuestPolicy) -> Outcome {
 #[test]
 fn an_open_loop_records_every_request_from_its_scheduled_arrival() {
     let c = costs();
-    let o = openloop(1000, 2000, GuestPolicy::Stock);
+    let o = openloop(1000, 2000, IdlePolicy::Stock);
     let r = o.vms[0].req.summary();
     assert_eq!(r.count, 2000, "every request answered once");
     // Poisson arrivals at 1000/s: 2000 requests take about 2 s (sd of the sum ~ 45 ms).
@@ -372,8 +373,8 @@ fn an_open_loop_records_every_request_from_its_scheduled_arrival() {
 
 #[test]
 fn idle_poll_shortens_the_open_loop_to_its_work() {
-    let stock = openloop(2000, 2000, GuestPolicy::Stock).vms[0].req.summary();
-    let poll = openloop(2000, 2000, GuestPolicy::IdlePoll).vms[0].req.summary();
+    let stock = openloop(2000, 2000, IdlePolicy::Stock).vms[0].req.summary();
+    let poll = openloop(2000, 2000, IdlePolicy::Poll).vms[0].req.summary();
     assert!(poll.p50_us * 3.0 < stock.p50_us, "idle=poll {} vs stock {}", poll.p50_us, stock.p50_us);
     // No IPIs and no halts: the work (5.5 us) and three guest thread switches.
     assert!(poll.p50_us < 5.5 + 3.0 * costs().rt as f64 / 1000.0 + 1.0, "idle=poll p50 {}", poll.p50_us);
@@ -385,7 +386,7 @@ fn a_closed_loop_stamps_and_records_on_one_thread() {
         group("client", 1, Some(300), vec![0], &["stamp", "compute 1us", "signal ping", "wait pong", "record"]),
         group("server", 1, Some(300), vec![1], &["wait ping", "compute 1us", "signal pong"]),
     ]);
-    let o = run(setup(2, vec![vm("app", w, 2, Some(0), false, GuestPolicy::Stock)]));
+    let o = run(setup(2, vec![vm("app", w, 2, Some(0), false, IdlePolicy::Stock)]));
     let r = o.vms[0].req.summary();
     assert_eq!(r.count, 300);
     // A round trip: the client's 1 us, two wakes of a halted vCPU, the server's 1 us.
@@ -398,14 +399,14 @@ fn a_closed_loop_stamps_and_records_on_one_thread() {
 fn a_workload_without_records_reports_no_request_latency() {
     let w =
         wl(vec![group("p", 1, Some(100), vec![], &["compute 10us", "push q"]), group("c", 1, None, vec![], &["pop q", "compute 10us"])]);
-    let o = run(setup(2, vec![vm("app", w, 2, Some(0), false, GuestPolicy::Stock)]));
+    let o = run(setup(2, vec![vm("app", w, 2, Some(0), false, IdlePolicy::Stock)]));
     assert_eq!(o.vms[0].req.summary().count, 0);
 }
 
 /// A sleeper's lateness: the time from its scheduled arrival to running, on a vCPU that halts
 /// (stock) or polls (idle=poll), with injected interrupts free (Table 2's world) or costing
 /// `irq` (a calibrated one: the host delivers a guest timer as it delivers an IPI).
-fn timer_lateness(guest: GuestPolicy, irq: u64) -> f64 {
+fn timer_lateness(guest: IdlePolicy, irq: u64) -> f64 {
     let w = wl(vec![group("sleeper", 1, Some(300), vec![0], &["arrive 1000/s", "record"])]);
     let mut s = setup(1, vec![vm("app", w, 1, Some(0), false, guest)]);
     s.costs.irq = irq;
@@ -418,9 +419,9 @@ fn a_timer_reaches_the_guest_through_the_host_where_the_costs_say_so() {
     let us = |ns: u64| ns as f64 / 1000.0;
     let close = |got: f64, want: f64| assert!((got - want).abs() <= 1.5, "got {got} want {want}");
     // Halted: the resume (RV) and the switch (RT); polling: the switch alone.
-    close(timer_lateness(GuestPolicy::Stock, 0), us(c.rv + c.rt));
-    close(timer_lateness(GuestPolicy::IdlePoll, 0), us(c.rt));
+    close(timer_lateness(IdlePolicy::Stock, 0), us(c.rv + c.rt));
+    close(timer_lateness(IdlePolicy::Poll, 0), us(c.rt));
     // Through the host: the interrupt's latency first, whatever the vCPU was doing.
-    close(timer_lateness(GuestPolicy::Stock, 25_000), 25.0 + us(c.rv + c.rt));
-    close(timer_lateness(GuestPolicy::IdlePoll, 25_000), 25.0 + us(c.rt));
+    close(timer_lateness(IdlePolicy::Stock, 25_000), 25.0 + us(c.rv + c.rt));
+    close(timer_lateness(IdlePolicy::Poll, 25_000), 25.0 + us(c.rt));
 }

@@ -94,15 +94,6 @@ pub struct Outcome {
     pub agent_cpu_ns: u64,
     /// Peak resident memory of the agent process (this process: with `compare`, compare's).
     pub agent_maxrss_kib: u64,
-    /// CPU time of the yielding threads alone.
-    pub yielder_cpu_ns: u64,
-    /// Kernel polling on the managed vCPUs while the agent ran (the POLL state's time).
-    pub poll_ns: u64,
-    pub decisions: u64,
-    pub timeouts: u64,
-    /// Control periods, and how many of them ran with retention on.
-    pub periods: u64,
-    pub retention_on_periods: u64,
     /// The workload's traced wakeups (every period the tracer ran), summarized at the end.
     pub wake: Option<WakeSummary>,
     /// CPU time of the eBPF tracer's programs (`None`: no tracer), and periods traced.
@@ -198,8 +189,8 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
         target: target.describe(),
         consolidation,
         note: note.clone(),
-        all_cpus: cpus.to_string(),
-        active_cpus: cpus.to_string(),
+        all_cpus: cpus.clone(),
+        active_cpus: cpus.clone(),
         period_ms: cfg.period_ms,
         ..StatusReport::default()
     }));
@@ -218,12 +209,12 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     let f = &outcome.final_status;
     info!(
         "done: {} periods, {} decisions, {} yields, {} timeouts, yielders {} ms CPU, kernel polling {} ms",
-        f.periods,
-        f.decisions,
-        f.yields,
-        f.timeouts,
-        f.yielder_cpu_ns / 1_000_000,
-        outcome.poll_ns / 1_000_000
+        f.totals.periods,
+        f.totals.decisions,
+        f.totals.yields,
+        f.totals.timeouts,
+        f.totals.yielder_cpu_ns / 1_000_000,
+        f.idle.as_ref().map_or(0, |i| i.poll_ns) / 1_000_000
     );
     Ok(outcome)
 }
@@ -525,7 +516,7 @@ impl Session {
                 ran,
                 wake,
             };
-            self.publish(ctx, ended, &guest, events.as_mut(), &mut outcome)?;
+            self.publish(ctx, ended, &guest, events.as_mut())?;
             last_work_ns = gleaner_os::rusage::thread_cpu_ns().saturating_sub(work0);
         }
         // The clean-up at the agent's own priority.
@@ -620,15 +611,8 @@ impl Session {
     }
 
     /// Publishes a period: its events (decisions, the period, a retention change) to the log,
-    /// its counts to the outcome, and the live status.
-    fn publish(
-        &self,
-        ctx: &RunContext<'_>,
-        p: PeriodEnd,
-        guest: &GuestController,
-        events: Option<&mut EventLog>,
-        outcome: &mut Outcome,
-    ) -> anyhow::Result<()> {
+    /// its counts and the live status (the status totals them: `StatusReport::add_period`).
+    fn publish(&self, ctx: &RunContext<'_>, p: PeriodEnd, guest: &GuestController, events: Option<&mut EventLog>) -> anyhow::Result<()> {
         let metrics = guest.metrics();
         let active = CpuSet::from_iter(p.step.active.iter().copied()).to_string();
         let event = |kind: EventKind| EventRecord { mono_ns: Some(p.mono_ns), ..EventRecord::new(p.t_ms, kind, active.clone(), metrics) };
@@ -681,16 +665,10 @@ impl Session {
             }
         }
         let n = p.step.decisions.len() as u64;
-        outcome.decisions += n;
-        outcome.timeouts += p.extras.timeouts;
-        outcome.yielder_cpu_ns += p.extras.yielder_run_ns;
-        outcome.poll_ns += p.extras.poll_ns;
-        outcome.periods += 1;
-        outcome.retention_on_periods += u64::from(p.ran.is_on());
         if let Ok(mut s) = ctx.status.lock() {
             s.retention_mode = Some(guest.mode());
             s.governor = guest.governor_state();
-            s.active_cpus = active;
+            s.active_cpus = CpuSet::from_iter(p.step.active.iter().copied());
             s.metrics = metrics;
             s.uptime_s = ctx.start.elapsed().as_secs_f64();
             if let Some(i) = &mut s.idle {
@@ -702,7 +680,7 @@ impl Session {
                     i.wake = p.wake;
                 }
             }
-            s.add_period(&p.extras, n, records);
+            s.add_period(&p.extras, n, p.ran, records);
         }
         Ok(())
     }

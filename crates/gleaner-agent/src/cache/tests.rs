@@ -1,6 +1,7 @@
 //! The calibration cache on fixture /proc and /sys trees, a fake clock and a fake measurement.
 
 use super::*;
+use gleaner_policy::idle::WakeCurve;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! What the simulator needs from lab results, read through the lab's own types: one
 //! [`LabCell`] per matrix cell (`matrix.json`, with each cell's `results.json` when it is
-//! there) or per `gleaner lab run` (`results.json`).
+//! there) or per `gleaner lab run` (`results.json`). Each file is read once, and its rows
+//! are split once into the cell's [`Pass`]es (one per host halt-poll setting: VM A's modes,
+//! its runs, the co-runner's iterations), which the model and the report then take whole.
 
 use std::path::{Path, PathBuf};
 
@@ -8,11 +10,12 @@ use gleaner_bench::workload::{Workload, WorkloadParams};
 use gleaner_os::BadInput;
 use serde::de::DeserializeOwned;
 
-use crate::experiment::Policy;
 use crate::guest::Accel;
+use crate::keys::Env;
 use crate::matrix::MatrixResults;
-use crate::results::{Row, SummaryRow};
+use crate::results::{HaltPoll, Instance, Row, RowMode, SummaryRow};
 use crate::runner::{bench_workload_params, LabResults, Sizing, WakeCosts, WakePlace};
+use gleaner_policy::IdlePolicy;
 
 /// A `gleaner bench workload` kernel as a guest ran it: the kernel and its typed size, with the
 /// thread count the guest used.
@@ -25,8 +28,27 @@ pub struct Kernel {
 /// One measured mode of VM A (a line of the lab's summary).
 #[derive(Debug, Clone, PartialEq)]
 pub struct MeasuredMode {
-    pub policy: Policy,
+    pub policy: IdlePolicy,
     pub summary: SummaryRow,
+}
+
+/// What a cell measured under one host halt-poll setting (`n/a` under TCG).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pass {
+    pub halt_poll: HaltPoll,
+    /// VM A's modes, as the summary lists them.
+    pub modes: Vec<MeasuredMode>,
+    /// VM A's successful runs.
+    pub vm_a: Vec<Row>,
+    /// VM B's successful co-runner iterations.
+    pub co_runner: Vec<Row>,
+}
+
+impl Pass {
+    /// VM A's successful runs under `policy`.
+    pub fn runs_of(&self, policy: IdlePolicy) -> impl Iterator<Item = &Row> {
+        self.vm_a.iter().filter(move |r| r.policy == Some(policy))
+    }
 }
 
 /// One lab cell: VM A's workload under each policy next to VM B's co-runner.
@@ -42,13 +64,13 @@ pub struct LabCell {
     pub co_runner: Option<Kernel>,
     pub sizing: Option<Sizing>,
     pub wake_costs: Vec<WakeCosts>,
-    /// VM A's modes, per host halt-poll setting (`n/a` under TCG).
-    pub modes: Vec<MeasuredMode>,
-    /// Every run (empty when only `matrix.json` was available).
-    pub rows: Vec<Row>,
+    /// What was measured under each host halt-poll setting, in the order first measured.
+    pub passes: Vec<Pass>,
+    /// The results had per-run rows (not when only `matrix.json` was available).
+    pub per_run: bool,
     /// The agent's own calibration at each boot of VM A (guest, results), when the lab
     /// recorded it.
-    pub calibrations: Vec<(String, gleaner_agent::cache::CalibrationResults)>,
+    pub calibrations: Vec<(String, gleaner_measure::calibration::CalibrationResults)>,
     /// What had to be assumed while reading.
     pub notes: Vec<String>,
 }
@@ -99,12 +121,28 @@ pub fn kernel_of(args: &[String], vcpus: u32) -> Result<Kernel, BadInput> {
     Ok(Kernel { workload, params })
 }
 
-fn measured_modes(summary: &[SummaryRow], notes: &mut Vec<String>) -> Vec<MeasuredMode> {
-    let mut out = Vec::new();
-    for s in summary.iter().filter(|s| s.instance == "A") {
-        match Policy::parse(&s.policy) {
-            Ok(policy) => out.push(MeasuredMode { policy, summary: s.clone() }),
-            Err(_) => notes.push(format!("mode {} has no known policy ({:?}): not predicted", s.mode, s.policy)),
+/// The passes of a cell: VM A's summary lines and successful runs, and the co-runner's
+/// successful iterations, by halt-poll setting.
+fn passes(summary: &[SummaryRow], rows: &[Row], notes: &mut Vec<String>) -> Vec<Pass> {
+    let mut out: Vec<Pass> = Vec::new();
+    fn pass(out: &mut Vec<Pass>, halt_poll: HaltPoll) -> &mut Pass {
+        if let Some(i) = out.iter().position(|p| p.halt_poll == halt_poll) {
+            return &mut out[i];
+        }
+        out.push(Pass { halt_poll, modes: Vec::new(), vm_a: Vec::new(), co_runner: Vec::new() });
+        out.last_mut().expect("just pushed")
+    }
+    for s in summary.iter().filter(|s| s.instance == Instance::A) {
+        match s.policy {
+            Some(policy) => pass(&mut out, s.halt_poll).modes.push(MeasuredMode { policy, summary: s.clone() }),
+            None => notes.push(format!("mode {} has no policy: not predicted", s.mode)),
+        }
+    }
+    for r in rows.iter().filter(|r| r.ok()) {
+        if r.mode == RowMode::CoRunner {
+            pass(&mut out, r.halt_poll).co_runner.push(r.clone());
+        } else if r.instance == Instance::A && r.env == Env::Vm {
+            pass(&mut out, r.halt_poll).vm_a.push(r.clone());
         }
     }
     out
@@ -119,7 +157,7 @@ pub fn from_results(file: &Path, r: &LabResults) -> anyhow::Result<LabCell> {
         None => None,
     };
     let mut notes = Vec::new();
-    let modes = measured_modes(&r.summary, &mut notes);
+    let passes = passes(&r.summary, &r.rows, &mut notes);
     Ok(LabCell {
         name: r.experiment.name.clone(),
         source: file.to_path_buf(),
@@ -130,8 +168,8 @@ pub fn from_results(file: &Path, r: &LabResults) -> anyhow::Result<LabCell> {
         co_runner,
         sizing: r.sizing.clone(),
         wake_costs: r.wake_costs.clone(),
-        modes,
-        rows: r.rows.clone(),
+        passes,
+        per_run: !r.rows.is_empty(),
         calibrations: r.calibrations.iter().map(|(g, c)| (g.clone(), c.results.clone())).collect(),
         notes,
     })
@@ -160,7 +198,7 @@ fn from_matrix(file: &Path, m: &MatrixResults) -> anyhow::Result<Vec<LabCell>> {
         )];
         let summary: Vec<SummaryRow> =
             m.entries.iter().filter(|e| e.workload == c.workload && e.co_runner == c.co_runner).map(|e| e.summary.clone()).collect();
-        let modes = measured_modes(&summary, &mut notes);
+        let passes = passes(&summary, &[], &mut notes);
         let ctx = |e: BadInput| anyhow::Error::new(e).context(format!("cell {} in {}", c.name, file.display()));
         cells.push(LabCell {
             name: c.name.clone(),
@@ -172,8 +210,8 @@ fn from_matrix(file: &Path, m: &MatrixResults) -> anyhow::Result<Vec<LabCell>> {
             co_runner: Some(kernel_of(&c.co_runner_args, exp.vcpus).map_err(ctx)?),
             sizing: c.sizing.clone(),
             wake_costs: c.wake_costs.clone(),
-            modes,
-            rows: Vec::new(),
+            passes,
+            per_run: false,
             calibrations: Vec::new(),
             notes,
         });
@@ -185,25 +223,14 @@ fn from_matrix(file: &Path, m: &MatrixResults) -> anyhow::Result<Vec<LabCell>> {
 }
 
 impl LabCell {
-    /// The host halt-poll settings the cell was measured with (`n/a` under TCG).
-    pub fn halt_polls(&self) -> Vec<String> {
-        let mut v: Vec<String> = Vec::new();
-        for m in &self.modes {
-            if !v.contains(&m.summary.halt_poll) {
-                v.push(m.summary.halt_poll.clone());
-            }
-        }
-        v
-    }
-
     /// The wakeup measurement taken alone on the pCPUs (the sizing guest), if any.
     pub fn wake_alone(&self) -> Option<&WakeCosts> {
         self.wake_costs.iter().find(|w| w.context.place == WakePlace::Alone)
     }
 
     /// The wakeup measurement in VM A next to VM B, for host halt-poll setting `hp` (or any).
-    pub fn wake_with_co_runner(&self, hp: &str) -> Option<&WakeCosts> {
+    pub fn wake_with_co_runner(&self, hp: HaltPoll) -> Option<&WakeCosts> {
         let with: Vec<&WakeCosts> = self.wake_costs.iter().filter(|w| w.context.place == WakePlace::WithCoRunner).collect();
-        with.iter().find(|w| w.context.halt_poll.as_deref() == Some(hp)).or(with.first()).copied()
+        with.iter().find(|w| w.context.halt_poll == Some(hp)).or(with.first()).copied()
     }
 }

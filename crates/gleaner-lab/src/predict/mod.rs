@@ -26,13 +26,13 @@ use anyhow::Context;
 use gleaner_bench::wakeup::Setting;
 use gleaner_os::BadInput;
 use gleaner_policy::stats::{median, ratio_of_medians_ci};
+use gleaner_policy::IdlePolicy;
 use gleaner_sim::runner::{Report, VmReport};
-use gleaner_sim::scenario::{GuestPolicy, Scenario, VariantCfg};
+use gleaner_sim::scenario::{Scenario, VariantCfg};
 
 pub use crate::cli::PredictArgs;
-use crate::experiment::Policy;
 use crate::guest::Accel;
-use crate::results::{co_runner_rate, Row};
+use crate::results::{co_runner_rate, RowMode};
 use crate::runner::WakePlace;
 use input::LabCell;
 use model::{HostSched, ModelOptions, WakeStat};
@@ -90,19 +90,20 @@ pub fn predict(
     }
     let mut out = Vec::new();
     for cell in cells {
-        for hp in cell.halt_polls() {
-            let costs = model::choose_costs(cells, &hp, opts.wake_stat)?;
-            let (c, sc) = predict_cell(cell, &hp, costs, opts, seeds)
+        for pass in &cell.passes {
+            let hp = pass.halt_poll;
+            let costs = model::choose_costs(cells, hp, opts.wake_stat)?;
+            let (c, sc) = predict_cell(cell, pass, costs, opts, seeds)
                 .with_context(|| format!("predicting cell {} ({})", cell.name, cell.source.display()))?;
             if let Some(dir) = scenarios {
                 std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
-                let f = dir.join(format!("{}-{}.toml", cell.name, hp.replace('/', "")));
+                let f = dir.join(format!("{}-{}.toml", cell.name, hp.to_string().replace('/', "")));
                 std::fs::write(&f, toml::to_string(&sc)?).with_context(|| f.display().to_string())?;
             }
             out.push(c);
         }
     }
-    let all: Vec<&PolicyPrediction> = out.iter().flat_map(|c| c.policies.iter()).filter(|x| x.policy != Policy::Stock).collect();
+    let all: Vec<&PolicyPrediction> = out.iter().flat_map(|c| c.policies.iter()).filter(|x| x.policy != IdlePolicy::Stock).collect();
     let compared = all.iter().filter(|x| x.within().is_some()).count();
     let within_25 = all.iter().filter(|x| x.within() == Some(true)).count();
     let outside_25_inside_ci = all.iter().filter(|x| x.within() == Some(false) && x.inside_ci() == Some(true)).count();
@@ -120,7 +121,7 @@ pub fn predict(
 /// The scenario of one cell and its prediction.
 fn predict_cell(
     cell: &LabCell,
-    hp: &str,
+    pass: &input::Pass,
     costs: model::CostChoice,
     opts: &ModelOptions,
     seeds: &[u64],
@@ -129,22 +130,24 @@ fn predict_cell(
     let sync = model::fit_sync(cell, &opts.host, &costs.table2)?;
     let (a, _) =
         model::kernel_workload(&cell.workload, model::us_ns(cell.workload.params.work_us), model::us_ns(sync.sync_op_us), opts.jitter_pct)?;
-    let co_model = cell.co_runner.as_ref().map(|k| model::co_runner_model(cell, k, hp, costs.table2.a_us));
+    let hp = pass.halt_poll;
+    let co_model = cell.co_runner.as_ref().map(|k| model::co_runner_model(pass, k, costs.table2.a_us));
     let b = co_model.as_ref().map(|m| model::co_runner_workload(m, cell.vcpus, opts.jitter_pct));
-    let plan = model::agent_plan(cell, hp);
-    let halt_poll = cell.accel == Accel::Kvm && hp != "0";
+    let plan = model::agent_plan(cell, pass);
+    let halt_poll = cell.accel == Accel::Kvm && hp.polls();
     if cell.accel == Accel::Kvm {
         notes.push("KVM: halt polling simulated with KVM's default parameters (the lab does not record the host's)".into());
     }
     // The stock mode first: it is the baseline of every ratio, as in the lab.
-    let mut modes: Vec<&input::MeasuredMode> = cell.modes.iter().filter(|m| m.summary.halt_poll == hp).collect();
-    modes.sort_by_key(|m| m.policy != Policy::Stock);
-    if modes.first().is_none_or(|m| m.policy != Policy::Stock) {
+    let mut modes: Vec<&input::MeasuredMode> = pass.modes.iter().collect();
+    modes.sort_by_key(|m| m.policy != IdlePolicy::Stock);
+    if modes.first().is_none_or(|m| m.policy != IdlePolicy::Stock) {
         return Err(
             BadInput::new(format!("modes of cell {}", cell.name), "no stock mode", "a stock mode (speedups are relative to it)").into()
         );
     }
-    let variants: Vec<VariantCfg> = modes.iter().map(|m| model::variant_for(&m.summary.mode, m.policy, &plan, halt_poll)).collect();
+    let variants: Vec<VariantCfg> =
+        modes.iter().map(|m| model::variant_for(&m.summary.mode.to_string(), m.policy, &plan, halt_poll)).collect();
     let host = model::host_cfg(cell.pcpus, &opts.host);
     let sc = model::scenario(&cell.name, host.clone(), cell.vcpus, a, b, &costs.table2, variants);
     sc.validate().with_context(|| format!("the simulator scenario of cell {}", cell.name))?;
@@ -152,7 +155,7 @@ fn predict_cell(
         .iter()
         .map(|&s| gleaner_sim::run_cases(&cell.name, "", &[(hp.to_string(), sc.clone())], s, false))
         .collect::<anyhow::Result<_>>()?;
-    let lab = LabWindows::of(cell, hp);
+    let lab = LabWindows::of(pass);
     let items = cell.workload.params.items as f64;
     let mut policies = Vec::new();
     for (i, m) in modes.iter().enumerate() {
@@ -167,7 +170,7 @@ fn predict_cell(
             notes.push(format!("{}: the simulated workload did not finish within {} simulated s", s.mode, sc.max_sim_ms / 1000.0));
         }
         policies.push(PolicyPrediction {
-            mode: s.mode.clone(),
+            mode: s.mode.to_string(),
             policy: m.policy,
             simulated_as: sc.variants[i].guest,
             runs_ok: s.runs_ok,
@@ -191,12 +194,12 @@ fn predict_cell(
             },
         });
     }
-    let wake_check = wake_check(cell, hp, &sc, seeds[0])?;
+    let wake_check = wake_check(cell, pass, &sc, seeds[0])?;
     let c = CellPrediction {
         name: cell.name.clone(),
         workload: cell.workload.workload,
         co_runner: cell.co_runner.as_ref().map(|k| k.workload),
-        halt_poll: hp.to_string(),
+        halt_poll: hp,
         accel: cell.accel,
         pcpus: cell.pcpus,
         vcpus: cell.vcpus,
@@ -215,7 +218,7 @@ fn predict_cell(
 /// One measured step of VM A: its co-runner rate over the workload's own window and the pCPUs
 /// both VMs used over the whole step.
 struct StepWindow {
-    mode: String,
+    mode: RowMode,
     co_rate: Option<f64>,
     a_pcpus: f64,
     b_pcpus: Option<f64>,
@@ -224,18 +227,17 @@ struct StepWindow {
 /// VM A's steps of one halt-poll setting, with what VM B did meanwhile.
 struct LabWindows {
     steps: Vec<StepWindow>,
-    stock: String,
+    stock: Option<RowMode>,
 }
 
 impl LabWindows {
-    fn of(cell: &LabCell, hp: &str) -> Self {
-        let co: Vec<&Row> = cell.rows.iter().filter(|r| r.mode == "co-runner" && r.halt_poll == hp && r.ok()).collect();
+    fn of(pass: &input::Pass) -> Self {
+        let co = &pass.co_runner;
         let iters: Vec<(f64, f64, u64)> = co.iter().filter_map(|r| Some((r.begin_s, r.end_s, r.items?))).collect();
         let cpu: Vec<(f64, f64, u64)> = co.iter().map(|r| (r.begin_s, r.end_s, r.host_vcpu_ns.iter().sum::<u64>())).collect();
-        let steps = cell
-            .rows
+        let steps = pass
+            .vm_a
             .iter()
-            .filter(|r| r.instance == "A" && r.env == "vm" && r.halt_poll == hp && r.ok())
             .map(|r| {
                 let (w0, w1) = model::workload_window(r);
                 let span = (r.end_s - r.begin_s).max(1e-9);
@@ -248,24 +250,19 @@ impl LabWindows {
                 }
             })
             .collect();
-        let stock = cell
-            .modes
-            .iter()
-            .find(|m| m.policy == Policy::Stock && m.summary.halt_poll == hp)
-            .map(|m| m.summary.mode.clone())
-            .unwrap_or_default();
+        let stock = pass.modes.iter().find(|m| m.policy == IdlePolicy::Stock).map(|m| m.summary.mode.clone());
         Self { steps, stock }
     }
 
-    fn median_of(&self, mode: &str, f: impl Fn(&StepWindow) -> Option<f64>) -> Option<f64> {
-        median(&self.steps.iter().filter(|w| w.mode == mode).filter_map(f).collect::<Vec<_>>()).ok()
+    fn median_of(&self, mode: &RowMode, f: impl Fn(&StepWindow) -> Option<f64>) -> Option<f64> {
+        median(&self.steps.iter().filter(|w| w.mode == *mode).filter_map(f).collect::<Vec<_>>()).ok()
     }
 
-    fn co_runner_ratio(&self, mode: &str) -> Option<Measured> {
-        let rates = |m: &str| self.steps.iter().filter(|w| w.mode == m).filter_map(|w| w.co_rate).collect::<Vec<f64>>();
-        let (mine, stock) = (rates(mode), rates(&self.stock));
+    fn co_runner_ratio(&self, mode: &RowMode) -> Option<Measured> {
+        let rates = |m: &RowMode| self.steps.iter().filter(|w| w.mode == *m).filter_map(|w| w.co_rate).collect::<Vec<f64>>();
+        let (mine, stock) = (rates(mode), rates(self.stock.as_ref()?));
         let value = median(&mine).ok()? / median(&stock).ok().filter(|&x| x > 0.0)?;
-        let seed = mode.bytes().fold(0x5eed_u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        let seed = mode.to_string().bytes().fold(0x5eed_u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
         Some(Measured { value, ci: ratio_of_medians_ci(&mine, &stock, seed).ok() })
     }
 }
@@ -274,7 +271,7 @@ impl LabWindows {
 /// ping-pong between two pinned threads (the waker computes 500 us, the lab's period), the
 /// waiter's vCPU halting (C) or running a yielder that never times out (B), alone and next to
 /// the cell's co-runner.
-fn wake_check(cell: &LabCell, hp: &str, sc: &Scenario, seed: u64) -> anyhow::Result<Vec<WakeCheck>> {
+fn wake_check(cell: &LabCell, pass: &input::Pass, sc: &Scenario, seed: u64) -> anyhow::Result<Vec<WakeCheck>> {
     use gleaner_sim::workload::{CacheProfile, GroupCfg, WorkloadCfg};
     let rounds = 300;
     let g = |name: &str, pin: u32, ops: &[&str]| GroupCfg {
@@ -293,8 +290,8 @@ fn wake_check(cell: &LabCell, hp: &str, sc: &Scenario, seed: u64) -> anyhow::Res
             g("waiter", 1.min(cell.vcpus - 1), &["wait ping", "compute 1us", "signal pong"]),
         ],
     };
-    let yielders = model::variant_for("B", Policy::Yielders, &model::agent_plan(cell, hp), false);
-    let stock = VariantCfg { host_halt_poll: sc.variants[0].host_halt_poll, ..VariantCfg::named("C", GuestPolicy::Stock) };
+    let yielders = model::variant_for("B", IdlePolicy::Yielders, &model::agent_plan(cell, pass), false);
+    let stock = VariantCfg { host_halt_poll: sc.variants[0].host_halt_poll, ..VariantCfg::named("C", IdlePolicy::Stock) };
     let co = sc.workloads.get("B").cloned();
     let (mut cases, mut places) = (Vec::new(), Vec::new());
     for (ctx, with) in [(WakePlace::Alone, None), (WakePlace::WithCoRunner, co)] {
@@ -317,7 +314,7 @@ fn wake_check(cell: &LabCell, hp: &str, sc: &Scenario, seed: u64) -> anyhow::Res
     let r = gleaner_sim::run_cases("wake", "", &cases, seed, false)?;
     let mut out = Vec::new();
     for (ci, ctx) in places.iter().enumerate() {
-        let lab = if *ctx == WakePlace::Alone { cell.wake_alone() } else { cell.wake_with_co_runner(hp) };
+        let lab = if *ctx == WakePlace::Alone { cell.wake_alone() } else { cell.wake_with_co_runner(pass.halt_poll) };
         for (vi, setting) in [(0, Setting::C), (1, Setting::B)] {
             let l = r.cases[ci].variants[vi].vms[0].wake_latency;
             let lab = lab

@@ -20,25 +20,23 @@
 use std::collections::BTreeMap;
 
 use gleaner_agent::agent::setup::{idle_threshold_ns, Calibrated, IdleSetup, Offered};
-use gleaner_agent::cache::{CalibrationResults, PollingControl};
 use gleaner_agent::config::AgentConfig;
 use gleaner_bench::wakeup::{Setting, SettingResult};
 use gleaner_bench::workload::Workload;
+use gleaner_measure::calibration::{CalibrationResults, PollingControl};
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::BadInput;
 use gleaner_policy::guest::GuestConfig;
 use gleaner_policy::idle::{CurvePoint, WakeCurve};
 use gleaner_policy::retention::{RetentionConfig, RetentionVerdict};
 use gleaner_policy::stats::median;
-use gleaner_sim::scenario::{
-    Costs, CostsCfg, GleanerCfg, GuestHaltpollCfg, GuestPolicy, HostCfg, HostPolicyKind, Scenario, Table2, VariantCfg, VmCfg,
-};
+use gleaner_policy::IdlePolicy;
+use gleaner_sim::scenario::{Costs, CostsCfg, GleanerCfg, GuestHaltpollCfg, HostCfg, HostPolicyKind, Scenario, Table2, VariantCfg, VmCfg};
 use gleaner_sim::workload::{CacheProfile, GroupCfg, WorkloadCfg};
 use serde::Serialize;
 
-use super::input::{Kernel, LabCell};
-use crate::experiment::Policy;
-use crate::results::Row;
+use super::input::{Kernel, LabCell, Pass};
+use crate::results::{HaltPoll, Row};
 
 /// Items of the lab's sizing runs (`runner::size_workload`: the kernel with `--work-us 0`).
 pub const SIZING_ITEMS: u64 = 2000;
@@ -162,7 +160,7 @@ fn setting(w: &crate::runner::WakeCosts, s: Setting) -> Option<&SettingResult> {
 ///   disturbed.
 /// - D = C + PV, with PV the median over the cells of C next to VM B minus C alone (medians:
 ///   the model simulates the waiting for the co-runner's vCPU itself).
-pub fn choose_costs(cells: &[LabCell], hp: &str, stat: WakeStat) -> anyhow::Result<CostChoice> {
+pub fn choose_costs(cells: &[LabCell], hp: HaltPoll, stat: WakeStat) -> anyhow::Result<CostChoice> {
     let get = |w: &crate::runner::WakeCosts, s: Setting, stat: WakeStat| setting(w, s).and_then(|r| stat_of(r, stat));
     let alone: Vec<&crate::runner::WakeCosts> = cells.iter().filter_map(LabCell::wake_alone).collect();
     let with_co: Vec<&crate::runner::WakeCosts> = cells.iter().filter_map(|c| c.wake_with_co_runner(hp)).collect();
@@ -322,10 +320,6 @@ pub struct CoRunnerModel {
     pub source: String,
 }
 
-fn ok_vm_a(rows: &[Row]) -> impl Iterator<Item = &Row> {
-    rows.iter().filter(|r| r.instance == "A" && r.env == "vm" && r.ok())
-}
-
 /// The workload's own window of a measured step: the bench's wall time ends where the step
 /// ends (agent start-up, if any, comes before it).
 pub fn workload_window(r: &Row) -> (f64, f64) {
@@ -338,10 +332,9 @@ pub fn workload_window(r: &Row) -> (f64, f64) {
 /// times (the window minus the kernel's wall time, and the kernel's wall time): next to VM A,
 /// VM B's vCPUs take about the same share of the pCPUs in both phases (lab samples: 1.0 +-
 /// 0.1 pCPU over whole iterations, both vCPUs alike).
-pub fn co_runner_model(cell: &LabCell, k: &Kernel, hp: &str, rt_us: f64) -> CoRunnerModel {
-    let co: Vec<&Row> = cell.rows.iter().filter(|r| r.mode == "co-runner" && r.halt_poll == hp && r.ok() && r.items.is_some()).collect();
-    let stock: Vec<(f64, f64)> =
-        ok_vm_a(&cell.rows).filter(|r| r.policy == Policy::Stock.name() && r.halt_poll == hp).map(workload_window).collect();
+pub fn co_runner_model(pass: &Pass, k: &Kernel, rt_us: f64) -> CoRunnerModel {
+    let co: Vec<&Row> = pass.co_runner.iter().filter(|r| r.items.is_some()).collect();
+    let stock: Vec<(f64, f64)> = pass.runs_of(IdlePolicy::Stock).map(workload_window).collect();
     let inside: Vec<&Row> = co.iter().copied().filter(|c| stock.iter().any(|&(b, e)| c.begin_s >= b && c.end_s <= e)).collect();
     let (used, which) = if inside.len() >= 3 { (inside, "inside stock workload windows") } else { (co, "all") };
     let threads = threads_u32(k);
@@ -452,11 +445,12 @@ pub struct AgentPlan {
 /// medians the lab measured in VM A next to VM B (setting C, halted, after 500 us, the lab's
 /// period; setting B, a busy vCPU). The machine's kernel polling is not known from the results:
 /// the agent is taken to have yielding threads only, as the lab's guests do.
-pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
+pub fn agent_plan(cell: &LabCell, pass: &Pass) -> AgentPlan {
     let cfg = AgentConfig::default();
-    let lab_timeouts = (!cell.rows.is_empty()).then(|| {
-        ok_vm_a(&cell.rows)
-            .filter(|r| r.halt_poll == hp && matches!(Policy::parse(&r.policy), Ok(Policy::Retention | Policy::Gleaner)))
+    let lab_timeouts = cell.per_run.then(|| {
+        pass.vm_a
+            .iter()
+            .filter(|r| matches!(r.policy, Some(IdlePolicy::Retention | IdlePolicy::Gleaner)))
             .filter_map(|r| r.agent.as_ref().map(|a| a.timeouts))
             .sum()
     });
@@ -465,7 +459,7 @@ pub fn agent_plan(cell: &LabCell, hp: &str) -> AgentPlan {
         let disagree = if agree { String::new() } else { format!("; {} boots, curves disagree", cell.calibrations.len()) };
         (Ok(first.clone()), format!("the wake-cost curve the agent calibrated at boot ({guest}{disagree})"))
     } else {
-        let w = cell.wake_with_co_runner(hp).or(cell.wake_alone());
+        let w = cell.wake_with_co_runner(pass.halt_poll).or(cell.wake_alone());
         let p50 = |s: Setting| w.and_then(|w| setting(w, s)).and_then(|r| r.p50_us);
         match (p50(Setting::B), p50(Setting::C)) {
             (Some(b), Some(c)) => {
@@ -511,22 +505,14 @@ const NO_TIMEOUT_NS: u64 = 3_600_000_000_000;
 /// The simulator's variant for a lab policy: stock, yielders (retention without a timeout),
 /// idle=poll, guest haltpoll, and the agent's policies as the agent runs them (retention only
 /// when its start-up verdict says it pays).
-pub fn variant_for(name: &str, policy: Policy, plan: &AgentPlan, halt_poll: bool) -> VariantCfg {
+pub fn variant_for(name: &str, policy: IdlePolicy, plan: &AgentPlan, halt_poll: bool) -> VariantCfg {
     let cfg = AgentConfig::default();
-    let guest = match policy {
-        Policy::Stock => GuestPolicy::Stock,
-        Policy::Yielders => GuestPolicy::Retention,
-        Policy::IdlePoll => GuestPolicy::IdlePoll,
-        Policy::Haltpoll => GuestPolicy::Haltpoll,
-        Policy::Retention => GuestPolicy::Retention,
-        Policy::Consolidation => GuestPolicy::Consolidation,
-        Policy::Gleaner => GuestPolicy::Gleaner,
-    };
+    let guest = if policy == IdlePolicy::Yielders { IdlePolicy::Retention } else { policy };
     // Naive yielders never time out, adapt or stop. The agent's policies run the agent's own
     // guest loop configuration (`plan.guest`): its planner gives each vCPU a window from the
     // curve it calibrated, and its governor starts where the agent's did.
-    let yielders = policy == Policy::Yielders;
-    let agent = matches!(policy, Policy::Retention | Policy::Gleaner);
+    let yielders = policy == IdlePolicy::Yielders;
+    let agent = policy.retention();
     // The agent's yielders start parked with no window (timeout 0) until the plan gives them one;
     // the simulator's detector wants a cap of at least 1 ns meanwhile.
     let retention = if yielders {
@@ -654,7 +640,7 @@ fn sizing_cpu_per_item(k: &Kernel, pcpus: u32, vcpus: u32, host: &HostSched, cos
         w,
         None,
         costs,
-        vec![VariantCfg { host_halt_poll: false, ..VariantCfg::named("stock", GuestPolicy::Stock) }],
+        vec![VariantCfg { host_halt_poll: false, ..VariantCfg::named("stock", IdlePolicy::Stock) }],
     );
     sc.validate()?;
     let r = gleaner_sim::run_cases("sizing", "", &[("sizing".into(), sc)], 1, false)?;

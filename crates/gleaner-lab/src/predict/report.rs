@@ -4,12 +4,11 @@ use std::fmt::Write as _;
 
 use gleaner_bench::workload::Workload;
 use gleaner_policy::stats::Interval;
-use gleaner_sim::scenario::GuestPolicy;
 use serde::Serialize;
 
 use super::model::{AgentPlan, CoRunnerModel, CostChoice, ModelOptions, SyncFit};
-use crate::experiment::Policy;
 use crate::guest::Accel;
+use gleaner_policy::IdlePolicy;
 
 /// The target: predicted within 25% of measured.
 pub const TOLERANCE: f64 = 0.25;
@@ -34,7 +33,7 @@ pub struct CellPrediction {
     pub name: String,
     pub workload: Workload,
     pub co_runner: Option<Workload>,
-    pub halt_poll: String,
+    pub halt_poll: crate::results::HaltPoll,
     pub accel: Accel,
     pub pcpus: u32,
     pub vcpus: u32,
@@ -119,9 +118,9 @@ pub struct Mechanics {
 #[derive(Debug, Clone, Serialize)]
 pub struct PolicyPrediction {
     pub mode: String,
-    pub policy: Policy,
+    pub policy: IdlePolicy,
     /// What the simulator ran for it.
-    pub simulated_as: GuestPolicy,
+    pub simulated_as: IdlePolicy,
     pub runs_ok: usize,
     pub finished: bool,
     pub speedup: Compared,
@@ -197,22 +196,10 @@ fn predicted(c: &Compared) -> String {
     }
 }
 
-fn guest_name(g: GuestPolicy) -> &'static str {
-    match g {
-        GuestPolicy::Stock => "stock",
-        GuestPolicy::Haltpoll => "haltpoll",
-        GuestPolicy::IdlePoll => "idle_poll",
-        GuestPolicy::Retention => "retention",
-        GuestPolicy::Consolidation => "consolidation",
-        GuestPolicy::Gleaner => "gleaner",
-    }
-}
-
 fn simulated_as(p: &PolicyPrediction) -> String {
-    let g = guest_name(p.simulated_as);
     match p.policy {
-        Policy::Yielders => format!("{g}, no timeout"),
-        _ => g.to_string(),
+        IdlePolicy::Yielders => format!("{}, no timeout", p.simulated_as),
+        _ => p.simulated_as.to_string(),
     }
 }
 
