@@ -23,9 +23,10 @@ CPU: busy time of every vCPU (/proc/stat, steal excluded) plus the time they pol
 POLL state (cpuidle state0, which /proc/stat counts idle), vCPU-seconds over the run.
 
 Per peer: the median over rounds of gleaner's figure over the peer's in the same round, with a
-95% bootstrap interval, and the same for CPU. gleaner is *dominated* by a peer whose figure is
-better beyond noise (the interval of gleaner/peer above 1) at no more CPU (the CPU ratio's
-median at least 0.98). --json FILE writes every run and the summary.
+95% bootstrap interval, and the same for CPU; a latency document is judged by its p50, p99 and
+mean each. gleaner is *dominated* by a peer whose figure is better beyond noise (the interval
+of gleaner/peer above 1) at no more CPU (the CPU ratio's median at least 0.98). --json FILE
+writes every run and the summary.
 
     sudo scripts/bench/front.py --rounds 6 -- perf bench sched pipe -l 200000
 """
@@ -233,24 +234,37 @@ def main():
         print(f"round {r + 1}/{a.rounds}: " + ", ".join(
             f"{p} {runs[p][-1][head]:.3f} @{runs[p][-1]['cpu_s']:.2f}s" for p in peers), flush=True)
     head = a.metric or next(iter(runs["gleaner"][0]))
-    summary = {"command": cmd, "metric": head, "rounds": a.rounds, "peers": {}, "dominated_by": []}
-    print(f"\n{' '.join(cmd)}: {head} (lower is better), CPU vCPU-s per run; per round gleaner/peer, median (95%)")
+    metrics = [head] + [m for m in ("p99_us", "mean_us") if m != head and m in runs["gleaner"][0]]
+    summary = {"command": cmd, "metric": head, "metrics": metrics, "rounds": a.rounds, "peers": {}, "dominated_by": {}}
+    print(f"\n{' '.join(cmd)}: {', '.join(metrics)} (lower is better), CPU vCPU-s per run; per round gleaner/peer, median (95%)")
     for p in peers:
-        xs = [x[head] for x in runs[p]]
         cs = [x["cpu_s"] for x in runs[p]]
-        row = {"median": statistics.median(xs), "cpu_s": statistics.median(cs), "vcpus": statistics.median(x["vcpus"] for x in runs[p])}
-        line = f"  {p:18} {row['median']:10.3f}  CPU {row['cpu_s']:7.3f} s ({row['vcpus']:.2f} vCPUs)"
+        row = {"cpu_s": statistics.median(cs), "vcpus": statistics.median(x["vcpus"] for x in runs[p])}
+        line = f"  {p:18}"
+        for m in metrics:
+            row[m] = statistics.median(x[m] for x in runs[p])
+            line += f" {m} {row[m]:9.3f}"
+        line += f"  CPU {row['cpu_s']:7.3f} s ({row['vcpus']:.2f} vCPUs)"
         if p != "gleaner":
-            m, lo, hi = median_interval([g[head] / x[head] for g, x in zip(runs["gleaner"], runs[p])])
             cm, clo, chi = median_interval([g["cpu_s"] / x["cpu_s"] for g, x in zip(runs["gleaner"], runs[p])])
-            row.update(ratio=m, ratio_ci=[lo, hi], cpu_ratio=cm, cpu_ratio_ci=[clo, chi])
-            dominated = lo > 1.0 and cm >= 0.98
-            if dominated:
-                summary["dominated_by"].append(p)
-            line += f"  gleaner/{p}: {m:.3f} ({lo:.3f}..{hi:.3f}), CPU {cm:.2f} ({clo:.2f}..{chi:.2f})" + ("  DOMINATED" if dominated else "")
+            row.update(cpu_ratio=cm, cpu_ratio_ci=[clo, chi])
+            line += f"  CPU {cm:.2f} ({clo:.2f}..{chi:.2f})"
+            for m in metrics:
+                r, lo, hi = median_interval([g[m] / x[m] for g, x in zip(runs["gleaner"], runs[p]) if x[m] > 0])
+                row[f"{m}_ratio"] = r
+                row[f"{m}_ratio_ci"] = [lo, hi]
+                # Dominated: the peer better beyond chance (the interval of gleaner/peer above 1)
+                # at no more CPU (the CPU ratio's median at least 0.98).
+                dominated = lo > 1.0 and cm >= 0.98
+                if dominated:
+                    summary["dominated_by"].setdefault(m, []).append(p)
+                line += f"  {m} {r:.3f} ({lo:.3f}..{hi:.3f})" + (" DOMINATED" if dominated else "")
         summary["peers"][p] = row
         print(line)
-    print("on the front" if not summary["dominated_by"] else f"dominated by {', '.join(summary['dominated_by'])}")
+    if not summary["dominated_by"]:
+        print("on the front")
+    for m, ps in summary["dominated_by"].items():
+        print(f"{m}: dominated by {', '.join(ps)}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"summary": summary, "runs": runs}, f, indent=1)
