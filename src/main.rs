@@ -15,6 +15,9 @@ fn compare(a: &gleaner_agent::compare::CompareArgs) -> anyhow::Result<ExitCode> 
     if let Some(p) = &a.plot {
         gleaner_bench::plot::check_path(p)?;
     }
+    if a.cmd.is_empty() && a.from.is_none() {
+        return first_compare(a);
+    }
     let doc = gleaner_agent::compare::run_doc(a)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -26,6 +29,29 @@ fn compare(a: &gleaner_agent::compare::CompareArgs) -> anyhow::Result<ExitCode> 
         if !a.json {
             println!("  plot: {}", p.display());
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `gleaner compare` with no command: the latency and throughput kernels, both tables, the
+/// latency plot (to `--plot`, else `gleaner-compare.svg` here) and the one-line verdict.
+fn first_compare(a: &gleaner_agent::compare::CompareArgs) -> anyhow::Result<ExitCode> {
+    let f = gleaner_agent::compare::first_run(a)?;
+    let verdict = gleaner_agent::compare::first_run_verdict(&f);
+    if a.json {
+        let doc = serde_json::json!({"latency": f.latency, "throughput": f.throughput, "verdict": verdict});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        gleaner_agent::compare::print_table(&f.latency);
+        println!();
+        gleaner_agent::compare::print_table(&f.throughput);
+    }
+    let plot = a.plot.clone().unwrap_or_else(|| std::path::PathBuf::from("gleaner-compare.svg"));
+    gleaner_bench::plot::latency_cpu(&plot, &f.latency)?;
+    if !a.json {
+        println!();
+        println!("{verdict}");
+        println!("  latency against CPU, one point per run: {}", plot.display());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -87,13 +87,23 @@ fn quick_probe_config(dir: &std::path::Path) -> std::path::PathBuf {
     cfg
 }
 
-/// `gleaner run --no-consolidation --events FILE -- CMD`: the events' text and its period
-/// events, after checking the run succeeded and left nothing behind.
+/// A config file of the test's own whose runs trace from their first period (a run's
+/// default waits a second, `StartConfig::trace_after_ns`): for the tests of the tracer's slices.
+fn trace_from_start_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let cfg = dir.join("trace-from-start.toml");
+    std::fs::write(&cfg, "[start]\ntrace_after_ns = 0\n").unwrap();
+    cfg
+}
+
+/// `gleaner run --no-consolidation --events FILE -- CMD`, traced from its first period: the
+/// events' text and its period events, after checking the run succeeded and left nothing behind.
 fn run_for_periods(cmd: &[&str]) -> (String, Vec<serde_json::Value>) {
     let run_dir = tempfile::tempdir().unwrap();
     let events = run_dir.path().join("events.jsonl");
     let out = gleaner()
-        .args(["run", "--no-consolidation", "--events"])
+        .args(["run", "--no-consolidation", "--config"])
+        .arg(trace_from_start_config(run_dir.path()))
+        .arg("--events")
         .arg(&events)
         .arg("--run-dir")
         .arg(run_dir.path().join("run"))
@@ -117,26 +127,30 @@ fn a_process_started_while_traced_is_reported_missed() {
     require_root_and_cpuset();
     let knobs = idle_knobs();
     // The shell is the only process at the first period's end (50 ms); its child, a
-    // ping-pong of two threads, starts 150 ms in, inside the second period, traced while the
+    // ping-pong of two threads, starts 150 ms in, in a later period traced while the
     // workload is not seen yet.
     let child = format!("sleep 0.15; {} bench workload pingpong --duration-ms 1000 >/dev/null", env!("CARGO_BIN_EXE_gleaner"));
     let (text, periods) = run_for_periods(&["sh", "-c", &child]);
-    // The first period can miss a process too: the tracer is armed before the shell forks
-    // `sleep`, whose one sleep is half the period's sync points. The ping-pong's period is
-    // the one that made progress (thousands of hand-overs).
+    // The ping-pong's period is the first that made progress (thousands of hand-overs); the
+    // first period can miss a process too (the tracer is armed before the shell forks
+    // `sleep`, whose one sleep is half the period's sync points), but makes none.
     let k = periods
         .iter()
-        .position(|p| p["trace_missed"].as_f64().is_some_and(|m| m >= 0.5) && p["reading"]["progress"].as_u64() >= Some(1000))
-        .unwrap_or_else(|| panic!("no period says the ping-pong's sync points were missed: {text}"));
+        .position(|p| p["reading"]["progress"].as_u64() >= Some(1000))
+        .unwrap_or_else(|| panic!("no period saw the ping-pong: {text}"));
+    assert!(k >= 1, "the ping-pong starts 150 ms in, after the first (50 ms) period: {text}");
+    assert!(
+        periods[k]["trace_missed"].as_f64().is_some_and(|m| m >= 0.5),
+        "the period the ping-pong started in does not say its sync points were missed: {text}"
+    );
     assert!(periods[k]["traced_ns"].as_u64() > Some(0), "only a traced period misses: {}", periods[k]);
-    // That is the second period, and the workload is starting: its rate, the first period's
-    // (the shell's few sync points), would have sized the slice to the whole period, counted
-    // through the ping-pong's start; the shortest slice instead.
-    assert_eq!(k, 1, "the ping-pong starts 150 ms in, inside the second period: {text}");
+    // The workload is starting: the rate before, the shell's few sync points, would have
+    // sized the slice to the whole period, counted through the ping-pong's start; the
+    // shortest slice instead.
     let shortest = u64::try_from(gleaner_agent::agent::trace::MIN_SLICE.as_nanos()).expect("MIN_SLICE fits u64 ns");
-    // About the shortest (5 ms); the bound, a quarter of the 200 ms period, only says it was
-    // not the whole period, however slowly this machine ends a slice.
-    assert!(periods[k]["traced_ns"].as_u64() <= Some(10 * shortest), "the second period counts the shortest slice: {}", periods[k]);
+    // About the shortest (5 ms); the bound only says it was not the whole period, however
+    // slowly this machine ends a slice.
+    assert!(periods[k]["traced_ns"].as_u64() <= Some(10 * shortest), "the period counts the shortest slice: {}", periods[k]);
     let next = periods.get(k + 1).unwrap_or_else(|| panic!("no period after the one that missed: {text}"));
     assert!(next["traced_ns"].as_u64() > Some(0), "the next period is traced: {next}");
     assert!(next.get("trace_missed").is_none(), "followed from then on: {next}");
@@ -280,14 +294,16 @@ fn kernel_polling_is_planned_from_traced_wakeups_and_put_back() {
     assert!(poll_ns > 0, "the POLL state's time did not grow: {text}");
 }
 
-/// `gleaner run --period-ms PERIOD --events F -- gleaner bench workload ARGS`, which must
-/// succeed and leave nothing behind: its stderr and the events' text.
+/// `gleaner run --period-ms PERIOD --events F -- gleaner bench workload ARGS`, traced from
+/// its first period, which must succeed and leave nothing behind: its stderr and the events' text.
 fn run_workload_with_events(period_ms: &str, args: &[&str]) -> (String, String) {
     let knobs = idle_knobs();
     let run_dir = tempfile::tempdir().unwrap();
     let events = run_dir.path().join("events.jsonl");
     let out = gleaner()
-        .args(["run", "--period-ms", period_ms, "--events"])
+        .args(["run", "--period-ms", period_ms, "--config"])
+        .arg(trace_from_start_config(run_dir.path()))
+        .arg("--events")
         .arg(&events)
         .arg("--run-dir")
         .arg(run_dir.path().join("run"))

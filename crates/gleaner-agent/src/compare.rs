@@ -45,19 +45,21 @@ use crate::AgentFlags;
 /// `gleaner compare [--runs N] [--policies LIST] [-- CMD ...]`
 #[derive(Debug, Clone, clap::Args)]
 pub struct CompareArgs {
-    /// Runs of each policy (1..=1000); each round runs every policy once, in an order that
-    /// changes from round to round so that over N rounds (2N for an odd number N of policies)
-    /// each policy runs in each place and after each other policy equally often.
-    #[arg(long, default_value_t = 5, value_name = "N")]
-    pub runs: u32,
+    /// Runs of each policy (1..=1000; default 5, 3 with no CMD); each round runs every policy
+    /// once, in an order that changes from round to round so that over N rounds (2N for an odd
+    /// number N of policies) each policy runs in each place and after each other policy equally
+    /// often.
+    #[arg(long, value_name = "N")]
+    pub runs: Option<u32>,
     /// Idle policies to compare, comma-separated: stock (the machine as found), haltpoll (the
     /// kernel's guest halt polling, upstream defaults: 200 us cap), haltpoll:CAP (the same
     /// under another cap, e.g. haltpoll:2400us), poll (never halt: every vCPU's PM QoS resume
     /// latency "n/a", what idle=poll gives), yielders or naive (a never-sleeping SCHED_IDLE
     /// yielding thread per vCPU), gleaner (`gleaner run` with these flags), retention and
-    /// consolidation (gleaner with --no-consolidation / --no-retention).
-    #[arg(long, value_delimiter = ',', default_value = "stock,gleaner", value_name = "LIST")]
-    pub policies: Vec<Policy>,
+    /// consolidation (gleaner with --no-consolidation / --no-retention). Default: stock and
+    /// gleaner with a CMD; with none, every policy this machine offers.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub policies: Option<Vec<Policy>>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -72,9 +74,11 @@ pub struct CompareArgs {
     pub from: Option<PathBuf>,
     #[command(flatten)]
     pub flags: AgentFlags,
-    /// Command to measure instead of the built-in pipeline workload. Its output is captured
-    /// and shown only if it fails; a `gleaner bench workload ... --json` document in it gives
-    /// the runs their items, throughput and latency.
+    /// Command to measure. Its output is captured and shown only if it fails; a `gleaner
+    /// bench workload ... --json` document in it gives the runs their items, throughput and
+    /// latency. Without one, compare runs a built-in latency kernel (a 1 s ping-pong) and a
+    /// built-in throughput kernel (the dedup-like pipeline) under every idle policy the
+    /// machine offers and says in one line what gleaner did here.
     #[arg(last = true, value_name = "CMD")]
     pub cmd: Vec<String>,
 }
@@ -104,11 +108,10 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
     if let Some(path) = &args.from {
         return resummarize(path);
     }
-    if !(1..=1000).contains(&args.runs) {
-        return Err(BadInput::new("--runs", args.runs, "1..=1000").into());
-    }
+    check_runs(args)?;
+    let runs = args.runs.unwrap_or(5);
     let mut policies: Vec<Policy> = Vec::new();
-    for p in &args.policies {
+    for p in args.policies.as_deref().unwrap_or(&[Policy::Stock, Policy::Gleaner]) {
         if !policies.contains(p) {
             policies.push(*p);
         }
@@ -137,10 +140,10 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
     }
     let mut notes = Vec::new();
     let balanced = u32::try_from(balanced_rounds(policies.len())).unwrap_or(1);
-    if policies.len() > 1 && !args.runs.is_multiple_of(balanced) {
+    if policies.len() > 1 && !runs.is_multiple_of(balanced) {
         notes.push(format!(
             "{} runs of {} policies: each policy takes each place in a round, and follows each other policy, equally often only when --runs is a multiple of {balanced}",
-            args.runs,
+            runs,
             policies.len(),
         ));
     }
@@ -167,11 +170,11 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
         calibration: calibration.clone(),
     };
     let mut runner = Runner::new(&cfg, &cpus, offer.clone(), &policies, root)?;
-    let total = args.runs * u32::try_from(policies.len()).unwrap_or(u32::MAX);
+    let total = runs * u32::try_from(policies.len()).unwrap_or(u32::MAX);
     let mut samples = Vec::new();
     let t0 = Instant::now();
     let result = (|| -> anyhow::Result<()> {
-        for i in 0..args.runs {
+        for i in 0..runs {
             for p in round_order(policies.len(), usize::try_from(i).unwrap_or(0)).into_iter().map(|k| policies[k]) {
                 let n = u32::try_from(samples.len()).map_or(u32::MAX, |done| done + 1);
                 if !args.json {
@@ -207,7 +210,7 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
     let per_round = per_round(&samples);
     Ok(CompareDoc {
         command,
-        runs: args.runs,
+        runs,
         cpus: cpus.to_string(),
         policies,
         machine: offer.map_or_else(|| "cpuidle settings unreadable".into(), |o| o.describe()),
@@ -432,6 +435,100 @@ fn with_document(mut m: RunMetrics, stdout: Option<&Path>) -> RunMetrics {
 /// The number of CPUs in `cpus` as [`RunMetrics::cpus_available`] counts them.
 fn cpu_count(cpus: &CpuSet) -> u32 {
     u32::try_from(cpus.len()).unwrap_or(u32::MAX)
+}
+
+/// What `gleaner compare` with no command measured: a latency kernel and a throughput kernel,
+/// each under every idle policy the machine offers.
+#[derive(Debug, Clone)]
+pub struct FirstRun {
+    pub latency: CompareDoc,
+    pub throughput: CompareDoc,
+}
+
+/// The idle policies this machine offers to whoever runs compare: stock, haltpoll and poll
+/// where its knobs allow them, yielders, gleaner.
+pub fn offered_policies(offer: Option<&IdleOffer>, root: bool) -> Vec<Policy> {
+    let all = [Policy::Stock, Policy::HALTPOLL, Policy::Poll, Policy::Yielders, Policy::Gleaner];
+    all.into_iter().filter(|&p| unavailable(p, offer, root).is_none()).collect()
+}
+
+/// `--runs`, if given, within 1..=1000: checked before anything runs or is printed.
+fn check_runs(args: &CompareArgs) -> anyhow::Result<()> {
+    match args.runs {
+        Some(runs) if !(1..=1000).contains(&runs) => Err(BadInput::new("--runs", runs, "1..=1000").into()),
+        _ => Ok(()),
+    }
+}
+
+/// `gleaner compare` with no command (the README's first command): the built-in ping-pong for
+/// a second and the built-in pipeline, under every policy offered (or `--policies`), 3 rounds
+/// each unless `--runs` says otherwise.
+pub fn first_run(args: &CompareArgs) -> anyhow::Result<FirstRun> {
+    check_runs(args)?;
+    let exe = std::env::current_exe().context("locating the gleaner binary")?.display().to_string();
+    let cpus = agent::managed_cpus(&args.flags.resolve()?, &Sysfs::new())?;
+    let offer = IdleKnobs::new().offer(&cpus).ok();
+    let policies = args.policies.clone().unwrap_or_else(|| offered_policies(offer.as_ref(), nix::unistd::geteuid().is_root()));
+    let with = |cmd: &[&str]| CompareArgs {
+        runs: Some(args.runs.unwrap_or(3)),
+        policies: Some(policies.clone()),
+        cmd: std::iter::once(exe.clone()).chain(cmd.iter().map(|s| (*s).to_string())).collect(),
+        ..args.clone()
+    };
+    if !args.json {
+        eprintln!("gleaner compare: a 1 s ping-pong, then the built-in pipeline, under {}", list(&policies));
+    }
+    let latency = run_doc(&with(&["bench", "workload", "pingpong", "--duration-ms", "1000", "--json"]))?;
+    let throughput = run_doc(&with(&["bench", "workload", "pipeline", "--json"]))?;
+    Ok(FirstRun { latency, throughput })
+}
+
+fn list(p: &[Policy]) -> String {
+    p.iter().map(Policy::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// The first run's verdict in one line, for a newcomer: what gleaner did to wakeup latency and
+/// at what CPU against stock, how it stands against the best other policy, and what it left of
+/// throughput; or, where nothing here pays, that plainly.
+pub fn first_run_verdict(f: &FirstRun) -> String {
+    let (lat, thr) = (&f.latency, &f.throughput);
+    let p50 = |d: &CompareDoc, p: Policy| d.summary(p).and_then(|s| s.latency_p50_us.as_ref()).map(|s| s.p50);
+    let vcpus = |d: &CompareDoc, p: Policy| d.summary(p).map(|s| s.total_vcpus.p50);
+    let (Some(stock), Some(gleaner)) = (p50(lat, Policy::Stock), p50(lat, Policy::Gleaner)) else {
+        return "gleaner vs stock: not both measured (give --policies with stock and gleaner)".into();
+    };
+    let cut =
+        lat.per_round(Policy::Gleaner, Policy::Stock).and_then(|r| r.latency_p50).map_or(stock / gleaner.max(1e-9), |r| r.summary.p50);
+    let extra = vcpus(lat, Policy::Gleaner).zip(vcpus(lat, Policy::Stock)).map_or(0.0, |(g, s)| g - s);
+    let throughput = thr.per_round(Policy::Gleaner, Policy::Stock).and_then(|r| r.throughput.or(r.speedup)).map(|r| r.summary.p50);
+    let thr_text =
+        throughput.map_or("throughput not measured".to_string(), |t| format!("left the pipeline's throughput at {t:.2}x of stock's"));
+    // The best other policy's p50, and gleaner's per-round ratio to it (above 1: gleaner better).
+    let best = lat
+        .summaries
+        .iter()
+        .filter(|s| s.policy != Policy::Gleaner && s.policy != Policy::Stock)
+        .filter_map(|s| s.latency_p50_us.as_ref().map(|l| (s.policy, l.p50)))
+        .min_by(|a, b| a.1.total_cmp(&b.1));
+    let against = best.map_or(String::new(), |(p, _)| {
+        let r = lat.per_round(Policy::Gleaner, p).or_else(|| lat.per_round(p, Policy::Gleaner));
+        match r.and_then(|r| r.latency_p50.map(|x| (r.policy, x.summary.p50))) {
+            Some((first, x)) => {
+                // The ratio is the later policy's advantage: `against`'s latency over its own.
+                let g_over_p = if first == Policy::Gleaner { 1.0 / x } else { x };
+                format!(", {g_over_p:.2}x the latency of the best other policy ({p})")
+            }
+            None => String::new(),
+        }
+    });
+    if cut < 1.1 {
+        return format!(
+            "on this VM waking an idle vCPU is already cheap: gleaner changed the ping-pong's wakeup latency by {cut:.2}x ({stock:.1} -> {gleaner:.1} us) and {thr_text}; nothing here pays for keeping vCPUs from halting"
+        );
+    }
+    format!(
+        "on this VM gleaner cut wakeup latency {cut:.1}x ({stock:.1} -> {gleaner:.1} us p50){against} at {extra:.1} vCPU of extra CPU, and {thr_text}"
+    )
 }
 
 /// Why `policy` cannot run here (`None`: it can): the knobs it turns need root and the

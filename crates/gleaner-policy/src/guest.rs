@@ -521,9 +521,12 @@ impl GuestController {
     /// one connection: p50 15.6 us against 13.7, p99 30-35 against 19-21). A count of sync
     /// points cannot tell a start from a light workload's steady rate: an open loop at 200
     /// requests a second made 50 in its first period. A light workload's whole-period slices
-    /// come one period later.
+    /// come one period later. A quiet period of a workload not seen yet says no more (its
+    /// rate, next to none, bounds no slice): a command whose client starts after a pause
+    /// (`sleep 0.15; ping-pong`) counts the shortest slice in the period it starts in, not the
+    /// whole of it.
     pub fn workload_starting(&self) -> bool {
-        self.periods == 1
+        self.periods == 1 || (!self.informed && self.quiet_ns > 0)
     }
 
     /// Some vCPU has seen enough of the workload's wakeups to plan from (until then the start
@@ -590,7 +593,9 @@ impl GuestController {
     ///   each, 9.7% of the VM while attached);
     /// - otherwise at the tracer's own cadence.
     pub fn trace_need(&self) -> TraceNeed {
-        if self.elapsed_ns < self.cfg.start.trace_after_ns || (self.plan_forced() && !self.ladder.comparing()) {
+        // A forced plan's comparisons (Wide against a saturated Planned) are judged by
+        // progress: a trace would cost its switch storm most and show nothing it needs.
+        if self.elapsed_ns < self.cfg.start.trace_after_ns || self.plan_forced() {
             return TraceNeed::Skip;
         }
         let governor = self.ladder.comparing();
@@ -753,8 +758,15 @@ impl GuestController {
             && governor.is_none_or(|g| g.change.is_none());
         self.applied = plan.clone();
         self.calm = if held && !self.probing() && self.trace_need() != TraceNeed::Now { self.calm + 1 } else { 0 };
+        // Polling until work before the workload is seen costs every vCPU whole for a decision
+        // not yet made: it is judged at the first period's length (`sleep 2` under the start
+        // plan polled both vCPUs for the first 250 ms, 0.5 vCPU-s, when its second period
+        // was a whole one).
+        let unseen_polls = !self.informed && !plan.poll_always.is_empty();
         let next_period_share = if self.probing() {
             PROBE_SHARE
+        } else if unseen_polls {
+            FIRST_PERIOD_SHARE
         } else if self.calm >= CALM_PERIODS {
             CALM_PERIOD_SHARE
         } else {

@@ -401,11 +401,16 @@ impl Session {
             let mut rest = period;
             if !slice.is_zero() && slice < period {
                 ended = wait_period(waiter.as_ref(), slice, child_pid, workload_start, &mut outcome)?;
-                // The first slice goes on for as long as its cost so far allows.
-                let more = if ended { Duration::ZERO } else { tracing.slice_more(period, slice) };
-                if !more.is_zero() {
-                    ended = wait_period(waiter.as_ref(), more, child_pid, workload_start, &mut outcome)?;
-                    slice += more;
+                // The first slice goes on for as long as its cost so far allows, measured again
+                // each time it has doubled: a workload started with the agent may not run yet in
+                // the first `MIN_SLICE` (a ping-pong counted at next to no cost there went on
+                // counted through its 50 ms first period at a fifth of a vCPU).
+                let mut more = if ended { Duration::ZERO } else { tracing.slice_more(period, slice) };
+                while !more.is_zero() {
+                    let step = more.min(slice);
+                    ended = wait_period(waiter.as_ref(), step, child_pid, workload_start, &mut outcome)?;
+                    slice += step;
+                    more = if ended { Duration::ZERO } else { tracing.slice_more(period, slice) };
                 }
                 if slice < period {
                     tracing.end_slice();

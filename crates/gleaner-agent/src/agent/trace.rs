@@ -30,7 +30,7 @@
 //!              rate of sync points x SYNC_POINT_COST_NS (before a rate, at most
 //!              MAX_SLICE_GROWTH times the last slice); the first slice MIN_SLICE, then on
 //!              through the (short) first period as far as the cost measured over those
-//!              allows (slice_more), the second MIN_SLICE (the first period's rate is a
+//!              allows (slice_more, again at each doubling), the second MIN_SLICE (the first period's rate is a
 //!              start-up's); MIN_SLICE .. the period
 //!  end_slice   pause (resident) or detach; detach for cost at once where the slice's event
 //!              rate says the paused programs would cost over RESIDENT_SHARE

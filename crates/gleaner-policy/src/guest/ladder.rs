@@ -19,7 +19,7 @@
 //! plans run alike (the saturation rule made Planned a halt, or the plan already covers
 //! everything Wide would) is not probed: its comparison would be of a plan with itself. So
 //! no rule forbids a level: the rules shape Planned, and Wide, which ignores them, is always
-//! one probe away.
+//! one probe away, probed late and ever more rarely while the answer holds.
 
 use crate::retention::{GovernorConfig, GovernorState, GovernorStep, Phase, PriorStrength, RetentionGovernor, RetentionMode};
 
@@ -65,7 +65,13 @@ impl Ladder {
             low: cfg.map(|g| RetentionGovernor::with_prior(g, low_prior, strength)),
             high: cfg
                 .filter(|_| wide)
-                .map(|g| RetentionGovernor::with_prior(GovernorConfig { latency_price: price, ..g }, high_prior, PriorStrength::Plain)),
+                // Wide is probed late and rarely from the start (the first probe after
+                // `probe_every_max` periods): a probe and the two traced epochs around it cost a
+                // saturated workload a traced switch storm and its polling (xz -T2 ran 1.4% and
+                // `sysbench threads` 1.6% slower than stock with the first probe after 4
+                // periods, scripts/bench/front-matrix.sh 2026-12-01), and Planned is the
+                // planner's own answer until evidence says otherwise.
+                .map(|g| RetentionGovernor::with_prior(GovernorConfig { latency_price: price, ..g }, high_prior, PriorStrength::Confident)),
             last: Rung::High,
             prior,
         }
