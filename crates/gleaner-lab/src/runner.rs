@@ -27,15 +27,16 @@ use gleaner_os::BadInput;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-use crate::accel::{self, shell_quote, AccelChoice};
-use crate::cache::{self, Kernel, KernelMeta};
 use crate::experiment::{Compute, Experiment, Mode, Scenario};
-use crate::guest::{self, Accel, GuestSpec, LabError};
 use crate::native::NativeProc;
 use crate::qmp;
 use crate::results::{self, parse_bench_output, AgentSummary, Row, RunError, SummaryRow};
-use crate::session::{Session, StepResult};
 use gleaner_policy::IdlePolicy;
+use gleaner_qemu::accel::{self, AccelChoice};
+use gleaner_qemu::guest::{self, shell_quote, GuestSpec};
+use gleaner_qemu::kernel::{self as cache, Kernel, KernelMeta};
+use gleaner_qemu::session::{self, Session, StepResult};
+use gleaner_qemu::{Accel, GuestError};
 
 use crate::keys::{Env, HaltPoll, Instance, RowMode};
 
@@ -206,9 +207,14 @@ impl StepKind {
     }
 }
 
-impl crate::session::StepResult {
-    /// What this step is ([`StepKind::parse`] of its name).
-    pub fn kind(&self) -> StepKind {
+/// What a step of the guest fixture's is, to the lab.
+pub trait StepKindOf {
+    /// [`StepKind::parse`] of the step's name.
+    fn kind(&self) -> StepKind;
+}
+
+impl StepKindOf for StepResult {
+    fn kind(&self) -> StepKind {
         StepKind::parse(&self.step)
     }
 }
@@ -600,21 +606,21 @@ fn size_workload(
     }
     let spec = p.spec(exp, &format!("lab-{}-sizing", exp.name), job, &[]);
     let timeout = p.deadline.saturating_duration_since(Instant::now());
-    let (_, steps, _) = crate::session::run_single(&p.kernel, &p.busybox, &spec, timeout)?;
+    let (_, steps, _) = session::run_single(&p.kernel, &p.busybox, &spec, timeout)?;
     let guest_rate = steps.iter().find(|s| s.kind() == StepKind::Setup(Setup::Rate)).and_then(|s| s.stdout.trim().parse::<f64>().ok());
     match steps.iter().find(|s| s.kind() == StepKind::Setup(Setup::Wakeup)) {
-        Some(s) => match wake_costs(WakeContext { place: WakePlace::Alone, halt_poll: None }, &spec.name, &s.stdout) {
+        Some(s) => match wake_costs(WakeContext { place: WakePlace::Alone, halt_poll: None }, spec.name(), &s.stdout) {
             Some(w) => p.wake_costs.push(w),
             None => p.notes.push(format!(
                 "{}: setup.wakeup (rc {}) printed no wakeup document: {}",
-                spec.name,
+                spec.name(),
                 s.rc,
                 s.stdout.chars().take(200).collect::<String>()
             )),
         },
         None => p.notes.push(format!(
             "{}: no setup.wakeup step (steps: {})",
-            spec.name,
+            spec.name(),
             steps.iter().map(|s| s.step.as_str()).collect::<Vec<_>>().join(", ")
         )),
     }
@@ -886,7 +892,7 @@ fn finish_co_runner(cx: &PassCtx, s: &mut Session, b: usize, pass: &mut Pass, ti
     let wait = p.deadline.min(Instant::now() + Duration::from_secs(30));
     let ended_after = |s: &Session| s.states[b].steps.last().is_some_and(|x| (x.2 - epoch).as_secs_f64() >= a_end);
     match s.drive(wait, "the co-runner's iteration in VM B", &[b], &ended_after, tick) {
-        Ok(()) | Err(LabError::Timeout { .. }) => {}
+        Ok(()) | Err(GuestError::Timeout { .. }) => {}
         Err(e) => return Err(e.into()),
     }
     for (r, bi, ei) in &s.states[b].steps {
@@ -1200,7 +1206,7 @@ fn failure_notes(setup: &[SetupStep], rows: &[Row], notes: &mut Vec<String>) {
 
 /// True when the run ended because of SIGINT/SIGTERM/SIGHUP.
 pub fn is_interrupt(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| matches!(c.downcast_ref::<LabError>(), Some(LabError::Interrupted)))
+    e.chain().any(|c| matches!(c.downcast_ref::<GuestError>(), Some(GuestError::Interrupted)))
 }
 
 #[cfg(test)]
