@@ -15,9 +15,9 @@ use gleaner_policy::overhead::{self, Overhead, Side};
 use gleaner_policy::stats::median;
 use serde::{Deserialize, Serialize};
 
+use crate::cli::{OverheadArgs, RunArgs, WakeupArgs, WorkloadArgs, YieldersArgs};
 use crate::workload::latency::{self, LatencyKernel, LatencyParams, LatencyPlan, OpenloopParams, PingpongParams};
 use crate::workload::{self, Workload, WorkloadParams};
-use crate::{OverheadArgs, RunArgs, WakeupArgs, WorkloadArgs, YieldersArgs};
 
 fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
     Ok(gleaner_measure::report::write_document(std::io::stdout().lock(), v)?)

@@ -417,7 +417,7 @@ pub fn bench_json(data: &[u8]) {
 /// What a lab guest sends back on its result port: marker lines (`@@LAB ...`) and the
 /// agent's `--events` JSON lines, summarized.
 pub fn lab_guest_port(data: &[u8]) {
-    use gleaner_lab::guest::{parse_line, EventKind};
+    use gleaner_qemu::guest::{parse_line, EventKind};
     let s = text(data);
     for line in s.lines() {
         let k = parse_line(line);

@@ -5,7 +5,7 @@
 //!
 //! Needs root, qemu-system-x86_64, busybox (static) and a kernel in the lab cache
 //! (`gleaner lab fetch-kernel`, /var/cache/gleaner-lab/kernels/<ver>/vmlinux). The guests are
-//! started with the lab's QEMU fixture (`gleaner_lab::qemu`).
+//! started with the QEMU fixture (`gleaner_qemu`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,13 +13,12 @@ use std::time::Duration;
 use gleaner_host::actuate::{State, PREFIX};
 use gleaner_host::discover::{self, Evidence, Vm};
 use gleaner_host::{HostArgs, HostCommand, MonitorArgs, RunArgs, VmFilter};
-use gleaner_lab::cache;
-use gleaner_lab::cpio::Cpio;
-use gleaner_lab::guest::{self, Accel};
-use gleaner_lab::qemu::{wait_until, QemuCommand, RunningQemu};
 use gleaner_os::cgroup::{Cgroups, Layout};
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sched;
+use gleaner_qemu::cpio::Cpio;
+use gleaner_qemu::kernel as cache;
+use gleaner_qemu::{guest, wait_until, Accel, QemuCommand, RunningQemu};
 use serial_test::serial;
 
 const INIT: &str = r#"#!/bin/busybox sh

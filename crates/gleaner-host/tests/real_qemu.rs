@@ -2,7 +2,7 @@
 //! and slices read back from the kernel) and fully restored, by the agent's own exit, by a
 //! signal, on VM exit, and by `restore` after a simulated crash. Needs root, a cpuset cgroup
 //! controller and qemu-system-x86_64: fails (never skips) naming what is missing. The guests
-//! are started with the lab's QEMU fixture (`gleaner_lab::qemu`).
+//! are started with the QEMU fixture (`gleaner_qemu`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -12,12 +12,11 @@ use gleaner_host::actuate::{self, Actuator, Placement, State, PREFIX};
 use gleaner_host::discover::{self, Evidence, Vm};
 use gleaner_host::monitor::Monitor;
 use gleaner_host::{HostArgs, HostCommand, MonitorArgs, RunArgs, StateArgs, VmFilter};
-use gleaner_lab::guest::Accel;
-use gleaner_lab::qemu::{wait_until, QemuCommand, RunningQemu};
 use gleaner_os::cgroup::Cgroups;
 use gleaner_os::procfs::Procfs;
 use gleaner_os::sched;
 use gleaner_policy::aql::{self, Quanta, Source, Topology, TypeRecognizer, VcpuClass, VcpuId, VcpuInfo};
+use gleaner_qemu::{wait_until, Accel, QemuCommand, RunningQemu};
 use serial_test::serial;
 
 /// A TCG guest with no kernel (the firmware finds nothing to boot, the vCPUs idle): 2 vCPUs,

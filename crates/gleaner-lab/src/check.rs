@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::accel;
-use crate::cache;
-use crate::guest::{self, Accel};
+use gleaner_qemu::kernel as cache;
+use gleaner_qemu::{accel, guest, Accel};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Item {

@@ -7,9 +7,10 @@ use anyhow::Context;
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::BadInput;
 
-use crate::accel::AccelChoice;
 use crate::predict::model::WakeStat;
-use crate::{cache, runner};
+use crate::runner;
+use gleaner_qemu::accel::AccelChoice;
+use gleaner_qemu::kernel as cache;
 
 /// `gleaner lab ...`
 #[derive(Debug, clap::Args)]

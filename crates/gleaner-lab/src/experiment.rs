@@ -14,8 +14,8 @@ use gleaner_policy::peer::UPSTREAM_HALTPOLL_CAP_NS;
 use gleaner_policy::IdlePolicy;
 use serde::{Deserialize, Serialize};
 
-use crate::guest::GuestCgroup;
 use crate::keys::HaltPoll;
+use gleaner_qemu::guest::GuestCgroup;
 
 /// The survey's scenarios.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,11 +1,8 @@
 //! `gleaner lab`: real QEMU guests for the survey's UC / OC / OC2 experiments.
 //!
-//! - [`cache`]: Debian kernel package -> cached `vmlinux` + 9p modules.
-//! - [`guest`]: one QEMU guest (initramfs, 9p host root, result port, process-group guard).
-//! - [`qemu`]: the one QEMU launcher (builder, process-group kill on drop, `wait_until`),
-//!   shared with the host agent's QEMU tests.
-//! - [`session`]: drives several guests, collects steps with host-side CPU times.
-//! - [`accel`]: KVM-or-TCG detection by trying.
+//! The guests themselves (kernel cache, QEMU launcher, guest fixture, sessions, KVM-or-TCG)
+//! are [`gleaner_qemu`]'s, shared with the host agent's QEMU tests.
+//!
 //! - [`experiment`]: experiment files (TOML) and the built-ins `uc`, `oc`, `oc2`.
 //! - [`cli`]: the command line (clap types) and its parsing into typed values.
 //! - [`runner`]: runs an experiment; [`results`], [`report`]: JSON/CSV, Markdown + PNG.
@@ -15,27 +12,20 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use gleaner_qemu::kernel as cache;
+use gleaner_qemu::{accel, guest, interrupt, session};
 
-pub mod accel;
-pub mod cache;
 pub mod check;
 pub mod cli;
-pub mod cpio;
 pub mod experiment;
-pub mod guest;
-pub mod hostproc;
-pub mod interrupt;
 pub mod keys;
 pub mod matrix;
-pub mod modinfo;
 pub mod native;
 pub mod predict;
-pub mod qemu;
 pub mod qmp;
 pub mod report;
 pub mod results;
 pub mod runner;
-pub mod session;
 
 pub use cli::{CheckArgs, ExecArgs, FetchArgs, LabArgs, LabCommand, MatrixArgs, PredictArgs, RunArgs, RunFlags};
 
@@ -59,7 +49,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             let kernel = cache::find_kernel(&cache_dir, None)?;
             let busybox = guest::find_busybox()?;
             let acc = accel::resolve(choice, &kernel, &busybox)?;
-            let cmd = e.command.iter().map(|a| accel::shell_quote(a)).collect::<Vec<_>>().join(" ");
+            let cmd = e.command.iter().map(|a| guest::shell_quote(a)).collect::<Vec<_>>().join(" ");
             let mut spec = guest::GuestSpec::new("lab-exec")
                 .vcpus(e.vcpus)
                 .memory_mib(e.memory_mib)

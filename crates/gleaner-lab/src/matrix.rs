@@ -21,11 +21,11 @@ use gleaner_os::BadInput;
 use serde::{Deserialize, Serialize};
 
 use crate::experiment::{Compute, Experiment, Mode, Scenario};
-use crate::guest::Accel;
 use crate::keys::{HaltPoll, Instance};
 use crate::results::{RunError, SummaryRow};
 use crate::runner::{self, LabResults, RunOptions, Sizing, WakeCosts};
 use gleaner_policy::IdlePolicy;
+use gleaner_qemu::Accel;
 
 /// The matrix's default workloads and co-runners (the Gleaner paper's 7.2 co-runners).
 pub const DEFAULT_WORKLOADS: [Workload; 3] = [Workload::Pipeline, Workload::Barrier, Workload::Condvar];

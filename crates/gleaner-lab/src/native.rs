@@ -7,8 +7,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::guest::LabError;
-use crate::interrupt;
+use gleaner_qemu::{interrupt, GuestError};
 
 /// A running native process.
 #[derive(Debug)]
@@ -21,7 +20,7 @@ pub struct NativeProc {
 }
 
 impl NativeProc {
-    pub fn spawn(program: &Path, args: &[String], pcpus: &[usize]) -> Result<Self, LabError> {
+    pub fn spawn(program: &Path, args: &[String], pcpus: &[usize]) -> Result<Self, GuestError> {
         let mut cmd = Command::new(program);
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         cmd.process_group(0);
@@ -38,7 +37,7 @@ impl NativeProc {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|source| LabError::Spawn { what: program.display().to_string(), source })?;
+        let mut child = cmd.spawn().map_err(|source| GuestError::Spawn { what: program.display().to_string(), source })?;
         let pid = child.id();
         let collect = |pipe: Option<Box<dyn Read + Send>>| {
             std::thread::spawn(move || {
@@ -56,10 +55,10 @@ impl NativeProc {
 
     /// Waits for exit before `deadline`; returns (exit code, stdout, wall time). A failed
     /// run's stderr is appended to its stdout after a `[stderr]` line.
-    pub fn wait(mut self, deadline: Instant, name: &str) -> Result<(i32, String, Duration), LabError> {
+    pub fn wait(mut self, deadline: Instant, name: &str) -> Result<(i32, String, Duration), GuestError> {
         loop {
             if interrupt::requested() {
-                return Err(LabError::Interrupted);
+                return Err(GuestError::Interrupted);
             }
             if let Ok(Some(st)) = self.child.try_wait() {
                 let wall = self.started.elapsed();
@@ -73,7 +72,7 @@ impl NativeProc {
                 return Ok((rc, out, wall));
             }
             if Instant::now() >= deadline {
-                return Err(LabError::Timeout {
+                return Err(GuestError::Timeout {
                     guest: name.to_string(),
                     waiting_for: "native run to finish".into(),
                     after_s: self.started.elapsed().as_secs_f64(),

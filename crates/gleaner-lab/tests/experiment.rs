@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 
 use gleaner_bench::measure::RunMetrics;
 use gleaner_bench::report::{BenchDoc, HostInfo, RunSummary};
-use gleaner_lab::cache;
 use gleaner_lab::experiment::{Experiment, Mode};
 use gleaner_lab::results::{Env, Instance, RowMode};
 use gleaner_lab::runner::{run_experiment, RunOptions};
 use gleaner_policy::IdlePolicy;
+use gleaner_qemu::kernel as cache;
 
 /// A bench document with placeholders the script fills in.
 fn doc_template() -> String {
@@ -110,7 +110,7 @@ fn options(fake: PathBuf, out: PathBuf) -> RunOptions {
         out,
         quick: true,
         gleaner: fake,
-        accel: gleaner_lab::accel::AccelChoice::Auto,
+        accel: gleaner_qemu::accel::AccelChoice::Auto,
         kernel: None,
         cache_dir: kernel_dir(),
         pcpus: None,
@@ -178,7 +178,7 @@ fn policies_that_need_another_kernel_command_line_get_their_own_boots() {
     assert!(rows("off").iter().chain(rows("yielders").iter()).all(|x| x.ok() && x.cpuidle_driver.as_deref() != Some("idle-poll-booted")));
     // The guest's haltpoll driver cannot load under TCG: those runs are not run, saying why.
     assert_eq!(rows("haltpoll").len(), 2);
-    if r.accel == gleaner_lab::guest::Accel::Tcg {
+    if r.accel == gleaner_qemu::Accel::Tcg {
         for x in rows("haltpoll") {
             assert!(
                 x.error.as_ref().map(ToString::to_string).is_some_and(|e| e.contains("not haltpoll") && e.contains("kvm_para_available")),

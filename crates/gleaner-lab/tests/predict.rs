@@ -37,7 +37,7 @@ fn bad_input(e: &anyhow::Error) -> BadInput {
 #[test]
 fn a_results_file_becomes_a_cell_with_the_guests_kernel_and_costs() {
     let c = cell();
-    assert_eq!((c.name.as_str(), c.pcpus, c.vcpus, c.accel), ("oc-condvar-freqsleep", 2, 2, gleaner_lab::guest::Accel::Tcg));
+    assert_eq!((c.name.as_str(), c.pcpus, c.vcpus, c.accel), ("oc-condvar-freqsleep", 2, 2, gleaner_qemu::Accel::Tcg));
     assert_eq!(c.workload.workload, Workload::Condvar);
     // `--threads` absent: the kernel's default on the guest's 2 vCPUs.
     assert_eq!((c.workload.params.threads, c.workload.params.items, c.workload.params.work_us), (2, 4000, 80.2));

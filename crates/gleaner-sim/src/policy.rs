@@ -12,9 +12,6 @@ use gleaner_policy::num::saturating_u64;
 use crate::queue::Ns;
 pub use crate::scenario::AqlCfg;
 
-/// Whether the AQL adapter is built (the scenario validator refuses `host = "aql"` otherwise).
-pub const AQL_AVAILABLE: bool = true;
-
 /// One vCPU's counters over a period (or cumulative, inside the engine), as the simulated host
 /// measures them ([`AqlHost::readings`] turns them into the policy's `aql::Reading`s).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

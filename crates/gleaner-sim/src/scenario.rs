@@ -898,9 +898,6 @@ impl Scenario {
             if v.haltpoll.guest_halt_poll_grow == 0 {
                 return Err(bad(k("haltpoll.guest_halt_poll_grow"), 0, ">= 1"));
             }
-            if v.host == HostPolicyKind::Aql && !crate::policy::AQL_AVAILABLE {
-                return Err(bad(k("host"), "aql", "stock (gleaner_policy::aql is not available in this build)"));
-            }
         }
         if let Some(b) = &self.baseline {
             if !vn.contains(b.as_str()) {

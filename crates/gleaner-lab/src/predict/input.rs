@@ -10,12 +10,12 @@ use gleaner_bench::workload::{Workload, WorkloadParams};
 use gleaner_os::BadInput;
 use serde::de::DeserializeOwned;
 
-use crate::guest::Accel;
 use crate::keys::Env;
 use crate::matrix::MatrixResults;
 use crate::results::{HaltPoll, Instance, Row, RowMode, SummaryRow};
 use crate::runner::{bench_workload_params, LabResults, Sizing, WakeCosts, WakePlace};
 use gleaner_policy::IdlePolicy;
+use gleaner_qemu::Accel;
 
 /// A `gleaner bench workload` kernel as a guest ran it: the kernel and its typed size, with the
 /// thread count the guest used.

@@ -31,9 +31,9 @@ use gleaner_sim::runner::{Report, VmReport};
 use gleaner_sim::scenario::{Scenario, VariantCfg};
 
 pub use crate::cli::PredictArgs;
-use crate::guest::Accel;
 use crate::results::{co_runner_rate, RowMode};
 use crate::runner::WakePlace;
+use gleaner_qemu::Accel;
 use input::LabCell;
 use model::{HostSched, ModelOptions, WakeStat};
 use report::{CellPrediction, Compared, Lat, Measured, Mechanics, PolicyPrediction, Prediction, WakeCheck};

@@ -7,8 +7,8 @@ use gleaner_policy::stats::Interval;
 use serde::Serialize;
 
 use super::model::{AgentPlan, CoRunnerModel, CostChoice, ModelOptions, SyncFit};
-use crate::guest::Accel;
 use gleaner_policy::IdlePolicy;
+use gleaner_qemu::Accel;
 
 /// The target: predicted within 25% of measured.
 pub const TOLERANCE: f64 = 0.25;

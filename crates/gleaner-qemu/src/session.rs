@@ -8,9 +8,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::cache::Kernel;
-use crate::guest::{next_event, Accel, EventKind, Guest, GuestEvent, GuestSpec, LabError};
+use crate::command::Accel;
+use crate::guest::{next_event, EventKind, Guest, GuestEvent, GuestSpec};
 use crate::hostproc::{delta, ThreadCpu};
+use crate::kernel::Kernel;
+use crate::GuestError;
 
 /// One finished step of a guest's job.
 #[derive(Debug, Clone, Serialize)]
@@ -78,7 +80,7 @@ impl Session {
     }
 
     /// Starts a guest; returns its index.
-    pub fn start(&mut self, spec: &GuestSpec) -> Result<usize, LabError> {
+    pub fn start(&mut self, spec: &GuestSpec) -> Result<usize, GuestError> {
         let id = self.guests.len();
         let g = Guest::start(id, spec, &self.kernel, &self.busybox, self.tx.clone())?;
         self.guests.push(g);
@@ -99,13 +101,13 @@ impl Session {
         needed: &[usize],
         cond: &dyn Fn(&Session) -> bool,
         tick: &mut dyn FnMut(&Session),
-    ) -> Result<(), LabError> {
+    ) -> Result<(), GuestError> {
         let total = deadline.saturating_duration_since(Instant::now());
         while !cond(self) {
             for &n in needed {
                 let st = &self.states[n];
                 if let Some(f) = &st.failed {
-                    return Err(LabError::GuestFailed {
+                    return Err(GuestError::GuestFailed {
                         guest: self.guests[n].name.clone(),
                         what: format!("guest init failed: {f}"),
                         console: self.guests[n].console_tail(25),
@@ -113,7 +115,7 @@ impl Session {
                 }
                 // A guest that finished its job powers off: only an exit before DONE is a failure.
                 if st.exited && st.done.is_none() {
-                    return Err(LabError::GuestFailed {
+                    return Err(GuestError::GuestFailed {
                         guest: self.guests[n].name.clone(),
                         what: format!("QEMU exited before {what}"),
                         console: self.guests[n].console_tail(25),
@@ -123,15 +125,15 @@ impl Session {
             let step_deadline = deadline.min(Instant::now() + Duration::from_millis(500));
             let ev = match next_event(&self.rx, step_deadline, &|| (String::new(), String::new(), String::new())) {
                 Ok(ev) => ev,
-                Err(LabError::Timeout { .. }) if Instant::now() < deadline => {
+                Err(GuestError::Timeout { .. }) if Instant::now() < deadline => {
                     tick(self);
                     continue;
                 }
-                Err(LabError::Timeout { .. }) => {
+                Err(GuestError::Timeout { .. }) => {
                     let g = needed.first().copied().unwrap_or(0);
                     let (name, console) =
                         self.guests.get(g).map_or((String::new(), String::new()), |x| (x.name.clone(), x.console_tail(25)));
-                    return Err(LabError::Timeout { guest: name, waiting_for: what.to_string(), after_s: total.as_secs_f64(), console });
+                    return Err(GuestError::Timeout { guest: name, waiting_for: what.to_string(), after_s: total.as_secs_f64(), console });
                 }
                 Err(e) => return Err(e),
             };
@@ -203,7 +205,7 @@ pub fn run_single(
     busybox: &std::path::Path,
     spec: &GuestSpec,
     timeout: Duration,
-) -> Result<(f64, Vec<StepResult>, i32), LabError> {
+) -> Result<(f64, Vec<StepResult>, i32), GuestError> {
     let mut s = Session::new(kernel.clone(), busybox.to_path_buf());
     let deadline = Instant::now() + timeout;
     let id = s.start(spec)?;

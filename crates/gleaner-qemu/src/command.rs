@@ -1,14 +1,12 @@
 //! The one QEMU launcher: a builder for the command line and a running guest that owns its
 //! process, its temp dir (QMP socket, serial console, QEMU's stderr) and kills it by PID on
-//! drop; plus [`wait_until`] for harnesses and tests. The lab's [`crate::guest::Guest`] starts
-//! its guests with it, and so do the host agent's QEMU tests (`gleaner-host/tests/real_*.rs`),
-//! so every test guest on this machine is launched, pinned and cleaned up the same way
-//! (after Cloud Hypervisor's `test_infra`).
+//! drop; plus [`wait_until`] for harnesses and tests. [`crate::guest::Guest`] starts the lab's
+//! guests with it, and so do the host agent's QEMU tests (`gleaner-host/tests/real_*.rs`), so
+//! every test guest on this machine is launched, pinned and cleaned up the same way.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use gleaner_lab::guest::Accel;
-//! use gleaner_lab::qemu::{wait_until, QemuCommand};
+//! use gleaner_qemu::{wait_until, Accel, QemuCommand};
 //! let vm = QemuCommand::new("demo").cpus(2).memory_mib(64).accel(Accel::Tcg).spawn().unwrap();
 //! wait_until("the QMP socket", Duration::from_secs(10), || vm.qmp_socket().exists().then_some(())).unwrap();
 //! // dropped: the process group is killed and reaped, the temp dir removed
@@ -20,32 +18,55 @@
 //! reaped, so a recycled PID is never hit.
 
 use std::ffi::OsString;
+use std::fmt;
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::guest::{Accel, LabError};
+use serde::{Deserialize, Serialize};
+
+use crate::GuestError;
+
+/// How QEMU runs the guest's CPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    Kvm,
+    Tcg,
+}
+
+impl fmt::Display for Accel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        })
+    }
+}
 
 /// A QEMU command line, built step by step. Defaults: 2 vCPUs, 512 MiB, TCG, machine `pc`,
 /// no devices (`-nodefaults`), no display, the first serial port (ttyS0) written to
 /// `console.log` in the guest's temp dir, QMP on `qmp.sock` there, QEMU's stdout discarded.
-#[derive(Debug)]
+/// The machine's fields can be read; everything is set through the builder.
+#[derive(Debug, Clone)]
 pub struct QemuCommand {
-    name: String,
-    qemu: PathBuf,
-    cpus: u32,
-    memory_mib: u32,
-    accel: Accel,
+    /// QEMU's `-name` (seen by the host agent's discovery).
+    pub name: String,
+    /// The QEMU binary.
+    pub qemu: PathBuf,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub accel: Accel,
+    /// Host CPUs the whole QEMU process is pinned to (`None`: not pinned).
+    pub pin: Option<Vec<usize>>,
     debug_threads: bool,
     kernel: Option<PathBuf>,
     initrd: Option<PathBuf>,
     append: Option<String>,
     stdout_serial: bool,
-    pin: Option<Vec<usize>>,
     extra: Vec<OsString>,
-    dir: Option<tempfile::TempDir>,
 }
 
 impl QemuCommand {
@@ -64,7 +85,6 @@ impl QemuCommand {
             stdout_serial: false,
             pin: None,
             extra: Vec::new(),
-            dir: None,
         }
     }
     /// The QEMU binary (default `qemu-system-x86_64` from `PATH`).
@@ -125,13 +145,6 @@ impl QemuCommand {
         self.extra.extend(args.into_iter().map(Into::into));
         self
     }
-    /// The guest's temp dir, when the caller has put files there first (e.g. the initrd);
-    /// default: a new one.
-    pub fn in_dir(mut self, dir: tempfile::TempDir) -> Self {
-        self.dir = Some(dir);
-        self
-    }
-
     /// The QEMU command for a guest whose temp dir is `dir` (no process attributes).
     pub fn command(&self, dir: &Path) -> Command {
         let mut cmd = Command::new(&self.qemu);
@@ -161,17 +174,16 @@ impl QemuCommand {
         cmd
     }
 
-    /// Starts QEMU in its own process group.
-    pub fn spawn(mut self) -> Result<RunningQemu, LabError> {
-        let dir = match self.dir.take() {
-            Some(d) => d,
-            None => tempfile::Builder::new()
-                .prefix("gleaner-lab-")
-                .tempdir()
-                .map_err(|source| LabError::Io { path: std::env::temp_dir(), source })?,
-        };
+    /// Starts QEMU in its own process group, with a new temp dir.
+    pub fn spawn(self) -> Result<RunningQemu, GuestError> {
+        self.spawn_in(temp_dir()?)
+    }
+
+    /// Starts QEMU in its own process group, in `dir`, where the caller has put files first
+    /// (e.g. the initrd); the running QEMU owns it from then on.
+    pub fn spawn_in(self, dir: tempfile::TempDir) -> Result<RunningQemu, GuestError> {
         let stderr_path = dir.path().join(STDERR);
-        let stderr = fs::File::create(&stderr_path).map_err(|source| LabError::Io { path: stderr_path.clone(), source })?;
+        let stderr = fs::File::create(&stderr_path).map_err(|source| GuestError::Io { path: stderr_path.clone(), source })?;
         let mut cmd = self.command(dir.path());
         cmd.stdin(Stdio::null()).stdout(if self.stdout_serial { Stdio::piped() } else { Stdio::null() }).stderr(stderr);
         cmd.process_group(0);
@@ -192,11 +204,16 @@ impl QemuCommand {
             });
         }
         let child =
-            cmd.spawn().map_err(|source| LabError::Spawn { what: format!("{} for guest {}", self.qemu.display(), self.name), source })?;
+            cmd.spawn().map_err(|source| GuestError::Spawn { what: format!("{} for guest {}", self.qemu.display(), self.name), source })?;
         let pid = child.id();
         tracing::info!(guest = %self.name, pid, accel = %self.accel, "qemu started");
         Ok(RunningQemu { name: self.name, pid, accel: self.accel, started: Instant::now(), child, reaped: false, dir })
     }
+}
+
+/// A guest's temp dir (`gleaner-lab-*` in the system's temp dir).
+pub fn temp_dir() -> Result<tempfile::TempDir, GuestError> {
+    tempfile::Builder::new().prefix("gleaner-lab-").tempdir().map_err(|source| GuestError::Io { path: std::env::temp_dir(), source })
 }
 
 const CONSOLE: &str = "console.log";
@@ -336,6 +353,6 @@ mod tests {
     #[test]
     fn a_missing_qemu_binary_is_a_spawn_error_naming_the_guest() {
         let e = QemuCommand::new("nope").qemu("/nonexistent/qemu").spawn().unwrap_err();
-        assert!(matches!(&e, LabError::Spawn { what, .. } if what.contains("/nonexistent/qemu for guest nope")), "{e}");
+        assert!(matches!(&e, GuestError::Spawn { what, .. } if what.contains("/nonexistent/qemu for guest nope")), "{e}");
     }
 }

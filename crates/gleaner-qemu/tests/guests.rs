@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gleaner_lab::cache::{self, Kernel};
-use gleaner_lab::guest::{self, Accel, GuestSpec, LabError};
-use gleaner_lab::interrupt;
-use gleaner_lab::session::{self, Session};
+use gleaner_qemu::guest::{self, GuestSpec};
+use gleaner_qemu::kernel::{self as cache, Kernel};
+use gleaner_qemu::session::{self, Session};
+use gleaner_qemu::{interrupt, Accel, GuestError};
 
 fn kernel() -> Kernel {
     let dir = cache::resolve_cache_dir(None);
@@ -77,7 +77,7 @@ fn timeout_kills_qemu_and_removes_temp_dir() {
     let err = s
         .drive(Instant::now() + Duration::from_secs(4), "job completion", &[id], &|s| s.states[0].done.is_some(), &mut |_| {})
         .unwrap_err();
-    assert!(matches!(err, LabError::Timeout { .. }), "{err}");
+    assert!(matches!(err, GuestError::Timeout { .. }), "{err}");
     drop(s);
     assert!(!qemu_alive(pid), "QEMU {pid} survived the timeout");
     assert!(!tmp.exists(), "temp dir {} survived", tmp.display());
@@ -105,7 +105,7 @@ fn interrupt_kills_all_guests_and_removes_temp_dirs() {
         .unwrap_err();
     killer.join().unwrap();
     interrupt::clear();
-    assert!(matches!(err, LabError::Interrupted), "{err}");
+    assert!(matches!(err, GuestError::Interrupted), "{err}");
     drop(s);
     for (pid, tmp) in pids.iter().zip(&tmps) {
         assert!(!qemu_alive(*pid), "QEMU {pid} survived the interrupt");

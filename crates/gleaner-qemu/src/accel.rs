@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::cache::Kernel;
-use crate::guest::{Accel, GuestSpec, LabError};
+use crate::command::Accel;
+use crate::guest::GuestSpec;
+use crate::kernel::Kernel;
 use crate::session::Session;
+use crate::GuestError;
 
 /// Default deadline for the KVM probe to reach the guest's init.
 pub const KVM_PROBE_S: u64 = 12;
@@ -23,7 +25,7 @@ pub struct Probe {
 }
 
 /// Boots a guest with `accel` that runs `true` and reports how long it took to reach init.
-pub fn probe(accel: Accel, kernel: &Kernel, busybox: &Path, deadline: Duration) -> Result<Probe, LabError> {
+pub fn probe(accel: Accel, kernel: &Kernel, busybox: &Path, deadline: Duration) -> Result<Probe, GuestError> {
     if accel == Accel::Kvm && !Path::new("/dev/kvm").exists() {
         return Ok(Probe { accel, boot_s: None, detail: "/dev/kvm does not exist".into() });
     }
@@ -33,7 +35,7 @@ pub fn probe(accel: Accel, kernel: &Kernel, busybox: &Path, deadline: Duration) 
     let end = Instant::now() + deadline;
     match s.drive(end, "init (READY)", &[id], &|s| s.states[0].ready_at.is_some(), &mut |_| {}) {
         Ok(()) => Ok(Probe { accel, boot_s: s.boot_s(id), detail: "reached init".into() }),
-        Err(LabError::Interrupted) => Err(LabError::Interrupted),
+        Err(GuestError::Interrupted) => Err(GuestError::Interrupted),
         Err(e) => {
             let first = e.to_string().lines().next().unwrap_or("").to_string();
             Ok(Probe { accel, boot_s: None, detail: first })
@@ -63,7 +65,7 @@ impl AccelChoice {
 }
 
 /// `auto` tries KVM then falls back to TCG; `kvm` and `tcg` are taken as given.
-pub fn resolve(choice: AccelChoice, kernel: &Kernel, busybox: &Path) -> anyhow::Result<Accel> {
+pub fn resolve(choice: AccelChoice, kernel: &Kernel, busybox: &Path) -> Result<Accel, GuestError> {
     match choice {
         AccelChoice::Tcg => Ok(Accel::Tcg),
         AccelChoice::Kvm => Ok(Accel::Kvm),
@@ -80,26 +82,9 @@ pub fn resolve(choice: AccelChoice, kernel: &Kernel, busybox: &Path) -> anyhow::
     }
 }
 
-/// Quotes a word for POSIX sh.
-pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c)) {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quoting() {
-        assert_eq!(shell_quote("abc"), "abc");
-        assert_eq!(shell_quote("a b"), "'a b'");
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote(""), "''");
-    }
 
     #[test]
     fn accel_choices() {

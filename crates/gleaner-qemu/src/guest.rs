@@ -15,7 +15,7 @@
 //!           snapshots QEMU's thread CPU times at markers
 //! ```
 //!
-//! QEMU is started by [`crate::qemu::QemuCommand`] (the launcher the host agent's tests use
+//! QEMU is started by [`crate::command::QemuCommand`] (the launcher the host agent's tests use
 //! too): its own process group, pinned to the experiment's pCPUs, `PR_SET_PDEATHSIG`;
 //! [`Guest`]'s `Drop` kills the group by PID and reaps it, and its temp dir goes with it. Waits are bounded by deadlines and poll the interrupt flag.
 
@@ -28,28 +28,12 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cache::Kernel;
+use crate::command::{Accel, QemuCommand, RunningQemu};
 use crate::cpio::Cpio;
 use crate::hostproc::{ProcThreads, ThreadCpu};
 use crate::interrupt;
-use crate::qemu::{QemuCommand, RunningQemu};
-
-/// How QEMU runs the guest's CPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Accel {
-    Kvm,
-    Tcg,
-}
-
-impl fmt::Display for Accel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Accel::Kvm => "kvm",
-            Accel::Tcg => "tcg",
-        })
-    }
-}
+use crate::kernel::Kernel;
+use crate::GuestError;
 
 /// Which cgroup filesystem the guest mounts for the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -62,43 +46,15 @@ pub enum GuestCgroup {
     V1,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum LabError {
-    #[error("guest {guest}: no {waiting_for} within {after_s:.0} s (deadline); last console lines:\n{console}")]
-    Timeout { guest: String, waiting_for: String, after_s: f64, console: String },
-    #[error("interrupted (signal); guests killed, temp dirs removed")]
-    Interrupted,
-    #[error("guest {guest}: {what}; last console lines:\n{console}")]
-    GuestFailed { guest: String, what: String, console: String },
-    #[error("cannot start {what}: {source}")]
-    Spawn {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("no static busybox found (looked in {looked}): install Debian package busybox-static")]
-    NoBusybox { looked: String },
-}
-
-/// What a guest is and does.
+/// What a guest is and does: its machine (the QEMU command line [`Guest::start`] completes
+/// with the kernel, initramfs, 9p shares and result port) and what runs in it.
 #[derive(Debug, Clone)]
 pub struct GuestSpec {
-    pub name: String,
-    pub vcpus: u32,
-    pub memory_mib: u32,
-    pub accel: Accel,
-    /// Host CPUs the whole QEMU process is pinned to (`None`: not pinned).
-    pub pcpus: Option<Vec<usize>>,
+    /// Name, QEMU binary, vCPUs, memory, acceleration, pinning.
+    pub machine: QemuCommand,
     pub cgroup: GuestCgroup,
     /// The job script (POSIX sh, run by the host's `/bin/sh` inside the chroot).
     pub job: String,
-    pub qemu: PathBuf,
     /// Extra kernel command-line arguments (e.g. `idle=poll`).
     pub kernel_args: Vec<String>,
     /// Host directories the guest would not see at their own path (under its tmpfs mounts,
@@ -109,34 +65,27 @@ pub struct GuestSpec {
 
 impl GuestSpec {
     pub fn new(name: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            vcpus: 2,
-            memory_mib: 512,
-            accel: Accel::Tcg,
-            pcpus: None,
-            cgroup: GuestCgroup::V2,
-            job: "true\n".into(),
-            qemu: PathBuf::from("qemu-system-x86_64"),
-            kernel_args: Vec::new(),
-            shares: Vec::new(),
-        }
+        Self { machine: QemuCommand::new(name), cgroup: GuestCgroup::V2, job: "true\n".into(), kernel_args: Vec::new(), shares: Vec::new() }
     }
     pub fn vcpus(mut self, n: u32) -> Self {
-        self.vcpus = n;
+        self.machine = self.machine.cpus(n);
         self
     }
     pub fn memory_mib(mut self, m: u32) -> Self {
-        self.memory_mib = m;
+        self.machine = self.machine.memory_mib(m);
         self
     }
     pub fn accel(mut self, a: Accel) -> Self {
-        self.accel = a;
+        self.machine = self.machine.accel(a);
         self
     }
     pub fn pin(mut self, cpus: Option<Vec<usize>>) -> Self {
-        self.pcpus = cpus;
+        self.machine = self.machine.pin(cpus);
         self
+    }
+    /// The guest's name (QEMU's `-name`).
+    pub fn name(&self) -> &str {
+        &self.machine.name
     }
     pub fn cgroup(mut self, c: GuestCgroup) -> Self {
         self.cgroup = c;
@@ -256,7 +205,7 @@ fn init_script(kernel: &Kernel, cgroup: GuestCgroup, shares: &[PathBuf]) -> Stri
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            let d = crate::accel::shell_quote(&d.display().to_string());
+            let d = shell_quote(&d.display().to_string());
             format!("mkdir -p $H{d} && mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 {SHARE_TAG}{i} $H{d} || fail mount-share-{i}\n")
         })
         .collect();
@@ -305,6 +254,15 @@ echo o > /proc/sysrq-trigger
     )
 }
 
+/// Quotes a word for POSIX sh.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
 /// Shell prelude of every job script: `step NAME CMD...` wraps a command's stdout in markers.
 /// `attach STEP KIND FILE` sends FILE (if not empty) as an attachment of STEP, then removes it.
 pub const JOB_PRELUDE: &str = r#"step() { n=$1; shift; echo "@@LAB BEGIN $n"; "$@"; rc=$?; echo; echo "@@LAB END $n rc=$rc"; }
@@ -338,7 +296,7 @@ pub fn visible_in_guest(p: &Path) -> bool {
 }
 
 /// Finds a statically linked busybox on the host.
-pub fn find_busybox() -> Result<PathBuf, LabError> {
+pub fn find_busybox() -> Result<PathBuf, GuestError> {
     let candidates = ["/bin/busybox", "/usr/bin/busybox", "/usr/lib/initramfs-tools/bin/busybox"];
     for c in candidates {
         let p = Path::new(c);
@@ -348,7 +306,7 @@ pub fn find_busybox() -> Result<PathBuf, LabError> {
             }
         }
     }
-    Err(LabError::NoBusybox { looked: candidates.join(", ") })
+    Err(GuestError::NoBusybox { looked: candidates.join(", ") })
 }
 
 /// An ELF64 image without a PT_INTERP program header (no dynamic loader needed).
@@ -377,8 +335,8 @@ pub fn is_static_elf(b: &[u8]) -> bool {
 }
 
 /// Builds the initramfs (busybox, init, modules, job) for a guest.
-pub fn build_initramfs(kernel: &Kernel, spec: &GuestSpec, busybox: &Path) -> Result<Vec<u8>, LabError> {
-    let rd = |p: &Path| fs::read(p).map_err(|source| LabError::Io { path: p.to_path_buf(), source });
+pub fn build_initramfs(kernel: &Kernel, spec: &GuestSpec, busybox: &Path) -> Result<Vec<u8>, GuestError> {
+    let rd = |p: &Path| fs::read(p).map_err(|source| GuestError::Io { path: p.to_path_buf(), source });
     let mut c = Cpio::new();
     for d in ["bin", "dev", "proc", "sys", "host", "modules", "etc"] {
         c.dir(d);
@@ -398,33 +356,26 @@ pub fn build_initramfs(kernel: &Kernel, spec: &GuestSpec, busybox: &Path) -> Res
 
 impl Guest {
     /// Starts QEMU for `spec`; events go to `tx` tagged with `id`.
-    pub fn start(id: usize, spec: &GuestSpec, kernel: &Kernel, busybox: &Path, tx: Sender<GuestEvent>) -> Result<Self, LabError> {
-        let tmp = tempfile::Builder::new()
-            .prefix("gleaner-lab-")
-            .tempdir()
-            .map_err(|source| LabError::Io { path: std::env::temp_dir(), source })?;
+    pub fn start(id: usize, spec: &GuestSpec, kernel: &Kernel, busybox: &Path, tx: Sender<GuestEvent>) -> Result<Self, GuestError> {
+        let tmp = crate::command::temp_dir()?;
         let initrd = tmp.path().join("initramfs.cpio");
         let image = build_initramfs(kernel, spec, busybox)?;
-        fs::write(&initrd, image).map_err(|source| LabError::Io { path: initrd.clone(), source })?;
-        let mut cmd = QemuCommand::new(&spec.name)
-            .qemu(&spec.qemu)
-            .accel(spec.accel)
-            .cpus(spec.vcpus)
-            .memory_mib(spec.memory_mib)
+        fs::write(&initrd, image).map_err(|source| GuestError::Io { path: initrd.clone(), source })?;
+        let mut cmd = spec
+            .machine
+            .clone()
             .kernel(kernel.image())
             .initrd(&initrd)
             .append(spec.cmdline())
             .args(["-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"])
-            .stdout_serial()
-            .pin(spec.pcpus.clone())
-            .in_dir(tmp);
+            .stdout_serial();
         for (i, d) in spec.shares.iter().enumerate() {
             cmd = cmd.arg("-virtfs").arg(format!(
                 "local,path={},mount_tag={SHARE_TAG}{i},security_model=none,readonly=on,multidevs=remap",
                 qemu_opt_escape(&d.display().to_string())
             ));
         }
-        let mut qemu = cmd.spawn()?;
+        let mut qemu = cmd.spawn_in(tmp)?;
         let pid = qemu.pid;
         let reader = qemu.take_stdout().map(|out| {
             std::thread::Builder::new()
@@ -432,7 +383,7 @@ impl Guest {
                 .spawn(move || read_results(id, pid, out, &tx))
                 .expect("spawning a thread")
         });
-        Ok(Self { id, name: spec.name.clone(), pid, accel: spec.accel, started: qemu.started, qemu, reader })
+        Ok(Self { id, name: spec.machine.name.clone(), pid, accel: spec.machine.accel, started: qemu.started, qemu, reader })
     }
 
     pub fn temp_dir(&self) -> &Path {
@@ -524,22 +475,22 @@ pub fn next_event(
     rx: &Receiver<GuestEvent>,
     deadline: Instant,
     what: &dyn Fn() -> (String, String, String),
-) -> Result<GuestEvent, LabError> {
+) -> Result<GuestEvent, GuestError> {
     loop {
         if interrupt::requested() {
-            return Err(LabError::Interrupted);
+            return Err(GuestError::Interrupted);
         }
         let now = Instant::now();
         if now >= deadline {
             let (guest, waiting_for, console) = what();
-            return Err(LabError::Timeout { guest, waiting_for, after_s: 0.0, console });
+            return Err(GuestError::Timeout { guest, waiting_for, after_s: 0.0, console });
         }
         match rx.recv_timeout((deadline - now).min(Duration::from_millis(100))) {
             Ok(ev) => return Ok(ev),
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => {
                 let (guest, _, console) = what();
-                return Err(LabError::GuestFailed { guest, what: "all result channels closed".into(), console });
+                return Err(GuestError::GuestFailed { guest, what: "all result channels closed".into(), console });
             }
         }
     }
@@ -578,6 +529,14 @@ mod tests {
         assert!(!is_static_elf(&sh));
         assert!(!is_static_elf(b""));
         assert!(!is_static_elf(b"\x7fELF garbage"));
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("abc"), "abc");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Ctrl-C / SIGTERM / SIGHUP handling: the handler only sets a flag; every wait loop of the
-//! lab polls it and returns [`crate::guest::LabError::Interrupted`], so the guards of running
+//! lab polls it and returns [`crate::GuestError::Interrupted`], so the guards of running
 //! guests and temp dirs are dropped on the normal unwinding path.
 
 use gleaner_os::signal::{self, InterruptedCalls};
