@@ -1,5 +1,5 @@
 //! No cycles between the files of a crate: each file's `crate::...` and `super::...` paths
-//! (in `use` lines and in code, outside comments and `#[cfg(test)] mod tests` blocks) are
+//! (in `use` lines and in code, outside comments and `#[cfg(test)] mod tests` blocks and declarations) are
 //! edges to the file that defines the module they name, and the graph of every crate must be
 //! acyclic, so that each file can be read knowing only the files below it. A module's own
 //! children, named by bare paths (`session::Session` in `agent/mod.rs`), are not edges: a
@@ -51,13 +51,23 @@ fn file_of(src: &Path, root: &Path, path: &[String]) -> PathBuf {
     file
 }
 
-/// The code of a file without comments and without its trailing test module.
+/// The code of a file without comments and without its test modules.
 fn code_of(text: &str) -> String {
     let mut out = String::new();
     let mut lines = text.lines().peekable();
     while let Some(line) = lines.next() {
         if line.trim() == "#[cfg(test)]" && lines.peek().is_some_and(|n| n.trim_start().starts_with("mod tests")) {
-            break;
+            // `mod tests;` declares a file of its own; `mod tests { ... }` is skipped to its
+            // closing brace, and what follows it is read.
+            let mut depth = 0i64;
+            for l in lines.by_ref() {
+                let l = l.split("//").next().unwrap_or("");
+                depth += l.matches('{').count() as i64 - l.matches('}').count() as i64;
+                if depth <= 0 && (l.contains('}') || l.trim_end().ends_with(';')) {
+                    break;
+                }
+            }
+            continue;
         }
         out.push_str(line.split("//").next().unwrap_or(""));
         out.push('\n');
@@ -198,11 +208,12 @@ fn no_crate_has_a_cycle_between_its_files() {
 #[test]
 fn the_checker_reads_paths_and_finds_a_cycle() {
     let code = code_of(
-        "use crate::{a::B, c};\n// crate::z::Doc\nfn f() { crate::d::e(); super::S; }\n#[cfg(test)]\nmod tests { use crate::t; }\n",
+        "use crate::{a::B, c};\n// crate::z::Doc\nfn f() { crate::d::e(); super::S; }\n#[cfg(test)]\nmod tests { use crate::t; }\n#[cfg(test)]\nmod tests;\nfn g() { crate::after::h(); }\n",
     );
     let crate_paths = paths_after(&code, "crate");
     assert!(crate_paths.contains(&vec!["a".to_string(), "B".to_string()]) && crate_paths.contains(&vec!["c".to_string()]));
     assert!(crate_paths.contains(&vec!["d".to_string(), "e".to_string()]));
+    assert!(crate_paths.contains(&vec!["after".to_string(), "h".to_string()]), "what follows a test module is read: {crate_paths:?}");
     assert!(!crate_paths.iter().any(|p| p.first().is_some_and(|s| s == "z" || s == "t")), "{crate_paths:?}");
     assert_eq!(paths_after(&code, "super"), vec![vec!["S".to_string()]]);
     let dir = tempfile::tempdir().unwrap();

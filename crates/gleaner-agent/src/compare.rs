@@ -593,9 +593,9 @@ pub fn print_table(d: &CompareDoc) {
         let wall = if s.latency_p50_us.is_some() {
             String::new()
         } else {
-            format!(" wall {:.2}x ({});", v.speedup, verdict(&st.wall_s, &s.wall_s, &v.policy.to_string()))
+            format!(" wall {:.2}x ({})", v.speedup, verdict(&st.wall_s, &s.wall_s, &v.policy.to_string()))
         };
-        println!("  {} vs stock:{wall}{lat}; CPU {:.2}x", v.policy, v.cpu);
+        println!("  {} vs stock:{wall}{lat}; CPU per item {:.2}x", v.policy, v.cpu);
     }
     if !d.per_round.is_empty() {
         println!("  round by round (median [min..max] of the rounds' ratios; above 1: the first did better):");

@@ -368,6 +368,9 @@ pub struct GuestController {
     stale_cpu_ns: f64,
     /// Periods in a row the plan held ([`CALM_PERIODS`]).
     calm: u32,
+    /// The agent's own work in the period before the last one, ns (the stretch takes the
+    /// lesser of the last two: [`Self::next_period_ns`]).
+    work_before_ns: u64,
     /// Periods read so far, and the time they covered, ns.
     periods: u64,
     elapsed_ns: u64,
@@ -498,6 +501,7 @@ impl GuestController {
             window_check: WindowCheck::Clear,
             stale_cpu_ns: 0.0,
             calm: 0,
+            work_before_ns: 0,
             periods: 0,
             elapsed_ns: 0,
         }
@@ -763,17 +767,25 @@ impl GuestController {
         // plan polled both vCPUs for the first 250 ms, 0.5 vCPU-s, when its second period
         // was a whole one).
         let unseen_polls = !self.informed && !plan.poll_always.is_empty();
+        // Nor do calm periods lengthen while the workload is quiet: what comes next is its
+        // start, which a long period would meet with the quiet's plan.
         let next_period_share = if self.probing() {
             PROBE_SHARE
         } else if unseen_polls {
             FIRST_PERIOD_SHARE
-        } else if self.calm >= CALM_PERIODS {
+        } else if self.calm >= CALM_PERIODS && self.last_rate >= QUIET_RATE {
             CALM_PERIOD_SHARE
         } else {
             1.0
         };
+        // A one-off cost of the agent's (loading the tracer, a consolidation) does not
+        // lengthen the periods: the lesser of the last two periods' work stretches them (a
+        // sockperf client started after its server's quiet half second ran its whole 1 s
+        // under a plan made for the quiet, in a 1.7 s period stretched by the tracer's load).
+        let work_ns = r.agent_work_ns.min(self.work_before_ns);
+        self.work_before_ns = r.agent_work_ns;
         GuestStep {
-            next_period_ns: self.next_period_ns(r.agent_work_ns, next_period_share),
+            next_period_ns: self.next_period_ns(work_ns, next_period_share),
             next_period_share,
             active,
             decisions,
