@@ -59,11 +59,12 @@ fn code_of(text: &str) -> String {
         if line.trim() == "#[cfg(test)]" && lines.peek().is_some_and(|n| n.trim_start().starts_with("mod tests")) {
             // `mod tests;` declares a file of its own; `mod tests { ... }` is skipped to its
             // closing brace, and what follows it is read.
-            let mut depth = 0i64;
+            let (mut opened, mut closed) = (0usize, 0usize);
             for l in lines.by_ref() {
                 let l = l.split("//").next().unwrap_or("");
-                depth += l.matches('{').count() as i64 - l.matches('}').count() as i64;
-                if depth <= 0 && (l.contains('}') || l.trim_end().ends_with(';')) {
+                opened += l.matches('{').count();
+                closed += l.matches('}').count();
+                if closed >= opened && (l.contains('}') || l.trim_end().ends_with(';')) {
                     break;
                 }
             }
