@@ -585,6 +585,44 @@ fn compare_calibrates_the_wake_cost_curve_once_and_stores_it() {
     assert_no_leftovers(run_dir.path());
 }
 
+/// `gleaner compare` with no command (README's first command): the built-in ping-pong and
+/// pipeline under the policies asked for, both tables, a plot where `--plot` says, and the one
+/// verdict line, which names what gleaner did to the ping-pong's latency against stock and what
+/// it left of the pipeline's throughput; `--json` holds both documents and the same line.
+#[test]
+#[serial(host)]
+fn the_first_run_ends_with_a_verdict_and_a_plot() {
+    require_root_and_cpuset();
+    let knobs = idle_knobs();
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("first.svg");
+    let run = |json: bool| {
+        let mut c = gleaner();
+        c.args(["compare", "--runs", "1", "--policies", "stock,gleaner", "--no-consolidation", "--run-dir"]).arg(dir.path().join("run"));
+        c.arg("--plot").arg(&plot);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = run(false);
+    assert!(text.contains("bench workload pingpong") && text.contains("bench workload pipeline"), "both kernels: {text}");
+    let verdict = text.lines().rev().find(|l| l.starts_with("on this VM")).unwrap_or_else(|| panic!("no verdict line: {text}"));
+    assert!(verdict.contains("us") && verdict.contains("throughput at") && verdict.contains("x of stock's"), "{verdict}");
+    let svg = std::fs::read_to_string(&plot).unwrap_or_else(|e| panic!("no plot at {}: {e}", plot.display()));
+    assert!(svg.contains("<svg"), "not an SVG: {}", &svg[..svg.len().min(200)]);
+    let doc: serde_json::Value = serde_json::from_str(&run(true)).unwrap();
+    for k in ["latency", "throughput"] {
+        assert_eq!(doc[k]["runs"], 1, "{k}: {doc}");
+        assert!(doc[k]["samples"].as_array().is_some_and(|s| s.len() == 2), "{k}: one run of each policy: {doc}");
+    }
+    assert!(doc["verdict"].as_str().is_some_and(|v| v.starts_with("on this VM")), "{doc}");
+    assert_idle_knobs_as(&knobs);
+    assert_no_leftovers(&dir.path().join("run"));
+}
+
 #[test]
 #[serial(host)]
 fn retention_only_without_root_says_so() {

@@ -1439,41 +1439,10 @@ pub(crate) fn model_curve(c: &Costs, shared: bool, poll: bool) -> WakeCurve {
 
 #[cfg(test)]
 mod tests {
-    use super::{ns_f64, round_at_least_1, Counters, Engine, Host, Idle, Ns, Setup, SetupVm, Vcpu, WindowReset, NONE};
+    use super::{ns_f64, round_at_least_1, Counters, Engine, Host, Idle, Ns, Vcpu, WindowReset, NONE};
     use std::mem::{offset_of, size_of};
 
-    /// One background VM of `vcpus` always-runnable vCPUs on two pCPUs, not started.
-    fn two_pcpu_engine(vcpus: u32) -> Engine {
-        let w = crate::workload::builtin("matmul", vcpus, 1.0, true).expect("builtin").resolve("m", vcpus, vcpus).expect("resolves");
-        let vm = SetupVm {
-            name: "a".into(),
-            workload: w,
-            vcpus,
-            pin_offset: None,
-            background: true,
-            guest: gleaner_policy::IdlePolicy::Stock,
-            gleaner: Default::default(),
-            haltpoll: Default::default(),
-        };
-        let costs = crate::scenario::Costs::from_table2(&crate::scenario::CostsCfg::default().vm, 1.0, 2.0, 1.0);
-        Engine::new(Setup {
-            pcpus: 2,
-            host_slice_ns: 3_000_000,
-            wakeup_preemption: true,
-            wakeup_gran_ns: 0,
-            guest_slice_ns: 3_000_000,
-            halt_poll: None,
-            ple_window_ns: 20_000,
-            balance_ns: Some(32_000_000),
-            virt: true,
-            costs,
-            vms: vec![vm],
-            seed: 1,
-            stop_at: Some(1),
-            max_ns: 1,
-            host_policy: Box::new(crate::policy::StockHost),
-        })
-    }
+    use crate::knob_probe::two_pcpu_engine;
 
     /// A woken thread's vCPU: its previous one if idle, else the first idle one after it in the
     /// VM's order, wrapping around; else the previous one; else (not allowed) the least loaded.

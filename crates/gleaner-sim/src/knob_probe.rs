@@ -21,6 +21,40 @@ pub struct KnobView {
     pub windows_reset: bool,
 }
 
+/// One background VM of `vcpus` always-runnable vCPUs (matmul) on two pCPUs, not started:
+/// the probe's engine, and the engine's own tests'.
+pub(crate) fn two_pcpu_engine(vcpus: u32) -> Engine {
+    let w = crate::workload::builtin("matmul", vcpus, 1.0, true).expect("builtin").resolve("m", vcpus, vcpus).expect("resolves");
+    let vm = SetupVm {
+        name: "a".into(),
+        workload: w,
+        vcpus,
+        pin_offset: None,
+        background: true,
+        guest: gleaner_policy::IdlePolicy::Stock,
+        gleaner: crate::scenario::GleanerCfg::default(),
+        haltpoll: crate::scenario::GuestHaltpollCfg::default(),
+    };
+    let costs = crate::scenario::Costs::from_table2(&crate::scenario::CostsCfg::default().vm, 1.0, 2.0, 1.0);
+    Engine::new(Setup {
+        pcpus: 2,
+        host_slice_ns: 3_000_000,
+        wakeup_preemption: true,
+        wakeup_gran_ns: 0,
+        guest_slice_ns: 3_000_000,
+        halt_poll: None,
+        ple_window_ns: 20_000,
+        balance_ns: Some(32_000_000),
+        virt: true,
+        costs,
+        vms: vec![vm],
+        seed: 1,
+        stop_at: Some(1),
+        max_ns: 1,
+        host_policy: Box::new(crate::policy::StockHost),
+    })
+}
+
 /// The adapter under test (module documentation).
 #[derive(Debug)]
 pub struct KnobProbe {
@@ -34,35 +68,7 @@ const GROWN: u64 = 123_456;
 impl KnobProbe {
     /// A VM of `vcpus` vCPUs whose guest offers kernel polling, at the machine's own settings.
     pub fn new(vcpus: u32) -> Self {
-        let w = crate::workload::builtin("matmul", vcpus, 1.0, true).expect("builtin").resolve("m", vcpus, vcpus).expect("resolves");
-        let vm = SetupVm {
-            name: "a".into(),
-            workload: w,
-            vcpus,
-            pin_offset: None,
-            background: true,
-            guest: gleaner_policy::IdlePolicy::Stock,
-            gleaner: crate::scenario::GleanerCfg::default(),
-            haltpoll: crate::scenario::GuestHaltpollCfg::default(),
-        };
-        let costs = crate::scenario::Costs::from_table2(&crate::scenario::CostsCfg::default().vm, 1.0, 2.0, 1.0);
-        let mut engine = Engine::new(Setup {
-            pcpus: 2,
-            host_slice_ns: 3_000_000,
-            wakeup_preemption: true,
-            wakeup_gran_ns: 0,
-            guest_slice_ns: 3_000_000,
-            halt_poll: None,
-            ple_window_ns: 20_000,
-            balance_ns: Some(32_000_000),
-            virt: true,
-            costs,
-            vms: vec![vm],
-            seed: 1,
-            stop_at: Some(1),
-            max_ns: 1,
-            host_policy: Box::new(crate::policy::StockHost),
-        });
+        let mut engine = two_pcpu_engine(vcpus);
         engine.vms[0].kpoll = Some(KernelPolling { cap_ns: 0, always: vec![false; vcpus as usize], reset_until: 0, shrink: false });
         engine.now = 1_000_000_000;
         Self { engine, vcpus }
