@@ -373,6 +373,10 @@ min_active = 1
 min_idle_periods = 8
 # Utilization (in vCPUs) below which its changes are noise (no rollback, no reset).
 min_util = 0.05
+# Never take a vCPU a thread of the workload pinned itself to (sched_setaffinity, taskset):
+# it keeps running where its program placed it. false: the paper's cpuset, which moves
+# pinned threads too.
+keep_pinned = true
 
 [governor]
 # Every probe_every_min..probe_every_max periods (doubling while the answer holds) one period

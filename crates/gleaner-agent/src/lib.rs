@@ -133,6 +133,9 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
             r.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
         );
         println!("  active vCPUs {} of {}   rho {:.3}  eta {:.3}", r.active_cpus, r.all_cpus, m.rho, m.eta);
+        if !r.pinned_cpus.is_empty() {
+            println!("  threads pinned by the workload on CPUs {}: it keeps every vCPU", r.pinned_cpus);
+        }
         println!("  l_comp {}  g_comp {}  l_idle {}  utilization {:.2} vCPUs", ms(m.l_comp_ns), ms(m.g_comp_ns), ms(m.l_idle_ns), m.util);
         if let Some(i) = &r.idle {
             print_idle_status(i);

@@ -442,7 +442,7 @@ impl Sampler {
                 }
             })
             .collect();
-        (Snapshot { period_ns, vcpus, s_work }, extras)
+        (Snapshot { period_ns, vcpus, s_work, pinned: Vec::new() }, extras)
     }
 }
 

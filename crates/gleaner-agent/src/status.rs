@@ -279,6 +279,10 @@ pub struct StatusReport {
     pub note: Option<String>,
     pub all_cpus: CpuSet,
     pub active_cpus: CpuSet,
+    /// The vCPUs of threads the workload pinned itself (consolidation keeps every vCPU while
+    /// there are any: `[controller] keep_pinned`).
+    #[serde(default)]
+    pub pinned_cpus: CpuSet,
     /// The configured or calibrated timeout: fixed, or the cap of the adaptive ones.
     pub timeout_us: u64,
     /// Per-vCPU timeouts adapt.

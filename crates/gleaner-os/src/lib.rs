@@ -56,6 +56,7 @@ pub mod idle;
 pub mod input;
 pub mod journal;
 pub mod kvm;
+pub mod pins;
 pub mod private;
 pub mod procfs;
 pub mod qmp;

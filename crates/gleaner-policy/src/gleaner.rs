@@ -54,6 +54,10 @@ pub struct Params {
     /// Periods with fewer idle periods (`S_yield`) than this carry too little information to
     /// decide on; the controller then keeps the current set.
     pub min_idle_periods: u64,
+    /// A workload with threads it pinned itself ([`Snapshot::pinned`]) keeps every vCPU: its
+    /// program places its threads, and they run and pin where it asks (true). false: the
+    /// paper's Gleaner, whose cpuset moves every thread, pinned or not.
+    pub keep_pinned: bool,
 }
 
 impl Default for Params {
@@ -69,6 +73,7 @@ impl Default for Params {
             min_active: 1,
             min_idle_periods: 8,
             min_util: 0.05,
+            keep_pinned: true,
         }
     }
 }
@@ -139,6 +144,11 @@ pub struct Snapshot {
     pub vcpus: Vec<VcpuSample>,
     /// Context switches of the workload's threads in the period (`S_work`).
     pub s_work: u64,
+    /// The vCPUs of threads the workload pinned itself (a CPU affinity narrower than its
+    /// cpuset), ascending: while there are any, consolidation keeps every vCPU
+    /// ([`Params::keep_pinned`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<u32>,
 }
 
 impl Snapshot {
@@ -175,6 +185,9 @@ pub enum ResetReason {
     /// is not light (see `crate::guest`): a wakeup of a polling vCPU is cheap, and sharing
     /// fewer vCPUs would only queue the workload's threads.
     KernelPolling,
+    /// The workload pinned some of its threads ([`Snapshot::pinned`]): it places them
+    /// itself, on every vCPU it had.
+    PinnedThreads,
 }
 
 /// The controller's view of the last period, for status and events.
@@ -288,6 +301,19 @@ impl Controller {
         let m = Metrics::of(&s, self.params.rho, self.params.eta);
         self.last = m;
         let mut out = Vec::new();
+        // A workload that pins its threads places them itself: it keeps every vCPU. Taking
+        // only the unpinned ones would make its next pin fail (the kernel refuses a mask all
+        // outside the cpuset with EINVAL: a sockperf client's `taskset -c 0` failed when the
+        // vCPU was taken around its server's pin to vCPU 1), and taking a pinned one would run
+        // that thread off its mask.
+        if self.params.keep_pinned && !snapshot.pinned.is_empty() {
+            if !self.deactivated.is_empty() {
+                self.reset();
+                out.push(Decision::ResetAll { reason: ResetReason::PinnedThreads });
+            }
+            self.phase = Phase::Unsettled;
+            return out;
+        }
         match std::mem::replace(&mut self.phase, Phase::Unsettled) {
             Phase::Probing { cpu, before } => {
                 // A utilization drop is a slowdown only if the workload's progress (its

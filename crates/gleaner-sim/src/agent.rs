@@ -236,8 +236,18 @@ impl Engine {
         // The model's threads synchronize but move no bytes: the governor judges by sync points.
         let io = gleaner_policy::retention::WorkloadIo::default();
         // The model's tracer follows every thread of the VM's workload: it misses none.
+        // The vCPUs of the pinned threads still running, as the agent reads them.
+        let mut pinned: Vec<u32> = self.vms[vmi]
+            .pinned_threads
+            .iter()
+            .map(|&t| &self.threads[t as usize])
+            .filter(|th| th.state != Ts::Done)
+            .map(|th| th.pin - base)
+            .collect();
+        pinned.sort_unstable();
+        pinned.dedup();
         let reading = GuestReading {
-            snapshot: Snapshot { period_ns: elapsed, vcpus: samples, s_work },
+            snapshot: Snapshot { period_ns: elapsed, vcpus: samples, s_work, pinned },
             idle,
             trace,
             caught,

@@ -356,6 +356,8 @@ pub(crate) struct VmState {
     pub kpoll: Option<KernelPolling>,
     /// Each vCPU's guest polling time at the last Gleaner period.
     pub prev_poll: Vec<u64>,
+    /// The workload's pinned threads (global ids): the agent reads their vCPUs each period.
+    pub pinned_threads: Vec<u32>,
 }
 
 /// The kernel idle knobs the agent set from its plan (crates/gleaner-agent/src/agent/apply.rs):
@@ -631,6 +633,7 @@ impl Engine {
         }
         // Threads, placed round robin (or pinned) on the vCPUs' run queues.
         let mut alive = 0;
+        let mut pinned_threads = Vec::new();
         let mut k = 0u32;
         for g in &w.groups {
             let prog = self.progs.len() as u32;
@@ -658,6 +661,9 @@ impl Engine {
                 let v = vcpu_base + if pin != NONE { pin } else { k % vm.vcpus };
                 k += 1;
                 let t = self.threads.len() as u32;
+                if pin != NONE {
+                    pinned_threads.push(t);
+                }
                 self.threads.push(Thread {
                     vm: vi,
                     prog,
@@ -761,6 +767,7 @@ impl Engine {
                 shrink: false,
             }),
             prev_poll: vec![0; vm.vcpus as usize],
+            pinned_threads,
         });
     }
 

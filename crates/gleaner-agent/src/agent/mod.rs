@@ -448,7 +448,16 @@ impl Session {
             let ran = guest.mode();
             let tids = managed.tids(procfs);
             pacer.point();
-            let (snapshot, extras) = sampler.sample(&tids, self.yielders.as_ref(), &active_before, &mut pacer);
+            let (mut snapshot, extras) = sampler.sample(&tids, self.yielders.as_ref(), &active_before, &mut pacer);
+            if managed.cgroup.is_some() {
+                // Threads the workload pinned keep their vCPUs through consolidation.
+                self.pins.observe(&tids, &active_before);
+                let pinned = self.pins.pinned();
+                snapshot.pinned = pinned.to_vec();
+                if let Ok(mut st) = status.lock() {
+                    st.pinned_cpus = pinned;
+                }
+            }
             let traced = tracing.read_period();
             // Processes started while the tracer counted were not followed: the share of the
             // period's sync points their threads made (the guest loop sets such a trace aside).
@@ -494,7 +503,10 @@ impl Session {
             // Apply.
             let active = CpuSet::from_iter(step.active.iter().copied());
             if active != active_before {
-                if let Err(what) = managed.apply(&active, &active_before, cpus) {
+                let applied = managed.apply(&active, &active_before, cpus);
+                // A kernel before 6.2 set every thread's mask to the new cpuset.
+                self.pins.reapply();
+                if let Err(what) = applied {
                     // Refused (a read-only file, a security module, a cpuset rule of the
                     // parent): stop consolidating rather than retrying every period.
                     let then = format!(" for the rest of this run, the workload keeps CPUs {cpus}");

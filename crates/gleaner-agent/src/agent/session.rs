@@ -5,9 +5,11 @@
 //! ```text
 //!  open_journal     (root) state file + guardian: from here a kill -9 is covered
 //!  take_idle_knobs  the idle-knob lock; a KnobWriter on the journal
-//!  take_target      the workload's cgroup (created, or the given one taken over and locked)
+//!  take_target      the workload's cgroup (created, or the given one taken over and locked);
+//!                   the pins of an attached process's threads, seen before it moves
 //!  finish           yielders stop -> journal undone (cgroups and knobs, newest first) ->
-//!                   guardian dismissed (or left to finish) -> servers stop
+//!                   pins put back where the kernel reset them -> guardian dismissed (or
+//!                   left to finish) -> servers stop
 //! ```
 
 use std::path::Path;
@@ -17,6 +19,7 @@ use std::time::Duration;
 use anyhow::Context;
 use gleaner_os::cgroup::Cgroups;
 use gleaner_os::idle::IdleKnobs;
+use gleaner_os::pins::PinWatch;
 use gleaner_os::BadInput;
 
 use super::apply::IdleActuator;
@@ -41,6 +44,8 @@ pub(crate) struct Session {
     pub(crate) yielders: Option<Yielders>,
     pub(crate) knobs: Option<IdleActuator>,
     pub(crate) servers: Vec<Server>,
+    /// The workload's threads that pinned themselves (consolidation keeps their vCPUs).
+    pub(crate) pins: PinWatch,
 }
 
 /// The status socket in the (private) run directory.
@@ -51,7 +56,16 @@ pub(crate) fn serve_status(cfg: &AgentConfig, status: &SharedStatus) -> anyhow::
 
 impl Session {
     pub(crate) fn new(cgroups: Option<Cgroups>) -> Self {
-        Self { locks: Vec::new(), state: None, guardian: None, cgroups, yielders: None, knobs: None, servers: Vec::new() }
+        Self {
+            locks: Vec::new(),
+            state: None,
+            guardian: None,
+            cgroups,
+            yielders: None,
+            knobs: None,
+            servers: Vec::new(),
+            pins: PinWatch::default(),
+        }
     }
 
     /// The state file and its guardian (root only: only root changes anything the journal
@@ -104,6 +118,7 @@ impl Session {
         };
         let state = self.state.as_mut().context("consolidation without a journal")?;
         let fallback = own_cpuset_cgroup(cgroups, procfs, agent_pid)?;
+        self.pins = PinWatch::new(cpus.clone());
         match target {
             Target::Command(_) | Target::Pid(_) => {
                 let name = format!("gleaner-agent-{agent_pid}");
@@ -120,9 +135,15 @@ impl Session {
                     let pids = procfs.descendants(*pid, true).unwrap_or_default();
                     for p in pids {
                         let from = own_cpuset_cgroup(cgroups, procfs, p)?;
+                        // Its threads' pins, against the cpuset they are in now: a kernel
+                        // before 6.2 resets them to the new group's on the move.
+                        if let Ok(source) = cgroups.open(&from).and_then(|g| g.cpus()) {
+                            self.pins.observe_more(&procfs.tasks(p).unwrap_or_default(), &source.intersection(cpus));
+                        }
                         state.record(Change::MovedProcess { pid: p, from, to: cg.path().to_path_buf() })?;
                         cg.add_process(p).with_context(|| format!("moving pid {p} into {}", cg.path().display()))?;
                     }
+                    self.pins.reapply();
                     managed.root_pid = Some(*pid);
                 }
                 managed.cgroup = Some(cg);
@@ -130,9 +151,11 @@ impl Session {
             Target::System => unreachable!("no consolidation without a workload"),
             Target::Cgroup(_) => {
                 let cg = given.context("the --cgroup group was opened above")?;
-                let original = cg.cpus()?.to_string();
-                state.record(Change::SetCpus { path: cg.path().to_path_buf(), original })?;
+                let original = cg.cpus()?;
+                self.pins.observe_more(&cg.threads().unwrap_or_default(), &original.intersection(cpus));
+                state.record(Change::SetCpus { path: cg.path().to_path_buf(), original: original.to_string() })?;
                 cg.set_cpus(cpus)?;
+                self.pins.reapply();
                 managed.cgroup = Some(cg);
             }
         }
@@ -158,6 +181,9 @@ impl Session {
         let knobs = self.knobs.take().map_or_else(IdleKnobs::new, |k| k.writer().knobs().clone());
         if let Some(state) = self.state.take() {
             result = state.undo(&UndoCx { cgroups: self.cgroups.clone(), knobs });
+            // Moved back, a thread has its own mask again since Linux 6.2; before, the move
+            // set it to the cgroup's.
+            self.pins.reapply();
             // `undo` removes the state file even when a step failed: nothing is left for the
             // guardian (`gleaner restore` finds orphan groups by name).
             undone = true;

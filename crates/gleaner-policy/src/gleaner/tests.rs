@@ -20,7 +20,7 @@ fn pattern(cpus: &[u32], l_comp: u64, l_idle: u64, g_comp: u64) -> Snapshot {
         })
         .collect();
     let t_work: u64 = vcpus.iter().map(|v| v.t_work_ns).sum();
-    Snapshot { period_ns: PERIOD, vcpus, s_work: t_work / g_comp }
+    Snapshot { period_ns: PERIOD, vcpus, s_work: t_work / g_comp, pinned: Vec::new() }
 }
 
 /// The same total work spread over `cpus` after a consolidation (utilization preserved).
@@ -36,7 +36,7 @@ fn after_consolidation(cpus: &[u32], total_work: u64, s_work: u64, per_vcpu_idle
             s_yield: per_vcpu_idle_periods,
         })
         .collect();
-    Snapshot { period_ns: PERIOD, vcpus, s_work }
+    Snapshot { period_ns: PERIOD, vcpus, s_work, pinned: Vec::new() }
 }
 
 fn unit_params() -> Params {
@@ -206,6 +206,7 @@ fn cpu_bound_workload_is_never_consolidated() {
             VcpuSample { cpu: 1, t_work_ns: PERIOD, t_yield_ns: 0, t_idle_ns: 0, s_yield: 0 },
         ],
         s_work: 0,
+        pinned: Vec::new(),
     };
     for _ in 0..10 {
         assert!(c.step(&s).is_empty());
@@ -220,6 +221,7 @@ fn idle_workload_consolidates_down_to_min_active() {
         period_ns: PERIOD,
         vcpus: cpus.iter().map(|&cpu| VcpuSample { cpu, t_work_ns: 0, t_yield_ns: 0, t_idle_ns: PERIOD, s_yield: 10 }).collect(),
         s_work: 0,
+        pinned: Vec::new(),
     };
     for _ in 0..10 {
         let a = c.active().to_vec();
@@ -269,6 +271,7 @@ fn noise_of_an_idle_workload_neither_rolls_back_nor_resets() {
         period_ns: PERIOD,
         vcpus: cpus.iter().map(|&cpu| VcpuSample { cpu, t_work_ns: work, t_yield_ns: 0, t_idle_ns: PERIOD - work, s_yield: 40 }).collect(),
         s_work: 2,
+        pinned: Vec::new(),
     };
     let mut c = Controller::new(vec![0, 1], unit_params());
     assert_eq!(c.step(&idle(&[0, 1], 2 * MS)), vec![Decision::Deactivate { cpu: 1 }]);
@@ -290,6 +293,7 @@ fn idle_workload_consolidates_without_idle_period_counts() {
             VcpuSample { cpu: 1, t_work_ns: 0, t_yield_ns: PERIOD / 2, t_idle_ns: PERIOD, s_yield: 0 },
         ],
         s_work: 1,
+        pinned: Vec::new(),
     };
     assert_eq!(c.step(&s), vec![Decision::Deactivate { cpu: 1 }]);
 }
@@ -308,4 +312,47 @@ fn less_cpu_for_the_same_progress_is_kept() {
     let d = c.step(&leaner);
     assert!(!d.iter().any(|d| matches!(d, Decision::Restore { .. })), "{d:?}");
     assert_eq!(c.params().rho, 1.0);
+}
+
+/// An idle snapshot of `cpus` whose threads pinned themselves to `pinned`.
+fn idle_pinned(cpus: &[u32], pinned: &[u32]) -> Snapshot {
+    Snapshot {
+        period_ns: PERIOD,
+        vcpus: cpus.iter().map(|&cpu| VcpuSample { cpu, t_work_ns: 0, t_yield_ns: 0, t_idle_ns: PERIOD, s_yield: 10 }).collect(),
+        s_work: 0,
+        pinned: pinned.to_vec(),
+    }
+}
+
+#[test]
+fn a_workload_that_pins_threads_keeps_every_vcpu() {
+    // One thread pinned: nothing goes (its program may pin the next one anywhere).
+    let mut c = Controller::new(vec![0, 1, 2, 3], unit_params());
+    for _ in 0..10 {
+        assert!(c.step(&idle_pinned(&[0, 1, 2, 3], &[3])).is_empty());
+    }
+    assert_eq!(c.active(), &[0, 1, 2, 3]);
+    // The same workload without pins consolidates.
+    for _ in 0..10 {
+        let a = c.active().to_vec();
+        c.step(&idle_pinned(&a, &[]));
+    }
+    assert_eq!(c.active(), &[0]);
+}
+
+#[test]
+fn a_pin_seen_while_consolidated_gives_every_vcpu_back() {
+    let mut c = Controller::new(vec![0, 1, 2], unit_params());
+    assert_eq!(c.step(&idle_pinned(&[0, 1, 2], &[])), vec![Decision::Deactivate { cpu: 2 }]);
+    assert_eq!(c.step(&idle_pinned(&[0, 1], &[0])), vec![Decision::ResetAll { reason: ResetReason::PinnedThreads }]);
+    assert_eq!(c.active(), &[0, 1, 2]);
+    assert!(c.step(&idle_pinned(&[0, 1, 2], &[0])).is_empty());
+}
+
+#[test]
+fn the_paper_s_cpuset_moves_pinned_threads_too() {
+    let mut c = Controller::new(vec![0, 1], Params { keep_pinned: false, ..unit_params() });
+    assert_eq!(c.step(&idle_pinned(&[0, 1], &[0, 1])), vec![Decision::Deactivate { cpu: 1 }]);
+    assert!(c.step(&idle_pinned(&[0], &[1])).is_empty(), "no vCPU given back for a pin");
+    assert_eq!(c.active(), &[0]);
 }

@@ -37,7 +37,7 @@ const HALTPOLL: Means = Means { poll_window: true, poll_always: true, yielders: 
 
 fn snapshot(s_work: u64) -> Snapshot {
     let v = |cpu| VcpuSample { cpu, t_work_ns: PERIOD / 10, t_yield_ns: 0, t_idle_ns: PERIOD * 9 / 10, s_yield: 100 };
-    Snapshot { period_ns: PERIOD, vcpus: vec![v(0), v(1)], s_work }
+    Snapshot { period_ns: PERIOD, vcpus: vec![v(0), v(1)], s_work, pinned: Vec::new() }
 }
 
 /// Every vCPU of `s` busy `work_ns` of the period and idle the rest.
