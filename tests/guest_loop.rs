@@ -16,6 +16,7 @@ use gleaner_agent::state::StateFile;
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::idle::IdleKnobs;
 use gleaner_os::sysfs::Sysfs;
+use gleaner_os::testutil::HaltpollSysfs;
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 use gleaner_policy::guest::setup::{self, Offer, Prior, SetupInput};
 use gleaner_policy::guest::{GuestController, GuestReading, StartConfig, VcpuIdle, WindowReset};
@@ -24,37 +25,6 @@ use gleaner_policy::retention::{GovernorConfig, WorkloadIo};
 use gleaner_sim::knob_probe::{KnobProbe, KnobView};
 
 const PERIOD: u64 = 200_000_000;
-
-/// A haltpoll guest as these VMs boot: cap 0, upstream grow/shrink, both CPUs with a POLL state.
-fn fixture(root: &Path) {
-    let cpu = root.join("devices/system/cpu");
-    fs::create_dir_all(cpu.join("cpuidle")).unwrap();
-    fs::write(cpu.join("cpuidle/current_driver"), "haltpoll\n").unwrap();
-    fs::write(cpu.join("cpuidle/current_governor"), "haltpoll\n").unwrap();
-    fs::write(cpu.join("cpuidle/available_governors"), "ladder menu haltpoll\n").unwrap();
-    for c in 0..2 {
-        for (k, name) in [(0, "POLL"), (1, "haltpoll idle")] {
-            let s = cpu.join(format!("cpu{c}/cpuidle/state{k}"));
-            fs::create_dir_all(&s).unwrap();
-            for (f, v) in [("name", name), ("usage", "1"), ("time", "1"), ("disable", "0")] {
-                fs::write(s.join(f), format!("{v}\n")).unwrap();
-            }
-        }
-        fs::create_dir_all(cpu.join(format!("cpu{c}/power"))).unwrap();
-        fs::write(cpu.join(format!("cpu{c}/power/pm_qos_resume_latency_us")), "0\n").unwrap();
-    }
-    let hp = root.join("module/haltpoll/parameters");
-    fs::create_dir_all(&hp).unwrap();
-    for (k, v) in [
-        ("guest_halt_poll_ns", "0"),
-        ("guest_halt_poll_grow", "2"),
-        ("guest_halt_poll_grow_start", "50000"),
-        ("guest_halt_poll_shrink", "2"),
-        ("guest_halt_poll_allow_shrink", "Y"),
-    ] {
-        fs::write(hp.join(k), format!("{v}\n")).unwrap();
-    }
-}
 
 /// What the agent's writes left under the fixture, in the simulator's terms. `switched`: the
 /// cpuidle governor file was written since it was last stamped (a reset of every CPU's window).
@@ -114,7 +84,8 @@ fn period(idle: [f64; 2], gaps: [u64; 2], gap_ns: [u64; 2], sync: u64, wake_ns: 
 #[test]
 fn the_agents_and_the_simulators_adapters_carry_out_the_same_steps() {
     let d = tempfile::tempdir().unwrap();
-    fixture(d.path());
+    // A haltpoll guest as these VMs boot: cap 0, upstream grow/shrink, both CPUs with a POLL state.
+    HaltpollSysfs::new().write(d.path());
     let knobs = IdleKnobs::with_roots(Sysfs::with_root(d.path()), d.path().join("mods"));
     let offer = knobs.offer(&CpuSet::parse("0-1").unwrap()).unwrap();
     let mut agent = IdleActuator::new(KnobWriter::new(knobs, offer));

@@ -287,29 +287,15 @@ pub(crate) mod tests {
 
     use gleaner_os::cpuset::CpuSet;
     use gleaner_os::sysfs::Sysfs;
+    use gleaner_os::testutil::HaltpollSysfs;
 
     use super::*;
 
+    /// The agent's tests' guest: the haltpoll sysfs fixture under `governor`, its haltpoll cap
+    /// at upstream's 200 us and no other haltpoll parameter (a kernel without the tunables the
+    /// tests that need them add).
     pub(crate) fn fixture(root: &Path, governor: &str) {
-        let cpu = root.join("devices/system/cpu");
-        fs::create_dir_all(cpu.join("cpuidle")).unwrap();
-        fs::write(cpu.join("cpuidle/current_driver"), "haltpoll\n").unwrap();
-        fs::write(cpu.join("cpuidle/current_governor"), format!("{governor}\n")).unwrap();
-        fs::write(cpu.join("cpuidle/available_governors"), "ladder menu haltpoll\n").unwrap();
-        for c in 0..2 {
-            for (k, name) in [(0, "POLL"), (1, "haltpoll idle")] {
-                let s = cpu.join(format!("cpu{c}/cpuidle/state{k}"));
-                fs::create_dir_all(&s).unwrap();
-                for (f, v) in [("name", name), ("usage", "1"), ("time", "1"), ("disable", "0")] {
-                    fs::write(s.join(f), format!("{v}\n")).unwrap();
-                }
-            }
-            fs::create_dir_all(cpu.join(format!("cpu{c}/power"))).unwrap();
-            fs::write(cpu.join(format!("cpu{c}/power/pm_qos_resume_latency_us")), "0\n").unwrap();
-        }
-        let hp = root.join("module/haltpoll/parameters");
-        fs::create_dir_all(&hp).unwrap();
-        fs::write(hp.join("guest_halt_poll_ns"), "200000\n").unwrap();
+        HaltpollSysfs::new().governor(governor).params(&[("guest_halt_poll_ns", "200000")]).write(root);
     }
 
     pub(crate) fn writer(root: &Path) -> KnobWriter {
@@ -376,10 +362,9 @@ pub(crate) mod tests {
     #[test]
     fn a_fixed_window_sets_grow_start_and_no_shrink_and_undo_puts_all_three_back() {
         let d = tempfile::tempdir().unwrap();
-        fixture(d.path(), "haltpoll");
-        let hp = d.path().join("module/haltpoll/parameters");
-        fs::write(hp.join("guest_halt_poll_grow_start"), "50000\n").unwrap();
-        fs::write(hp.join("guest_halt_poll_allow_shrink"), "Y\n").unwrap();
+        HaltpollSysfs::new()
+            .params(&[("guest_halt_poll_ns", "200000"), ("guest_halt_poll_grow_start", "50000"), ("guest_halt_poll_allow_shrink", "Y")])
+            .write(d.path());
         let mut journal = StateFile::create(&d.path().join("run"), 9).unwrap();
         let mut w = writer(d.path());
         w.set_fixed_poll_window(&mut journal, 131_072).unwrap();
@@ -418,9 +403,8 @@ pub(crate) mod tests {
     #[test]
     fn shrinking_to_nothing_turns_on_and_off_and_restore_puts_both_back() {
         let d = tempfile::tempdir().unwrap();
-        fixture(d.path(), "haltpoll");
+        HaltpollSysfs::new().params(&[("guest_halt_poll_ns", "200000"), ("guest_halt_poll_allow_shrink", "Y")]).write(d.path());
         let hp = d.path().join("module/haltpoll/parameters");
-        fs::write(hp.join("guest_halt_poll_allow_shrink"), "Y\n").unwrap();
         let mut journal = StateFile::create(&d.path().join("run"), 11).unwrap();
         let mut w = writer(d.path());
         let p = |name: &str| read(d.path(), &format!("module/haltpoll/parameters/{name}"));

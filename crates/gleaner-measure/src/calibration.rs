@@ -169,16 +169,7 @@ impl CalibrationRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const CURVE: &str = r#"{"halted": [{"gap_ns": 10000, "mean_ns": 30000, "p50_ns": 29000}], "busy_ns": 17000, "poll_ns": 6000}"#;
-
-    fn record(schema: &str, curve: &str) -> String {
-        format!(
-            r#"{{"schema": {schema}, "depends_on": {{"boot_id": "b", "kernel_release": "6.18", "online_cpus": "0-1", "waker_cpu": 0,
-            "waiter_cpu": 1, "cpuidle_driver": null, "cpuidle_governor": null}}, "measured_at_unix_s": 1, "measured_at_boottime_ms": 2,
-            "took_ms": 3, "results": {{"curve": {curve}, "idle_threshold_ns": 10000, "polling": {{"halted": "h", "poll": "p"}}}}}}"#
-        )
-    }
+    use crate::testutil::{calibration_record as record, CALIBRATION_CURVE as CURVE};
 
     #[test]
     fn a_record_reads_and_others_say_why_not() {

@@ -20,6 +20,11 @@ pub mod calibration;
 pub mod compare;
 pub mod measure;
 pub mod report;
+// The calibration record the simulator's tests read too (feature `testutil`, turned on by
+// [dev-dependencies] only).
+#[cfg(any(test, feature = "testutil"))]
+#[doc(hidden)]
+pub mod testutil;
 pub mod wakeup;
 
 pub use measure::{LatencySummary, RunMetrics};

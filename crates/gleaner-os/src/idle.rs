@@ -383,32 +383,9 @@ mod tests {
 
     use super::*;
 
-    /// A haltpoll guest of 2 CPUs, as on the development VMs.
+    /// A haltpoll guest of 2 CPUs, as on the development VMs (cap 0, the driver built in).
     fn fixture(root: &Path) {
-        let cpu = root.join("devices/system/cpu");
-        fs::create_dir_all(cpu.join("cpuidle")).unwrap();
-        fs::write(cpu.join("online"), "0-1\n").unwrap();
-        fs::write(cpu.join("cpuidle/current_driver"), "haltpoll\n").unwrap();
-        fs::write(cpu.join("cpuidle/current_governor"), "haltpoll\n").unwrap();
-        fs::write(cpu.join("cpuidle/available_governors"), "ladder menu haltpoll \n").unwrap();
-        for c in 0..2 {
-            for (k, name) in [(0, "POLL"), (1, "haltpoll idle")] {
-                let s = cpu.join(format!("cpu{c}/cpuidle/state{k}"));
-                fs::create_dir_all(&s).unwrap();
-                fs::write(s.join("name"), format!("{name}\n")).unwrap();
-                fs::write(s.join("usage"), "10\n").unwrap();
-                fs::write(s.join("time"), format!("{}\n", 1000 * (k + 1))).unwrap();
-                fs::write(s.join("disable"), "0\n").unwrap();
-            }
-            fs::create_dir_all(cpu.join(format!("cpu{c}/power"))).unwrap();
-            fs::write(cpu.join(format!("cpu{c}/power/pm_qos_resume_latency_us")), "0\n").unwrap();
-        }
-        let hp = root.join("module/haltpoll/parameters");
-        fs::create_dir_all(&hp).unwrap();
-        for (k, v) in [("guest_halt_poll_ns", "0"), ("guest_halt_poll_grow_start", "50000"), ("guest_halt_poll_allow_shrink", "Y")] {
-            fs::write(hp.join(k), format!("{v}\n")).unwrap();
-        }
-        fs::create_dir_all(root.join("module/cpuidle_haltpoll/parameters")).unwrap();
+        crate::testutil::HaltpollSysfs::new().write(root);
     }
 
     fn knobs(root: &Path) -> IdleKnobs {

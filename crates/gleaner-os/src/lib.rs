@@ -64,8 +64,11 @@ pub mod rusage;
 pub mod sched;
 pub mod signal;
 pub mod sysfs;
-#[cfg(test)]
-mod testutil;
+// Test helpers: the haltpoll sysfs fixture for other crates' tests (feature `testutil`, turned
+// on by their `[dev-dependencies]` only), and this crate's own.
+#[cfg(any(test, feature = "testutil"))]
+#[doc(hidden)]
+pub mod testutil;
 mod util;
 pub mod virt;
 

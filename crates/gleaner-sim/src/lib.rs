@@ -68,7 +68,7 @@ pub const SCENARIOS: &[(&str, &str, &str)] = &[
         "idle policies on a 2-vCPU VM: ping-pong, open loop at 3 rates, pipeline, saturated (compare --policies)",
         include_str!("../scenarios/vm-matrix.toml"),
     ),
-    ("scale", "64 pCPUs, 4 VMs x 64 vCPUs x 256 pipeline threads, 1 simulated second", include_str!("../scenarios/scale.toml")),
+    ("scale", "64 pCPUs, 4 VMs x 64 vCPUs x 257 pipeline threads, 1 simulated second", include_str!("../scenarios/scale.toml")),
 ];
 
 /// Loads a scenario by file path or built-in name: (name, text).

@@ -915,6 +915,10 @@ impl Scenario {
 
 #[cfg(test)]
 mod tests {
+    // An agent record of schema `schema` holding `curve` (JSON): the one gleaner-measure's
+    // reader is tested on.
+    use gleaner_measure::testutil::{calibration_record as record, CALIBRATION_CURVE};
+
     use super::*;
 
     const MIN: &str = "name = \"t\"\n[host]\npcpus = 4\n[[vm]]\nname = \"a\"\nvcpus = 4\nworkload = \"mutex\"\nscale = 0.1\n";
@@ -1069,15 +1073,6 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/calibration.json")
     }
 
-    /// An agent record of schema `schema` holding `curve` (JSON).
-    fn record(schema: &str, curve: &str) -> String {
-        format!(
-            r#"{{"schema": {schema}, "depends_on": {{"boot_id": "b", "kernel_release": "6.18", "online_cpus": "0-1", "waker_cpu": 0,
-            "waiter_cpu": 1, "cpuidle_driver": null, "cpuidle_governor": null}}, "measured_at_unix_s": 1, "measured_at_boottime_ms": 2,
-            "took_ms": 3, "results": {{"curve": {curve}, "idle_threshold_ns": 10000, "polling": {{"halted": "h", "poll": "p"}}}}}}"#
-        )
-    }
-
     /// The fixture (an agent record of a haltpoll guest: C 20.4..60.1 us by gap, B 17.5 us,
     /// P 6 us) becomes the VM column: RT = P, IPI = B - RT, RV(g) = C(g) - B, YW 0; PV and
     /// the exit costs stay the scenario's.
@@ -1149,7 +1144,7 @@ mod tests {
         let b = one(curve_from_calibration("{not json", "c.json").expect_err("malformed"));
         assert_eq!(b.value, "c.json");
         assert!(b.allowed.contains("as the agent writes it"), "{b}");
-        let curve = r#"{"halted": [{"gap_ns": 10000, "mean_ns": 30000, "p50_ns": 29000}], "busy_ns": 17000, "poll_ns": 6000}"#;
+        let curve = CALIBRATION_CURVE;
         for (text, what, value) in [
             (record("2", curve), "calibration record c.json field schema", "2"),
             (record("3", curve).replace("\"schema\": 3, ", ""), "calibration record c.json field schema", "missing"),

@@ -3,7 +3,7 @@
 
 use gleaner_sim::runner::{CaseReport, Report};
 use gleaner_sim::stats::spearman;
-use gleaner_sim::{load_scenario, run_text, sweep_text};
+use gleaner_sim::{load_scenario, run_text, sweep_text, SCENARIOS};
 
 fn run(name: &str) -> Report {
     let (n, text) = load_scenario(name).expect("built-in");
@@ -115,6 +115,23 @@ fn aql_host_policy_runs_and_changes_slices() {
     let stock = r.cases[0].variants.iter().find(|v| v.name == "stock").expect("stock variant");
     let (a, s) = (aql.vms[0].wall_ns as f64, stock.vms[0].wall_ns as f64);
     assert!(a < s / 1.5, "AQL spin VM {a} ns should beat the fixed slice {s} ns by 1.5x");
+}
+
+/// The `scale` scenario's descriptions (`gleaner sim --list`'s and the file's) count the
+/// threads each VM's pipeline has as the scenario builds them (1 + 3 x 85 + 1).
+#[test]
+fn the_scale_scenarios_descriptions_count_the_threads_it_builds() {
+    let (n, text) = load_scenario("scale").expect("built-in");
+    let sc = gleaner_sim::scenario::parse(&text, &n).expect("valid");
+    let listed = SCENARIOS.iter().find(|(name, _, _)| *name == "scale").expect("listed").1;
+    assert_eq!(sc.vms.len(), 4, "{listed}");
+    for vm in &sc.vms {
+        let threads: u32 = sc.workload_of(vm).expect("resolves").groups.iter().map(|g| g.threads).sum();
+        assert_eq!(threads, 257, "{}", vm.name);
+        for d in [listed, sc.description.as_str()] {
+            assert!(d.contains(&format!("x {threads} pipeline threads")), "{} builds {threads} threads: {d}", vm.name);
+        }
+    }
 }
 
 fn bad(text: &str) -> gleaner_policy::input::BadInput {

@@ -126,10 +126,11 @@ pub fn apply_yielders(y: &Yielders, plan: &IdlePlan, on: bool) {
 mod tests {
     use std::fs;
 
+    use gleaner_os::testutil::HaltpollSysfs;
     use gleaner_policy::idle::IdlePlan;
 
     use super::*;
-    use crate::knobs::tests::{fixture, journaled, writer};
+    use crate::knobs::tests::{journaled, writer};
 
     /// Back to stock with a switch asked for: the adapter switches only where restoring the cap
     /// did not (the cap already back at its original, one vCPU polled until work); never where
@@ -154,11 +155,9 @@ mod tests {
     #[test]
     fn a_shrink_lasts_until_the_next_apply() {
         let d = tempfile::tempdir().unwrap();
-        fixture(d.path(), "haltpoll");
+        // Every upstream parameter, the cap at upstream's 200 us.
+        HaltpollSysfs::new().param("guest_halt_poll_ns", "200000").write(d.path());
         let hp = d.path().join("module/haltpoll/parameters");
-        for (name, v) in [("guest_halt_poll_grow_start", "50000"), ("guest_halt_poll_allow_shrink", "Y"), ("guest_halt_poll_shrink", "2")] {
-            fs::write(hp.join(name), format!("{v}\n")).unwrap();
-        }
         let p = |name: &str| fs::read_to_string(hp.join(name)).unwrap().trim().to_string();
         let mut journal = StateFile::create(&d.path().join("run"), 12).unwrap();
         let mut a = IdleActuator::new(writer(d.path()));
