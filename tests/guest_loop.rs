@@ -70,7 +70,7 @@ fn period(idle: [f64; 2], gaps: [u64; 2], gap_ns: [u64; 2], sync: u64, wake_ns: 
     }
     t.latency.halt.record_n(wake_ns, sync);
     GuestReading {
-        snapshot: Snapshot { period_ns: PERIOD, vcpus, s_work: sync },
+        snapshot: Snapshot { period_ns: PERIOD, vcpus, s_work: sync, pinned: Vec::new() },
         idle: idles,
         trace: Some(t),
         caught: Vec::new(),
