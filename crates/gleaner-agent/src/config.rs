@@ -373,9 +373,9 @@ min_active = 1
 min_idle_periods = 8
 # Utilization (in vCPUs) below which its changes are noise (no rollback, no reset).
 min_util = 0.05
-# Never take a vCPU a thread of the workload pinned itself to (sched_setaffinity, taskset):
-# it keeps running where its program placed it. false: the paper's cpuset, which moves
-# pinned threads too.
+# A workload with a thread it pinned itself (sched_setaffinity, taskset) keeps every vCPU:
+# its program places its threads, and its next pin must not fail on a vCPU taken away.
+# false: the paper's cpuset, which moves pinned threads too.
 keep_pinned = true
 
 [governor]

@@ -4,7 +4,8 @@
 //! is the program's intent within it. [`PinWatch`] learns each managed thread's own mask while
 //! it can be seen, that is while it is narrower than the cpuset (the kernel reports the
 //! intersection, so a thread pinned to exactly the cpuset looks unpinned), and remembers it.
-//! Consolidation keeps every remembered pin's CPUs; [`PinWatch::reapply`] puts back a mask the
+//! While any pin is remembered, consolidation keeps every vCPU (the program places its threads
+//! itself: `gleaner_policy::gleaner::Params::keep_pinned`); [`PinWatch::reapply`] puts back a mask the
 //! kernel reset (before Linux 6.2 every write of `cpuset.cpus` and every move between cpusets
 //! set each thread's mask to the cpuset's; since 6.2 the kernel keeps the requested mask).
 //!
@@ -66,7 +67,8 @@ impl PinWatch {
     }
 
     /// The remembered pins, by thread id.
-    pub fn pins(&self) -> impl Iterator<Item = (i32, &CpuSet)> {
+    #[cfg(test)]
+    fn pins(&self) -> impl Iterator<Item = (i32, &CpuSet)> {
         self.pins.iter().map(|(t, p)| (*t, p))
     }
 

@@ -449,8 +449,8 @@ impl Session {
             let tids = managed.tids(procfs);
             pacer.point();
             let (mut snapshot, extras) = sampler.sample(&tids, self.yielders.as_ref(), &active_before, &mut pacer);
-            if managed.cgroup.is_some() {
-                // Threads the workload pinned keep their vCPUs through consolidation.
+            if managed.cgroup.is_some() && ctx.cfg.controller.keep_pinned {
+                // A workload that pinned threads keeps every vCPU (the controller's rule).
                 self.pins.observe(&tids, &active_before);
                 let pinned = self.pins.pinned();
                 snapshot.pinned = pinned.to_vec();

@@ -44,7 +44,8 @@ pub(crate) struct Session {
     pub(crate) yielders: Option<Yielders>,
     pub(crate) knobs: Option<IdleActuator>,
     pub(crate) servers: Vec<Server>,
-    /// The workload's threads that pinned themselves (consolidation keeps their vCPUs).
+    /// The workload's threads that pinned themselves (while there are any, consolidation
+    /// keeps every vCPU).
     pub(crate) pins: PinWatch,
 }
 
