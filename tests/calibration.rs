@@ -1,6 +1,7 @@
 //! End-to-end tests of the per-boot calibration record through the real binary: `gleaner
 //! calibrate` stores it; `run`, `compare` and `status` reuse it and say so (the daemon is
-//! covered in tests/agent.rs); `--recalibrate` measures again; a corrupt or symlinked record
+//! covered in tests/agent.rs); a run without one starts its workload at once from the prior
+//! and measures after it, unless it was stopped; `--recalibrate` measures again; a corrupt or symlinked record
 //! is ignored with a note and never followed. They measure real wakeups and manage real
 //! cgroups, so they need root and a cpuset hierarchy (failing, never skipping, without), and
 //! run serially. Each test has its own temp run dir: nothing is written to /run/gleaner.
@@ -150,5 +151,66 @@ fn status_and_compare_say_where_the_calibration_came_from() {
     assert!(text.contains("calibration cached (age"), "{text}");
     assert!(wait_child(&mut agent, Duration::from_secs(10)).expect("agent did not finish").success());
     assert!(gleaner_groups().iter().all(|g| !g.to_string_lossy().contains("gleaner-agent-")), "{:?}", gleaner_groups());
+    assert_run_dir_clean(run_dir.path());
+}
+
+/// CLOCK_BOOTTIME now, ms (the clock of the record's `measured_at_boottime_ms`).
+fn boottime_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) }, 0);
+    u64::try_from(ts.tv_sec).unwrap() * 1000 + u64::try_from(ts.tv_nsec).unwrap() / 1_000_000
+}
+
+#[test]
+#[serial(host)]
+fn a_run_without_a_record_starts_its_workload_at_once_and_measures_after_it() {
+    require_root_and_cpuset();
+    let run_dir = tempfile::tempdir().unwrap();
+    let marks = tempfile::tempdir().unwrap();
+    let ended = marks.path().join("ended");
+    // The workload notes when it ended; the measurement must begin after that, not before it.
+    let script = format!("sleep 0.2; awk '{{print int($1 * 1000)}}' /proc/uptime > {}", ended.display());
+    let before_ms = boottime_ms();
+    let out = gleaner().arg("run").arg("--run-dir").arg(run_dir.path()).args(["--", "sh", "-c", &script]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("[calibration prior (no record yet;"), "{stderr}");
+    assert!(stderr.contains("measuring this VM's wake costs for the runs after this one"), "{stderr}");
+    let stored = record(run_dir.path());
+    let measured_at = stored["measured_at_boottime_ms"].as_u64().unwrap();
+    let workload_end: u64 = std::fs::read_to_string(&ended).unwrap().trim().parse().unwrap();
+    // /proc/uptime counts in 10 ms steps, and is CLOCK_BOOTTIME like the record's stamp.
+    assert!(workload_end <= measured_at + 10, "measured at {measured_at} ms, before the workload ended at {workload_end} ms");
+    assert!(workload_end >= before_ms, "{workload_end} < {before_ms}");
+    // The next run reads it.
+    assert!(run_true(run_dir.path(), &[]).contains("[calibration cached (age "));
+    assert_run_dir_clean(run_dir.path());
+}
+
+#[test]
+#[serial(host)]
+fn a_run_stopped_by_a_signal_does_not_measure_after_its_workload() {
+    require_root_and_cpuset();
+    let run_dir = tempfile::tempdir().unwrap();
+    let mut agent = gleaner()
+        .args(["run", "--period-ms", "50", "--run-dir"])
+        .arg(run_dir.path())
+        .args(["--", "sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (found, report) = wait_status(run_dir.path(), Duration::from_secs(5), |r| r[0]["calibration"]["origin"].is_string());
+    assert!(found, "no status naming the calibration: {report}");
+    assert_eq!(report[0]["calibration"]["origin"], "prior", "{report}");
+    let pid = i32::try_from(agent.id()).unwrap();
+    // SAFETY: kill on the PID of the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = wait_child(&mut agent, Duration::from_secs(10)).expect("the agent did not stop on SIGTERM");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(agent.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success() || !stderr.is_empty(), "{status:?}");
+    assert!(!stderr.contains("measuring this VM's wake costs"), "{stderr}");
+    assert!(!run_dir.path().join("calibration.json").exists(), "a stopped run measured after its workload");
     assert_run_dir_clean(run_dir.path());
 }

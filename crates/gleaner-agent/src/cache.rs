@@ -98,6 +98,9 @@ pub enum CalibrationSource {
         took_ms: u64,
         measured_at_unix_s: u64,
     },
+    /// No valid record at start: the run planned from the prior curve
+    /// (`gleaner_policy::idle::WakeCurve::prior`) and measures this VM's after its workload.
+    Prior { why: Reason },
 }
 
 impl CalibrationSource {
@@ -105,8 +108,15 @@ impl CalibrationSource {
     pub fn age_now_s(&self) -> u64 {
         let at = match self {
             Self::Cached { measured_at_unix_s, .. } | Self::MeasuredNow { measured_at_unix_s, .. } => *measured_at_unix_s,
+            Self::Prior { .. } => return 0,
         };
         unix_now_s().saturating_sub(at)
+    }
+
+    /// The run planned from the prior, and a measurement after it could be stored for the
+    /// runs after it (a run dir that cannot hold a record is not worth measuring for).
+    pub fn wants_measuring(&self) -> bool {
+        matches!(self, Self::Prior { why } if !matches!(why, Reason::RunDirUnusable { .. }))
     }
 
     /// One line: `cached (age 3 min, /run/gleaner/calibration.json)` or `measured now (...)`.
@@ -121,6 +131,7 @@ impl CalibrationSource {
                 };
                 format!("measured now ({why}; took {:.2} s; {kept})", *took_ms as f64 / 1000.0)
             }
+            Self::Prior { why } => format!("prior ({why}; this VM's is measured after the workload)"),
         }
     }
 }
@@ -241,6 +252,18 @@ pub struct Obtained {
     pub source: CalibrationSource,
     /// The record behind `results` (the one read or stored).
     pub record: Option<CalibrationRecord>,
+}
+
+/// A valid record for `cpus`, or why there is none; never measures (a run starts at once
+/// and plans from the prior without one).
+pub fn lookup_valid(policy: &CachePolicy, world: &World, cpus: &CpuSet) -> Result<Obtained, Reason> {
+    if policy.recalibrate {
+        return Err(Reason::Recalibrate);
+    }
+    let deps = Dependencies::read(&world.procfs, &world.sysfs, cpus)
+        .map_err(|e| Reason::Unusable { problem: format!("what the calibration depends on cannot be read ({e})") })?;
+    private_run_dir(&policy.run_dir).map_err(|problem| Reason::RunDirUnusable { problem })?;
+    cached(&record_path(&policy.run_dir, &deps), &deps, world, policy)
 }
 
 /// A valid record for `cpus`, or measures (under the run dir's lock, once for all agents

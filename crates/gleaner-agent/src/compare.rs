@@ -150,7 +150,7 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
     // Calibrate once, so every Gleaner run plans from the same wake-cost curve.
     let calibration = (policies.iter().any(|p| p.retention()) && cfg.retention).then(|| {
         if cfg.timeout_us.is_some() {
-            agent::setup::calibration(&cfg, &cpus, None)
+            agent::setup::calibration(&cfg, &cpus, None, false)
         } else {
             let got = crate::cache::obtain(&cfg.cache_policy(), &crate::cache::World::real(), &cpus, || {
                 crate::calibrate::measure_journaled(&cfg.run_dir, &cpus)

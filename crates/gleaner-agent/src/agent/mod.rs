@@ -206,6 +206,19 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     outcome.agent_cpu_ns = self_cpu_ns().unwrap_or(0);
     outcome.agent_maxrss_kib = gleaner_os::rusage::self_rusage().map(|r| r.maxrss_kib).unwrap_or(0);
     outcome.final_status = status.lock().map(|s| s.clone()).unwrap_or_default();
+    // A run that planned from the prior measures this VM's curve for the next ones, after its
+    // workload ended by itself (not on a signal) and everything was restored.
+    let was = outcome.final_status.calibration.as_ref();
+    if outcome.lost.is_none() && was.is_some_and(crate::cache::CalibrationSource::wants_measuring) && pending_signal().is_none() {
+        if !opts.quiet {
+            eprintln!(
+                "gleaner: measuring this VM's wake costs for the runs after this one (about 2 s, once per boot; `gleaner calibrate` does it ahead of time)"
+            );
+        }
+        if let Some(now) = setup::after_the_workload(cfg, &cpus, was) {
+            info!("calibration {}", now.describe());
+        }
+    }
     let f = &outcome.final_status;
     info!(
         "done: {} periods, {} decisions, {} yields, {} timeouts, yielders {} ms CPU, kernel polling {} ms",
@@ -273,6 +286,7 @@ impl Session {
         }
 
         // What the machine offers, the curve, and the guest loop's configuration.
+        let workload = !matches!(target, Target::System);
         let offer = IdleKnobs::new().offer(cpus).ok();
         let no_knobs = if cfg.retention && cfg.kernel_polling && cfg.timeout_us.is_none() {
             self.take_idle_knobs(cfg, cpus).err()
@@ -286,11 +300,10 @@ impl Session {
                     (Some(k), Some(j)) => Some((k.writer_mut(), j)),
                     _ => None,
                 };
-                setup::calibration(cfg, cpus, control)
+                setup::calibration(cfg, cpus, control, workload)
             }
             None => Calibrated { results: Err("retention off".into()), source: None },
         };
-        let workload = !matches!(target, Target::System);
         let idle = IdleSetup::decide(cfg, cpus, &calibrated, &Offered { offer: offer.as_ref(), no_knobs }, workload);
         if !idle.kernel {
             // Not ours to turn: let another agent take them.

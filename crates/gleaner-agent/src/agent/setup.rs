@@ -16,7 +16,7 @@ use gleaner_policy::guest::GuestConfig;
 use gleaner_policy::idle::WakeCurve;
 use gleaner_policy::retention::{RetentionConfig, RetentionMode};
 
-use crate::cache::{CalibrationResults, CalibrationSource};
+use crate::cache::{CalibrationResults, CalibrationSource, PollingControl};
 use crate::calibrate::Control;
 use crate::config::{AgentConfig, RetentionStart};
 
@@ -34,12 +34,24 @@ impl Calibrated {
     pub fn curve(&self) -> Option<&WakeCurve> {
         self.results.as_ref().ok().map(|r| &r.curve)
     }
+
+    /// The curve is the prior, not this VM's.
+    pub fn is_prior(&self) -> bool {
+        matches!(self.source, Some(CalibrationSource::Prior { .. }))
+    }
 }
 
-/// The calibration for `cpus`: the run dir's record when valid, else measured now with the
-/// idle knobs under `control` (and stored). With `--timeout-us` only the idle threshold is
-/// needed (from a valid record, or sampled now).
-pub fn calibration(cfg: &AgentConfig, cpus: &CpuSet, control: Control<'_>) -> Calibrated {
+/// The kernel's polling is offered here and this agent may drive it.
+fn kernel_polling_offered(cfg: &AgentConfig, offered: &Offered<'_>) -> bool {
+    cfg.kernel_polling && offered.no_knobs.is_none() && offered.offer.is_some_and(IdleOffer::kernel_polling)
+}
+
+/// The calibration for `cpus`: the run dir's record when valid; else, for a workload, the
+/// prior (its workload starts at once; [`after_the_workload`] measures this VM's for the runs
+/// after it), and for system-wide retention (the daemon at boot) or `--recalibrate` measured
+/// now with the idle knobs under `control` (and stored). With `--timeout-us` only the idle
+/// threshold is needed (from a valid record, or sampled now).
+pub fn calibration(cfg: &AgentConfig, cpus: &CpuSet, control: Control<'_>, workload: bool) -> Calibrated {
     let policy = cfg.cache_policy();
     let world = crate::cache::World::real();
     if cfg.timeout_us.is_some() {
@@ -53,8 +65,35 @@ pub fn calibration(cfg: &AgentConfig, cpus: &CpuSet, control: Control<'_>) -> Ca
         let results = Err(format!("--timeout-us given: yielding threads with a fixed window, idle threshold {} us", idle / 1000));
         return Calibrated { results, source };
     }
+    if workload && !cfg.recalibrate {
+        return match crate::cache::lookup_valid(&policy, &world, cpus) {
+            Ok(hit) => Calibrated { results: hit.results.map_err(|inc| inc.error), source: Some(hit.source) },
+            Err(why) => prior(why),
+        };
+    }
     let got = crate::cache::obtain(&policy, &world, cpus, || crate::calibrate::measure(cpus, control));
     Calibrated { results: got.results.map_err(|inc| inc.error), source: Some(got.source) }
+}
+
+/// The prior curve, for a run without a valid record (`why`).
+fn prior(why: crate::cache::Reason) -> Calibrated {
+    let polling = PollingControl { halted: "not measured (the prior)".into(), poll: "not measured (the prior)".into() };
+    let results =
+        CalibrationResults { curve: WakeCurve::prior(), idle_threshold_ns: RetentionConfig::default().idle_threshold_ns, polling };
+    Calibrated { results: Ok(results), source: Some(CalibrationSource::Prior { why }) }
+}
+
+/// After a workload that ran from the prior and ended by itself: measures this VM's curve and
+/// stores it for the runs after this one (about 2 s, once per boot). The agent's changes are
+/// undone by then; the measurement journals and restores its own. `None`: nothing to do.
+pub fn after_the_workload(cfg: &AgentConfig, cpus: &CpuSet, calibrated: Option<&CalibrationSource>) -> Option<CalibrationSource> {
+    if !calibrated.is_some_and(CalibrationSource::wants_measuring) || gleaner_os::signal::received().is_some() {
+        return None;
+    }
+    let got = crate::cache::obtain(&cfg.cache_policy(), &crate::cache::World::real(), cpus, || {
+        crate::calibrate::measure_journaled(&cfg.run_dir, cpus)
+    });
+    Some(got.source)
 }
 
 /// The idle threshold a calibration gives the yielding threads (configured, measured, or the
@@ -118,7 +157,15 @@ impl IdleSetup {
             cpus: cpus.iter().collect(),
             retention: cfg.retention,
             fixed_yield_ns: cfg.timeout_us.map(|us| us * 1000),
-            curve: calibrated.curve().ok_or_else(|| calibrated.results.as_ref().err().cloned().unwrap_or_default()),
+            curve: match calibrated.curve() {
+                // The prior serves the kernel's polling plan only (WakeCurve::prior).
+                Some(_) if calibrated.is_prior() && !kernel_polling_offered(cfg, offered) => Err(
+                    "no calibration record yet, and yielding threads start only from this VM's measured wake costs (measured after this run; `gleaner calibrate` measures them now)"
+                        .into(),
+                ),
+                Some(c) => Ok(c),
+                None => Err(calibrated.results.as_ref().err().cloned().unwrap_or_default()),
+            },
             offer: offered.offer.map(|o| Offer {
                 kernel_polling: o.kernel_polling(),
                 poll_window: o.poll_window(),
@@ -157,7 +204,6 @@ mod tests {
     use gleaner_policy::idle::CurvePoint;
 
     use super::*;
-    use crate::cache::PollingControl;
 
     fn curve(poll: Option<u64>, busy_us: u64) -> WakeCurve {
         let pt = |g: u64, m: u64| CurvePoint { gap_ns: g * 1000, mean_ns: m * 1000, p50_ns: m * 1000 };
@@ -252,6 +298,25 @@ mod tests {
         let s = IdleSetup::decide(&AgentConfig::default(), &cpus(), &none, &Offered { offer: None, no_knobs: None }, true);
         assert!(s.yielders.is_none() && !s.kernel);
         assert!(s.note.unwrap().contains("one CPU"));
+    }
+
+    fn from_the_prior() -> Calibrated {
+        super::prior(crate::cache::Reason::Missing)
+    }
+
+    #[test]
+    fn the_prior_starts_the_kernel_s_polling_plan_but_never_yielders() {
+        let o = haltpoll_offer();
+        let cfg = AgentConfig::default();
+        let s = IdleSetup::decide(&cfg, &cpus(), &from_the_prior(), &Offered { offer: Some(&o), no_knobs: None }, true);
+        assert!(s.kernel && s.yielders.is_none(), "{s:?}");
+        assert_eq!(s.guest.curve, Some(WakeCurve::prior()));
+        // No POLL state, or the knobs are another agent's: no retention until this VM is measured.
+        for off in [Offered { offer: None, no_knobs: None }, Offered { offer: Some(&o), no_knobs: Some("another agent".into()) }] {
+            let s = IdleSetup::decide(&cfg, &cpus(), &from_the_prior(), &off, true);
+            assert!(!s.kernel && s.yielders.is_none(), "{s:?}");
+            assert!(s.note.as_deref().is_some_and(|n| n.contains("measured wake costs")), "{:?}", s.note);
+        }
     }
 
     #[test]

@@ -400,3 +400,34 @@ fn sources_say_where_the_numbers_came_from() {
     assert_eq!(back, now);
     assert_eq!([human_age(59), human_age(600), human_age(9000), human_age(200_000)], ["59 s", "10 min", "2.5 h", "2.3 d"]);
 }
+
+#[test]
+fn a_lookup_never_measures_and_says_why_there_is_no_record() {
+    let m = Machine::new();
+    let cpus = CpuSet::parse("0-1").unwrap();
+    assert_eq!(lookup_valid(&m.policy(), &m.world(), &cpus).unwrap_err(), Reason::Missing);
+    let forced = CachePolicy { recalibrate: true, ..m.policy() };
+    assert_eq!(lookup_valid(&forced, &m.world(), &cpus).unwrap_err(), Reason::Recalibrate);
+    assert_eq!(m.measurements(), 0, "a lookup measured");
+    m.obtain();
+    m.advance(HOUR);
+    let hit = lookup_valid(&m.policy(), &m.world(), &cpus).unwrap();
+    assert!(matches!(&hit.source, CalibrationSource::Cached { age_s: 3600, .. }), "{:?}", hit.source);
+    assert_eq!(hit.results, Ok(results()));
+    m.advance(24 * HOUR);
+    assert!(matches!(lookup_valid(&m.policy(), &m.world(), &cpus).unwrap_err(), Reason::Expired { .. }));
+    assert_eq!(m.measurements(), 1);
+}
+
+#[test]
+fn a_run_from_the_prior_measures_after_it_only_where_the_record_can_be_stored() {
+    assert!(CalibrationSource::Prior { why: Reason::Missing }.wants_measuring());
+    assert!(CalibrationSource::Prior { why: Reason::Expired { age_s: 90_000, max_age_s: 86_400 } }.wants_measuring());
+    assert!(!CalibrationSource::Prior { why: Reason::RunDirUnusable { problem: "others may write it".into() } }.wants_measuring());
+    let cached = CalibrationSource::Cached { path: "/run/gleaner/calibration.json".into(), age_s: 1, measured_at_unix_s: 0 };
+    assert!(!cached.wants_measuring());
+    let p = CalibrationSource::Prior { why: Reason::Missing };
+    assert_eq!(p.describe(), "prior (no record yet; this VM's is measured after the workload)");
+    let json = serde_json::to_value(&p).unwrap();
+    assert_eq!((json["origin"].as_str(), json["why"]["kind"].as_str()), (Some("prior"), Some("missing")), "{json}");
+}

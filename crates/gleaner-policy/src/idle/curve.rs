@@ -49,7 +49,29 @@ pub struct WakeCurve {
 /// A cost below this is within the measurement's noise (ns).
 pub const NOISE_NS: u64 = 3_000;
 
+/// The curve a run plans from before this VM's own is measured (no calibration record yet):
+/// a prior, replaced by the measurement as soon as there is one. Each point is the mean of the
+/// two development VMs' records (`docs/data/vm-matrix-2026-11-25/calibration.json`: 38 us after
+/// 10 us idle to 69 us after 10 ms, busy 29, polling 3.5; `-2026-11-28`: 17 to 74, busy 17,
+/// polling 3.1), which agree with what these Firecracker/KVM hosts are known to do: a wakeup
+/// after 50 us costs 21-35 us (the host still halt-polls), after 3 ms 60-80 us, polling in the
+/// guest 4-6 us. Only the kernel's polling plan is started from it: its per-period plan and the
+/// governor's probes judge it on the workload, and a wrong prior costs at most the budget.
+/// Yielding threads are not (a wrong prior would cost a vCPU each).
+pub const PRIOR_HALTED_US: [(u64, u64); 7] = [(10, 28), (30, 28), (100, 32), (300, 40), (1_000, 40), (3_000, 52), (10_000, 72)];
+/// The prior's busy-vCPU cost, us ([`PRIOR_HALTED_US`]).
+pub const PRIOR_BUSY_US: u64 = 23;
+/// The prior's polling cost, us ([`PRIOR_HALTED_US`]).
+pub const PRIOR_POLL_US: u64 = 3;
+
 impl WakeCurve {
+    /// The prior ([`PRIOR_HALTED_US`]): what a run plans from until this VM's curve is measured.
+    #[must_use]
+    pub fn prior() -> Self {
+        let pt = |(gap_us, cost_us): (u64, u64)| CurvePoint { gap_ns: gap_us * 1000, mean_ns: cost_us * 1000, p50_ns: cost_us * 1000 };
+        Self::new(PRIOR_HALTED_US.iter().copied().map(pt).collect(), PRIOR_BUSY_US * 1000, Some(PRIOR_POLL_US * 1000))
+    }
+
     /// A curve from points in any order (sorted here; duplicates of a gap keep the last).
     #[must_use]
     pub fn new(mut halted: Vec<CurvePoint>, busy_ns: u64, poll_ns: Option<u64>) -> Self {
@@ -227,6 +249,15 @@ impl WakeCurve {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_prior_is_a_usable_curve_with_the_shape_of_a_kvm_host() {
+        let p = WakeCurve::prior();
+        assert!(p.validate().is_ok());
+        assert!(p.host_poll_window_ns().is_some(), "the host's halt-polling window shows");
+        assert!(p.long_gap_penalty_ns() > 60_000, "a long halt is dear");
+        assert!(p.halt_cost_ns(50_000.0) < p.halt_cost_ns(3_000_000.0));
+    }
+
     use super::*;
 
     fn pt(gap_us: u64, mean_us: u64) -> CurvePoint {
