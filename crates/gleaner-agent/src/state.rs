@@ -52,6 +52,11 @@ pub enum Change {
     /// switch (`IdleKnobs::reset_poll_windows` puts it back itself; this covers a kill in
     /// between); `original` goes back.
     RcuExpedited { original: String },
+    /// Thread `tid` (started `start_ticks` after boot: /proc/TID/stat field 22, which tells a
+    /// reused id apart) of the workload pinned itself to `cpus`. Undone after every other
+    /// change ([`undo_order`]): a kernel before 6.2 sets a moved thread's mask to its new
+    /// cpuset's, so the guardian gives the program its pin back after moving it home.
+    Pinned { tid: i32, start_ticks: u64, cpus: String },
 }
 
 impl Change {
@@ -140,7 +145,7 @@ impl StateFile {
     /// one failed step does not stop the others. Killed half-way, the file (still naming every
     /// change) lets the guardian or `gleaner restore` finish: each step is idempotent.
     pub fn undo(self, cx: &UndoCx) -> anyhow::Result<()> {
-        let errors = journal::undo_each(cx, self.state().changes.iter().rev(), |i| {
+        let errors = journal::undo_each(cx, undo_order(&self.state().changes), |i| {
             if i == 0 {
                 crate::seam::stop_at(crate::seam::MID_RESTORE);
             }
@@ -191,7 +196,14 @@ pub fn read_state(path: &Path) -> anyhow::Result<Option<AgentState>> {
 
 /// Undoes `changes` newest first; returns the errors met (empty on success).
 pub fn undo_changes(cx: &UndoCx, changes: &[Change]) -> Vec<String> {
-    journal::undo_each(cx, changes.iter().rev(), |_| {})
+    journal::undo_each(cx, undo_order(changes), |_| {})
+}
+
+/// The order changes are undone in: newest first, the remembered pins last (after the moves
+/// and cpuset writes that a kernel before 6.2 lets reset them).
+pub fn undo_order(changes: &[Change]) -> impl Iterator<Item = &Change> {
+    let pin = |c: &&Change| matches!(c, Change::Pinned { .. });
+    changes.iter().rev().filter(move |c| !pin(c)).chain(changes.iter().filter(pin))
 }
 
 impl Undo for Change {
@@ -282,6 +294,14 @@ fn undo_one(cx: &UndoCx, change: &Change) -> anyhow::Result<()> {
         Change::RcuExpedited { original } => {
             if cx.knobs.rcu_expedited()?.is_some_and(|now| now != *original) {
                 cx.knobs.set_rcu_expedited(original)?;
+            }
+        }
+        Change::Pinned { tid, start_ticks, cpus } => {
+            // Only the thread that pinned itself: gone, or its id reused since, is left alone.
+            let same = gleaner_os::procfs::Procfs::new().process_stat(*tid).is_ok_and(|st| st.starttime_ticks == *start_ticks);
+            let want = CpuSet::parse(cpus).map_err(|e| anyhow::anyhow!("recorded pin '{cpus}': {e}"))?;
+            if same && gleaner_os::sched::affinity(*tid).is_ok_and(|now| now != want) {
+                ignore_vanished(gleaner_os::sched::set_affinity(*tid, &want))?;
             }
         }
     }
@@ -484,5 +504,42 @@ pub fn guardian_main(state_file: &Path) -> anyhow::Result<()> {
         Ok(())
     } else {
         anyhow::bail!("guardian restore incomplete: {}", errors.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_are_given_back_after_every_move_and_cpuset_write() {
+        let cg = || PathBuf::from("/sys/fs/cgroup/gleaner-agent-1");
+        let pin = |tid, cpus: &str| Change::Pinned { tid, start_ticks: 7, cpus: cpus.into() };
+        let changes = vec![
+            Change::CreatedCgroup { path: cg(), fallback: "/sys/fs/cgroup".into() },
+            pin(11, "1"),
+            Change::SetCpus { path: cg(), original: "0-1".into() },
+            pin(12, "0"),
+            pin(11, "0"),
+            Change::MovedProcess { pid: 10, from: "/sys/fs/cgroup".into(), to: cg() },
+        ];
+        let order: Vec<&Change> = undo_order(&changes).collect();
+        let expected = [&changes[5], &changes[2], &changes[0], &changes[1], &changes[3], &changes[4]];
+        assert_eq!(order, expected, "the moves newest first, then the pins as they were made (the latest pin of a thread last)");
+        let json = serde_json::to_value(&changes[1]).unwrap();
+        assert_eq!(serde_json::from_value::<Change>(json).unwrap(), changes[1]);
+    }
+
+    #[test]
+    fn a_pin_of_a_thread_gone_or_reused_is_left_alone() {
+        // No such thread: nothing to do, no error (pid_max is far below this id).
+        let gone = Change::Pinned { tid: i32::MAX - 1, start_ticks: 1, cpus: "0".into() };
+        assert!(undo_changes(&UndoCx { cgroups: None, knobs: IdleKnobs::new() }, &[gone]).is_empty());
+        // This thread, but another start time: an id reused since the pin was seen.
+        let me = i32::try_from(std::process::id()).unwrap();
+        let before = gleaner_os::sched::affinity(me).unwrap();
+        let reused = Change::Pinned { tid: me, start_ticks: u64::MAX, cpus: "0".into() };
+        assert!(undo_changes(&UndoCx { cgroups: None, knobs: IdleKnobs::new() }, &[reused]).is_empty());
+        assert_eq!(gleaner_os::sched::affinity(me).unwrap(), before, "a reused id was pinned");
     }
 }

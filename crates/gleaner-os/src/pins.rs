@@ -67,8 +67,7 @@ impl PinWatch {
     }
 
     /// The remembered pins, by thread id.
-    #[cfg(test)]
-    fn pins(&self) -> impl Iterator<Item = (i32, &CpuSet)> {
+    pub fn pins(&self) -> impl Iterator<Item = (i32, &CpuSet)> {
         self.pins.iter().map(|(t, p)| (*t, p))
     }
 

@@ -465,6 +465,11 @@ impl Session {
             if managed.cgroup.is_some() && ctx.cfg.controller.keep_pinned {
                 // A workload that pinned threads keeps every vCPU (the controller's rule).
                 self.pins.observe(&tids, &active_before);
+                if let Some(state) = self.state.as_mut() {
+                    if let Err(e) = session::journal_pins(state, &self.pins) {
+                        warn!("journaling the workload's pins: {e:#}");
+                    }
+                }
                 let pinned = self.pins.pinned();
                 snapshot.pinned = pinned.to_vec();
                 if let Ok(mut st) = status.lock() {

@@ -20,6 +20,7 @@ use anyhow::Context;
 use gleaner_os::cgroup::Cgroups;
 use gleaner_os::idle::IdleKnobs;
 use gleaner_os::pins::PinWatch;
+use gleaner_os::procfs::Procfs;
 use gleaner_os::BadInput;
 
 use super::apply::IdleActuator;
@@ -53,6 +54,24 @@ pub(crate) struct Session {
 pub(crate) fn serve_status(cfg: &AgentConfig, status: &SharedStatus) -> anyhow::Result<Server> {
     crate::state::create_private_dir(&cfg.run_dir)?;
     server::serve_status(&server::socket_path(&cfg.run_dir, std::process::id().cast_signed()), Arc::clone(status))
+}
+
+/// Journals every pin `pins` remembers that `state` does not hold yet (call after observing,
+/// before the next move or cpuset write), so that the guardian of a killed agent can give a
+/// program its pins back on a kernel before 6.2.
+pub(crate) fn journal_pins(state: &mut StateFile, pins: &PinWatch) -> anyhow::Result<()> {
+    for (tid, cpus) in pins.pins() {
+        let cpus = cpus.to_string();
+        let known = state.state().changes.iter().any(|c| matches!(c, Change::Pinned { tid: t, cpus: c, .. } if *t == tid && *c == cpus));
+        if known {
+            continue;
+        }
+        // A thread gone since it was seen has nothing to give back.
+        if let Ok(st) = Procfs::new().process_stat(tid) {
+            state.record(Change::Pinned { tid, start_ticks: st.starttime_ticks, cpus })?;
+        }
+    }
+    Ok(())
 }
 
 impl Session {
@@ -140,6 +159,7 @@ impl Session {
                         // before 6.2 resets them to the new group's on the move.
                         if let Ok(source) = cgroups.open(&from).and_then(|g| g.cpus()) {
                             self.pins.observe_more(&procfs.tasks(p).unwrap_or_default(), &source.intersection(cpus));
+                            journal_pins(state, &self.pins)?;
                         }
                         state.record(Change::MovedProcess { pid: p, from, to: cg.path().to_path_buf() })?;
                         cg.add_process(p).with_context(|| format!("moving pid {p} into {}", cg.path().display()))?;
@@ -154,6 +174,7 @@ impl Session {
                 let cg = given.context("the --cgroup group was opened above")?;
                 let original = cg.cpus()?;
                 self.pins.observe_more(&cg.threads().unwrap_or_default(), &original.intersection(cpus));
+                journal_pins(state, &self.pins)?;
                 state.record(Change::SetCpus { path: cg.path().to_path_buf(), original: original.to_string() })?;
                 cg.set_cpus(cpus)?;
                 self.pins.reapply();
