@@ -1,7 +1,7 @@
 #!/bin/sh
 # The agent end to end on an 8-vCPU guest (issue: the agent on any VM): the built-in kernels with
 # 8 threads, stock and under `gleaner run`, alternated; per run the wall time, the agent's own
-# CPU (the events file's exit record) and per vCPU, the sets of active vCPUs consolidation used
+# process's CPU (the events file's exit record; its yielding threads' apart) and per vCPU, the sets of active vCPUs consolidation used
 # and how many per-vCPU plans were applied; then every knob and cpuset compared with before.
 # Runs inside a lab guest (docs/lab.md):
 #   cp target/release/gleaner scripts/lab/eight-vcpus.sh /tmp/g8/ && \
@@ -37,18 +37,21 @@ for r in $(seq 1 "$ROUNDS"); do
       if [ "$mode" = stock ]; then
         "$G" bench workload "$k" --threads ${THREADS:-8} $ARGS > /dev/null 2>&1
       else
-        "$G" run --events "$EV" -- "$G" bench workload "$k" --threads ${THREADS:-8} $ARGS > /dev/null 2>/tmp/agent.err
+        GLEANER_LOG=info "$G" run --events "$EV" -- "$G" bench workload "$k" --threads ${THREADS:-8} $ARGS > /dev/null 2>/tmp/agent.err
       fi
       rc=$?
       t1=$(date +%s%N)
       wall=$(( (t1 - t0) / 1000000 ))
       if [ "$mode" = gleaner ] && [ -s "$EV" ]; then
-        summary=$(awk -v n="$(nproc)" '
+        # The agent process's CPU (its yielding threads included) and, apart, what the agent's
+        # "done:" line counts for its yielding threads.
+        yield_ms=$(sed -n 's/.*yielders \([0-9]*\) ms CPU.*/\1/p' /tmp/agent.err | tail -1)
+        summary=$(awk -v n="$(nproc)" -v y="${yield_ms:-0}" '
           /"event":"exit"/ { if (match($0, /"agent_cpu_ns":[0-9]+/)) cpu = substr($0, RSTART + 15, RLENGTH - 15) }
           { if (match($0, /"active_cpus":"[^"]*"/)) sets[substr($0, RSTART + 15, RLENGTH - 16)] = 1 }
           /"plan":\{/ { plans++ }
           END { s = ""; for (k in sets) s = s (s == "" ? "" : " ") k;
-                printf "agent_cpu_ms=%.0f per_vcpu_ms=%.1f active_sets=[%s] plans=%d", cpu / 1e6, cpu / (n * 1e6), s, plans }' "$EV")
+                printf "agent_cpu_ms=%.0f per_vcpu_ms=%.1f yielders_ms=%d active_sets=[%s] plans=%d", cpu / 1e6, cpu / (n * 1e6), y, s, plans }' "$EV")
       else
         summary=""
       fi
