@@ -52,9 +52,8 @@ echo "periods $(grep -c '"event":"period"' /tmp/ev)"
 echo "active_sets $(grep -o '"active_cpus":"[^"]*"' /tmp/ev | sort -u | cut -d'"' -f4 | tr '\n' ' ')"
 
 # A program that pins its threads (client to vCPU 2, server to 5) keeps them pinned while managed.
-# Without retention: the subject is the pins and the restore. (With it, the yielders' plan on
-# 8 vCPUs that share 2 host CPUs slows the whole guest many times over: TCG shows no steal
-# for the loop to price, docs/lab.md "Eight vCPUs".)
+# Without retention: the subject is the pins and the restore, not the idle policy (what that
+# does on this guest, whose 8 vCPUs share 2 host CPUs, is docs/lab.md's "Eight vCPUs").
 $G run --no-retention -- $G bench workload pingpong --duration-ms 8000 --client-cpu 2 --server-cpu 5 > /dev/null 2>&1 &
 wait_pinned 8000 5
 sleep 2

@@ -6,7 +6,9 @@
 //!  halted  C(g)     setting C after g = 10, 30, 100, 300 us, 1, 3, 10 ms, kernel polling off
 //!                   (guest_halt_poll_ns 0; the waiter's resume latency limit lifted; under
 //!                   menu/ladder its POLL state disabled)                        ~1.5 s
-//!  busy    B        setting B (a SCHED_IDLE yielder keeps the waiter's vCPU busy)  ~0.1 s
+//!  busy    B        setting B: SCHED_IDLE yielders keep the waiter's vCPU busy, and
+//!                   every other one but the waker's, as the agent runs them (where the
+//!                   vCPUs share fewer host CPUs, the spinning ones delay the waiter)  ~0.1 s
 //!  polling P        setting C with the waiter's vCPU polling (resume latency limit 0 on it),
 //!                   where the machine has a POLL state                              ~0.3 s
 //!  every knob: journaled before it changes, written back right after (KnobWriter)
@@ -56,6 +58,9 @@ pub fn measure_setting(cpus: &CpuSet, setting: Setting, gap_us: u64, rounds: u32
     cfg.rounds = rounds;
     cfg.warmup = 10;
     cfg.period_us = gap_us.max(1);
+    if setting == Setting::B {
+        cfg.busy_also = cpus.iter().filter(|&c| c != cfg.waker_cpu && c != cfg.waiter_cpu).collect();
+    }
     wakeup::run_setting(setting, &cfg, cpus, &Procfs::new()).context("measuring wakeup latency")
 }
 

@@ -123,6 +123,11 @@ pub struct WakeupConfig {
     pub waiter_cpu: u32,
     /// How long a wait may last before the wakeup counts as lost (ms).
     pub deadline_ms: u64,
+    /// Setting B only: CPUs kept busy by a yielder as well as the waiter's (the calibration
+    /// measures B with a yielder on every vCPU but the waker's, as the agent runs them: where
+    /// the vCPUs share fewer host CPUs, the spinning vCPUs delay the waiter's turn).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub busy_also: Vec<u32>,
 }
 
 impl WakeupConfig {
@@ -140,6 +145,7 @@ impl WakeupConfig {
             waker_cpu,
             waiter_cpu,
             deadline_ms: 0,
+            busy_also: Vec::new(),
         }
     }
 
@@ -549,18 +555,25 @@ impl Load {
 
     /// A SCHED_IDLE thread on `cpu` calling sched_yield() in a loop.
     fn yielder(cpu: u32) -> anyhow::Result<Load> {
+        Load::yielders([cpu])
+    }
+
+    /// [`Load::yielder`] on each of `cpus`.
+    fn yielders(cpus: impl IntoIterator<Item = u32>) -> anyhow::Result<Load> {
         let mut l = Load::none();
-        let stop = l.stop.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
-        l.threads.push(std::thread::spawn(move || {
-            let r = pin_current_thread(cpu).and_then(|()| sched::set_idle(sched::gettid()));
-            let ok = r.is_ok();
-            let _ = tx.send(r);
-            while ok && !stop.load(Ordering::Relaxed) {
-                sched::yield_now();
-            }
-        }));
-        rx.recv().context("yielder thread died")?.with_context(|| format!("making a SCHED_IDLE yielder on CPU {cpu}"))?;
+        for cpu in cpus {
+            let stop = l.stop.clone();
+            let (tx, rx) = std::sync::mpsc::channel();
+            l.threads.push(std::thread::spawn(move || {
+                let r = pin_current_thread(cpu).and_then(|()| sched::set_idle(sched::gettid()));
+                let ok = r.is_ok();
+                let _ = tx.send(r);
+                while ok && !stop.load(Ordering::Relaxed) {
+                    sched::yield_now();
+                }
+            }));
+            rx.recv().context("yielder thread died")?.with_context(|| format!("making a SCHED_IDLE yielder on CPU {cpu}"))?;
+        }
         Ok(l)
     }
 
@@ -610,7 +623,7 @@ impl Drop for Load {
 pub fn run_setting(setting: Setting, cfg: &WakeupConfig, allowed: &CpuSet, procfs: &Procfs) -> anyhow::Result<SettingResult> {
     let (waker_cpu, waiter_cpu) = placement(setting, cfg);
     let _load = match setting {
-        Setting::B => Load::yielder(waiter_cpu)?,
+        Setting::B => Load::yielders(std::iter::once(waiter_cpu).chain(cfg.busy_also.iter().copied().filter(|&c| c != waiter_cpu)))?,
         Setting::D => Load::hogs(allowed)?,
         Setting::A | Setting::C => Load::none(),
     };
@@ -657,6 +670,24 @@ pub fn run(cfg: &WakeupConfig, allowed: &CpuSet, procfs: &Procfs) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn setting_b_keeps_the_cpus_it_is_given_busy_as_well_as_the_waiter_s() {
+        let allowed = sched::affinity(0).unwrap();
+        assert!(allowed.len() >= 2, "this test needs 2 CPUs this process may use, has {allowed}");
+        let mut cfg =
+            WakeupConfig { settings: vec![Setting::B], rounds: 30, warmup: 2, period_us: 200, ..WakeupConfig::for_cpus(&allowed) };
+        // The waker's own CPU too (the calibration leaves it out; here it shows the load runs).
+        cfg.busy_also = vec![cfg.waker_cpu, cfg.waiter_cpu];
+        let load =
+            Load::yielders(std::iter::once(cfg.waiter_cpu).chain(cfg.busy_also.iter().copied().filter(|&c| c != cfg.waiter_cpu))).unwrap();
+        assert_eq!(load.threads.len(), 2, "one yielder per CPU, the waiter's once");
+        drop(load);
+        let r = run_setting(Setting::B, &cfg, &allowed, &Procfs::new()).unwrap();
+        assert!(r.mean_us.is_some(), "{r:?}");
+        let back: WakeupConfig = serde_json::from_value(serde_json::to_value(WakeupConfig::for_cpus(&allowed)).unwrap()).unwrap();
+        assert!(back.busy_also.is_empty());
+    }
 
     #[test]
     fn tally_skips_warmup_and_sorts_late_unblocked_and_good_rounds() {
