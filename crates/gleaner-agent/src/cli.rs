@@ -68,8 +68,9 @@ pub struct AgentFlags {
     /// record exists in the run dir, and store the new one.
     #[arg(long)]
     pub recalibrate: bool,
-    /// Seconds a stored calibration stays valid (0..=31536000; 0 measures at every start).
-    /// Default: 86400, or `calibration_max_age_s` of the config file.
+    /// Seconds a stored calibration stays valid (0..=31536000; 0: never, so every run starts
+    /// from the prior curve and measures after its workload). Default: 86400, or
+    /// `calibration_max_age_s` of the config file.
     #[arg(long, value_name = "S")]
     pub calibration_max_age_s: Option<u64>,
     /// Serve Prometheus text-format metrics: a port alone (e.g. 9464) listens on 127.0.0.1

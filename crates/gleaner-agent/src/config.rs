@@ -52,7 +52,7 @@ pub struct AgentConfig {
     /// A yield longer than this means the workload ran; `None` calibrates it.
     pub idle_threshold_us: Option<u64>,
     /// How long a stored calibration (`RUN_DIR/calibration.json`) stays valid; it is also
-    /// measured again when anything it depends on changes. 0 measures at every start.
+    /// measured again when anything it depends on changes. 0: never valid.
     pub calibration_max_age_s: u64,
     /// Measure the calibration even if a valid record exists (`--recalibrate`; not a file key).
     #[serde(skip)]
@@ -194,12 +194,7 @@ impl AgentConfig {
             }
         }
         if self.calibration_max_age_s > MAX_CALIBRATION_AGE_S {
-            return Err(BadInput::new(
-                "calibration_max_age_s",
-                self.calibration_max_age_s,
-                "0..=31536000 (seconds; 0 measures at every start)",
-            )
-            .into());
+            return Err(BadInput::new("calibration_max_age_s", self.calibration_max_age_s, "0..=31536000 (seconds; 0: never valid)").into());
         }
         if !(1..=1000).contains(&self.max_sleep_ms) {
             return Err(BadInput::new("max_sleep_ms", self.max_sleep_ms, "1..=1000").into());
@@ -330,7 +325,7 @@ retention_start = "calibrated"
 # The calibration is stored in run_dir/calibration.json (`gleaner calibrate` shows it) and
 # reused until it is this old (seconds) or anything it depends on changes (boot, kernel, online
 # CPUs, cpuidle driver or governor); `--recalibrate` measures it again.
-# The daemon renews it before it expires, while the machine idles. 0 measures at every start.
+# The daemon renews it before it expires, while the machine idles. 0: never valid.
 calibration_max_age_s = 86400
 # Longest sleep of a yielding thread while its vCPU stays idle (the sleep doubles from 50 us).
 max_sleep_ms = 20

@@ -16,6 +16,7 @@ use std::time::Instant;
 use gleaner_policy::gleaner::{Params, Snapshot, VcpuSample};
 use gleaner_policy::guest::{GuestConfig, GuestController, GuestReading, VcpuIdle};
 use gleaner_policy::idle::{Means, PlanConfig, TraceSource, WakeCurve, WakeTrace};
+use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{GovernorConfig, RetentionMode, WorkloadIo};
 
 const PERIOD_NS: u64 = 200_000_000;
@@ -61,7 +62,7 @@ fn reading(n: u32, active: &[u32], step: u32, rng: &mut Lcg) -> GuestReading {
     for cpu in 0..n {
         let on = active.contains(&cpu);
         let busy = if on { (load + 0.2 * (rng.unit() - 0.5)).clamp(0.0, 1.0) } else { 0.0 };
-        let work_ns = (busy * PERIOD_NS as f64) as u64;
+        let work_ns = saturating_u64(busy * PERIOD_NS as f64).min(PERIOD_NS);
         let wakes = if on { 50 + rng.next() % 400 } else { 0 };
         vcpus.push(VcpuSample { cpu, t_work_ns: work_ns, t_yield_ns: 0, t_idle_ns: PERIOD_NS - work_ns, s_yield: wakes });
         idle.push(VcpuIdle { cpu, idle_ns: PERIOD_NS - work_ns, entries: Some(wakes), poll_ns: 0, yield_ns: 0, steal_ns: 0 });
@@ -103,8 +104,9 @@ fn measure(n: u32, steps: u32) -> (Vec<u64>, usize) {
     (times, planned)
 }
 
-fn pct(sorted: &[u64], p: f64) -> u64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+/// The `pct`-th percentile (0..=100) of `sorted`, by nearest rank.
+fn pct(sorted: &[u64], pct: usize) -> u64 {
+    sorted[(sorted.len() - 1) * pct / 100]
 }
 
 fn main() {
@@ -119,7 +121,7 @@ fn main() {
     let mut rows = Vec::new();
     for n in SIZES {
         let (times, planned) = measure(n, steps);
-        let (p50, p90) = (pct(&times, 0.5), pct(&times, 0.9));
+        let (p50, p90) = (pct(&times, 50), pct(&times, 90));
         rows.push((n, p50, p90, planned));
     }
     let base = rows[0].1 as f64 / f64::from(rows[0].0);
