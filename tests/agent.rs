@@ -187,6 +187,10 @@ fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {
     // governor probes it off after 4 periods. The ping-pong hands a token between two vCPUs
     // for a fixed 1.5 s, so the agent's 50 ms periods number about 30 whatever this
     // machine's speed.
+    // Yielding threads start only from a measured curve (a run without one plans from the
+    // prior, with kernel polling alone): measure it first.
+    let cal = gleaner().args(["calibrate", "--run-dir"]).arg(run_dir.path().join("run")).output().unwrap();
+    assert!(cal.status.success(), "{}", String::from_utf8_lossy(&cal.stderr));
     let before = gleaner_os::monotonic_ns();
     let out = gleaner()
         .args(["run", "--retention-start", "on", "--no-kernel-polling", "--period-ms", "50", "--no-consolidation", "--config"])

@@ -38,7 +38,11 @@ fn the_verdict_comes_from_the_wake_cost_curve_and_the_curve_is_plotted() {
     // its speedup by the documented thresholds.
     let best = &r["best_saving"];
     assert!(best["gap_ns"].as_u64().unwrap() <= 1_000_000, "{best}");
-    assert!(savings.iter().any(|s| s == best), "{best} not among {savings:?}");
+    // The same gap as one of the savings; where that saving is within the noise the verdict
+    // counts it as no speedup (1.0).
+    let same_gap = savings.iter().find(|s| s["gap_ns"] == best["gap_ns"]).unwrap_or_else(|| panic!("{best} not among {savings:?}"));
+    let within_noise = same_gap["saved_ns"].as_u64() < Some(gleaner_policy::idle::curve::NOISE_NS) && best["speedup"].as_f64() == Some(1.0);
+    assert!(same_gap == best || within_noise, "{best} vs {same_gap}");
     let speedup = best["speedup"].as_f64().unwrap();
     let want = if speedup >= 2.0 {
         "high"
