@@ -304,6 +304,10 @@ fn run_workload_with_events(period_ms: &str, args: &[&str]) -> (String, String) 
     let knobs = idle_knobs();
     let run_dir = tempfile::tempdir().unwrap();
     let events = run_dir.path().join("events.jsonl");
+    // A boot's later runs have a calibration record: measure it first, so that the run under
+    // test is one of those (the first run's measurement comes after its workload).
+    let cal = gleaner().args(["calibrate", "--run-dir"]).arg(run_dir.path().join("run")).output().unwrap();
+    assert!(cal.status.success(), "{}", String::from_utf8_lossy(&cal.stderr));
     let out = gleaner()
         .args(["run", "--period-ms", period_ms, "--config"])
         .arg(trace_from_start_config(run_dir.path()))
@@ -337,7 +341,10 @@ fn traced_run(args: &[&str]) -> serde_json::Value {
 #[serial(host)]
 fn the_tracer_stays_attached_paused_unless_that_costs_too_much() {
     require_root_and_cpuset();
-    let light = traced_run(&["openloop", "--rate", "500", "--duration-ms", "2500"]);
+    // Light on any of these machines: at 500 requests/s an AMD EPYC VM's paused programs
+    // cost more than their bound (a measured cost, so the agent rightly detached them; the
+    // commit before this work did the same there).
+    let light = traced_run(&["openloop", "--rate", "100", "--duration-ms", "2500"]);
     assert!(light["traced_periods"].as_u64().unwrap() >= 3, "{light}");
     assert_eq!(light["attaches"], 1, "a light workload's tracer was attached again: {light}");
     assert_eq!(light["resident"], true, "{light}");
