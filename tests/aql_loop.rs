@@ -1,4 +1,4 @@
-//! One AQL_Sched loop (issue 11): the host agent's adapter and the simulator's adapter feed
+//! One AQL_Sched loop: the host agent's adapter and the simulator's adapter feed
 //! the same `gleaner_policy::aql::AqlController`, so the same readings give the same plans,
 //! period by period. The sequence has a starved spinning VM (typed ConSpin only when spin is
 //! counted per VM per run time), an LLC-friendly hog and an I/O VM that turns CPU-bound

@@ -1,4 +1,4 @@
-//! Fault injection through the real binary (issue 12): the agent killed at each phase, the
+//! Fault injection through the real binary: the agent killed at each phase, the
 //! workload's cgroup removed by someone else, a cpuset write refused, thread churn, a full run
 //! directory, and a second agent on the same target. After each: the workload has all its CPUs
 //! back (timed and printed; only 10 s fails), no `gleaner*` cgroup, socket or state file is

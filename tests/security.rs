@@ -1,4 +1,4 @@
-//! Security properties through the real binary (issue 12): the run directory and the status
+//! Security properties through the real binary: the run directory and the status
 //! socket are root's alone, a run directory or state file that is a symlink (or open to
 //! others) is refused and never followed, a configuration file others can write is refused,
 //! and the metrics endpoint listens on loopback unless told otherwise. They need root (CI runs

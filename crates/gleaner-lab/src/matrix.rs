@@ -1,5 +1,5 @@
 //! `gleaner lab matrix`: every idle policy against every workload and co-runner, in the
-//! overcommitted scenario where the blocked-waiter wakeup problem lives (issue 13's policy
+//! overcommitted scenario where the blocked-waiter wakeup problem lives (the policy
 //! matrix). Each cell (workload x co-runner) is an `oc` experiment whose modes are the
 //! policies; the matrix report puts the cells side by side: workload speedup, co-runner
 //! throughput, weighted speedup (each with its 95% interval) and the CPU each policy burns,

@@ -47,7 +47,7 @@ pub struct AgentSummary {
     pub min_active: Option<usize>,
     pub last_active: Option<usize>,
     /// Retention timeouts (times a yielder let its vCPU halt), summed over the `period` lines
-    /// (older agents wrote `timeout` lines).
+    /// (and over `timeout` lines, which a log may also hold).
     pub timeouts: u64,
     /// Control periods (`period` lines).
     #[serde(default)]

@@ -234,7 +234,7 @@ impl IdleKnobs {
     /// handler and synchronizes), 8-16 ms here for each of the two writes: the switch was most
     /// of a short `gleaner run`'s exit. Grace periods are expedited meanwhile
     /// ([`RCU_EXPEDITED`] set to 1 where it reads 0, and put back before returning, also on
-    /// error): 0.1-4 ms a write (2026-12-01, this VM). A caller that journals knobs records
+    /// error): 0.1-4 ms a write on a development VM. A caller that journals knobs records
     /// [`Self::rcu_expedited`] first, in case it is killed in between.
     pub fn reset_poll_windows(&self) -> Result<bool> {
         if self.sysfs.cpuidle_governor()?.as_deref() != Some("haltpoll") || !self.governor_path().is_file() {

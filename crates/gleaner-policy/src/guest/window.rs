@@ -44,7 +44,7 @@ pub(super) enum WindowCheck {
 pub const STALE_WINDOW_EXCESS: f64 = 0.05;
 
 /// How long switching the cpuidle governor away and back halts every vCPU, ns: the agent's
-/// two writes of `current_governor` took 13.2-16.0 ms on this VM (2026-11-27, timed in the
+/// two writes of `current_governor` took 13.2-16.0 ms on a development VM (timed in the
 /// agent around `IdleKnobs::reset_poll_windows`, nginx with one connection).
 pub const GOVERNOR_SWITCH_NS: u64 = 15_000_000;
 

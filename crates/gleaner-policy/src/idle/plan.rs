@@ -129,7 +129,7 @@ pub struct PlanConfig {
 /// wakeups at the price (an idle workload spends nothing; see docs/agent.md).
 pub const DEFAULT_BUDGET: f64 = 1.0;
 /// The default price: a microsecond of wakeup latency is worth up to 200 us of idle vCPU
-/// (0.01 until 2026-11-26: docs/idle-policy.md, "Why the price").
+/// (docs/idle-policy.md, "Why the price").
 pub const DEFAULT_PRICE: f64 = 0.005;
 /// The default VM share: 90% of the managed vCPUs, a margin under the 95% at which this
 /// VM's host was never seen to stop it (polling's use varies period to period).
@@ -454,7 +454,7 @@ fn options_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &Vcpu
 /// spare: sockperf under load, its client's vCPU 100% busy while it measures, left the
 /// server's vCPU idle 95% at 2,000 messages a second and 46-55% at 60,000. Feeders of a real
 /// bottleneck do their share of the loop's work between its replies: wrk's vCPU idle 9-14%,
-/// the built-in pipeline's other stage 5-8% (2026-11-28, `/proc/stat` over half seconds).
+/// the built-in pipeline's other stage 5-8% (`/proc/stat` over half seconds).
 fn behind_bottleneck(cfg: &PlanConfig, inputs: &[VcpuInput<'_>]) -> Vec<bool> {
     let pacing = |i: &VcpuInput<'_>| i.idle_share.is_some_and(|s| s < cfg.bottleneck_idle_share);
     let feeds = |i: &VcpuInput<'_>| i.idle_share.is_some_and(|s| s < BEHIND_MAX_IDLE_SHARE);
