@@ -386,8 +386,18 @@ fn status_reports_a_running_agent() {
         assert!(!r[key].is_null(), "status lacks {key}: {r}");
     }
     assert!(r["metrics"]["rho"].is_number() && r["metrics"]["eta"].is_number());
+    // What managing costs: the agent's own CPU (it has run periods: more than nothing, less
+    // than its whole time) and the time in probes, within the run.
+    let o = &r["overhead"];
+    let uptime_ns = r["uptime_s"].as_f64().unwrap() * 1e9;
+    let agent_ns = o["agent_cpu_ns"].as_u64().unwrap_or_else(|| panic!("status lacks overhead.agent_cpu_ns: {r}")) as f64;
+    assert!(agent_ns > 0.0 && agent_ns < uptime_ns, "agent CPU {agent_ns} ns over {uptime_ns} ns: {r}");
+    let (probe, worse) = (o["probe_ns"].as_u64().unwrap(), o["probe_worse_ns"].as_u64().unwrap());
+    assert!(worse <= probe && (probe as f64) <= uptime_ns, "{o}");
     let text = gleaner().args(["status", "--run-dir"]).arg(run_dir.path()).output().unwrap();
-    assert!(String::from_utf8_lossy(&text.stdout).contains("active vCPUs"));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("active vCPUs"), "{text}");
+    assert!(text.contains("probing ") && text.contains("agent CPU "), "{text}");
     assert!(agent.wait().unwrap().success());
     assert_no_leftovers(run_dir.path());
 }

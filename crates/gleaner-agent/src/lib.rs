@@ -143,6 +143,7 @@ fn status(json: bool, run_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         if r.totals.yields > 0 {
             println!("  {}", stats::line(status::Totals::STATS, &r.totals));
         }
+        println!("  {}", r.overhead.line(r.uptime_s));
         if let Some(c) = &r.calibration {
             println!("  calibration {} at start; the numbers are {} old", c.describe(), cache::human_age(c.age_now_s()));
         }

@@ -159,12 +159,13 @@ pub fn serve_metrics(addr: &str, status: SharedStatus) -> anyhow::Result<Server>
 
 /// Renders the status in the OpenMetrics text format with `prometheus-client`: every stat
 /// declared beside the status ([`crate::status::STATUS_STATS`], [`crate::status::Totals`],
-/// [`crate::status::IdleStatus::STATS`]).
+/// [`crate::status::Overhead`], [`crate::status::IdleStatus::STATS`]).
 pub fn prometheus_text(s: &StatusReport) -> String {
-    use crate::status::{IdleStatus, Totals, STATUS_STATS};
+    use crate::status::{IdleStatus, Overhead, Totals, STATUS_STATS};
     let mut reg = prometheus_client::registry::Registry::with_prefix("gleaner");
     stats::register(&mut reg, STATUS_STATS, s);
     stats::register(&mut reg, Totals::STATS, &s.totals);
+    stats::register(&mut reg, Overhead::STATS, &s.overhead);
     if let Some(i) = &s.idle {
         stats::register(&mut reg, IdleStatus::STATS, i);
     }
@@ -233,6 +234,7 @@ mod tests {
                 yielder_cpu_ns: 1_500_000_000,
                 retention_on_periods: 9,
             },
+            overhead: crate::status::Overhead { probe_ns: 250_000_000, probe_worse_ns: 50_000_000, agent_cpu_ns: 9_000_000 },
             threads: 5,
             idle: Some(IdleStatus { plan: Some(plan), wake: Some(wake), poll_ns: 1_500_000_000, ..Default::default() }),
             ..StatusReport::default()
@@ -247,8 +249,7 @@ mod tests {
     }
 
     /// Every name, type, help text and value of the exposition stays what scrapers and
-    /// dashboards know (`tests/data/status.prom`, written by the agent before its stats were
-    /// declared once, plus `retention_on_periods`).
+    /// dashboards know (`tests/data/status.prom`).
     #[test]
     fn prometheus_text_keeps_its_names_and_values() {
         let t = prometheus_text(&rich());
@@ -320,6 +321,7 @@ mod tests {
                 .iter()
                 .map(|st| (st.name, st.kind))
                 .chain(Totals::STATS.iter().map(|st| (st.name, st.kind)))
+                .chain(crate::status::Overhead::STATS.iter().map(|st| (st.name, st.kind)))
                 .chain(s.idle.iter().flat_map(|_| IdleStatus::STATS.iter().map(|st| (st.name, st.kind))));
             for (name, k) in declared {
                 let line = format!("gleaner_{name} {} ", kind(k));

@@ -296,6 +296,9 @@ pub struct StatusReport {
     /// Totals since start.
     #[serde(flatten)]
     pub totals: Totals,
+    /// What managing the workload costs it since start.
+    #[serde(default)]
+    pub overhead: Overhead,
     /// Workload threads seen in the last period.
     pub threads: usize,
     /// The idle policy (`None`: retention off).
@@ -344,6 +347,39 @@ stats! {
         periods: u64 => Counter("periods", "Control periods");
         yielder_cpu_ns: u64 => Gauge("yielder_cpu_seconds", "CPU time of the yielding threads", seconds);
         retention_on_periods: u64 => Counter("retention_on_periods", "Control periods run with retention on");
+    }
+}
+
+stats! {
+    /// What managing the workload costs it, since start: the guest loop's experiments
+    /// (`GuestController::probe_time`) and the agent's own CPU.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(default)]
+    pub struct Overhead {
+        probe_ns: u64 => Counter("probe_seconds", "Time the workload ran in probe epochs: a level of retention the governors do not believe in", seconds);
+        probe_worse_ns: u64 => Counter("probe_worse_seconds", "Of that, time in probes their comparison found worse than the baseline", seconds);
+        agent_cpu_ns: u64 => Counter("agent_cpu_seconds", "The agent's own CPU time: every thread of it but the yielding threads (yielder_cpu_seconds)", seconds);
+    }
+}
+
+impl Overhead {
+    /// `ns` as a share of `uptime_s` seconds (0 before any time has passed).
+    pub fn share(ns: u64, uptime_s: f64) -> f64 {
+        if uptime_s > 0.0 {
+            ns as f64 / 1e9 / uptime_s
+        } else {
+            0.0
+        }
+    }
+
+    /// The line `gleaner status` prints: probing and the agent's CPU as shares of the run.
+    pub fn line(&self, uptime_s: f64) -> String {
+        format!(
+            "probing {:.1}% of the run ({:.1}% in a plan found worse)   agent CPU {:.2}% of a vCPU",
+            100.0 * Self::share(self.probe_ns, uptime_s),
+            100.0 * Self::share(self.probe_worse_ns, uptime_s),
+            100.0 * Self::share(self.agent_cpu_ns, uptime_s),
+        )
     }
 }
 
@@ -594,6 +630,17 @@ impl StatusReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The overhead line gives each total as a share of the run, and nothing before it ran.
+    #[test]
+    fn overhead_is_printed_as_shares_of_the_run() {
+        let o = Overhead { probe_ns: 1_000_000_000, probe_worse_ns: 250_000_000, agent_cpu_ns: 30_000_000 };
+        assert_eq!(o.line(10.0), "probing 10.0% of the run (2.5% in a plan found worse)   agent CPU 0.30% of a vCPU");
+        assert_eq!(o.line(0.0), "probing 0.0% of the run (0.0% in a plan found worse)   agent CPU 0.00% of a vCPU");
+        let back: StatusReport =
+            serde_json::from_str(&serde_json::to_string(&StatusReport { overhead: o, ..StatusReport::default() }).unwrap()).unwrap();
+        assert_eq!(back.overhead, o);
+    }
 
     #[test]
     fn events_are_json_lines() {

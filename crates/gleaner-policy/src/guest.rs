@@ -168,10 +168,9 @@ impl Default for StartConfig {
 }
 
 /// The default [`StartConfig::trace_after_ns`]: a second. The tracer's fixed cost (loading its
-/// programs, the statistics switch, the first attach: ~7 ms of the agent's CPU here) and its
-/// first slices weigh most on a short run: the pipe ping-pong of `perf bench sched pipe` ran
-/// 2% slower with the tracer than without over 1.5 s runs (front.py, 2026-12-01), and a run of
-/// a second is what the counters' estimate must serve alone.
+/// programs, the statistics switch, the first attach) and its first slices weigh most on a
+/// short run, and a run of a second is what the counters' estimate must serve alone
+/// (docs/idle-policy.md, "Priors").
 pub const TRACE_AFTER_NS: u64 = 1_000_000_000;
 
 impl GuestConfig {
@@ -304,10 +303,7 @@ pub const PROBE_SHARE: f64 = 0.25;
 /// length again.
 ///
 /// Every period's end costs a server a few requests: the agent's work takes its vCPU from
-/// polling for ~4 ms (nginx with one connection: 14-21% of the requests in that time over
-/// 30 us, against ~1% elsewhere). Haltpoll's p99 over the agent's per round, 12 alternated 3 s
-/// rounds: 0.867 at 200 ms periods, 0.949 at 500 ms; redis with one connection 0.957 and 0.971
-/// (docs/idle-policy.md, "A shrink before a switch").
+/// polling for a few milliseconds (docs/idle-policy.md, "Priors").
 pub const CALM_PERIODS: u32 = 5;
 
 /// A calm period's length, a share of the configured period (2.5: 500 ms at the default 200).
@@ -390,19 +386,16 @@ pub const QUIET_RATE: f64 = 10.0;
 /// A workload quiet this long before it was seen gives up the start plan: its vCPUs halt
 /// until it makes wakeups (then the next period is traced and planned from them). The start
 /// plan polls every idle entry of every vCPU for up to [`INITIAL_POLL_WINDOW_NS`] whatever
-/// woke it: `gleaner run -- sleep 2` polled 40-52 ms of its 4 vCPU-seconds on this VM
-/// (2026-11-26, the machine's own timers and daemons), its whole cost. A second covers a
-/// server started before its client (the sockperf harness waits 0.5 s): a client coming
-/// later than that finds its first period halted, as it would under stock.
+/// woke it, the machine's own timers included. A second covers a server started before its
+/// client (the sockperf harness waits 0.5 s): a client coming later than that finds its first
+/// period halted, as it would under stock (docs/idle-policy.md, "Priors").
 pub const QUIET_START_NS: u64 = 1_000_000_000;
 
 /// Below this share of the managed vCPUs' time left idle by the workload (smoothed over
 /// periods), kernel polling is not planned: what it can win is bounded by that share (no idle
 /// CPU left to turn into work, and a waiting thread queues behind running ones anyway), while
-/// polling the few short gaps cost `sysbench threads` (8 threads on 2 vCPUs, about 1% idle)
-/// 8% here: 0.91-0.92x of stock with kernel polling in 12-round compares, 1.00-1.02x without
-/// it. The built-in pipeline leaves 3-6% idle and keeps its polling (0.93-1.04x of stock in
-/// three 5-round compares on 2026-11-25, 0.996x in a 9-round one: within its run-to-run spread).
+/// polling the few short gaps of a saturated VM slows its work (docs/idle-policy.md,
+/// "Priors"). A prior: Wide's probes still try polling there.
 pub const SATURATED_IDLE_SHARE: f64 = 0.02;
 
 /// The most sync points a second per active vCPU at which the agent's period work still runs
@@ -416,24 +409,15 @@ pub const AGENT_PACE_NS: u64 = 50_000;
 /// Below this share left idle, the yielding threads are not planned either. A `SCHED_IDLE`
 /// yielder keeps its vCPU from going newly idle (a thread queued on the other vCPU waits for
 /// the periodic balancer) and its `sched_yield()` loop takes the run queue's lock the wakers
-/// need, so on a busy VM it costs more than it saves: the built-in pipeline (3-6% idle under
-/// stock) ran at 0.85-0.98x of stock with the yielders alone (`gleaner compare --runs 5
-/// --policies stock,gleaner --no-kernel-polling`, five compares on 2026-11-25, every gleaner
-/// run slower in the first), 0.88-0.94x with stepping aside, and at 0.73x under always-on
-/// yielders. The yielders' latency wins are on light workloads: the built-in ping-pong leaves
-/// ~80% idle. Smoothed like the polling rule's share; yielders' time counts as idle, so a
-/// workload they slow down does not hide behind them.
+/// need, so on a busy VM it costs more than it saves (docs/idle-policy.md, "Priors").
+/// Smoothed like the polling rule's share; yielders' time counts as idle, so a workload they
+/// slow down does not hide behind them.
 pub const SATURATED_YIELD_IDLE_SHARE: f64 = 0.25;
 
 /// While vCPUs poll, consolidation runs only while the workload's own CPU time is at most this
 /// many vCPUs; above it every vCPU is given back. On one polling vCPU a light workload's
-/// wakeups never cross vCPUs (the open loop at 200 requests/s, client and server on one vCPU
-/// polling until work: p50 32 us, p99 67-78 us, against 48 and ~300 us on two vCPUs, one
-/// of them polling a window, and 101 and 160-180 us with always-on yielders on both), while
-/// a busier one queues or loses its round trips' overlap: the same kernel at 20,000
-/// requests/s had p50 58 us consolidated against 48-51 on two polling vCPUs, and at 0.35 the
-/// built-in ping-pong (0.34 vCPUs) flapped between one vCPU and two, p99 30 us against 22 us
-/// under haltpoll alone.
+/// wakeups never cross vCPUs, while a busier one queues or loses its round trips' overlap
+/// (docs/idle-policy.md, "Priors").
 pub const POLL_CONSOLIDATION_UTIL: f64 = 0.15;
 
 impl GuestController {
@@ -573,6 +557,12 @@ impl GuestController {
     /// The upper governor's state (Planned against Wide).
     pub fn widen_state(&self) -> Option<GovernorState> {
         self.ladder.high_state()
+    }
+
+    /// The time the workload ran in probes so far, and in probes found worse than the
+    /// baseline: what the loop's experiments cost it.
+    pub fn probe_time(&self) -> ladder::ProbeTime {
+        self.ladder.probe_time()
     }
 
     /// The current period is a probe (its readings are the probe's, not the workload's usual).
@@ -906,8 +896,7 @@ impl GuestController {
     /// The plan while nothing is seen of the workload: what the run started with, unless the
     /// workload is quiet: polling until work gives way to the start window after a quiet
     /// period (a server waiting for its client polled both vCPUs whole for nothing: sockperf's
-    /// half second before its client, 1.44 vCPUs over a 1 s run against haltpoll's 0.48, at
-    /// the same latency, front.py 2026-12-01), and every vCPU halts after [`QUIET_START_NS`].
+    /// half second before its client: three times haltpoll's CPU at the same latency), and every vCPU halts after [`QUIET_START_NS`].
     fn unseen(&self) -> IdlePlan {
         let until_work = !self.start.poll_always.is_empty();
         if self.quiet_ns >= QUIET_START_NS && self.start.retains() {

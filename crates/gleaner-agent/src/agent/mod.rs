@@ -52,7 +52,7 @@ use self::target::{consolidation_blocker, refuse_if_managed, Managed};
 use crate::config::AgentConfig;
 use crate::sampler::{PeriodExtras, Sampler};
 use crate::server;
-use crate::status::{EventKind, EventLog, EventRecord, IdleStatus, SharedStatus, StatusReport};
+use crate::status::{EventKind, EventLog, EventRecord, IdleStatus, Overhead, SharedStatus, StatusReport};
 use crate::yielders::Yielders;
 
 /// What the agent manages.
@@ -221,13 +221,14 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     }
     let f = &outcome.final_status;
     info!(
-        "done: {} periods, {} decisions, {} yields, {} timeouts, yielders {} ms CPU, kernel polling {} ms",
+        "done: {} periods, {} decisions, {} yields, {} timeouts, yielders {} ms CPU, kernel polling {} ms; {}",
         f.totals.periods,
         f.totals.decisions,
         f.totals.yields,
         f.totals.timeouts,
         f.totals.yielder_cpu_ns / 1_000_000,
-        f.idle.as_ref().map_or(0, |i| i.poll_ns) / 1_000_000
+        f.idle.as_ref().map_or(0, |i| i.poll_ns) / 1_000_000,
+        f.overhead.line(f.uptime_s)
     );
     Ok(outcome)
 }
@@ -716,6 +717,12 @@ impl Session {
                 }
             }
             s.add_period(&p.extras, n, p.ran, records);
+            let probes = guest.probe_time();
+            s.overhead = Overhead {
+                probe_ns: probes.probe_ns,
+                probe_worse_ns: probes.worse_ns,
+                agent_cpu_ns: self_cpu_ns().unwrap_or(0).saturating_sub(s.totals.yielder_cpu_ns),
+            };
         }
         Ok(())
     }

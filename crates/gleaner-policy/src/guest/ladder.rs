@@ -21,7 +21,7 @@
 //! no rule forbids a level: the rules shape Planned, and Wide, which ignores them, is always
 //! one probe away, probed late and ever more rarely while the answer holds.
 
-use crate::retention::{GovernorConfig, GovernorState, GovernorStep, Phase, PriorStrength, RetentionGovernor, RetentionMode};
+use crate::retention::{GovernorConfig, GovernorState, GovernorStep, Phase, PriorStrength, RetentionGovernor, RetentionMode, Verdict};
 
 /// Which governor of the ladder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -43,6 +43,24 @@ pub struct LadderStep {
     pub governor: Option<(Rung, GovernorStep)>,
 }
 
+/// What probing cost the workload so far: the time run in probe epochs (a level the governors
+/// do not believe in), and of it the time in probes that their comparison found worse than
+/// the baseline (the governor's `Pays` for a probe of its lower mode, `Loses` for its upper).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProbeTime {
+    pub probe_ns: u64,
+    pub worse_ns: u64,
+}
+
+/// A probe epoch read and not judged yet: its governor, whether it ran that governor's upper
+/// mode, and its length.
+#[derive(Debug, Clone, Copy)]
+struct PendingProbe {
+    rung: Rung,
+    upper: bool,
+    ns: u64,
+}
+
 /// The two governors (module documentation).
 #[derive(Debug, Clone)]
 pub struct Ladder {
@@ -52,6 +70,9 @@ pub struct Ladder {
     last: Rung,
     /// The level without governors.
     prior: RetentionMode,
+    /// Probing's cost so far ([`Self::probe_time`]).
+    probes: ProbeTime,
+    pending: Option<PendingProbe>,
 }
 
 impl Ladder {
@@ -69,11 +90,13 @@ impl Ladder {
                 // `probe_every_max` periods): a probe and the two traced epochs around it cost a
                 // saturated workload a traced switch storm and its polling (xz -T2 ran 1.4% and
                 // `sysbench threads` 1.6% slower than stock with the first probe after 4
-                // periods, scripts/bench/front-matrix.sh 2026-12-01), and Planned is the
+                // periods, scripts/bench/front-matrix.sh), and Planned is the
                 // planner's own answer until evidence says otherwise.
                 .map(|g| RetentionGovernor::with_prior(GovernorConfig { latency_price: price, ..g }, high_prior, PriorStrength::Confident)),
             last: Rung::High,
             prior,
+            probes: ProbeTime::default(),
+            pending: None,
         }
     }
 
@@ -144,6 +167,27 @@ impl Ladder {
             .any(|r| self.active(r) && self.governor(r).is_some_and(|g| Self::due(g) || Self::mid_sandwich(g)))
     }
 
+    /// The time run in probes so far, and in probes found worse than the baseline.
+    pub fn probe_time(&self) -> ProbeTime {
+        self.probes
+    }
+
+    /// Counts the epoch `r` if it was `gov`'s probe (before `gov` reads it), and judges the
+    /// probe pending for `rung` by the comparison `gov` made (after).
+    fn count_probe(&mut self, rung: Rung, probed: Option<bool>, r: &crate::retention::EpochReading, s: &GovernorStep) {
+        if let Some(upper) = probed {
+            self.probes.probe_ns = self.probes.probe_ns.saturating_add(r.duration_ns);
+            self.pending = Some(PendingProbe { rung, upper, ns: r.duration_ns });
+        }
+        let Some(c) = s.comparison else { return };
+        if let Some(p) = self.pending.take_if(|p| p.rung == rung) {
+            let worse = if p.upper { c.verdict == Verdict::Loses } else { c.verdict == Verdict::Pays };
+            if worse {
+                self.probes.worse_ns = self.probes.worse_ns.saturating_add(p.ns);
+            }
+        }
+    }
+
     pub fn low_state(&self) -> Option<GovernorState> {
         self.low.as_ref().map(RetentionGovernor::state)
     }
@@ -174,8 +218,12 @@ impl Ladder {
             let Some(gov) = self.governor_mut(g) else { continue };
             if Some(g) == turn {
                 let before = gov.state().phase;
+                // The epoch just read ran the governor's probe: its mode then is the probed one.
+                let probed = gov.probing().then(|| gov.mode().is_on());
                 let s = gov.step(r);
-                if matches!(before, Phase::Baseline { .. }) && gov.probing() {
+                let started = matches!(before, Phase::Baseline { .. }) && gov.probing();
+                self.count_probe(g, probed, r, &s);
+                if started {
                     self.last = g;
                 }
                 stepped = Some((g, if g == Rung::High { s.in_ladder_terms() } else { s }));
@@ -256,6 +304,56 @@ mod tests {
             assert_eq!(s.mode, RetentionMode::On);
             assert!(s.governor.is_none());
         }
+    }
+
+    /// Probing's cost is counted by what the comparisons found: probes of levels that lose
+    /// are time in a worse plan, probes that pay (the climb) or change nothing are not.
+    #[test]
+    fn probe_time_counts_the_probes_and_those_found_worse() {
+        const EPOCH: u64 = 200_000_000;
+        // Planned is the best level: every probe (of Off or of Wide) is found worse.
+        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::On, PriorStrength::Plain, true, 0.005);
+        let mut probes = 0;
+        for _ in 0..120 {
+            let m = l.mode();
+            probes += u64::from(l.probing());
+            let (rate, cpu) = match m {
+                RetentionMode::Off => (8_000, 0),
+                RetentionMode::On => (10_000, 40_000_000),
+                RetentionMode::Wide => (10_000, 200_000_000),
+            };
+            l.step(&reading(rate, cpu), true, true);
+        }
+        let t = l.probe_time();
+        assert!(probes >= 4, "{probes} probes");
+        assert_eq!(t.probe_ns, probes * EPOCH);
+        // The last probe may not be judged yet.
+        assert!(t.worse_ns + EPOCH >= t.probe_ns && t.worse_ns <= t.probe_ns, "{t:?}");
+
+        // Climbing: the probes that found a better level cost nothing; once at Wide, the
+        // probes of Planned below it are worse.
+        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::Off, PriorStrength::Plain, true, 0.005);
+        for _ in 0..200 {
+            let m = l.mode();
+            let (rate, cpu) = match m {
+                RetentionMode::Off => (10_000, 0),
+                RetentionMode::On => (12_000, 40_000_000),
+                RetentionMode::Wide => (14_400, 100_000_000),
+            };
+            l.step(&reading(rate, cpu), true, true);
+        }
+        let t = l.probe_time();
+        assert_eq!(l.baseline(), RetentionMode::Wide);
+        assert!(t.worse_ns > 0 && t.worse_ns < t.probe_ns, "{t:?}");
+
+        // Every level alike (same progress, no CPU): probes are neutral, none worse.
+        let mut l = Ladder::new(Some(GovernorConfig::default()), RetentionMode::On, PriorStrength::Plain, true, 0.005);
+        for _ in 0..120 {
+            l.step(&reading(10_000, 0), true, true);
+        }
+        let t = l.probe_time();
+        assert!(t.probe_ns > 0);
+        assert_eq!(t.worse_ns, 0, "{t:?}");
     }
 
     /// Without governors the level is the prior, whatever is read.
