@@ -36,6 +36,21 @@ use serde::{Deserialize, Serialize};
 use super::sync::{SyncError, STALL_TIMEOUT};
 use super::Fault;
 
+/// What a kernel's threads share: aborted as a whole when one thread fails, so that the
+/// others wake with errors instead of waiting for it.
+trait Abort {
+    /// Wakes every thread waiting on the shared state with an error.
+    fn abort(&self);
+
+    /// Passes a thread's result on, aborting the others if it failed.
+    fn guard<T>(&self, r: anyhow::Result<T>) -> anyhow::Result<T> {
+        if r.is_err() {
+            self.abort();
+        }
+        r
+    }
+}
+
 /// A built-in latency kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{check, collect, ns, pin, root_error, LatencyKernel, LatencyOutcome, OpenloopParams, TIMER_SLACK_NS};
+use super::{check, collect, ns, pin, root_error, Abort, LatencyKernel, LatencyOutcome, OpenloopParams, TIMER_SLACK_NS};
 use crate::workload::compute::{jump, seed, spin};
 use crate::workload::sync::{Barrier, BoundedQueue};
 use crate::workload::Fault;
@@ -41,15 +41,7 @@ struct Shared {
     start: Barrier,
 }
 
-impl Shared {
-    /// Pass a thread's result on, waking the other threads with errors if it failed.
-    fn guard<T>(&self, r: anyhow::Result<T>) -> anyhow::Result<T> {
-        if r.is_err() {
-            self.abort();
-        }
-        r
-    }
-
+impl Abort for Shared {
     fn abort(&self) {
         self.requests.abort();
         self.replies.abort();
