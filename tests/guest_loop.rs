@@ -107,6 +107,7 @@ fn the_agents_and_the_simulators_adapters_carry_out_the_same_steps() {
         start: StartConfig { trace_after_ns: 0, ..StartConfig::default() },
         consolidation: None,
         period_ns: PERIOD,
+        priors: gleaner_policy::guest::LoopPriors::DEFAULT,
     };
     let mut g = GuestController::new(setup::decide(input, |_| String::new()).guest);
 

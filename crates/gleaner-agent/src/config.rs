@@ -71,6 +71,8 @@ pub struct AgentConfig {
     /// How a run starts before it has seen the workload (the start plan's window, when
     /// tracing begins).
     pub start: gleaner_policy::guest::StartConfig,
+    /// The guest loop's priors: the numbers it starts from or bounds itself by.
+    pub priors: gleaner_policy::guest::LoopPriors,
     /// Prometheus text endpoint: a port alone (`9464`, served on 127.0.0.1) or `IP:PORT`.
     pub metrics_addr: Option<String>,
     /// JSON-lines file of decisions, periods and retention changes.
@@ -136,6 +138,7 @@ impl Default for AgentConfig {
             controller: Params::default(),
             governor: GovernorConfig::default(),
             start: gleaner_policy::guest::StartConfig::default(),
+            priors: gleaner_policy::guest::LoopPriors::DEFAULT,
             metrics_addr: None,
             events: None,
             progress: None,
@@ -227,6 +230,7 @@ impl AgentConfig {
             p.parse::<crate::progress::ProgressSource>()
                 .map_err(|why| BadInput::new("progress", p, format!("{} ({why})", crate::progress::ProgressSource::ALLOWED)))?;
         }
+        self.priors.validate()?;
         if self.start.trace_after_ns > MAX_TRACE_AFTER_NS {
             return Err(BadInput::new("start.trace_after_ns", self.start.trace_after_ns, "0..=3600000000000 (an hour)").into());
         }
@@ -418,6 +422,47 @@ until_work = true
 # counters and pays nothing for the tracer.
 trace_after_ns = 1000000000
 
+[priors]
+# The guest loop's priors (docs/idle-policy.md, "Priors", gives the measurement behind each).
+# Below these shares of the vCPUs' time left idle, the planned level has no kernel polling /
+# no yielding threads (the ladder's probes of the wide level still try them).
+saturated_idle_share = 0.02
+saturated_yield_idle_share = 0.25
+# While vCPUs poll, consolidation runs only while the workload uses at most this many vCPUs.
+poll_consolidation_util = 0.15
+# Under this many sync points a second the workload is quiet; quiet this long (ns) before it
+# was seen, the start plan gives way to halting.
+quiet_rate = 10.0
+quiet_start_ns = 1000000000
+# Period lengths, as shares of period_ms: the first, a probe's, and a calm one (after
+# calm_periods periods in which the plan held).
+first_period_share = 0.25
+probe_share = 0.25
+calm_periods = 5
+calm_period_share = 2.5
+# The agent's own period work: at most this share of a vCPU before periods lengthen (up to
+# max_period_stretch times); SCHED_IDLE up to background_max_rate sync points a second per
+# vCPU; a woken thread waits for at most agent_pace_ns of it.
+agent_work_share = 0.005
+max_period_stretch = 10.0
+background_max_rate = 5000.0
+agent_pace_ns = 50000
+# A trace that missed this share of the sync points (processes started while it counted) is
+# set aside, at most max_set_aside times in a row; a rate change under min_rate_change sync
+# points a second asks for no new trace; a gap seen whole in a slice counts at most
+# slice_max_weight times.
+trace_missed_share = 0.1
+max_set_aside = 3
+min_rate_change = 100.0
+slice_max_weight = 4.0
+# A haltpoll window is stale once polling past the plan's estimate reaches this share of a vCPU.
+stale_window_excess = 0.05
+# Steal over steal_share of a period (and over steal_min_ns) while retaining halves a vCPU's
+# budget; it grows back by steal_recovery per steal-free period.
+steal_share = 0.02
+steal_min_ns = 30000000
+steal_recovery = 1.02
+
 # Workloads the daemon manages: one [[target]] per workload, with either a cgroup or a pid.
 # [[target]]
 # cgroup = "/sys/fs/cgroup/myapp"
@@ -469,6 +514,10 @@ mod tests {
             ("[governor]\ndecisive_loss = 1.5", "decisive_loss"),
             ("retention_start = \"maybe\"", "retention_start"),
             ("[[target]]\ncgroup = \"/a\"\npid = 3", "[[target]]"),
+            ("[priors]\nprobe_share = 0", "priors.probe_share"),
+            ("[priors]\nsaturated_idle_share = 2", "priors.saturated_idle_share"),
+            ("[priors]\ncalm_periods = 0", "priors.calm_periods"),
+            ("[priors]\nquiet = 1", "quiet"),
         ] {
             let e = AgentConfig::parse(text).unwrap_err();
             assert!(e.chain().any(|c| c.is::<BadInput>()), "{text}");

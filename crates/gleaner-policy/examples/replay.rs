@@ -32,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 fixed_yield_ns: None,
                 start: gleaner_policy::guest::StartConfig::default(),
                 period_ns: r.snapshot.period_ns,
+                priors: gleaner_policy::guest::LoopPriors::DEFAULT,
             })
         });
         let s = g.step(&r);

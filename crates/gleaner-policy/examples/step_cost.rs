@@ -49,6 +49,7 @@ fn config(n: u32) -> GuestConfig {
         fixed_yield_ns: None,
         start: gleaner_policy::guest::StartConfig::default(),
         period_ns: PERIOD_NS,
+        priors: gleaner_policy::guest::LoopPriors::DEFAULT,
     }
 }
 

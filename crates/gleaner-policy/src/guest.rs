@@ -23,7 +23,7 @@
 //! (and polling measured cheaper than a halt), it starts with the kernel's own upstream cap
 //! ([`INITIAL_POLL_WINDOW_NS`]: the guest haltpoll policy a tenant could pick, which adapts
 //! each CPU's window below it); elsewhere every vCPU halts. The planner takes over after the
-//! first period, which the adapters keep short ([`FIRST_PERIOD_SHARE`]).
+//! first period, which the adapters keep short ([`LoopPriors::first_period_share`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -34,15 +34,17 @@ use crate::retention::{EpochReading, GovernorConfig, GovernorState, GovernorStep
 
 pub mod ladder;
 mod observe;
+pub mod priors;
 pub mod setup;
 pub mod tracer;
 mod window;
 
 use ladder::{Ladder, Rung};
+pub use observe::estimate_gaps;
 use observe::{epoch_reading, Seen, Smoothed};
-pub use observe::{estimate_gaps, STEAL_MIN_NS};
+pub use priors::LoopPriors;
 use window::WindowCheck;
-pub use window::{GOVERNOR_SWITCH_NS, STALE_WINDOW_EXCESS};
+pub use window::GOVERNOR_SWITCH_NS;
 
 /// One vCPU's idle counters over a period.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,10 +90,10 @@ pub struct GuestReading {
     /// 0 where not measured (the simulator's agent costs nothing).
     #[serde(default)]
     pub agent_work_ns: u64,
-    /// Share of the period's sync points made by the workload's processes that started while
-    /// the tracer counted, which it did not follow (it counts the processes it was armed
-    /// with): 0 where none or not traced. A trace that missed [`TRACE_MISSED_SHARE`] or more
-    /// is no basis for a plan ([`GuestController::step`]).
+    /// Share of the period's sync points made by the workload's processes that started while the
+    /// tracer counted, which it did not follow (it counts the processes it was armed with): 0 where
+    /// none or not traced. A trace that missed [`LoopPriors::trace_missed_share`] or more is no
+    /// basis for a plan ([`GuestController::step`]).
     #[serde(default)]
     pub trace_missed: f64,
 }
@@ -121,9 +123,13 @@ pub struct GuestConfig {
     /// How a run starts, before it has seen the workload.
     #[serde(default)]
     pub start: StartConfig,
-    /// The configured control period, ns (a period runs a share of it: [`GuestStep::next_period_ns`]).
+    /// The configured control period, ns (a period runs a share of it:
+    /// [`GuestStep::next_period_ns`]).
     #[serde(default = "default_period_ns")]
     pub period_ns: u64,
+    /// The loop's priors: the numbers it starts from or bounds itself by.
+    #[serde(default)]
+    pub priors: LoopPriors,
 }
 
 /// The agent's default control period, 200 ms.
@@ -133,24 +139,13 @@ fn default_period_ns() -> u64 {
     DEFAULT_PERIOD_NS
 }
 
-/// The share of a vCPU the agent's own period work (reading the counters, deciding, writing
-/// knobs) may take: where one period's work took more than this share of the configured
-/// period, the periods lengthen until it holds. Half the 1% of a vCPU the agent may cost, the
-/// tracer's budget being the other half ([`tracer::COST_SHARE`]): reading
-/// `/proc` for every thread of `perf bench sched messaging`'s 160 processes took 5 ms a period.
-pub const AGENT_WORK_SHARE: f64 = 0.005;
-
-/// The longest a period is lengthened for the agent's own cost, as a multiple of the
-/// configured period: the loop still sees a changed workload within seconds.
-pub const MAX_PERIOD_STRETCH: f64 = 10.0;
-
 /// How the guest loop starts (priors for a workload it has not seen yet).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StartConfig {
     /// The kernel polling window of the start plan, ns (0: halt), where the machine offers
     /// kernel polling and the curve says a poll is cheaper than a halt; with `until_work`, the
-    /// plan of a start that is quiet ([`QUIET_RATE`]).
+    /// plan of a start that is quiet ([`LoopPriors::quiet_rate`]).
     pub window_ns: u64,
     /// Start by polling until work on every vCPU (their resume latency limits), where the
     /// machine offers it: the best latency any idle policy gets, from the first wakeup, for
@@ -222,22 +217,24 @@ pub struct GuestStep {
     pub gaps_from: Option<TraceSource>,
     /// Each vCPU's budget now (tightened where the realized cost ran over).
     pub budget: Vec<(u32, f64)>,
-    /// How long the next period should last, as a share of the configured period: a probe
-    /// of the other mode is short ([`PROBE_SHARE`]), since it runs in the mode believed worse;
-    /// once the plan has held for [`CALM_PERIODS`], longer ([`CALM_PERIOD_SHARE`]).
+    /// How long the next period should last, as a share of the configured period: a probe of the
+    /// other mode is short ([`LoopPriors::probe_share`]), since it runs in the mode believed worse;
+    /// once the plan has held for [`LoopPriors::calm_periods`], longer
+    /// ([`LoopPriors::calm_period_share`]).
     pub next_period_share: f64,
-    /// The next period's length: `next_period_share` of the configured period, the period
-    /// first lengthened (up to [`MAX_PERIOD_STRETCH`] times) where the agent's own work would
-    /// take more than [`AGENT_WORK_SHARE`] of a vCPU.
+    /// The next period's length: `next_period_share` of the configured period, the period first
+    /// lengthened (up to [`LoopPriors::max_period_stretch`] times) where the agent's own work would
+    /// take more than [`LoopPriors::agent_work_share`] of a vCPU.
     pub next_period_ns: u64,
     /// How applying `plan` brings each vCPU's own haltpoll window down to the plan's: a window
-    /// lowered earlier is still polled at the older, larger one ([`STALE_WINDOW_EXCESS`]).
+    /// lowered earlier is still polled at the older, larger one
+    /// ([`LoopPriors::stale_window_excess`]).
     #[serde(default)]
     pub reset_poll_windows: WindowReset,
 }
 
 /// How the adapter brings each vCPU's own haltpoll window down to a lowered cap
-/// ([`GuestStep::reset_poll_windows`]; the governor's rules at [`STALE_WINDOW_EXCESS`]).
+/// ([`GuestStep::reset_poll_windows`]; the governor's rules at [`LoopPriors::stale_window_excess`]).
 ///
 /// ```text
 ///  stale seen ──> Shrink (one period) ──> its vCPUs halted? ── yes ──> done (the windows are the plan's)
@@ -279,36 +276,6 @@ pub enum TraceNeed {
 /// has seen any idle period.
 pub const INITIAL_POLL_WINDOW_NS: u64 = 200_000;
 
-/// The first period lasts this share of a period: the plan follows it.
-pub const FIRST_PERIOD_SHARE: f64 = 0.25;
-
-/// The in-kernel tracer counts an idle period only if it began and ended inside its slice
-/// (each slice is a new epoch of its programs), so a slice of `S` sees one of length `g` whole
-/// with probability `(S - g) / S`: the long ones, the ones halting makes dear, are
-/// undercounted. The guest loop counts each traced one `S / (S - g)` times, at most this many
-/// (`Log2Hist::seen_whole_in`; docs/idle-policy.md, "The tracer's slices").
-pub const SLICE_MAX_WEIGHT: f64 = 4.0;
-
-/// Sync points per second below which a change of the workload's rate does not ask for a trace.
-const MIN_RATE_CHANGE: f64 = 100.0;
-
-/// A probe period lasts this share of a period: the comparison normalizes by time (rates) and
-/// by wakeup (latency), and a probe of "off" under a server costs its halted wakeups.
-pub const PROBE_SHARE: f64 = 0.25;
-
-/// Periods in a row the plan must hold before the periods lengthen to [`CALM_PERIOD_SHARE`]:
-/// the vCPUs ran as planned (same mechanisms and windows), nothing was consolidated, no window
-/// reset, no governor change, and nothing needs a trace now (the rate held, the governor is not
-/// about to compare). Any of these ends the calm at once: the next period is the configured
-/// length again.
-///
-/// Every period's end costs a server a few requests: the agent's work takes its vCPU from
-/// polling for a few milliseconds (docs/idle-policy.md, "Priors").
-pub const CALM_PERIODS: u32 = 5;
-
-/// A calm period's length, a share of the configured period (2.5: 500 ms at the default 200).
-pub const CALM_PERIOD_SHARE: f64 = 2.5;
-
 /// The guest loop's state machine (module documentation).
 #[derive(Debug, Clone)]
 pub struct GuestController {
@@ -327,7 +294,7 @@ pub struct GuestController {
     /// are instead of falling back to estimates.
     traced_before: bool,
     /// Traces set aside in a row: they missed processes the workload started meanwhile
-    /// ([`TRACE_MISSED_SHARE`]); the next period is traced with them.
+    /// ([`LoopPriors::trace_missed_share`]); the next period is traced with them.
     set_aside: u32,
     /// Some vCPU has seen enough of the workload's wakeups to plan from: until then the plan
     /// it started with stands (the kernel's upstream haltpoll window where offered).
@@ -346,12 +313,12 @@ pub struct GuestController {
     /// Share of the managed vCPUs' time (steal excepted) the workload left idle (yielders' time
     /// counted idle), smoothed; `None` before the first reading with idle times.
     idle_share: Option<Smoothed>,
-    /// How long the workload has been quiet (under [`QUIET_RATE`] sync points a second), ns,
-    /// in the periods up to the last one; 0 once it is not.
+    /// How long the workload has been quiet (under [`LoopPriors::quiet_rate`] sync points a
+    /// second), ns, in the periods up to the last one; 0 once it is not.
     quiet_ns: u64,
     /// The largest haltpoll window applied since each vCPU's own was last reset (0: none, or
     /// the machine's own settings, which the adapter restores with a reset): what a vCPU may
-    /// still poll at ([`STALE_WINDOW_EXCESS`]).
+    /// still poll at ([`LoopPriors::stale_window_excess`]).
     kernel_window_ns: u64,
     /// The largest haltpoll window applied since the last switch (0: none): what a vCPU may
     /// still hold where no shrink reaches, one polling until work never halting. Going back to
@@ -362,7 +329,7 @@ pub struct GuestController {
     /// CPU polled past the estimate since a shrink that did not reach every vCPU, ns: what a
     /// switch would stop ([`Self::track_kernel_window`]).
     stale_cpu_ns: f64,
-    /// Periods in a row the plan held ([`CALM_PERIODS`]).
+    /// Periods in a row the plan held ([`LoopPriors::calm_periods`]).
     calm: u32,
     /// The agent's own work in the period before the last one, ns (the stretch takes the
     /// lesser of the last two: [`Self::next_period_ns`]).
@@ -372,62 +339,14 @@ pub struct GuestController {
     elapsed_ns: u64,
 }
 
-/// The share of a traced period's sync points made by processes the trace did not follow
-/// (started while it counted) from which the trace is set aside ([`GuestReading::trace_missed`]).
-pub const TRACE_MISSED_SHARE: f64 = 0.1;
-
-/// Traces set aside in a row at most: a workload that keeps starting busy processes is then
-/// planned from what the tracer follows.
-pub const MAX_SET_ASIDE: u32 = 3;
-
-/// Sync points a second under which the workload counts as quiet: it has no wakeups to buy.
-pub const QUIET_RATE: f64 = 10.0;
-
-/// A workload quiet this long before it was seen gives up the start plan: its vCPUs halt
-/// until it makes wakeups (then the next period is traced and planned from them). The start
-/// plan polls every idle entry of every vCPU for up to [`INITIAL_POLL_WINDOW_NS`] whatever
-/// woke it, the machine's own timers included. A second covers a server started before its
-/// client (the sockperf harness waits 0.5 s): a client coming later than that finds its first
-/// period halted, as it would under stock (docs/idle-policy.md, "Priors").
-pub const QUIET_START_NS: u64 = 1_000_000_000;
-
-/// Below this share of the managed vCPUs' time left idle by the workload (smoothed over
-/// periods), kernel polling is not planned: what it can win is bounded by that share (no idle
-/// CPU left to turn into work, and a waiting thread queues behind running ones anyway), while
-/// polling the few short gaps of a saturated VM slows its work (docs/idle-policy.md,
-/// "Priors"). A prior: Wide's probes still try polling there.
-pub const SATURATED_IDLE_SHARE: f64 = 0.02;
-
-/// The most sync points a second per active vCPU at which the agent's period work still runs
-/// in the background ([`GuestController::agent_in_background`]).
-pub const BACKGROUND_MAX_RATE: f64 = 5_000.0;
-
-/// The longest stretch of the agent's period work between two points where it lets a woken
-/// thread run ([`GuestController::agent_paced`]), ns.
-pub const AGENT_PACE_NS: u64 = 50_000;
-
-/// Below this share left idle, the yielding threads are not planned either. A `SCHED_IDLE`
-/// yielder keeps its vCPU from going newly idle (a thread queued on the other vCPU waits for
-/// the periodic balancer) and its `sched_yield()` loop takes the run queue's lock the wakers
-/// need, so on a busy VM it costs more than it saves (docs/idle-policy.md, "Priors").
-/// Smoothed like the polling rule's share; yielders' time counts as idle, so a workload they
-/// slow down does not hide behind them.
-pub const SATURATED_YIELD_IDLE_SHARE: f64 = 0.25;
-
-/// While vCPUs poll, consolidation runs only while the workload's own CPU time is at most this
-/// many vCPUs; above it every vCPU is given back. On one polling vCPU a light workload's
-/// wakeups never cross vCPUs, while a busier one queues or loses its round trips' overlap
-/// (docs/idle-policy.md, "Priors").
-pub const POLL_CONSOLIDATION_UTIL: f64 = 0.15;
-
 impl GuestController {
     /// The last period's rate of sync points is another workload than the last traced
-    /// period's for the plan: twofold either way, and at least [`MIN_RATE_CHANGE`] (false
+    /// period's for the plan: twofold either way, and at least [`LoopPriors::min_rate_change`] (false
     /// before any traced period).
     fn rate_moved_since_trace(&self) -> bool {
         self.traced_rate.is_some_and(|then| {
             let (lo, hi) = if then < self.last_rate { (then, self.last_rate) } else { (self.last_rate, then) };
-            hi >= MIN_RATE_CHANGE && hi >= 2.0 * lo
+            hi >= self.cfg.priors.min_rate_change && hi >= 2.0 * lo
         })
     }
 
@@ -600,10 +519,10 @@ impl GuestController {
         }
     }
 
-    /// Every vCPU halts whatever its idle periods: the workload leaves too little idle time
-    /// for kernel polling ([`SATURATED_IDLE_SHARE`]) and for the yielders
-    /// ([`SATURATED_YIELD_IDLE_SHARE`]) or the machine has no kernel polling. A fixed yielding
-    /// window (`--timeout-us`) is never forced.
+    /// Every vCPU halts whatever its idle periods: the workload leaves too little idle time for
+    /// kernel polling ([`LoopPriors::saturated_idle_share`]) and for the yielders
+    /// ([`LoopPriors::saturated_yield_idle_share`]) or the machine has no kernel polling. A fixed
+    /// yielding window (`--timeout-us`) is never forced.
     pub fn plan_forced(&self) -> bool {
         self.cfg.fixed_yield_ns.is_none()
             && (self.saturated() || (!self.cfg.means.kernel_polling() && self.saturated_for(crate::idle::Mechanism::Yield)))
@@ -619,14 +538,14 @@ impl GuestController {
         let period_ns = r.snapshot.period_ns.max(1);
         // A trace that missed processes the workload started while it counted (a tenth of
         // the sync points) is set aside, as if the period were not traced, and the next period
-        // traced with them (at most MAX_SET_ASIDE in a row): the
+        // traced with them (at most priors.max_set_aside in a row): the
         // client of a server started during the agent's second period, a whole period traced
         // without it, read as a server woken 31 times in 200 ms at 40,000 sync points a
         // second; the plan halted both vCPUs and consolidation packed client and server onto
         // one (redis with one connection, 3 s runs: half the requests of the client's first
         // 250 ms over 30 us, p99 57-69 us against haltpoll's 22-36).
         let traced = r.trace.as_ref().is_some_and(|t| t.traced_ns > 0);
-        let set_aside = traced && r.trace_missed >= TRACE_MISSED_SHARE && self.set_aside < MAX_SET_ASIDE;
+        let set_aside = traced && r.trace_missed >= self.cfg.priors.trace_missed_share && self.set_aside < self.cfg.priors.max_set_aside;
         if traced {
             self.set_aside = if set_aside { self.set_aside + 1 } else { 0 };
         }
@@ -643,14 +562,14 @@ impl GuestController {
         self.last_rate = r.snapshot.s_work as f64 * 1e9 / period_ns as f64;
         self.periods += 1;
         self.elapsed_ns = self.elapsed_ns.saturating_add(period_ns);
-        self.quiet_ns = if self.last_rate < QUIET_RATE { self.quiet_ns.saturating_add(period_ns) } else { 0 };
+        self.quiet_ns = if self.last_rate < self.cfg.priors.quiet_rate { self.quiet_ns.saturating_add(period_ns) } else { 0 };
         if r.trace.as_ref().is_some_and(|t| t.traced_ns > 0) {
             self.traced_rate = Some(self.last_rate);
         }
         self.tighten_budgets(r, period_ns);
         self.observe_idle_share(r, period_ns);
         // Consolidation does not judge the workload by a probe period's readings. While idle
-        // vCPUs poll it runs only for a light workload ([`POLL_CONSOLIDATION_UTIL`]): a
+        // vCPUs poll it runs only for a light workload ([`LoopPriors::poll_consolidation_util`]): a
         // cross-vCPU wakeup to a polling vCPU costs a few us, so packing a busy workload only
         // queues its threads, but a light one on one polling vCPU wakes without crossing at
         // all and leaves the others halted. And only once the workload has been seen: an idle
@@ -661,7 +580,7 @@ impl GuestController {
         // A quiet start that gave up polling is still unseen: no basis either.
         let start_polls = !self.informed && self.start.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
         let polls = start_polls || self.applied.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
-        let light = self.informed && r.snapshot.util() <= POLL_CONSOLIDATION_UTIL;
+        let light = self.informed && r.snapshot.util() <= self.cfg.priors.poll_consolidation_util;
         let consolidation_before = self.consolidation.clone();
         let mut decisions = match (&mut self.consolidation, probe_now, polls) {
             (Some(c), false, true) if !light => c.reset_with(crate::gleaner::ResetReason::KernelPolling),
@@ -760,11 +679,11 @@ impl GuestController {
         // Nor do calm periods lengthen while the workload is quiet: what comes next is its
         // start, which a long period would meet with the quiet's plan.
         let next_period_share = if self.probing() {
-            PROBE_SHARE
+            self.cfg.priors.probe_share
         } else if unseen_polls {
-            FIRST_PERIOD_SHARE
-        } else if self.calm >= CALM_PERIODS && self.last_rate >= QUIET_RATE {
-            CALM_PERIOD_SHARE
+            self.cfg.priors.first_period_share
+        } else if self.calm >= self.cfg.priors.calm_periods && self.last_rate >= self.cfg.priors.quiet_rate {
+            self.cfg.priors.calm_period_share
         } else {
             1.0
         };
@@ -793,52 +712,51 @@ impl GuestController {
     }
 
     /// `share` of the configured period, lengthened where the agent's own work (`work_ns` last
-    /// period) would take more than [`AGENT_WORK_SHARE`] of it.
+    /// period) would take more than [`LoopPriors::agent_work_share`] of it.
     fn next_period_ns(&self, work_ns: u64, share: f64) -> u64 {
         let base = self.cfg.period_ns.max(1) as f64;
-        let stretched = (work_ns as f64 / AGENT_WORK_SHARE).clamp(base, base * MAX_PERIOD_STRETCH);
+        let stretched = (work_ns as f64 / self.cfg.priors.agent_work_share).clamp(base, base * self.cfg.priors.max_period_stretch);
         crate::num::saturating_u64((stretched * share).round()).max(1)
     }
 
-    /// Whether the agent's own period work runs in the background (the adapter makes it
-    /// SCHED_IDLE) rather than at the workload's priority: while the VM is not
-    /// [`Self::saturated`] and the workload blocks at most [`BACKGROUND_MAX_RATE`] times a
-    /// second per active vCPU.
+    /// Whether the agent's own period work runs in the background (the adapter makes it SCHED_IDLE)
+    /// rather than at the workload's priority: while the VM is not [`Self::saturated`] and the
+    /// workload blocks at most [`LoopPriors::background_max_rate`] times a second per active vCPU.
     ///
-    /// The period's work (reading the counters, deciding, writing knobs) takes the agent
-    /// 0.5-1 ms of a vCPU at a stretch, and the scheduler lets a running task finish its
-    /// protected slice before a woken one of equal priority runs: a server woken on the vCPU
-    /// the agent ran on waited for it (sockperf under load at 2,000 msg/s under `perf sched`:
-    /// 14 of 15 such wakeups 481-821 us late). Any task preempts a SCHED_IDLE one at once
-    /// (the same wakeups: 18-29 us). But a SCHED_IDLE agent runs in the workload's idle
-    /// periods and is preempted at each wakeup, which then needs an interrupt where the vCPU
-    /// would have been polling: a ping-pong blocking 90,000 times a second per vCPU chopped
-    /// the agent's work into hundreds of pieces and its p99 doubled (7.9 to 15.8 us, 11
-    /// alternated rounds). Hence the rate: at 5,000 a second a millisecond of work is cut
-    /// about five times. A saturated VM leaves the background no time: there the agent takes
-    /// its fair share, or its periods would wait for an idle task's turn (~0.5 s).
+    /// The period's work (reading the counters, deciding, writing knobs) takes the agent 0.5-1 ms
+    /// of a vCPU at a stretch, and the scheduler lets a running task finish its protected slice
+    /// before a woken one of equal priority runs: a server woken on the vCPU the agent ran on
+    /// waited for it (sockperf under load at 2,000 msg/s under `perf sched`: 14 of 15 such wakeups
+    /// 481-821 us late). Any task preempts a SCHED_IDLE one at once (the same wakeups: 18-29 us).
+    /// But a SCHED_IDLE agent runs in the workload's idle periods and is preempted at each wakeup,
+    /// which then needs an interrupt where the vCPU would have been polling: a ping-pong blocking
+    /// 90,000 times a second per vCPU chopped the agent's work into hundreds of pieces and its p99
+    /// doubled (7.9 to 15.8 us, 11 alternated rounds). Hence the rate: at 5,000 a second a
+    /// millisecond of work is cut about five times. A saturated VM leaves the background no time:
+    /// there the agent takes its fair share, or its periods would wait for an idle task's turn
+    /// (~0.5 s).
     pub fn agent_in_background(&self) -> bool {
         // Before the first reading nothing says the VM has idle time: a SCHED_IDLE agent on a
         // saturated VM did not end its first period before the workload did (`perf bench
         // sched messaging`, 160 processes: 520 ms for a 50 ms period).
-        self.periods > 0 && !self.saturated() && self.last_rate <= BACKGROUND_MAX_RATE * self.last_active.max(1) as f64
+        self.periods > 0 && !self.saturated() && self.last_rate <= self.cfg.priors.background_max_rate * self.last_active.max(1) as f64
     }
 
     /// Whether the agent's period work steps aside for a woken thread at least every
-    /// [`AGENT_PACE_NS`] (the adapter calls `sched_yield()` between its steps): while the VM
-    /// is not [`Self::saturated`].
+    /// [`LoopPriors::agent_pace_ns`] (the adapter calls `sched_yield()` between its steps): while
+    /// the VM is not [`Self::saturated`].
     ///
-    /// Above [`BACKGROUND_MAX_RATE`] the work runs at the workload's priority, and a thread
-    /// woken on its vCPU waited for the whole of it: the scheduler checks a wakeup against the
-    /// running task once, and the running task's protected slice outlasts 0.5-1 ms of work;
+    /// Above [`LoopPriors::background_max_rate`] the work runs at the workload's priority, and a
+    /// thread woken on its vCPU waited for the whole of it: the scheduler checks a wakeup against
+    /// the running task once, and the running task's protected slice outlasts 0.5-1 ms of work;
     /// nothing checks again before the next tick (4 ms at HZ 250). nginx with one connection
-    /// (35,000 requests a second) had 18 wakeups a 3 s run wait 0.2-1.2 ms for the agent
-    /// (`perf record -e sched:sched_switch,sched:sched_waking`), and its p99 with
-    /// `--period-ms 1000` was 0.65x of the default's (9 alternated rounds). A `sched_yield()`
-    /// lets the woken thread run at once (its deadline is the earlier now) and costs about a
-    /// microsecond where nobody waits. A saturated VM always has someone waiting: there each
-    /// yield would queue the agent behind a full slice and stretch its reading of the
-    /// counters over tens of milliseconds, so it runs its work in one piece.
+    /// (35,000 requests a second) had 18 wakeups a 3 s run wait 0.2-1.2 ms for the agent (`perf
+    /// record -e sched:sched_switch,sched:sched_waking`), and its p99 with `--period-ms 1000` was
+    /// 0.65x of the default's (9 alternated rounds). A `sched_yield()` lets the woken thread run at
+    /// once (its deadline is the earlier now) and costs about a microsecond where nobody waits. A
+    /// saturated VM always has someone waiting: there each yield would queue the agent behind a
+    /// full slice and stretch its reading of the counters over tens of milliseconds, so it runs its
+    /// work in one piece.
     pub fn agent_paced(&self) -> bool {
         !self.saturated()
     }
@@ -894,12 +812,13 @@ impl GuestController {
     }
 
     /// The plan while nothing is seen of the workload: what the run started with, unless the
-    /// workload is quiet: polling until work gives way to the start window after a quiet
-    /// period (a server waiting for its client polled both vCPUs whole for nothing: sockperf's
-    /// half second before its client: three times haltpoll's CPU at the same latency), and every vCPU halts after [`QUIET_START_NS`].
+    /// workload is quiet: polling until work gives way to the start window after a quiet period (a
+    /// server waiting for its client polled both vCPUs whole for nothing: sockperf's half second
+    /// before its client: three times haltpoll's CPU at the same latency), and every vCPU halts
+    /// after [`LoopPriors::quiet_start_ns`].
     fn unseen(&self) -> IdlePlan {
         let until_work = !self.start.poll_always.is_empty();
-        if self.quiet_ns >= QUIET_START_NS && self.start.retains() {
+        if self.quiet_ns >= self.cfg.priors.quiet_start_ns && self.start.retains() {
             IdlePlan::halt_because(self.cfg.cpus.iter().copied(), PlanReason::TooFewWakeups)
         } else if (self.quiet_ns > 0 || self.restarted) && until_work {
             self.quiet_start()

@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 
 use gleaner_policy::guest::setup::{self, Offer, Prior, SetupInput};
-use gleaner_policy::guest::{GuestConfig, GuestController, WindowReset, FIRST_PERIOD_SHARE};
+use gleaner_policy::guest::{GuestConfig, GuestController, LoopPriors, WindowReset};
 use gleaner_policy::idle::{CurvePoint, Log2Hist, Means, Mechanism, PlanConfig, TargetState, TraceSource, WakeCurve, WakeTrace};
 use gleaner_policy::num::saturating_u64;
 use gleaner_policy::retention::{IdleDetector, RetentionMode};
@@ -729,6 +729,7 @@ impl Engine {
                     start: gleaner_policy::guest::StartConfig::default(),
                     consolidation: params,
                     period_ns: ms_to_ns(vm.gleaner.period_ms),
+                    priors: LoopPriors::DEFAULT,
                 },
                 |_| String::new(),
             );
@@ -783,6 +784,7 @@ impl Engine {
                 // the agent does.
                 let start = a.applied().clone();
                 let on = a.mode().is_on();
+                let first_share = a.config().priors.first_period_share;
                 let n = self.vms[vm].nvcpus;
                 let windows: Vec<u64> =
                     (0..n).map(|i| start.of(i).filter(|p| p.mechanism == Mechanism::Yield).map_or(0, |p| p.window_ns)).collect();
@@ -792,7 +794,7 @@ impl Engine {
                 if self.vms[vm].kpoll.is_some() {
                     self.kernel_poll_apply(vm as u32, on, &start, false, WindowReset::Keep);
                 }
-                let p = ms_to_ns(self.vms[vm].gleaner.period_ms) as f64 * FIRST_PERIOD_SHARE;
+                let p = ms_to_ns(self.vms[vm].gleaner.period_ms) as f64 * first_share;
                 self.q.push(saturating_u64(p.round()).max(1), Ev::GleanerPeriod { vm: vm as u32 });
             }
         }

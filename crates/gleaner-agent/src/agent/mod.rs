@@ -387,9 +387,9 @@ impl Session {
         sampler.prime(&managed.tids(procfs), self.yielders.as_ref(), cpus);
         tracing.arm_next(|| managed.pids(procfs), workload, guest.trace_need());
         let waiter = child_pid.map(ChildWaiter::new).transpose()?;
-        let mut period = Duration::from_millis(cfg.period_ms).mul_f64(gleaner_policy::guest::FIRST_PERIOD_SHARE);
+        let mut period = Duration::from_millis(cfg.period_ms).mul_f64(cfg.priors.first_period_share);
         // The main thread's CPU for the last period's work: the guest loop lengthens the
-        // periods where it costs too much (`AGENT_WORK_SHARE`).
+        // periods where it costs too much (`priors.agent_work_share`).
         let mut last_work_ns = 0;
         // The workload's own counter (validated with the configuration), read once now so
         // that the first period has a step.
@@ -405,7 +405,7 @@ impl Session {
 
         // The period's work in the workload's idle time (background.rs).
         let mut background = background::Background::for_this_thread();
-        let mut pacer = pace::Pacer::new(Duration::from_nanos(gleaner_policy::guest::AGENT_PACE_NS));
+        let mut pacer = pace::Pacer::new(Duration::from_nanos(cfg.priors.agent_pace_ns));
         self.run_in_background(&mut background, &guest, status);
         loop {
             // A traced period is traced for its first slice (the tracer's cost bounded), then

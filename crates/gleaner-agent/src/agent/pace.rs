@@ -1,6 +1,6 @@
 //! The agent's period work in short pieces: between its steps (and between the workload's
 //! threads while sampling) the main thread calls `sched_yield()` once a piece has run
-//! [`AGENT_PACE_NS`], so a thread woken on its vCPU waits for one piece, not for the whole of
+//! [`agent_pace_ns`], so a thread woken on its vCPU waits for one piece, not for the whole of
 //! the period's work ([`GuestController::agent_paced`] says when; the rule and its numbers
 //! are there).
 //!
@@ -9,7 +9,7 @@
 //!                 <= 50 us                                    thread runs here
 //! ```
 //!
-//! [`AGENT_PACE_NS`]: gleaner_policy::guest::AGENT_PACE_NS
+//! [`agent_pace_ns`]: gleaner_policy::guest::LoopPriors::agent_pace_ns
 //! [`GuestController::agent_paced`]: gleaner_policy::guest::GuestController::agent_paced
 
 use std::time::{Duration, Instant};

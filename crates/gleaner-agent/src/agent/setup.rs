@@ -183,6 +183,7 @@ impl IdleSetup {
             start: cfg.start,
             consolidation: None,
             period_ns: cfg.period_ms * 1_000_000,
+            priors: cfg.priors,
         };
         let s = setup::decide(input, describe_curve);
         let yielders = s.yielders.then(|| RetentionConfig {

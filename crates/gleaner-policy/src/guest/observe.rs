@@ -3,7 +3,7 @@
 //! vCPU, smoothed over periods, and each vCPU's budget, tightened where retention ran over it
 //! or met steal.
 
-use super::{GuestController, GuestReading, VcpuIdle, SATURATED_IDLE_SHARE, SATURATED_YIELD_IDLE_SHARE, SLICE_MAX_WEIGHT};
+use super::{GuestController, GuestReading, VcpuIdle};
 use crate::idle::plan::exponential_gaps;
 use crate::idle::{Log2Hist, TraceSource, VcpuGaps, WakeTrace};
 use crate::retention::EpochReading;
@@ -57,20 +57,6 @@ impl Seen {
 
 /// Realized retention cost over budget by more than this share tightens the budget.
 pub(super) const BUDGET_SLACK: f64 = 0.05;
-
-/// Steal above this share of a period in which retention spent above it halves the budget.
-pub(super) const STEAL_SHARE: f64 = 0.02;
-
-/// ... and above this much steal, ns, whatever the period: `/proc/stat` counts steal in
-/// USER_HZ ticks (10 ms), so one or two ticks in a period are its rounding, not a stall (one
-/// tick in a 200 ms period reads as 5%: on this VM, a ping-pong whose vCPUs polled had one
-/// vCPU's budget halved in most runs by a single tick and, its windows no longer fitting,
-/// halted it: p99 23 us against 7.7 us). The stalls the rule is for took ~100 ms.
-pub const STEAL_MIN_NS: u64 = 30_000_000;
-
-/// Per steal-free period, the budget cut for steal grows back by this factor (about 7 s to
-/// double at the default 200 ms period).
-pub(super) const STEAL_RECOVERY: f64 = 1.02;
 
 /// The governor's epoch from a period's readings.
 pub(super) fn epoch_reading(r: &GuestReading, active_vcpus: u32) -> EpochReading {
@@ -136,7 +122,7 @@ impl GuestController {
             s.gaps = s.gaps.scaled(1, 2);
             if trace.source == TraceSource::Bpf {
                 // Reweighted, but never more idle time than the slice had.
-                let mut w = g.seen_whole_in(observed_ns, SLICE_MAX_WEIGHT);
+                let mut w = g.seen_whole_in(observed_ns, self.cfg.priors.slice_max_weight);
                 let (idle, raw) = (w.all().sum_ns(), g.all().sum_ns());
                 if idle > observed_ns.max(raw) {
                     w = w.scaled(observed_ns.max(raw), idle);
@@ -154,18 +140,21 @@ impl GuestController {
         Some(trace.source)
     }
 
-    /// The workload leaves the vCPUs (almost) no idle time ([`SATURATED_IDLE_SHARE`]).
+    /// The workload leaves the vCPUs (almost) no idle time
+    /// ([`priors.saturated_idle_share`](super::LoopPriors::saturated_idle_share)).
     pub fn saturated(&self) -> bool {
         self.saturated_for(crate::idle::Mechanism::Poll)
     }
 
     /// The workload leaves the vCPUs too little idle time for `mechanism` to pay
-    /// ([`SATURATED_IDLE_SHARE`] for kernel polling, [`SATURATED_YIELD_IDLE_SHARE`] for the
+    /// ([`priors.saturated_idle_share`](super::LoopPriors::saturated_idle_share) for kernel
+    /// polling,
+    /// [`priors.saturated_yield_idle_share`](super::LoopPriors::saturated_yield_idle_share) for the
     /// yielders; halting always pays).
     pub fn saturated_for(&self, mechanism: crate::idle::Mechanism) -> bool {
         let limit = match mechanism {
-            crate::idle::Mechanism::Poll => SATURATED_IDLE_SHARE,
-            crate::idle::Mechanism::Yield => SATURATED_YIELD_IDLE_SHARE,
+            crate::idle::Mechanism::Poll => self.cfg.priors.saturated_idle_share,
+            crate::idle::Mechanism::Yield => self.cfg.priors.saturated_yield_idle_share,
             crate::idle::Mechanism::Halt => return false,
         };
         self.idle_share.is_some_and(|s| s.value < limit)
@@ -203,10 +192,10 @@ impl GuestController {
             let Some(v) = r.idle.iter().find(|v| v.cpu == s.gaps.cpu) else { continue };
             let spent = (v.poll_ns + v.yield_ns) as f64 / period_ns as f64;
             let stolen = v.steal_ns as f64 / period_ns as f64;
-            if stolen > STEAL_SHARE && v.steal_ns > STEAL_MIN_NS && spent > STEAL_SHARE {
+            if stolen > self.cfg.priors.steal_share && v.steal_ns > self.cfg.priors.steal_min_ns && spent > self.cfg.priors.steal_share {
                 s.steal_scale = (s.steal_scale * 0.5).max(0.05);
             } else {
-                s.steal_scale = (s.steal_scale * STEAL_RECOVERY).min(1.0);
+                s.steal_scale = (s.steal_scale * self.cfg.priors.steal_recovery).min(1.0);
             }
             let allowed = budget * s.budget_scale;
             if spent > allowed * (1.0 + BUDGET_SLACK) && spent > 0.0 {

@@ -13,7 +13,7 @@
 //!  on where a busy vCPU wakes clearly faster than a halted one, else off, and why)
 //! ```
 
-use super::{GuestConfig, StartConfig};
+use super::{GuestConfig, LoopPriors, StartConfig};
 use crate::gleaner::Params;
 use crate::idle::{Means, PlanConfig, WakeCurve};
 use crate::retention::{GovernorConfig, RetentionMode};
@@ -63,6 +63,8 @@ pub struct SetupInput<'a> {
     pub consolidation: Option<Params>,
     /// The configured control period, ns.
     pub period_ns: u64,
+    /// The loop's priors.
+    pub priors: LoopPriors,
 }
 
 /// What [`decide`] decided.
@@ -94,6 +96,7 @@ pub fn decide(input: SetupInput<'_>, describe_curve: impl Fn(&WakeCurve) -> Stri
         fixed_yield_ns: None,
         start: input.start,
         period_ns: input.period_ns,
+        priors: input.priors,
     };
     if !input.retention {
         return Setup { guest, kernel: false, yielders: false, note: None };
@@ -168,6 +171,7 @@ mod tests {
             start: StartConfig::default(),
             consolidation: None,
             period_ns: crate::guest::DEFAULT_PERIOD_NS,
+            priors: LoopPriors::default(),
         }
     }
 

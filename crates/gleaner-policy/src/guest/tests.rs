@@ -30,6 +30,7 @@ fn cfg(means: Means) -> GuestConfig {
         // Traced from the first period: the tests drive the tracer's rules.
         start: StartConfig { trace_after_ns: 0, until_work: false, ..StartConfig::default() },
         period_ns: PERIOD,
+        priors: LoopPriors::DEFAULT,
     }
 }
 
@@ -138,9 +139,9 @@ fn off_means_every_vcpu_halts_and_a_probe_keeps_consolidation_still() {
             assert!(s.decisions.is_empty());
         }
         if g.probing() {
-            assert_eq!(s.next_period_share, PROBE_SHARE);
+            assert_eq!(s.next_period_share, LoopPriors::DEFAULT.probe_share);
         } else {
-            assert!([1.0, CALM_PERIOD_SHARE].contains(&s.next_period_share), "{}", s.next_period_share);
+            assert!([1.0, LoopPriors::DEFAULT.calm_period_share].contains(&s.next_period_share), "{}", s.next_period_share);
         }
     }
     assert!(probes >= 1);
@@ -235,7 +236,7 @@ fn under_kernel_polling_only_a_light_workload_is_consolidated() {
     assert!(g.applied().vcpus.iter().any(|v| v.mechanism == Mechanism::Poll), "{:?}", g.applied());
     // The vCPU left hosts the whole workload now: its next period is traced to plan from.
     assert_eq!(g.trace_need(), TraceNeed::Now);
-    // The same at 0.4 vCPUs each (0.8 in all, over POLL_CONSOLIDATION_UTIL): too busy to
+    // The same at 0.4 vCPUs each (0.8 in all, over priors.poll_consolidation_util): too busy to
     // pack while polling; every vCPU stays.
     let busy = || {
         let mut r = server_period(0, 50_000);
@@ -412,7 +413,7 @@ fn a_handful_of_wakeups_does_not_end_the_start() {
         assert!(g.step(&quiet).plan.retains(), "an idle server is not halted on a handful of wakeups");
     }
     // Once those few have faded from the smoothed periods: the start plan, not a halt (0.8 s
-    // quiet, under QUIET_START_NS).
+    // quiet, under priors.quiet_start_ns).
     let s = (0..2).map(|_| g.step(&quiet)).last().unwrap();
     assert_eq!(s.plan, start, "the start plan stands: {:?}", s.plan);
     // Quiet for a second: halted for that, not as if planned from the handful.
@@ -610,7 +611,7 @@ fn a_saturated_workload_gets_no_kernel_polling() {
 
 /// A busy workload (the built-in pipeline: about a tenth of the vCPUs' time idle, in many short
 /// periods): kernel polling is planned, the yielders are not (on a busy VM they cost it
-/// 2-15%: `SATURATED_YIELD_IDLE_SHARE`); a light one with the same wakeups gets its yielders.
+/// 2-15%: `priors.saturated_yield_idle_share`); a light one with the same wakeups gets its yielders.
 #[test]
 fn a_busy_workload_gets_kernel_polling_but_no_yielders() {
     let busy = |idle_ns: u64| {
@@ -703,7 +704,7 @@ fn a_quiet_workload_gives_up_the_start_plan_until_it_wakes() {
     let t = quiet.trace.as_mut().unwrap();
     t.vcpus[1].woken = Log2Hist::default();
     t.latency = Default::default();
-    let periods = QUIET_START_NS / PERIOD;
+    let periods = LoopPriors::DEFAULT.quiet_start_ns / PERIOD;
     for k in 1..periods {
         let s = g.step(&quiet);
         assert_eq!(s.plan, start, "period {k}: the start stands for a second");
@@ -894,7 +895,7 @@ fn lowered_window() -> (GuestController, u64) {
     assert!(resets.iter().all(|r| !r), "{resets:?}");
     let low = g.applied().poll_window_ns;
     for _ in 0..5 {
-        assert_eq!(step_polling(&mut g, STALE_WINDOW_EXCESS / 2.0), WindowReset::Keep, "within the excess allowed");
+        assert_eq!(step_polling(&mut g, LoopPriors::DEFAULT.stale_window_excess / 2.0), WindowReset::Keep, "within the excess allowed");
     }
     (g, low)
 }
@@ -966,7 +967,7 @@ fn a_window_still_stale_after_a_shrink_is_switched_once_its_polling_outweighs_th
     }
 }
 
-/// The periods lengthen once the plan has held for CALM_PERIODS, and are the configured length
+/// The periods lengthen once the plan has held for priors.calm_periods, and are the configured length
 /// again as soon as something needs watching: here the workload's rate, which needs a trace.
 #[test]
 fn periods_lengthen_once_the_plan_holds_and_shorten_when_the_rate_moves() {
@@ -983,9 +984,12 @@ fn periods_lengthen_once_the_plan_holds_and_shorten_when_the_rate_moves() {
         g.step(&r)
     };
     let shares: Vec<f64> = (0..20).map(|i| step(&mut g, 400, i % 5 == 0).next_period_share).collect();
-    let calm = shares.iter().position(|&s| s == CALM_PERIOD_SHARE).unwrap_or_else(|| panic!("never calm: {shares:?}"));
-    assert!(calm >= CALM_PERIODS as usize, "{shares:?}");
-    assert!(shares[..calm].iter().all(|&s| s == 1.0) && shares[calm..].iter().all(|&s| s == CALM_PERIOD_SHARE), "{shares:?}");
+    let calm = shares.iter().position(|&s| s == LoopPriors::DEFAULT.calm_period_share).unwrap_or_else(|| panic!("never calm: {shares:?}"));
+    assert!(calm >= LoopPriors::DEFAULT.calm_periods as usize, "{shares:?}");
+    assert!(
+        shares[..calm].iter().all(|&s| s == 1.0) && shares[calm..].iter().all(|&s| s == LoopPriors::DEFAULT.calm_period_share),
+        "{shares:?}"
+    );
     // Four times the sync points in an untraced period: a trace is needed now, and the next
     // period is not calm.
     let s = step(&mut g, 1600, false);
@@ -1027,7 +1031,7 @@ fn the_agent_runs_in_the_background_only_for_a_slow_workload_with_idle_time() {
     g.step(&server_period(0, 50_000));
     assert!(g.agent_in_background(), "2,000 sync points a second");
     // Sync points in a period of the two vCPUs: the limit is 2,000 (5,000 a second each).
-    assert_eq!(BACKGROUND_MAX_RATE * 2.0 * PERIOD as f64 / 1e9, 2_000.0);
+    assert_eq!(LoopPriors::DEFAULT.background_max_rate * 2.0 * PERIOD as f64 / 1e9, 2_000.0);
     let with_sync_points = |n: u64| {
         let mut r = server_period(0, 50_000);
         r.snapshot.s_work = n;
@@ -1074,13 +1078,13 @@ fn a_trace_that_missed_the_workloads_busy_new_processes_is_set_aside() {
     assert!(s.plan.vcpus.iter().any(|v| v.mechanism == Mechanism::Poll), "{:?}", s.plan);
     assert_eq!(g.trace_need(), TraceNeed::Now, "the next period is traced with the new processes");
     // A workload that keeps starting busy processes: the fourth trace in a row is taken.
-    for _ in 1..MAX_SET_ASIDE {
+    for _ in 1..LoopPriors::DEFAULT.max_set_aside {
         assert_eq!(g.step(&missed_client()).gaps_from, None, "set aside");
     }
     assert_eq!(g.step(&missed_client()).gaps_from, Some(TraceSource::Bpf));
     // Processes that made under a tenth of the sync points do not set a trace aside.
     let mut few = missed_client();
-    few.trace_missed = TRACE_MISSED_SHARE / 2.0;
+    few.trace_missed = LoopPriors::DEFAULT.trace_missed_share / 2.0;
     assert_eq!(GuestController::new(cfg(HALTPOLL)).step(&few).gaps_from, Some(TraceSource::Bpf));
 
     // Set aside after a trace was taken: the smoothed idle periods stand, as in an untraced
@@ -1271,8 +1275,8 @@ fn no_period_is_traced_before_the_start_delay() {
     assert_eq!(g.trace_need(), TraceNeed::Now, "unseen by a tracer yet");
 }
 
-/// Where the agent's own work in two periods in a row would take more than AGENT_WORK_SHARE
-/// of a vCPU, the periods lengthen (up to MAX_PERIOD_STRETCH times); a probe stays its share
+/// Where the agent's own work in two periods in a row would take more than priors.agent_work_share
+/// of a vCPU, the periods lengthen (up to priors.max_period_stretch times); a probe stays its share
 /// of it. One costly period (the tracer's load) lengthens nothing.
 #[test]
 fn the_agents_own_cost_lengthens_its_periods() {
@@ -1283,8 +1287,8 @@ fn the_agents_own_cost_lengthens_its_periods() {
     let s = g.step(&costly);
     assert!(s.next_period_ns as f64 <= PERIOD as f64 * s.next_period_share + 1.0, "a one-off cost: {}", s.next_period_ns);
     let s = g.step(&costly);
-    let want = (5_000_000.0 / AGENT_WORK_SHARE * s.next_period_share).round();
+    let want = (5_000_000.0 / LoopPriors::DEFAULT.agent_work_share * s.next_period_share).round();
     assert!((s.next_period_ns as f64 - want).abs() <= 1.0, "{} against {want}", s.next_period_ns);
     let s = g.step(&GuestReading { agent_work_ns: 1_000_000_000, ..r });
-    assert!(s.next_period_ns as f64 <= PERIOD as f64 * MAX_PERIOD_STRETCH * s.next_period_share + 1.0);
+    assert!(s.next_period_ns as f64 <= PERIOD as f64 * LoopPriors::DEFAULT.max_period_stretch * s.next_period_share + 1.0);
 }

@@ -21,28 +21,6 @@ pub(super) enum WindowCheck {
     Judging,
 }
 
-/// Realized kernel polling above what the applied plan estimated, summed over the vCPUs that
-/// poll a window (shares of a vCPU), above which a lowered haltpoll window is taken to be still
-/// polled at an older, larger one, and each vCPU's own window is reset.
-///
-/// The haltpoll governor keeps a window per CPU, grown up to `guest_halt_poll_ns` and shrunk
-/// only after a halt longer than it (and the agent turns shrinking off, so that the window the
-/// kernel keeps is the planned one): lowering the cap leaves a CPU that polls through its idle
-/// periods at its old window. A full reset is switching the cpuidle governor away and back,
-/// which takes [`GOVERNOR_SWITCH_NS`] here and runs every CPU on the default idle (a halt)
-/// meanwhile. So the guest loop first turns shrinking on for a period ([`WindowReset::Shrink`]),
-/// and switches only for a vCPU the shrink did not reach, once that pays (`switch_cost_ns`).
-/// nginx with one wrk connection (the switch fired once or twice in a run's first second, and
-/// every request of its 13-22 ms took 50-190 us): haltpoll's p99 over the agent's per round
-/// 0.832 with switches, 0.891 with shrinks first (16 alternated 3 s rounds).
-/// Done at each lowering, as before, a switch cost a redis server with one client its tail: the
-/// plan lowered the window 3-4 times a run, and p99 was 49.6 us against 26.6 with 1 s periods
-/// and 27.0 under the kernel's own haltpoll (7 alternated rounds, `gleaner run --no-trace
-/// --no-consolidation`). The estimate runs high, not low (realized 0.49-0.55 of a vCPU against
-/// 0.66-0.74 estimated, redis and memcached with one client), so an excess over it is the stale
-/// window's.
-pub const STALE_WINDOW_EXCESS: f64 = 0.05;
-
 /// How long switching the cpuidle governor away and back halts every vCPU, ns: the agent's
 /// two writes of `current_governor` took 13.2-16.0 ms on a development VM (timed in the
 /// agent around `IdleKnobs::reset_poll_windows`, nginx with one connection).
@@ -50,11 +28,12 @@ pub const GOVERNOR_SWITCH_NS: u64 = 15_000_000;
 
 impl GuestController {
     /// How applying `next` brings each vCPU's own haltpoll window down ([`WindowReset`]): the
-    /// kernel may still poll at a larger window than the applied plan's, and the vCPUs polled
-    /// more than its estimate by [`STALE_WINDOW_EXCESS`]. A lowered window is otherwise just
-    /// written. The first answer to a stale window is a shrink; a switch (every vCPU halted for
-    /// the governor's switch) only where a vCPU the shrink did not reach stays stale until its
-    /// polling past the estimate, at the price, outweighs the switch (`switch_cost_ns`).
+    /// kernel may still poll at a larger window than the applied plan's, and the vCPUs polled more
+    /// than its estimate by [`priors.stale_window_excess`](super::LoopPriors::stale_window_excess).
+    /// A lowered window is otherwise just written. The first answer to a stale window is a shrink;
+    /// a switch (every vCPU halted for the governor's switch) only where a vCPU the shrink did not
+    /// reach stays stale until its polling past the estimate, at the price, outweighs the switch
+    /// (`switch_cost_ns`).
     pub(super) fn track_kernel_window(&mut self, r: &GuestReading, period_ns: u64, next: &IdlePlan) -> WindowReset {
         if !next.retains() {
             // The machine's own settings. Restoring the cap does not bring each CPU's own
@@ -116,7 +95,8 @@ impl GuestController {
             return WindowReset::Keep;
         }
         let excess: f64 = over.iter().map(|&(e, _)| e).sum();
-        let stale = applied.poll_window_ns > 0 && self.kernel_window_ns > applied.poll_window_ns && excess > STALE_WINDOW_EXCESS;
+        let stale =
+            applied.poll_window_ns > 0 && self.kernel_window_ns > applied.poll_window_ns && excess > self.cfg.priors.stale_window_excess;
         match (stale, self.window_check) {
             (true, WindowCheck::Clear) => {
                 // The windows stay what they were until the shrink is judged.
