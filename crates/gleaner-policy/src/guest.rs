@@ -533,134 +533,20 @@ impl GuestController {
         self.consolidation = None;
     }
 
-    /// One period (module documentation).
+    /// One period (module documentation): the reading taken, consolidation's decisions, the
+    /// plan and its level chosen by experiment, then the next period's length.
     pub fn step(&mut self, r: &GuestReading) -> GuestStep {
         let period_ns = r.snapshot.period_ns.max(1);
-        // A trace that missed processes the workload started while it counted (a tenth of
-        // the sync points) is set aside, as if the period were not traced, and the next period
-        // traced with them (at most priors.max_set_aside in a row): the
-        // client of a server started during the agent's second period, a whole period traced
-        // without it, read as a server woken 31 times in 200 ms at 40,000 sync points a
-        // second; the plan halted both vCPUs and consolidation packed client and server onto
-        // one (redis with one connection, 3 s runs: half the requests of the client's first
-        // 250 ms over 30 us, p99 57-69 us against haltpoll's 22-36).
-        let traced = r.trace.as_ref().is_some_and(|t| t.traced_ns > 0);
-        let set_aside = traced && r.trace_missed >= self.cfg.priors.trace_missed_share && self.set_aside < self.cfg.priors.max_set_aside;
-        if traced {
-            self.set_aside = if set_aside { self.set_aside + 1 } else { 0 };
-        }
-        let kept;
-        let r = if set_aside {
-            kept = GuestReading { trace: None, ..r.clone() };
-            &kept
-        } else {
-            r
-        };
-        // Nor are estimates: before any trace they would stand in for one, from a start-up's
-        // counters (nginx's first period, estimated, planned halting for the VM share).
-        let gaps_from = if set_aside { None } else { self.observe(r) };
-        self.last_rate = r.snapshot.s_work as f64 * 1e9 / period_ns as f64;
-        self.periods += 1;
-        self.elapsed_ns = self.elapsed_ns.saturating_add(period_ns);
-        self.quiet_ns = if self.last_rate < self.cfg.priors.quiet_rate { self.quiet_ns.saturating_add(period_ns) } else { 0 };
-        if r.trace.as_ref().is_some_and(|t| t.traced_ns > 0) {
-            self.traced_rate = Some(self.last_rate);
-        }
-        self.tighten_budgets(r, period_ns);
-        self.observe_idle_share(r, period_ns);
-        // Consolidation does not judge the workload by a probe period's readings. While idle
-        // vCPUs poll it runs only for a light workload ([`LoopPriors::poll_consolidation_util`]): a
-        // cross-vCPU wakeup to a polling vCPU costs a few us, so packing a busy workload only
-        // queues its threads, but a light one on one polling vCPU wakes without crossing at
-        // all and leaves the others halted. And only once the workload has been seen: an idle
-        // start (a server before its first client) is no basis, and a cpuset shrunk then
-        // refuses the pinning a starting workload may do (`taskset -c 1` of a sockperf server
-        // started 0.5 s before its client failed with EINVAL).
-        let probe_now = self.probing();
-        // A quiet start that gave up polling is still unseen: no basis either.
-        let start_polls = !self.informed && self.start.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
-        let polls = start_polls || self.applied.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
-        let light = self.informed && r.snapshot.util() <= self.cfg.priors.poll_consolidation_util;
-        let consolidation_before = self.consolidation.clone();
-        let mut decisions = match (&mut self.consolidation, probe_now, polls) {
-            (Some(c), false, true) if !light => c.reset_with(crate::gleaner::ResetReason::KernelPolling),
-            (Some(c), false, _) => c.step(&r.snapshot),
-            _ => Vec::new(),
-        };
+        let (r, set_aside) = self.admit(r);
+        let r = r.as_ref();
+        let gaps_from = self.take_reading(r, period_ns, set_aside);
+        let (mut decisions, consolidation_before) = self.consolidate(r);
         let active = self.active();
-        // vCPUs given back to the workload (consolidation reset: a vCPU ran full) have seen
-        // nothing of it while it ran elsewhere: the plan starts over from the start plan, and
-        // the next period is traced (a sockperf ping-pong consolidated onto one vCPU while
-        // idle, then reset when both ends ran: 0.4 s at halted latency, 39 us, before the
-        // tracer's next turn planned polling again).
-        if self.last_active > 0 && active.len() > self.last_active {
-            self.informed = false;
-            // Not from the whole vCPUs again: the start window covers a ping-pong's idle
-            // periods at a server's idle cost (polling both vCPUs until work after a reset
-            // polled 0.73 of a 0.66 s sockperf period for its one client).
-            self.restarted = true;
-        }
-        let planned = self.plan();
-        // Informed: some vCPU saw enough of the workload's wakeups to plan from on its own (a
-        // window shared from a handful of wakeups is not: a sockperf server's start-up woke it
-        // twice, the agent counted that as seeing the workload and halted the idle server,
-        // which consolidation then packed onto one vCPU). Judged before the saturation rule,
-        // which halts a workload it has seen.
-        self.informed |= planned
-            .vcpus
-            .iter()
-            .any(|v| matches!(v.why, PlanReason::BestValue | PlanReason::NothingPays | PlanReason::VmShare | PlanReason::Bottleneck));
-        // The VM's saturation is the reason wherever it applies, over the planner's own
-        // bottleneck (on a saturated VM every vCPU paces another).
-        let planned = if self.saturated()
-            && planned.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll || v.why == PlanReason::Bottleneck)
-        {
-            IdlePlan::halt_because(self.cfg.cpus.iter().copied(), PlanReason::Saturated)
-        } else if self.cfg.fixed_yield_ns.is_none() && self.saturated_for(crate::idle::Mechanism::Yield) {
-            // Fixed yielding windows (always-on retention, the paper's Gleaner) are the user's
-            // choice and stay: on a shared host they hold pCPUs against a co-runner, which is
-            // where the paper's gains are (`gleaner sim fig7`).
-            let mut p = planned;
-            for v in p.vcpus.iter_mut().filter(|v| v.mechanism == crate::idle::Mechanism::Yield) {
-                *v = crate::idle::VcpuPlan { mechanism: crate::idle::Mechanism::Halt, window_ns: 0, why: PlanReason::Saturated, ..*v };
-            }
-            p
-        } else {
-            planned
-        };
+        self.restart_where_given_back(active.len());
+        let planned = self.shaped_plan();
         let reading = epoch_reading(r, u32::try_from(active.len()).unwrap_or(u32::MAX));
-        // The ladder's levels ([`ladder`]): a rung whose two plans run alike is not compared
-        // (while the plan is forced, Planned is Off; a plan that already covers everything is
-        // Wide).
-        let off = IdlePlan::off(self.cfg.cpus.iter().copied());
-        let wide = self.wide_plan(&planned);
-        let ladder = self.ladder.step(&reading, !planned.runs_as(&off), !planned.runs_as(&wide));
-        let (rung, governor) = ladder.governor.map_or((None, None), |(r, g)| (Some(r), Some(g)));
-        self.mode = ladder.mode;
-        let plan = match self.mode {
-            RetentionMode::Off => off,
-            RetentionMode::On => planned.clone(),
-            RetentionMode::Wide => wide,
-        };
-        // A period after which the vCPUs go from halting to retaining, or back, is no basis
-        // for consolidation: a vCPU taken away now would be judged next period under another
-        // idle policy, which moves utilization on its own (yielders-only, the first period
-        // halts while the workload is seen; the next yields: a deactivation made on the first
-        // was rolled back on the second as a slowdown, and the rollback's cut of rho kept the
-        // VM from ever consolidating). Its decisions are dropped; the next period decides.
-        //
-        // Nor is a period whose rate of sync points changed twofold since the last traced one
-        // a basis for giving a vCPU up: the plan it would be judged under is stale, and the
-        // next period is traced for a new one (nginx with one wrk connection: a start-up
-        // period traced before the load came planned halting; the next, untraced, at 28,000
-        // sync points a second, packed server and client onto one vCPU for a period, until
-        // the rollback; its p99 doubled). Giving vCPUs back is never held.
-        let stale = self.traced_before && self.rate_moved_since_trace();
-        let gives_up = decisions.iter().any(|d| matches!(d, Decision::Deactivate { .. }));
-        if !decisions.is_empty() && (plan.retains() != self.applied.retains() || (stale && gives_up)) {
-            self.consolidation = consolidation_before;
-            decisions.clear();
-        }
+        let (plan, rung, governor) = self.choose_level(&reading, &planned);
+        self.hold_back(&mut decisions, consolidation_before, &plan);
         let active = self.active();
         self.moved = self.last_active > 0 && active.len() != self.last_active;
         self.last_active = active.len();
@@ -670,23 +556,7 @@ impl GuestController {
             && reset_poll_windows == WindowReset::Keep
             && governor.is_none_or(|g| g.change.is_none());
         self.applied = plan.clone();
-        self.calm = if held && !self.probing() && self.trace_need() != TraceNeed::Now { self.calm + 1 } else { 0 };
-        // Polling until work before the workload is seen costs every vCPU whole for a decision
-        // not yet made: it is judged at the first period's length (`sleep 2` under the start
-        // plan polled both vCPUs for the first 250 ms, 0.5 vCPU-s, when its second period
-        // was a whole one).
-        let unseen_polls = !self.informed && !plan.poll_always.is_empty();
-        // Nor do calm periods lengthen while the workload is quiet: what comes next is its
-        // start, which a long period would meet with the quiet's plan.
-        let next_period_share = if self.probing() {
-            self.cfg.priors.probe_share
-        } else if unseen_polls {
-            self.cfg.priors.first_period_share
-        } else if self.calm >= self.cfg.priors.calm_periods && self.last_rate >= self.cfg.priors.quiet_rate {
-            self.cfg.priors.calm_period_share
-        } else {
-            1.0
-        };
+        let next_period_share = self.next_share(held);
         // A one-off cost of the agent's (loading the tracer, a consolidation) does not
         // lengthen the periods: the lesser of the last two periods' work stretches them (a
         // sockperf client started after its server's quiet half second ran its whole 1 s
@@ -708,6 +578,168 @@ impl GuestController {
             gaps_from,
             budget: self.seen.iter().map(|s| (s.gaps.cpu, self.cfg.plan.budget * s.scale())).collect(),
             reset_poll_windows,
+        }
+    }
+
+    /// The reading the loop plans from, and whether its trace was set aside. A trace that
+    /// missed processes the workload started while it counted (a tenth of the sync points) is
+    /// set aside, as if the period were not traced, and the next period traced with them (at
+    /// most `priors.max_set_aside` in a row): the client of a server started during the
+    /// agent's second period, a whole period traced without it, read as a server woken 31
+    /// times in 200 ms at 40,000 sync points a second; the plan halted both vCPUs and
+    /// consolidation packed client and server onto one (redis with one connection).
+    fn admit<'r>(&mut self, r: &'r GuestReading) -> (std::borrow::Cow<'r, GuestReading>, bool) {
+        let traced = r.trace.as_ref().is_some_and(|t| t.traced_ns > 0);
+        let set_aside = traced && r.trace_missed >= self.cfg.priors.trace_missed_share && self.set_aside < self.cfg.priors.max_set_aside;
+        if traced {
+            self.set_aside = if set_aside { self.set_aside + 1 } else { 0 };
+        }
+        if set_aside {
+            (std::borrow::Cow::Owned(GuestReading { trace: None, ..r.clone() }), true)
+        } else {
+            (std::borrow::Cow::Borrowed(r), false)
+        }
+    }
+
+    /// Takes in the period's reading: the idle periods (none from a set-aside period: nor
+    /// are estimates, which before any trace would stand in for one, from a start-up's
+    /// counters), the workload's rate and quiet time, the budgets and the idle shares.
+    fn take_reading(&mut self, r: &GuestReading, period_ns: u64, set_aside: bool) -> Option<TraceSource> {
+        let gaps_from = if set_aside { None } else { self.observe(r) };
+        self.last_rate = r.snapshot.s_work as f64 * 1e9 / period_ns as f64;
+        self.periods += 1;
+        self.elapsed_ns = self.elapsed_ns.saturating_add(period_ns);
+        self.quiet_ns = if self.last_rate < self.cfg.priors.quiet_rate { self.quiet_ns.saturating_add(period_ns) } else { 0 };
+        if r.trace.as_ref().is_some_and(|t| t.traced_ns > 0) {
+            self.traced_rate = Some(self.last_rate);
+        }
+        self.tighten_budgets(r, period_ns);
+        self.observe_idle_share(r, period_ns);
+        gaps_from
+    }
+
+    /// Consolidation's decisions for the period, and its state before them (for
+    /// [`Self::hold_back`]). Consolidation does not judge the workload by a probe period's
+    /// readings. While idle vCPUs poll it runs only for a light workload
+    /// ([`LoopPriors::poll_consolidation_util`]): a cross-vCPU wakeup to a polling vCPU costs
+    /// a few us, so packing a busy workload only queues its threads, but a light one on one
+    /// polling vCPU wakes without crossing at all and leaves the others halted. And only once
+    /// the workload has been seen: an idle start (a server before its first client) is no
+    /// basis, and a cpuset shrunk then refuses the pinning a starting workload may do
+    /// (`taskset -c 1` of a sockperf server started 0.5 s before its client failed with
+    /// EINVAL).
+    fn consolidate(&mut self, r: &GuestReading) -> (Vec<Decision>, Option<Controller>) {
+        let probe_now = self.probing();
+        // A quiet start that gave up polling is still unseen: no basis either.
+        let start_polls = !self.informed && self.start.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
+        let polls = start_polls || self.applied.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll);
+        let light = self.informed && r.snapshot.util() <= self.cfg.priors.poll_consolidation_util;
+        let before = self.consolidation.clone();
+        let decisions = match (&mut self.consolidation, probe_now, polls) {
+            (Some(c), false, true) if !light => c.reset_with(crate::gleaner::ResetReason::KernelPolling),
+            (Some(c), false, _) => c.step(&r.snapshot),
+            _ => Vec::new(),
+        };
+        (decisions, before)
+    }
+
+    /// vCPUs given back to the workload (consolidation reset: a vCPU ran full) have seen
+    /// nothing of it while it ran elsewhere: the plan starts over, and the next period is
+    /// traced (a sockperf ping-pong consolidated onto one vCPU while idle, then reset when
+    /// both ends ran: 0.4 s at halted latency before the tracer's next turn planned polling
+    /// again). Not from the whole vCPUs again: the start window covers a ping-pong's idle
+    /// periods at a server's idle cost.
+    fn restart_where_given_back(&mut self, active: usize) {
+        if self.last_active > 0 && active > self.last_active {
+            self.informed = false;
+            self.restarted = true;
+        }
+    }
+
+    /// The planner's plan with its priors applied: the VM's saturation halts polling (and the
+    /// planner's own bottleneck rule: on a saturated VM every vCPU paces another), and a
+    /// saturation for yielders halts the planned yielders. Fixed yielding windows (always-on
+    /// retention, the paper's Gleaner) are the user's choice and stay: on a shared host they
+    /// hold pCPUs against a co-runner, which is where the paper's gains are (`gleaner sim
+    /// fig7`). Marks the loop informed first: some vCPU saw enough of the workload's wakeups to
+    /// plan from on its own (a window shared from a handful of wakeups is not: a sockperf
+    /// server's start-up woke it twice, and halting the idle server let consolidation pack it
+    /// onto one vCPU); judged before the saturation rule, which halts a workload it has seen.
+    fn shaped_plan(&mut self) -> IdlePlan {
+        let planned = self.plan();
+        self.informed |= planned
+            .vcpus
+            .iter()
+            .any(|v| matches!(v.why, PlanReason::BestValue | PlanReason::NothingPays | PlanReason::VmShare | PlanReason::Bottleneck));
+        if self.saturated() && planned.vcpus.iter().any(|v| v.mechanism == crate::idle::Mechanism::Poll || v.why == PlanReason::Bottleneck)
+        {
+            IdlePlan::halt_because(self.cfg.cpus.iter().copied(), PlanReason::Saturated)
+        } else if self.cfg.fixed_yield_ns.is_none() && self.saturated_for(crate::idle::Mechanism::Yield) {
+            let mut p = planned;
+            for v in p.vcpus.iter_mut().filter(|v| v.mechanism == crate::idle::Mechanism::Yield) {
+                *v = crate::idle::VcpuPlan { mechanism: crate::idle::Mechanism::Halt, window_ns: 0, why: PlanReason::Saturated, ..*v };
+            }
+            p
+        } else {
+            planned
+        }
+    }
+
+    /// The ladder's step on the epoch: the level of the next period and its plan, with the
+    /// governor that stepped. A rung whose two plans run alike is not compared (while the plan
+    /// is forced, Planned is Off; a plan that already covers everything is Wide).
+    fn choose_level(&mut self, reading: &EpochReading, planned: &IdlePlan) -> (IdlePlan, Option<Rung>, Option<GovernorStep>) {
+        let off = IdlePlan::off(self.cfg.cpus.iter().copied());
+        let wide = self.wide_plan(planned);
+        let ladder = self.ladder.step(reading, !planned.runs_as(&off), !planned.runs_as(&wide));
+        let (rung, governor) = ladder.governor.map_or((None, None), |(r, g)| (Some(r), Some(g)));
+        self.mode = ladder.mode;
+        let plan = match self.mode {
+            RetentionMode::Off => off,
+            RetentionMode::On => planned.clone(),
+            RetentionMode::Wide => wide,
+        };
+        (plan, rung, governor)
+    }
+
+    /// Drops the period's consolidation decisions (and puts consolidation back as it was)
+    /// where the period is no basis for them. A period after which the vCPUs go from halting
+    /// to retaining, or back, is none: a vCPU taken away now would be judged next period under
+    /// another idle policy, which moves utilization on its own (a deactivation made while the
+    /// first period halted was rolled back on the next, yielding, as a slowdown, and the
+    /// rollback's cut of rho kept the VM from ever consolidating). Nor is a period whose rate
+    /// of sync points changed twofold since the last traced one a basis for giving a vCPU up:
+    /// the plan it would be judged under is stale, and the next period is traced for a new one
+    /// (nginx with one wrk connection: an untraced period at 28,000 sync points a second,
+    /// planned from a start-up trace taken before the load, packed server and client onto one
+    /// vCPU until the rollback; its p99 doubled). Giving vCPUs back is never held.
+    fn hold_back(&mut self, decisions: &mut Vec<Decision>, before: Option<Controller>, plan: &IdlePlan) {
+        let stale = self.traced_before && self.rate_moved_since_trace();
+        let gives_up = decisions.iter().any(|d| matches!(d, Decision::Deactivate { .. }));
+        if !decisions.is_empty() && (plan.retains() != self.applied.retains() || (stale && gives_up)) {
+            self.consolidation = before;
+            decisions.clear();
+        }
+    }
+
+    /// The next period's length as a share of the configured one, counting the calm periods
+    /// (`held`: the plan just applied ran as the last). A probe is short; polling until work
+    /// before the workload is seen costs every vCPU whole for a decision not yet made, so it is
+    /// judged at the first period's length (`sleep 2` under the start plan polled both vCPUs
+    /// for the first 250 ms when its second period was a whole one); calm periods lengthen,
+    /// but not while the workload is quiet: what comes next is its start, which a long period
+    /// would meet with the quiet's plan.
+    fn next_share(&mut self, held: bool) -> f64 {
+        self.calm = if held && !self.probing() && self.trace_need() != TraceNeed::Now { self.calm + 1 } else { 0 };
+        let unseen_polls = !self.informed && !self.applied.poll_always.is_empty();
+        if self.probing() {
+            self.cfg.priors.probe_share
+        } else if unseen_polls {
+            self.cfg.priors.first_period_share
+        } else if self.calm >= self.cfg.priors.calm_periods && self.last_rate >= self.cfg.priors.quiet_rate {
+            self.cfg.priors.calm_period_share
+        } else {
+            1.0
         }
     }
 
