@@ -36,20 +36,7 @@ impl GuestController {
     /// (`switch_cost_ns`).
     pub(super) fn track_kernel_window(&mut self, r: &GuestReading, period_ns: u64, next: &IdlePlan) -> WindowReset {
         if !next.retains() {
-            // The machine's own settings. Restoring the cap does not bring each CPU's own
-            // window down: the stock rule shrinks it only after a halt longer than it, which a
-            // CPU whose idle periods end while it polls never has. nginx with 50 connections:
-            // the start plan's 200 us window stayed on wrk's vCPU for 1.5 s after the plan
-            // halted it, where its cap had been written back to the original 0 already (a plan
-            // of "until work" on it), so restoring wrote nothing and reset nothing. A switch
-            // here costs nothing the plan does not ask: it halts every vCPU for its ~15 ms,
-            // and the plan halts them all.
-            let reset = if self.grown_window_ns > 0 { WindowReset::Switch } else { WindowReset::Keep };
-            self.kernel_window_ns = 0;
-            self.grown_window_ns = 0;
-            self.window_check = WindowCheck::Clear;
-            self.stale_cpu_ns = 0.0;
-            return reset;
+            return self.back_to_stock();
         }
         self.grown_window_ns = self.grown_window_ns.max(next.poll_window_ns);
         if next.poll_window_ns == 0 && self.kernel_window_ns > 0 && self.window_check == WindowCheck::Clear {
@@ -64,10 +51,38 @@ impl GuestController {
             self.window_check = WindowCheck::Shrinking;
             return WindowReset::Shrink;
         }
+        let over = self.polled_past_estimate(r, period_ns);
+        if self.window_check == WindowCheck::Shrinking {
+            self.judge_shrink(&over, period_ns, next);
+            return WindowReset::Keep;
+        }
+        let excess: f64 = over.iter().map(|&(e, _)| e).sum();
         let applied = &self.applied;
-        // Each vCPU polling the window with a planned estimate (not the start plan's): its
-        // polling past the estimate and its halted time, shares of the period.
-        let over: Vec<(f64, f64)> = applied
+        let stale =
+            applied.poll_window_ns > 0 && self.kernel_window_ns > applied.poll_window_ns && excess > self.cfg.priors.stale_window_excess;
+        self.answer(stale, excess, period_ns, next)
+    }
+
+    /// The machine's own settings. Restoring the cap does not bring each CPU's own window
+    /// down: the stock rule shrinks it only after a halt longer than it, which a CPU whose idle
+    /// periods end while it polls never has (nginx with 50 connections: the start plan's 200 us
+    /// window stayed on wrk's vCPU for 1.5 s after the plan halted it, its cap written back to
+    /// the original 0 already). A switch here costs nothing the plan does not ask: it halts
+    /// every vCPU for its ~15 ms, and the plan halts them all.
+    fn back_to_stock(&mut self) -> WindowReset {
+        let reset = if self.grown_window_ns > 0 { WindowReset::Switch } else { WindowReset::Keep };
+        self.kernel_window_ns = 0;
+        self.grown_window_ns = 0;
+        self.window_check = WindowCheck::Clear;
+        self.stale_cpu_ns = 0.0;
+        reset
+    }
+
+    /// Each vCPU polling the applied plan's window with a planned estimate (not the start
+    /// plan's): its polling past the estimate and its halted time, shares of the period.
+    fn polled_past_estimate(&self, r: &GuestReading, period_ns: u64) -> Vec<(f64, f64)> {
+        let applied = &self.applied;
+        applied
             .vcpus
             .iter()
             .filter(|v| {
@@ -80,23 +95,26 @@ impl GuestController {
                 let real = i.poll_ns as f64 / period_ns as f64;
                 Some(((real - v.estimate.cost_share).max(0.0), i.idle_ns.saturating_sub(i.poll_ns) as f64 / period_ns as f64))
             })
-            .collect();
-        if self.window_check == WindowCheck::Shrinking {
-            // Its polling ran partly at the old window, before each vCPU's first long halt.
-            // Every vCPU still polling past the estimate halted for more than twice its old
-            // window: the shrink reached them (a halt comes after a whole window polled), and
-            // what they poll past the estimate is the estimate's, which no reset changes.
-            // Otherwise the next period says whether a switch is needed.
-            let old_window = 2.0 * self.kernel_window_ns as f64 / period_ns as f64;
-            let reached = over.iter().all(|&(excess, halted)| excess == 0.0 || halted > old_window);
-            self.window_check = if reached { WindowCheck::Clear } else { WindowCheck::Judging };
-            self.kernel_window_ns =
-                if reached { applied.poll_window_ns.max(next.poll_window_ns) } else { self.kernel_window_ns.max(next.poll_window_ns) };
-            return WindowReset::Keep;
-        }
-        let excess: f64 = over.iter().map(|&(e, _)| e).sum();
-        let stale =
-            applied.poll_window_ns > 0 && self.kernel_window_ns > applied.poll_window_ns && excess > self.cfg.priors.stale_window_excess;
+            .collect()
+    }
+
+    /// The period after a shrink: its polling ran partly at the old window, before each
+    /// vCPU's first long halt. Every vCPU still polling past the estimate halted for more than
+    /// twice its old window: the shrink reached them (a halt comes after a whole window polled),
+    /// and what they poll past the estimate is the estimate's, which no reset changes.
+    /// Otherwise the next period says whether a switch is needed.
+    fn judge_shrink(&mut self, over: &[(f64, f64)], period_ns: u64, next: &IdlePlan) {
+        let old_window = 2.0 * self.kernel_window_ns as f64 / period_ns as f64;
+        let reached = over.iter().all(|&(excess, halted)| excess == 0.0 || halted > old_window);
+        self.window_check = if reached { WindowCheck::Clear } else { WindowCheck::Judging };
+        self.kernel_window_ns =
+            if reached { self.applied.poll_window_ns.max(next.poll_window_ns) } else { self.kernel_window_ns.max(next.poll_window_ns) };
+    }
+
+    /// The answer to a window found `stale` (or not) with `excess` polled past the estimate:
+    /// a shrink first; while a shrink did not reach, a switch once the stale polling at the
+    /// price outweighs it; a window no longer stale is the plan's again.
+    fn answer(&mut self, stale: bool, excess: f64, period_ns: u64, next: &IdlePlan) -> WindowReset {
         match (stale, self.window_check) {
             (true, WindowCheck::Clear) => {
                 // The windows stay what they were until the shrink is judged.
@@ -105,7 +123,7 @@ impl GuestController {
             }
             (true, _) => {
                 self.stale_cpu_ns += excess * period_ns as f64;
-                if self.stale_cpu_ns * self.cfg.plan.price < self.switch_cost_ns(applied.poll_window_ns) {
+                if self.stale_cpu_ns * self.cfg.plan.price < self.switch_cost_ns(self.applied.poll_window_ns) {
                     return WindowReset::Keep;
                 }
                 self.window_check = WindowCheck::Clear;
@@ -119,7 +137,7 @@ impl GuestController {
                     // No longer past the estimate: the shrink got there after all.
                     self.window_check = WindowCheck::Clear;
                     self.stale_cpu_ns = 0.0;
-                    self.kernel_window_ns = applied.poll_window_ns;
+                    self.kernel_window_ns = self.applied.poll_window_ns;
                 }
                 self.kernel_window_ns = self.kernel_window_ns.max(next.poll_window_ns);
                 WindowReset::Keep
