@@ -20,6 +20,7 @@ pub mod apply;
 pub mod background;
 pub mod child;
 pub mod pace;
+mod period;
 pub mod session;
 pub mod setup;
 pub mod target;
@@ -38,13 +39,13 @@ use gleaner_os::rusage::Rusage;
 use gleaner_os::sysfs::Sysfs;
 use gleaner_os::BadInput;
 use gleaner_policy::gleaner::Decision;
-use gleaner_policy::guest::{GuestController, GuestReading, GuestStep};
+use gleaner_policy::guest::{GuestController, GuestStep};
 use gleaner_policy::idle::WakeSummary;
 use gleaner_policy::retention::{ChangeCause, GovernorStep, RetentionMode};
 use tracing::{info, warn};
 
 pub use self::child::check_program;
-use self::child::{self_cpu_ns, wait_period, ChildWaiter};
+use self::child::{self_cpu_ns, ChildWaiter};
 use self::session::{serve_status, Session};
 use self::setup::{describe_curve, Offered};
 pub use self::setup::{Calibrated, IdleSetup};
@@ -271,12 +272,21 @@ struct PeriodEnd {
 impl Session {
     /// Set-up, then the control loop until the workload ends, a signal arrives or the target
     /// is taken away (module documentation).
-    fn run_inner(&mut self, ctx: &RunContext<'_>, mut consolidation: bool) -> anyhow::Result<Outcome> {
-        let RunContext { target, cfg, opts, cpus, status, procfs, sysfs, start } = *ctx;
+    fn run_inner(&mut self, ctx: &RunContext<'_>, consolidation: bool) -> anyhow::Result<Outcome> {
         let root = nix::unistd::geteuid().is_root();
+        self.open_servers(ctx, root)?;
+        let workload = !matches!(ctx.target, Target::System);
+        let (idle, offer) = self.set_up_idle(ctx, workload);
+        let mut run = self.start(ctx, &idle, offer.as_ref(), consolidation, root, workload)?;
+        self.run_periods(ctx, &mut run)?;
+        self.end_run(ctx, run)
+    }
 
-        // The journal first (root): from here a kill -9 is covered. The status socket right
-        // after, so the guardian removes it too; without a journal, right away.
+    /// The journal first (root): from here a kill -9 is covered. The status socket right
+    /// after, so the guardian removes it too; without a journal, right away. Then the metrics
+    /// endpoint.
+    fn open_servers(&mut self, ctx: &RunContext<'_>, root: bool) -> anyhow::Result<()> {
+        let RunContext { cfg, opts, status, .. } = *ctx;
         if root {
             self.open_journal(cfg, status, opts.status_socket)?;
         } else if opts.status_socket {
@@ -285,9 +295,13 @@ impl Session {
         if let Some(addr) = &cfg.metrics_addr {
             self.servers.push(server::serve_metrics(addr, Arc::clone(status))?);
         }
+        Ok(())
+    }
 
-        // What the machine offers, the curve, and the guest loop's configuration.
-        let workload = !matches!(target, Target::System);
+    /// What the machine offers, the curve, and the guest loop's configuration; the idle knobs
+    /// given up where they are not ours to turn; said once and shown in the status.
+    fn set_up_idle(&mut self, ctx: &RunContext<'_>, workload: bool) -> (IdleSetup, Option<gleaner_os::idle::IdleOffer>) {
+        let RunContext { cfg, opts, cpus, status, .. } = *ctx;
         let offer = IdleKnobs::new().offer(cpus).ok();
         let no_knobs = if cfg.retention && cfg.kernel_polling && cfg.timeout_us.is_none() {
             self.take_idle_knobs(cfg, cpus).err()
@@ -329,46 +343,47 @@ impl Session {
             st.timeout_us = idle.yielders.map_or(0, |y| y.timeout_ns / 1000);
             st.adaptive_timeout = idle.yielders.is_some_and(|y| y.adapt);
         }
+        (idle, offer)
+    }
 
+    /// Everything the loop needs, in order: the guest loop and its first plan (the kernel's
+    /// upstream haltpoll window where offered) before the workload starts, the target taken,
+    /// the yielding threads (parked until the plan gives their vCPU a window, so the workload
+    /// has them from its first instruction), the tracer, the workload started once the
+    /// guardian is armed, the first event, the sampler primed.
+    fn start(
+        &mut self,
+        ctx: &RunContext<'_>,
+        idle: &IdleSetup,
+        offer: Option<&gleaner_os::idle::IdleOffer>,
+        consolidation: bool,
+        root: bool,
+        workload: bool,
+    ) -> anyhow::Result<period::Running> {
+        let RunContext { target, cfg, opts, cpus, status, procfs, sysfs, .. } = *ctx;
         let mut guest_cfg = idle.guest.clone();
         if consolidation {
             guest_cfg.consolidation = Some(cfg.controller.clone());
         }
-        let mut guest = GuestController::new(guest_cfg);
-        // The first plan (the kernel's upstream haltpoll window where it is offered) before
-        // the workload starts.
+        let guest = GuestController::new(guest_cfg);
         if let (Some(k), Some(j)) = (self.knobs.as_mut(), self.state.as_mut()) {
             if let Err(e) = k.apply(j, guest.applied(), guest.mode().is_on(), gleaner_policy::guest::WindowReset::Keep) {
                 warn!("applying the first idle plan: {e:#}");
             }
         }
         let mut managed = if consolidation { self.take_target(ctx)? } else { Managed { cgroup: None, root_pid: None } };
-
-        // Yielding threads before the workload, so it has them from its first instruction
-        // (parked until the plan gives their vCPU a window).
         if let Some(r) = idle.yielders {
             let y = Yielders::start(cpus, r, guest.mode().is_on())?;
             apply::apply_yielders(&y, guest.applied(), guest.mode().is_on());
             self.yielders = Some(y);
         }
-        let mut tracing = trace::Tracing::start(cfg, cpus, offer.as_ref(), root);
+        let mut tracing = trace::Tracing::start(cfg, cpus, offer, root);
         if let Ok(mut st) = status.lock() {
             if let Some(i) = &mut st.idle {
                 i.tracer_note = tracing.note().map(str::to_string);
             }
         }
-        self.guardian_armed()?;
-        let mut child_pid = None;
-        let mut workload_start = Instant::now();
-        if let Target::Command(argv) = target {
-            workload_start = Instant::now();
-            let pid = child::spawn_command(argv, managed.cgroup.as_ref(), opts)?;
-            child_pid = Some(pid);
-            managed.root_pid = Some(pid);
-        } else if let Target::Pid(pid) = target {
-            managed.root_pid = Some(*pid);
-        }
-
+        let (child_pid, workload_start) = self.launch(ctx, &mut managed)?;
         let mut events = cfg.events.as_deref().map(EventLog::open).transpose()?;
         if !opts.quiet {
             info!("managing {} on CPUs {cpus}", target.describe());
@@ -382,186 +397,67 @@ impl Session {
             };
             log.write(&first)?;
         }
-
         let mut sampler = Sampler::new(procfs.clone(), sysfs.clone(), cpus.clone());
         sampler.prime(&managed.tids(procfs), self.yielders.as_ref(), cpus);
         tracing.arm_next(|| managed.pids(procfs), workload, guest.trace_need());
         let waiter = child_pid.map(ChildWaiter::new).transpose()?;
-        let mut period = Duration::from_millis(cfg.period_ms).mul_f64(cfg.priors.first_period_share);
-        // The main thread's CPU for the last period's work: the guest loop lengthens the
-        // periods where it costs too much (`priors.agent_work_share`).
-        let mut last_work_ns = 0;
         // The workload's own counter (validated with the configuration), read once now so
         // that the first period has a step.
         let mut progress = cfg.progress.as_deref().and_then(|s| s.parse().ok()).map(crate::progress::ProgressReader::new);
         if let Some(p) = &mut progress {
             p.step();
         }
-        let mut outcome = Outcome::default();
-        let mut all_wakes = gleaner_policy::idle::WakeLatency::default();
-        // Every period's reading as the guest loop took it, for replaying it offline
-        // (`cargo run -p gleaner-policy --example replay -- FILE`): a development aid.
-        let mut dump = std::env::var_os("GLEANER_DUMP_READINGS").map(std::fs::File::create).transpose().context("GLEANER_DUMP_READINGS")?;
+        let dump = std::env::var_os("GLEANER_DUMP_READINGS").map(std::fs::File::create).transpose().context("GLEANER_DUMP_READINGS")?;
+        Ok(period::Running {
+            period: Duration::from_millis(cfg.period_ms).mul_f64(cfg.priors.first_period_share),
+            guest,
+            managed,
+            consolidation,
+            tracing,
+            events,
+            sampler,
+            waiter,
+            child_pid,
+            workload_start,
+            workload,
+            last_work_ns: 0,
+            progress,
+            outcome: Outcome::default(),
+            all_wakes: gleaner_policy::idle::WakeLatency::default(),
+            dump,
+            background: background::Background::for_this_thread(),
+            pacer: pace::Pacer::new(Duration::from_nanos(cfg.priors.agent_pace_ns)),
+        })
+    }
 
-        // The period's work in the workload's idle time (background.rs).
-        let mut background = background::Background::for_this_thread();
-        let mut pacer = pace::Pacer::new(Duration::from_nanos(cfg.priors.agent_pace_ns));
-        self.run_in_background(&mut background, &guest, status);
-        loop {
-            // A traced period is traced for its first slice (the tracer's cost bounded), then
-            // the rest is waited detached.
-            let mut slice = tracing.slice(period, guest.sync_rate(), guest.workload_starting());
-            let mut ended = false;
-            let mut rest = period;
-            if !slice.is_zero() && slice < period {
-                ended = wait_period(waiter.as_ref(), slice, child_pid, workload_start, &mut outcome)?;
-                // The first slice goes on for as long as its cost so far allows, measured again
-                // each time it has doubled: a workload started with the agent may not run yet in
-                // the first `MIN_SLICE` (a ping-pong counted at next to no cost there went on
-                // counted through its 50 ms first period at a fifth of a vCPU).
-                let mut more = if ended { Duration::ZERO } else { tracing.slice_more(period, slice) };
-                while !more.is_zero() {
-                    let step = more.min(slice);
-                    ended = wait_period(waiter.as_ref(), step, child_pid, workload_start, &mut outcome)?;
-                    slice += step;
-                    more = if ended { Duration::ZERO } else { tracing.slice_more(period, slice) };
-                }
-                if slice < period {
-                    tracing.end_slice();
-                }
-                rest = period.saturating_sub(slice);
+    /// Starts a `run` workload in its cgroup once the guardian is armed (its pid and start),
+    /// or takes an attached one's pid as the root of what is managed.
+    fn launch(&mut self, ctx: &RunContext<'_>, managed: &mut Managed) -> anyhow::Result<(Option<i32>, Instant)> {
+        self.guardian_armed()?;
+        match ctx.target {
+            Target::Command(argv) => {
+                let workload_start = Instant::now();
+                let pid = child::spawn_command(argv, managed.cgroup.as_ref(), ctx.opts)?;
+                managed.root_pid = Some(pid);
+                Ok((Some(pid), workload_start))
             }
-            if ended || wait_period(waiter.as_ref(), rest, child_pid, workload_start, &mut outcome)? {
-                break;
+            Target::Pid(pid) => {
+                managed.root_pid = Some(*pid);
+                Ok((None, Instant::now()))
             }
-            // The period's work from here, in pieces a woken thread need not wait out (pace.rs).
-            pacer.start(guest.agent_paced());
-            let work0 = gleaner_os::rusage::thread_cpu_ns();
-            if managed.workload_gone(target) {
-                break;
-            }
-            // Someone else removed the cgroup we manage (they had to move the workload out
-            // first): there is nothing left to consolidate.
-            if let Some(gone) = managed.cgroup.as_ref().filter(|c| !c.exists()).map(|c| c.path().to_path_buf()) {
-                let what = format!("the workload's cgroup {} was removed by someone else", gone.display());
-                if !matches!(target, Target::Command(_)) {
-                    outcome.lost = Some(what);
-                    break;
-                }
-                // A `run` workload is ours to wait for: it runs on, unmanaged, and its exit
-                // status stays the run's.
-                managed.cgroup = None;
-                stop_consolidation(&mut guest, &mut consolidation, status, what, ", the workload runs on where it was moved");
-                if let Some(y) = &self.yielders {
-                    y.set_active(cpus);
-                }
-            }
-
-            // Sample.
-            let active_before = CpuSet::from_iter(guest.active());
-            let ran = guest.mode();
-            let tids = managed.tids(procfs);
-            pacer.point();
-            let (mut snapshot, extras) = sampler.sample(&tids, self.yielders.as_ref(), &active_before, &mut pacer);
-            if managed.cgroup.is_some() && ctx.cfg.controller.keep_pinned {
-                // A workload that pinned threads keeps every vCPU (the controller's rule).
-                self.pins.observe(&tids, &active_before);
-                if let Some(state) = self.state.as_mut() {
-                    if let Err(e) = session::journal_pins(state, &self.pins) {
-                        warn!("journaling the workload's pins: {e:#}");
-                    }
-                }
-                let pinned = self.pins.pinned();
-                snapshot.pinned = pinned.to_vec();
-                if let Ok(mut st) = status.lock() {
-                    st.pinned_cpus = pinned;
-                }
-            }
-            let traced = tracing.read_period();
-            // Processes started while the tracer counted were not followed: the share of the
-            // period's sync points their threads made (the guest loop sets such a trace aside).
-            let trace_missed = if traced.is_some() && snapshot.s_work > 0 {
-                let missed = tracing.missed(&managed.pids(procfs));
-                let synced: u64 = missed.iter().flat_map(|&p| procfs.tasks(p).unwrap_or_default()).map(|t| sampler.synced(t)).sum();
-                synced as f64 / snapshot.s_work as f64
-            } else {
-                0.0
-            };
-            pacer.point();
-            if let Some(t) = &traced {
-                all_wakes.merge(&t.latency);
-            }
-            let wake = traced.as_ref().filter(|t| t.latency.all().count() > 0).map(|t| WakeSummary::of(&t.latency));
-            let traced_ns = traced.as_ref().map(|t| t.traced_ns);
-            let reading = GuestReading {
-                snapshot,
-                idle: extras.idle.clone(),
-                trace: traced,
-                caught: extras.caught.clone(),
-                io: extras.io,
-                counter: progress.as_mut().and_then(crate::progress::ProgressReader::step),
-                agent_work_ns: last_work_ns,
-                trace_missed,
-            };
-            if let Some(f) = &mut dump {
-                use std::io::Write;
-                writeln!(f, "{}", serde_json::to_string(&reading)?)?;
-            }
-            // Decide.
-            let before = guest.applied().clone();
-            let step = guest.step(&reading);
-            self.run_in_background(&mut background, &guest, status);
-            pacer.point();
-            tracing.arm_next(|| managed.pids(procfs), workload, guest.trace_need());
-            if let (Some(why), Ok(mut st)) = (tracing.note(), status.lock()) {
-                if let Some(i) = st.idle.as_mut().filter(|i| i.tracer_note.as_deref() != Some(why)) {
-                    i.tracer_note = Some(why.to_string());
-                }
-            }
-            pacer.point();
-            // Apply.
-            let active = CpuSet::from_iter(step.active.iter().copied());
-            if active != active_before {
-                let applied = managed.apply(&active, &active_before, cpus);
-                // A kernel before 6.2 set every thread's mask to the new cpuset.
-                self.pins.reapply();
-                if let Err(what) = applied {
-                    // Refused (a read-only file, a security module, a cpuset rule of the
-                    // parent): stop consolidating rather than retrying every period.
-                    let then = format!(" for the rest of this run, the workload keeps CPUs {cpus}");
-                    stop_consolidation(&mut guest, &mut consolidation, status, what, &then);
-                }
-                if let Some(y) = &self.yielders {
-                    y.set_active(&CpuSet::from_iter(guest.active()));
-                }
-            }
-            pacer.point();
-            self.apply_idle(&step, status);
-            pacer.point();
-            period = Duration::from_nanos(step.next_period_ns);
-            // Publish.
-            let ended = PeriodEnd {
-                t_ms: u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
-                mono_ns: gleaner_os::monotonic_ns(),
-                traced_ns,
-                trace_missed,
-                plan_changed: step.plan != before,
-                yields: pacer.yields(),
-                step,
-                extras,
-                ran,
-                wake,
-            };
-            self.publish(ctx, ended, &guest, events.as_mut())?;
-            last_work_ns = gleaner_os::rusage::thread_cpu_ns().saturating_sub(work0);
+            _ => Ok((None, Instant::now())),
         }
-        // The clean-up at the agent's own priority.
+    }
+
+    /// The clean-up at the agent's own priority, and the last, partial period: what the run
+    /// ended with and what the agent cost in all.
+    fn end_run(&mut self, ctx: &RunContext<'_>, run: period::Running) -> anyhow::Result<Outcome> {
+        let period::Running { background, mut outcome, all_wakes, mut events, mut tracing, guest, pacer, .. } = run;
         drop(background);
         outcome.wake = (all_wakes.all().count() > 0).then(|| WakeSummary::of(&all_wakes));
-        // The last, partial period: what the run ended with and what the agent cost in all.
         let used = tracing.usage();
         if let Some(log) = &mut events {
-            let t_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let t_ms = u64::try_from(ctx.start.elapsed().as_millis()).unwrap_or(u64::MAX);
             log.write(&EventRecord {
                 agent_cpu_ns: self_cpu_ns(),
                 agent_yields: Some(pacer.yields()),
