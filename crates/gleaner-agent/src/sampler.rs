@@ -169,6 +169,51 @@ struct YielderPrev {
     timeout_shrinks: u64,
 }
 
+impl YielderPrev {
+    /// The counts since `prev`.
+    fn since(&self, prev: &YielderPrev) -> YielderPrev {
+        YielderPrev {
+            run_ns: self.run_ns.saturating_sub(prev.run_ns),
+            busy_returns: self.busy_returns.saturating_sub(prev.busy_returns),
+            idle_yield_ns: self.idle_yield_ns.saturating_sub(prev.idle_yield_ns),
+            timeouts: self.timeouts.saturating_sub(prev.timeouts),
+            yields: self.yields.saturating_sub(prev.yields),
+            step_asides: self.step_asides.saturating_sub(prev.step_asides),
+            noise_returns: self.noise_returns.saturating_sub(prev.noise_returns),
+            timeout_grows: self.timeout_grows.saturating_sub(prev.timeout_grows),
+            timeout_shrinks: self.timeout_shrinks.saturating_sub(prev.timeout_shrinks),
+        }
+    }
+}
+
+/// The workload threads' counts over a period.
+#[derive(Debug, Default)]
+struct ThreadTotals {
+    /// Exact run time, ns.
+    run_ns: u64,
+    /// Voluntary switches (sync points).
+    s_work: u64,
+    io: WorkloadIo,
+}
+
+/// Per-vCPU deltas of `/proc/stat` over a period, ns (tick resolution), and the tick.
+#[derive(Debug, Default)]
+struct StatDeltas {
+    busy: BTreeMap<u32, u64>,
+    idle: BTreeMap<u32, u64>,
+    steal: BTreeMap<u32, u64>,
+    tick_ns: u64,
+}
+
+/// Per-vCPU deltas of the cpuidle counters over a period: entries, POLL-state time, time in
+/// the other states.
+#[derive(Debug, Default)]
+struct IdleDeltas {
+    entries: BTreeMap<u32, u64>,
+    poll: BTreeMap<u32, u64>,
+    state_idle: BTreeMap<u32, u64>,
+}
+
 impl Sampler {
     /// The sync points (voluntary switches) thread `tid` made in the last sampled period: 0
     /// where it was not sampled.
@@ -224,11 +269,35 @@ impl Sampler {
         let now = Instant::now();
         let period_ns = u64::try_from(now.duration_since(self.at).as_nanos()).unwrap_or(u64::MAX).max(1);
         self.at = now;
+        let work = self.sample_threads(tids, pace);
+        let stat = self.sample_stat();
+        pace.point();
+        let mut extras = PeriodExtras { threads: tids.len(), io: work.io, ..PeriodExtras::default() };
+        let ydelta = self.sample_yielders(yielders, &mut extras);
+        pace.point();
+        let states = self.sample_idle_states();
+        extras.idle = self
+            .managed
+            .iter()
+            .map(|cpu| VcpuIdle {
+                cpu,
+                idle_ns: idle_time(states.state_idle.get(&cpu).copied(), stat.idle.get(&cpu).copied(), stat.tick_ns),
+                entries: states.entries.get(&cpu).copied(),
+                poll_ns: states.poll.get(&cpu).copied().unwrap_or(0),
+                yield_ns: ydelta.get(&cpu).map_or(0, |d| d.run_ns),
+                steal_ns: stat.steal.get(&cpu).copied().unwrap_or(0),
+            })
+            .collect();
+        extras.poll_ns = states.poll.values().sum();
+        let retaining = yielders.is_some_and(Yielders::retaining);
+        let vcpus = vcpu_samples(cpus, period_ns, &work, &stat, &ydelta, &states, retaining);
+        (Snapshot { period_ns, vcpus, s_work: work.s_work, pinned: Vec::new() }, extras)
+    }
 
-        // Workload threads: exact run time, voluntary switches, bytes moved.
-        let mut t_work_total = 0u64;
-        let mut s_work = 0u64;
-        let mut io = WorkloadIo::default();
+    /// The workload threads: exact run time, voluntary switches, bytes moved. Files of threads
+    /// no longer listed close here.
+    fn sample_threads(&mut self, tids: &[i32], pace: &mut Pacer) -> ThreadTotals {
+        let mut totals = ThreadTotals::default();
         let mut seen = HashMap::with_capacity(tids.len());
         let mut files = HashMap::with_capacity(tids.len());
         for &tid in tids {
@@ -268,19 +337,21 @@ impl Sampler {
             if let Some(f) = kept {
                 files.insert(tid, f);
             }
-            t_work_total += ss.run_ns.saturating_sub(prev.run_ns);
-            s_work += vcsw.saturating_sub(prev.vcsw);
-            io.bytes += io_bytes.saturating_sub(prev.io_bytes);
-            io.calls += io_calls.saturating_sub(prev.io_calls);
+            totals.run_ns += ss.run_ns.saturating_sub(prev.run_ns);
+            totals.s_work += vcsw.saturating_sub(prev.vcsw);
+            totals.io.bytes += io_bytes.saturating_sub(prev.io_bytes);
+            totals.io.calls += io_calls.saturating_sub(prev.io_calls);
             seen.insert(tid, ThreadPrev { run_ns: ss.run_ns, vcsw, io_bytes, io_calls, synced: vcsw.saturating_sub(prev.vcsw) });
             pace.point();
         }
         self.threads = seen;
-        // Files of threads no longer listed close here.
         self.files = files;
+        totals
+    }
 
-        // Per-vCPU busy time from /proc/stat (tick resolution).
-        let mut busy_delta: BTreeMap<u32, u64> = BTreeMap::new();
+    /// Per-vCPU busy, idle and steal time from `/proc/stat` (kept open; reopened after a
+    /// failed read).
+    fn sample_stat(&mut self) -> StatDeltas {
         if self.stat.is_none() {
             self.stat = self.procfs.open_stat().ok();
         }
@@ -288,28 +359,27 @@ impl Sampler {
         if stat.as_ref().is_some_and(Result::is_err) {
             self.stat = None;
         }
-        let mut idle_delta: BTreeMap<u32, u64> = BTreeMap::new();
-        let mut tick_ns = 0;
-        let mut steal_delta: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut d = StatDeltas::default();
         if let Some(Ok(stat)) = stat {
-            tick_ns = ticks_to_ns(1, stat.clk_tck);
+            d.tick_ns = ticks_to_ns(1, stat.clk_tck);
             for (&cpu, t) in &stat.cpus {
                 let ns = t.busy_ns(stat.clk_tck);
                 let prev = self.cpu_busy_ns.insert(cpu, ns).unwrap_or(ns);
-                busy_delta.insert(cpu, ns.saturating_sub(prev));
+                d.busy.insert(cpu, ns.saturating_sub(prev));
                 let ns = t.idle_ns(stat.clk_tck);
                 let prev = self.cpu_idle_ns.insert(cpu, ns).unwrap_or(ns);
-                idle_delta.insert(cpu, ns.saturating_sub(prev));
+                d.idle.insert(cpu, ns.saturating_sub(prev));
                 let ns = t.steal_ns(stat.clk_tck);
                 let prev = self.cpu_steal_ns.insert(cpu, ns).unwrap_or(ns);
-                steal_delta.insert(cpu, ns.saturating_sub(prev));
+                d.steal.insert(cpu, ns.saturating_sub(prev));
             }
         }
+        d
+    }
 
-        pace.point();
-
-        // Yielding threads: their own run time, slow yields, idle yielding.
-        let mut extras = PeriodExtras { threads: tids.len(), io, ..PeriodExtras::default() };
+    /// The yielding threads: their own run time, slow yields, idle yielding, added to
+    /// `extras` with each one's timeout and caught idle periods; the per-vCPU deltas.
+    fn sample_yielders(&mut self, yielders: Option<&Yielders>, extras: &mut PeriodExtras) -> HashMap<u32, YielderPrev> {
         let mut ydelta: HashMap<u32, YielderPrev> = HashMap::new();
         let mut yielder_files = HashMap::new();
         if let Some(y) = yielders {
@@ -344,17 +414,7 @@ impl Sampler {
                     timeout_shrinks: c.timeout_shrinks,
                 };
                 let prev = self.yielder.insert(slot.cpu, cur).unwrap_or(cur);
-                let d = YielderPrev {
-                    run_ns: cur.run_ns.saturating_sub(prev.run_ns),
-                    busy_returns: cur.busy_returns.saturating_sub(prev.busy_returns),
-                    idle_yield_ns: cur.idle_yield_ns.saturating_sub(prev.idle_yield_ns),
-                    timeouts: cur.timeouts.saturating_sub(prev.timeouts),
-                    yields: cur.yields.saturating_sub(prev.yields),
-                    step_asides: cur.step_asides.saturating_sub(prev.step_asides),
-                    noise_returns: cur.noise_returns.saturating_sub(prev.noise_returns),
-                    timeout_grows: cur.timeout_grows.saturating_sub(prev.timeout_grows),
-                    timeout_shrinks: cur.timeout_shrinks.saturating_sub(prev.timeout_shrinks),
-                };
+                let d = cur.since(&prev);
                 extras.yielder_run_ns += d.run_ns;
                 extras.timeouts += d.timeouts;
                 extras.yields += d.yields;
@@ -375,75 +435,71 @@ impl Sampler {
                 self.caught.insert(slot.cpu, caught);
             }
         }
-
         self.yielder_files = yielder_files;
-        pace.point();
+        ydelta
+    }
 
-        // Idle-state entries (S_yield without retention). A CPU without cpuidle states (no
-        // cpuidle driver, as on the development VM) has no count: it falls back to the
-        // workload's voluntary switches below rather than reading as never idle, which kept
-        // consolidation from ever running there. Read every period, so the count is the
-        // period's even right after the governor parked the yielding threads.
-        let retaining = yielders.is_some_and(Yielders::retaining);
-        let mut entries_delta: BTreeMap<u32, u64> = BTreeMap::new();
-        let mut poll_delta: BTreeMap<u32, u64> = BTreeMap::new();
-        let mut state_idle_delta: BTreeMap<u32, u64> = BTreeMap::new();
+    /// Idle-state entries and times. A CPU without cpuidle states (no cpuidle driver) has no
+    /// count: it falls back to the workload's voluntary switches rather than reading as never
+    /// idle, which would keep consolidation from ever running there. Read every period, so the
+    /// count is the period's even right after the governor parked the yielding threads. The
+    /// POLL state's time is kernel polling: idle for /proc/stat, work for the bill.
+    fn sample_idle_states(&mut self) -> IdleDeltas {
+        let mut d = IdleDeltas::default();
         let counts = self.read_idle_counters();
         for c in counts.unwrap_or_default() {
             let cpu = c.cpu;
             let prev = self.idle_entries.insert(cpu, c.entries).unwrap_or(c.entries);
-            entries_delta.insert(cpu, c.entries.saturating_sub(prev));
-            // The POLL state's time is kernel polling: idle for /proc/stat, work for the bill.
+            d.entries.insert(cpu, c.entries.saturating_sub(prev));
             let prev = self.poll_ns.insert(cpu, c.poll_ns).unwrap_or(c.poll_ns);
-            poll_delta.insert(cpu, c.poll_ns.saturating_sub(prev));
+            d.poll.insert(cpu, c.poll_ns.saturating_sub(prev));
             let prev = self.state_idle_ns.insert(cpu, c.idle_ns).unwrap_or(c.idle_ns);
-            state_idle_delta.insert(cpu, c.idle_ns.saturating_sub(prev));
+            d.state_idle.insert(cpu, c.idle_ns.saturating_sub(prev));
         }
-        extras.idle = self
-            .managed
-            .iter()
-            .map(|cpu| VcpuIdle {
-                cpu,
-                idle_ns: idle_time(state_idle_delta.get(&cpu).copied(), idle_delta.get(&cpu).copied(), tick_ns),
-                entries: entries_delta.get(&cpu).copied(),
-                poll_ns: poll_delta.get(&cpu).copied().unwrap_or(0),
-                yield_ns: ydelta.get(&cpu).map_or(0, |d| d.run_ns),
-                steal_ns: steal_delta.get(&cpu).copied().unwrap_or(0),
-            })
-            .collect();
-        extras.poll_ns = poll_delta.values().sum();
-
-        // Distribute the exact total over the active vCPUs by their busy-minus-yielder time.
-        let raw: Vec<(u32, u64)> = cpus
-            .iter()
-            .map(|cpu| {
-                let busy = busy_delta.get(&cpu).copied().unwrap_or(0);
-                let y = ydelta.get(&cpu).map(|d| d.run_ns).unwrap_or(0);
-                (cpu, busy.saturating_sub(y))
-            })
-            .collect();
-        let per_cpu = split_total(t_work_total, &raw);
-        let fallback_s_yield = if cpus.is_empty() { 0 } else { s_work / cpus.len() as u64 };
-        let vcpus = per_cpu
-            .into_iter()
-            .map(|(cpu, t_work_ns)| {
-                let t_work_ns = t_work_ns.min(period_ns);
-                let s_yield = match (retaining, ydelta.get(&cpu), entries_delta.get(&cpu)) {
-                    (true, Some(d), _) => d.busy_returns,
-                    (false, _, Some(&e)) => e,
-                    _ => fallback_s_yield,
-                };
-                VcpuSample {
-                    cpu,
-                    t_work_ns,
-                    t_yield_ns: ydelta.get(&cpu).map(|d| d.idle_yield_ns).unwrap_or(0),
-                    t_idle_ns: period_ns - t_work_ns,
-                    s_yield,
-                }
-            })
-            .collect();
-        (Snapshot { period_ns, vcpus, s_work, pinned: Vec::new() }, extras)
+        d
     }
+}
+
+/// The active vCPUs' samples: the workload's exact run time distributed over them by their
+/// busy-minus-yielder time, and each one's sync points (the yielders' busy returns while they
+/// retain, else its idle entries, else an even share of the workload's switches).
+fn vcpu_samples(
+    cpus: &CpuSet,
+    period_ns: u64,
+    work: &ThreadTotals,
+    stat: &StatDeltas,
+    ydelta: &HashMap<u32, YielderPrev>,
+    states: &IdleDeltas,
+    retaining: bool,
+) -> Vec<VcpuSample> {
+    let raw: Vec<(u32, u64)> = cpus
+        .iter()
+        .map(|cpu| {
+            let busy = stat.busy.get(&cpu).copied().unwrap_or(0);
+            let y = ydelta.get(&cpu).map(|d| d.run_ns).unwrap_or(0);
+            (cpu, busy.saturating_sub(y))
+        })
+        .collect();
+    let per_cpu = split_total(work.run_ns, &raw);
+    let fallback_s_yield = if cpus.is_empty() { 0 } else { work.s_work / cpus.len() as u64 };
+    per_cpu
+        .into_iter()
+        .map(|(cpu, t_work_ns)| {
+            let t_work_ns = t_work_ns.min(period_ns);
+            let s_yield = match (retaining, ydelta.get(&cpu), states.entries.get(&cpu)) {
+                (true, Some(d), _) => d.busy_returns,
+                (false, _, Some(&e)) => e,
+                _ => fallback_s_yield,
+            };
+            VcpuSample {
+                cpu,
+                t_work_ns,
+                t_yield_ns: ydelta.get(&cpu).map(|d| d.idle_yield_ns).unwrap_or(0),
+                t_idle_ns: period_ns - t_work_ns,
+                s_yield,
+            }
+        })
+        .collect()
 }
 
 /// Splits `total` over CPUs in proportion to their weights (evenly if all weights are zero).
