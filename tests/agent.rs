@@ -341,10 +341,11 @@ fn traced_run(args: &[&str]) -> serde_json::Value {
 #[serial(host)]
 fn the_tracer_stays_attached_paused_unless_that_costs_too_much() {
     require_root_and_cpuset();
-    // Light on any of these machines: at 500 requests/s an AMD EPYC VM's paused programs
-    // cost more than their bound (a measured cost, so the agent rightly detached them; the
-    // commit before this work did the same there).
-    let light = traced_run(&["openloop", "--rate", "100", "--duration-ms", "2500"]);
+    // Light on any of these machines: the paused programs run at every context switch of the
+    // machine, the workload's and everyone else's, so their cost has a floor the workload does
+    // not set (at 500 requests/s an AMD EPYC VM's cost more than their bound, and the agent
+    // rightly detaches them; at 100/s, now and then, after the tests before this one).
+    let light = traced_run(&["openloop", "--rate", "50", "--duration-ms", "2500"]);
     assert!(light["traced_periods"].as_u64().unwrap() >= 3, "{light}");
     assert_eq!(light["attaches"], 1, "a light workload's tracer was attached again: {light}");
     assert_eq!(light["resident"], true, "{light}");
