@@ -278,7 +278,7 @@ fn pinned_threads_keep_their_vcpus_unless_the_paper_s_cpuset_moves_them() {
 /// ping-pong and of the open loop at 200 and 2,000 requests/s.
 #[test]
 fn vm_matrix_predicts_the_stored_measurements_of_the_development_vm() {
-    let dir = std::path::PathBuf::from(format!("{}/../../docs/data/vm-matrix-2026-11-25", env!("CARGO_MANIFEST_DIR")));
+    let dir = std::path::PathBuf::from(format!("{}/../../docs/data/current/vm-matrix/vm1", env!("CARGO_MANIFEST_DIR")));
     let args = gleaner_sim::PredictArgs {
         measured: Some(dir.clone()),
         from_calibration: Some(dir.join("calibration.json")),

@@ -51,7 +51,7 @@ pub const NOISE_NS: u64 = 3_000;
 
 /// The curve a run plans from before this VM's own is measured (no calibration record yet):
 /// a prior, replaced by the measurement as soon as there is one. Each point is the mean of the
-/// two development VMs' records (`docs/data/vm-matrix-2026-11-25/calibration.json`: 38 us after
+/// two development VMs' records (`docs/data/current/vm-matrix/vm1/calibration.json`: 38 us after
 /// 10 us idle to 69 us after 10 ms, busy 29, polling 3.5; `-2026-11-28`: 17 to 74, busy 17,
 /// polling 3.1), which agree with what these Firecracker/KVM hosts are known to do: a wakeup
 /// after 50 us costs 21-35 us (the host still halt-polls), after 3 ms 60-80 us, polling in the

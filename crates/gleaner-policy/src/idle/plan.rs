@@ -63,7 +63,7 @@ pub const MAX_WINDOW_EXP: u32 = 24;
 /// it saw halts on the rest: the built-in ping-pong's first trace saw none of its woken idle
 /// periods past 16 us, the window planned was 16 us, and a fixed 16 us window doubled the
 /// ping-pong's p99 (17.9 against haltpoll's 8.7 us, 8 alternated rounds), where a fixed
-/// 64 us one was at haltpoll's (8.7). docs/idle-policy.md, "The narrowest window".
+/// 64 us one was at haltpoll's (8.7). docs/idle-policy.md, "Priors".
 pub const MIN_POLL_CAP: u64 = 1 << 16;
 
 /// The finite candidate windows, ascending.
@@ -129,7 +129,7 @@ pub struct PlanConfig {
 /// wakeups at the price (an idle workload spends nothing; see docs/agent.md).
 pub const DEFAULT_BUDGET: f64 = 1.0;
 /// The default price: a microsecond of wakeup latency is worth up to 200 us of idle vCPU
-/// (docs/idle-policy.md, "Why the price").
+/// (docs/idle-policy.md, "Priors").
 pub const DEFAULT_PRICE: f64 = 0.005;
 /// The default VM share: 90% of the managed vCPUs, a margin under the 95% at which this
 /// VM's host was never seen to stop it (polling's use varies period to period).
@@ -138,7 +138,7 @@ pub const DEFAULT_VM_SHARE: f64 = 0.9;
 /// The default bottleneck share: a vCPU idle under 5% of its time. What retention elsewhere can
 /// add to a closed loop that vCPU paces is its idle time (the loop cannot run it more than
 /// full), while polling the vCPUs that feed it cost nginx with 50 connections 1-4% of its
-/// requests (docs/idle-policy.md, "No retention behind a bottleneck").
+/// requests (docs/idle-policy.md, "Priors").
 pub const DEFAULT_BOTTLENECK_IDLE_SHARE: f64 = 0.05;
 
 impl Default for PlanConfig {
