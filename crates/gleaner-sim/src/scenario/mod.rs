@@ -499,6 +499,32 @@ impl Scenario {
 
     /// Checks every value; errors name the key and what is allowed.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.validate_host()?;
+        self.validate_costs()?;
+        self.validate_vms()?;
+        let variants = self.variants();
+        let mut vn = std::collections::BTreeSet::new();
+        for v in &variants {
+            if !vn.insert(v.name.as_str()) {
+                return Err(bad("variant.name", &v.name, "unique variant names"));
+            }
+            validate_variant(v)?;
+        }
+        if let Some(b) = &self.baseline {
+            if !vn.contains(b.as_str()) {
+                return Err(bad("baseline", b, vn.iter().copied().collect::<Vec<_>>().join(", ")));
+            }
+        }
+        for case in &self.cases {
+            if case.name.is_empty() {
+                return Err(bad("case.name", "", "a non-empty name"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The host's table and the run's length.
+    fn validate_host(&self) -> anyhow::Result<()> {
         let h = &self.host;
         if h.pcpus == 0 || h.pcpus > 4096 {
             return Err(bad("host.pcpus", h.pcpus, "1..=4096"));
@@ -518,6 +544,11 @@ impl Scenario {
         if let Some(d) = self.duration_ms {
             check_pos("duration_ms", d)?;
         }
+        Ok(())
+    }
+
+    /// Every cost at least zero.
+    fn validate_costs(&self) -> anyhow::Result<()> {
         let c = &self.costs;
         for (col, t) in [("vm", &c.vm), ("pm", &c.pm)] {
             for (k, v) in [("a_us", t.a_us), ("b_us", t.b_us), ("c_us", t.c_us), ("d_us", t.d_us)] {
@@ -527,6 +558,13 @@ impl Scenario {
         check_nonneg("costs.ipi_send_us", c.ipi_send_us)?;
         check_nonneg("costs.poll_wake_us", c.poll_wake_us)?;
         check_nonneg("costs.ple_exit_us", c.ple_exit_us)?;
+        Ok(())
+    }
+
+    /// At least one enabled VM, uniquely named, its vCPUs within the host (when pinned), its
+    /// workload ending or the VM in the background (or a duration for the run).
+    fn validate_vms(&self) -> anyhow::Result<()> {
+        let h = &self.host;
         let vms = self.active_vms();
         if vms.is_empty() {
             return Err(bad("vm", "[]", "at least one enabled [[vm]]"));
@@ -556,64 +594,53 @@ impl Scenario {
         if vms.iter().all(|v| v.background) && self.duration_ms.is_none() {
             return Err(bad("duration_ms", "none", "a duration when every VM is background"));
         }
-        let variants = self.variants();
-        let mut vn = std::collections::BTreeSet::new();
-        for v in &variants {
-            if !vn.insert(v.name.as_str()) {
-                return Err(bad("variant.name", &v.name, "unique variant names"));
-            }
-            let k = |f: &str| format!("variant.{}.{f}", v.name);
-            check_pos(&k("gleaner.period_ms"), v.gleaner.period_ms)?;
-            check_pos(&k("gleaner.yield_us"), v.gleaner.yield_us)?;
-            v.gleaner.params.validate().map_err(|e| bad(k("gleaner.params"), e, "see gleaner_policy::gleaner::Params"))?;
-            v.gleaner.governor.validate().map_err(|e| bad(k("gleaner.governor"), e, "see gleaner_policy::retention::GovernorConfig"))?;
-            v.aql.validate().map_err(|e| bad(k("aql"), e, "window, decide_every 1..=1000; hysteresis_points 0..=100"))?;
-            let planned = v.gleaner.govern || v.gleaner.agent.is_some();
-            if v.gleaner.kernel_polling == Some(true) && !(v.guest.retention() && planned) {
-                return Err(bad(
-                    k("gleaner.kernel_polling"),
-                    true,
-                    "false, or guest = \"retention\" or \"gleaner\" with govern = true (kernel polling is the idle planner's mechanism)",
-                ));
-            }
-            if v.gleaner.retention.timeout_ns == 0 {
-                return Err(bad(k("gleaner.retention.timeout_ns"), 0, ">= 1"));
-            }
-            if v.guest == IdlePolicy::Yielders {
-                return Err(bad(
-                    k("guest"),
-                    v.guest,
-                    "stock, haltpoll, haltpoll:CAP, poll, retention, consolidation, gleaner (always-on yielders are \
-                     guest = \"retention\" with [variant.gleaner] govern = false and a long retention.timeout_ns)",
-                ));
-            }
-            let table_cap = v.haltpoll.guest_halt_poll_ns;
-            if let IdlePolicy::Haltpoll { cap_ns } = v.guest {
-                if cap_ns != UPSTREAM_HALTPOLL_CAP_NS && table_cap != GuestHaltpollCfg::default().guest_halt_poll_ns && table_cap != cap_ns
-                {
-                    return Err(bad(
-                        k("haltpoll.guest_halt_poll_ns"),
-                        table_cap,
-                        format!("{cap_ns} (the cap guest = \"{}\" names), or no cap in guest", v.guest),
-                    ));
-                }
-            }
-            if v.haltpoll.guest_halt_poll_grow == 0 {
-                return Err(bad(k("haltpoll.guest_halt_poll_grow"), 0, ">= 1"));
-            }
-        }
-        if let Some(b) = &self.baseline {
-            if !vn.contains(b.as_str()) {
-                return Err(bad("baseline", b, vn.iter().copied().collect::<Vec<_>>().join(", ")));
-            }
-        }
-        for case in &self.cases {
-            if case.name.is_empty() {
-                return Err(bad("case.name", "", "a non-empty name"));
-            }
-        }
         Ok(())
     }
+}
+
+/// One variant's values: its agent's parameters, kernel polling only with the planner, no
+/// `yielders` guest (always-on yielders are `retention` without the governor), a haltpoll cap
+/// named once.
+fn validate_variant(v: &VariantCfg) -> anyhow::Result<()> {
+    let k = |f: &str| format!("variant.{}.{f}", v.name);
+    check_pos(&k("gleaner.period_ms"), v.gleaner.period_ms)?;
+    check_pos(&k("gleaner.yield_us"), v.gleaner.yield_us)?;
+    v.gleaner.params.validate().map_err(|e| bad(k("gleaner.params"), e, "see gleaner_policy::gleaner::Params"))?;
+    v.gleaner.governor.validate().map_err(|e| bad(k("gleaner.governor"), e, "see gleaner_policy::retention::GovernorConfig"))?;
+    v.aql.validate().map_err(|e| bad(k("aql"), e, "window, decide_every 1..=1000; hysteresis_points 0..=100"))?;
+    let planned = v.gleaner.govern || v.gleaner.agent.is_some();
+    if v.gleaner.kernel_polling == Some(true) && !(v.guest.retention() && planned) {
+        return Err(bad(
+            k("gleaner.kernel_polling"),
+            true,
+            "false, or guest = \"retention\" or \"gleaner\" with govern = true (kernel polling is the idle planner's mechanism)",
+        ));
+    }
+    if v.gleaner.retention.timeout_ns == 0 {
+        return Err(bad(k("gleaner.retention.timeout_ns"), 0, ">= 1"));
+    }
+    if v.guest == IdlePolicy::Yielders {
+        return Err(bad(
+            k("guest"),
+            v.guest,
+            "stock, haltpoll, haltpoll:CAP, poll, retention, consolidation, gleaner (always-on yielders are \
+                 guest = \"retention\" with [variant.gleaner] govern = false and a long retention.timeout_ns)",
+        ));
+    }
+    let table_cap = v.haltpoll.guest_halt_poll_ns;
+    if let IdlePolicy::Haltpoll { cap_ns } = v.guest {
+        if cap_ns != UPSTREAM_HALTPOLL_CAP_NS && table_cap != GuestHaltpollCfg::default().guest_halt_poll_ns && table_cap != cap_ns {
+            return Err(bad(
+                k("haltpoll.guest_halt_poll_ns"),
+                table_cap,
+                format!("{cap_ns} (the cap guest = \"{}\" names), or no cap in guest", v.guest),
+            ));
+        }
+    }
+    if v.haltpoll.guest_halt_poll_grow == 0 {
+        return Err(bad(k("haltpoll.guest_halt_poll_grow"), 0, ">= 1"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
