@@ -560,45 +560,54 @@ impl RetentionGovernor {
     /// retention only there), and by progress, which a loss always shows.
     fn compare(&mut self, before: &EpochReading, probe: &EpochReading, after: &EpochReading) -> Comparison {
         self.state.comparisons += 1;
-        let rate = |progress: u64, ns: u64| {
-            if ns == 0 {
-                0.0
-            } else {
-                progress as f64 * 1e9 / ns as f64
-            }
+        let s = Sandwich::new(before, probe, after);
+        let unit = s.unit(self.cfg.min_io_bytes.max(1));
+        let sides = self.sides(&s, unit);
+        let break_even = self.cfg.cpu_price * sides.burn_vcpus;
+        let gain = if sides.off_rate > 0.0 { sides.on_rate / sides.off_rate - 1.0 } else { 0.0 };
+        let too_small = s.all().iter().any(|e| e.duration_ns == 0 || !s.enough(e.progress, e, self.cfg.min_progress));
+        let traced = s.all().iter().all(|e| s.enough(e.wakeups, e, self.cfg.min_wakeups));
+        let moved = before.active_vcpus != probe.active_vcpus || probe.active_vcpus != after.active_vcpus;
+        let latency = match (traced, sides.on_wake, sides.off_wake) {
+            (true, Some(on), Some(off)) if on > 0.0 => Some(off / on - 1.0),
+            _ => None,
         };
-        let base_ns = before.duration_ns + after.duration_ns;
-        // The minimum counts are per full epoch: a shorter one (the agent's probe runs a
-        // quarter period) needs as much less. Judged by raw counts, a server at 600 sync
-        // points a second (about 30 in a 50 ms probe, under min_progress and min_wakeups) was
-        // "too small to compare" at every probe, so the polling "lost" and went off, halting
-        // its wakeups for seconds (`gleaner bench workload openloop --rate 200`).
-        let longest = [before, probe, after].iter().map(|e| e.duration_ns).max().unwrap_or(0).max(1);
-        let enough = |n: u64, e: &EpochReading, min: u64| n as f64 >= min as f64 * e.duration_ns as f64 / longest as f64;
-        let unit = if [before, probe, after].iter().all(|e| e.counter.is_some()) {
-            ProgressUnit::Counter
-        } else if [before, probe, after].iter().all(|e| enough(e.io.bytes, e, self.cfg.min_io_bytes.max(1))) {
-            ProgressUnit::IoBytes
+        let progress_noise = progress_noise(events_of(before, unit) + events_of(after, unit), events_of(probe, unit));
+        // How far progress may fall while latency still decides: sync points are a proxy,
+        // so a fall within the margin is not held against a faster wakeup; bytes are the
+        // work, and only chance excuses a fall of them.
+        let tolerance = match unit {
+            ProgressUnit::SyncPoints => self.cfg.margin.max(progress_noise),
+            ProgressUnit::IoBytes | ProgressUnit::Counter => progress_noise,
+        };
+        let verdict = if moved {
+            Verdict::Inconclusive
+        } else if let Some(lg) = latency.filter(|_| gain > -tolerance) {
+            self.latency_verdict(&s, &sides, lg, gain, break_even)
         } else {
-            ProgressUnit::SyncPoints
+            self.progress_verdict(too_small, sides.burn_vcpus, gain, break_even)
         };
-        let amount = |e: &EpochReading| match unit {
-            ProgressUnit::SyncPoints => e.progress,
-            ProgressUnit::IoBytes => e.io.bytes,
-            ProgressUnit::Counter => e.counter.unwrap_or(0),
-        };
-        // Chance is judged from a count of events: the sync points, or for bytes the fewer of
-        // the calls and the sync points (a request is a few calls and a block or two).
-        let events = |e: &EpochReading| match unit {
-            ProgressUnit::SyncPoints => e.progress,
-            ProgressUnit::IoBytes if e.progress > 0 => e.io.calls.min(e.progress),
-            ProgressUnit::IoBytes => e.io.calls,
-            // A counter's steps, as many as the sync points at the most (a byte counter would
-            // claim a precision its epochs do not have).
-            ProgressUnit::Counter => e.counter.unwrap_or(0).min(e.progress.max(1)),
-        };
-        let base_rate = rate(amount(before) + amount(after), base_ns);
-        let probe_rate = rate(amount(probe), probe.duration_ns);
+        Comparison {
+            on_rate: sides.on_rate,
+            off_rate: sides.off_rate,
+            gain,
+            burn_vcpus: sides.burn_vcpus,
+            break_even,
+            on_wake_ns: sides.on_wake.filter(|_| traced),
+            off_wake_ns: sides.off_wake.filter(|_| traced),
+            progress_noise,
+            unit,
+            verdict,
+        }
+    }
+
+    /// The progress rates, mean wakeup latencies and the retention CPU "on" takes more, of
+    /// the baseline epochs and the probe, put as the "on" and the "off" mode.
+    fn sides(&self, s: &Sandwich, unit: ProgressUnit) -> Sides {
+        let (before, probe, after) = (s.before, s.probe, s.after);
+        let base_ns = s.base_ns();
+        let base_rate = per_s(progress_of(before, unit) + progress_of(after, unit), base_ns);
+        let probe_rate = per_s(progress_of(probe, unit), probe.duration_ns);
         let base_wakes = before.wakeups + after.wakeups;
         let base_wake = (base_wakes > 0)
             .then(|| (before.wake_mean_ns * before.wakeups as f64 + after.wake_mean_ns * after.wakeups as f64) / base_wakes as f64);
@@ -612,52 +621,40 @@ impl RetentionGovernor {
         } else {
             (probe_rate, base_rate, (probe_burn - base_burn).max(0.0), probe_wake, base_wake)
         };
-        let break_even = self.cfg.cpu_price * burn_vcpus;
-        let gain = if off_rate > 0.0 { on_rate / off_rate - 1.0 } else { 0.0 };
-        let too_small = [before, probe, after].iter().any(|e| e.duration_ns == 0 || !enough(e.progress, e, self.cfg.min_progress));
-        let traced = [before, probe, after].iter().all(|e| enough(e.wakeups, e, self.cfg.min_wakeups));
-        let moved = before.active_vcpus != probe.active_vcpus || probe.active_vcpus != after.active_vcpus;
-        let latency = match (traced, on_wake, off_wake) {
-            (true, Some(on), Some(off)) if on > 0.0 => Some(off / on - 1.0),
-            _ => None,
-        };
-        let progress_noise = progress_noise(events(before) + events(after), events(probe));
-        // How far progress may fall while latency still decides: sync points are a proxy,
-        // so a fall within the margin is not held against a faster wakeup; bytes are the
-        // work, and only chance excuses a fall of them.
-        let tolerance = match unit {
-            ProgressUnit::SyncPoints => self.cfg.margin.max(progress_noise),
-            ProgressUnit::IoBytes | ProgressUnit::Counter => progress_noise,
-        };
-        let verdict = if moved {
-            Verdict::Inconclusive
-        } else if let Some(lg) = latency.filter(|_| gain > -tolerance) {
-            // Wakeups measured, progress held: latency decides. Faster by latency_gain pays;
-            // not faster at all (within the margin) loses if the CPU had a price.
-            if lg >= self.cfg.latency_gain {
-                // Where both modes retain (the ladder's upper governor), the wakeups "on"
-                // saves must be worth the CPU it takes more at the planner's price: Planned
-                // is priced already, and Wide gains by having no price.
-                let sync_rate = if self.state.baseline.is_on() {
-                    rate(before.progress + after.progress, base_ns)
-                } else {
-                    rate(probe.progress, probe.duration_ns)
-                };
-                let saved_ns_per_s = match (on_wake, off_wake) {
-                    (Some(on), Some(off)) => (off - on).max(0.0) * sync_rate,
-                    _ => 0.0,
-                };
-                if self.cfg.latency_price > 0.0 && saved_ns_per_s < self.cfg.latency_price * burn_vcpus * 1e9 {
-                    Verdict::Loses
-                } else {
-                    Verdict::Pays
-                }
-            } else if lg < self.cfg.margin.min(self.cfg.latency_gain) && gain < break_even {
+        Sides { on_rate, off_rate, burn_vcpus, on_wake, off_wake }
+    }
+
+    /// The verdict where wakeups were measured and progress held: latency decides. Faster by
+    /// latency_gain pays; not faster at all (within the margin) loses if the CPU had a price.
+    fn latency_verdict(&self, s: &Sandwich, sides: &Sides, lg: f64, gain: f64, break_even: f64) -> Verdict {
+        if lg >= self.cfg.latency_gain {
+            // Where both modes retain (the ladder's upper governor), the wakeups "on"
+            // saves must be worth the CPU it takes more at the planner's price: Planned
+            // is priced already, and Wide gains by having no price.
+            let sync_rate = if self.state.baseline.is_on() {
+                per_s(s.before.progress + s.after.progress, s.base_ns())
+            } else {
+                per_s(s.probe.progress, s.probe.duration_ns)
+            };
+            let saved_ns_per_s = match (sides.on_wake, sides.off_wake) {
+                (Some(on), Some(off)) => (off - on).max(0.0) * sync_rate,
+                _ => 0.0,
+            };
+            if self.cfg.latency_price > 0.0 && saved_ns_per_s < self.cfg.latency_price * sides.burn_vcpus * 1e9 {
                 Verdict::Loses
             } else {
-                Verdict::Neutral
+                Verdict::Pays
             }
-        } else if too_small {
+        } else if lg < self.cfg.margin.min(self.cfg.latency_gain) && gain < break_even {
+            Verdict::Loses
+        } else {
+            Verdict::Neutral
+        }
+    }
+
+    /// The verdict by progress alone (latency not measured, or progress fell).
+    fn progress_verdict(&self, too_small: bool, burn_vcpus: f64, gain: f64, break_even: f64) -> Verdict {
+        if too_small {
             // Too few sync points to compare: nothing for retention to speed up, so it loses
             // if it costs anything (an idle workload's backed-off yielders cost ~0.02 vCPU).
             if burn_vcpus > IDLE_BURN_VCPUS {
@@ -671,18 +668,6 @@ impl RetentionGovernor {
             Verdict::Loses
         } else {
             Verdict::Neutral
-        };
-        Comparison {
-            on_rate,
-            off_rate,
-            gain,
-            burn_vcpus,
-            break_even,
-            on_wake_ns: on_wake.filter(|_| traced),
-            off_wake_ns: off_wake.filter(|_| traced),
-            progress_noise,
-            unit,
-            verdict,
         }
     }
 
@@ -739,6 +724,96 @@ impl RetentionGovernor {
         s.baseline = s.baseline.flipped();
         s.switches += 1;
         true
+    }
+}
+
+/// A probe epoch and the baseline epochs around it.
+struct Sandwich<'a> {
+    before: &'a EpochReading,
+    probe: &'a EpochReading,
+    after: &'a EpochReading,
+    /// The longest of the three epochs, ns (at least 1).
+    longest: u64,
+}
+
+impl<'a> Sandwich<'a> {
+    /// The sandwich of `probe` between `before` and `after`.
+    fn new(before: &'a EpochReading, probe: &'a EpochReading, after: &'a EpochReading) -> Self {
+        let longest = [before, probe, after].iter().map(|e| e.duration_ns).max().unwrap_or(0).max(1);
+        Self { before, probe, after, longest }
+    }
+
+    /// The three epochs in time order.
+    fn all(&self) -> [&'a EpochReading; 3] {
+        [self.before, self.probe, self.after]
+    }
+
+    /// The baseline epochs' length together, ns.
+    fn base_ns(&self) -> u64 {
+        self.before.duration_ns + self.after.duration_ns
+    }
+
+    /// Whether `n` of epoch `e` reaches `min`. The minimum counts are per full epoch: a
+    /// shorter one (the agent's probe runs a quarter period) needs as much less. Judged by raw
+    /// counts, a server at 600 sync points a second (about 30 in a 50 ms probe, under
+    /// min_progress and min_wakeups) was "too small to compare" at every probe, so the
+    /// polling "lost" and went off, halting its wakeups for seconds (`gleaner bench workload
+    /// openloop --rate 200`).
+    fn enough(&self, n: u64, e: &EpochReading, min: u64) -> bool {
+        n as f64 >= min as f64 * e.duration_ns as f64 / self.longest as f64
+    }
+
+    /// What progress is measured in: the workload's counter where every epoch has one, else
+    /// bytes moved where every epoch moved at least `min_io_bytes`, else sync points.
+    fn unit(&self, min_io_bytes: u64) -> ProgressUnit {
+        if self.all().iter().all(|e| e.counter.is_some()) {
+            ProgressUnit::Counter
+        } else if self.all().iter().all(|e| self.enough(e.io.bytes, e, min_io_bytes)) {
+            ProgressUnit::IoBytes
+        } else {
+            ProgressUnit::SyncPoints
+        }
+    }
+}
+
+/// The two modes of a comparison: progress rates, mean wakeup latencies (where any were
+/// traced) and the retention CPU "on" takes more than "off", vCPUs.
+struct Sides {
+    on_rate: f64,
+    off_rate: f64,
+    burn_vcpus: f64,
+    on_wake: Option<f64>,
+    off_wake: Option<f64>,
+}
+
+/// `progress` per second over `ns` (0 over no time).
+fn per_s(progress: u64, ns: u64) -> f64 {
+    if ns == 0 {
+        0.0
+    } else {
+        progress as f64 * 1e9 / ns as f64
+    }
+}
+
+/// An epoch's progress in `unit`.
+fn progress_of(e: &EpochReading, unit: ProgressUnit) -> u64 {
+    match unit {
+        ProgressUnit::SyncPoints => e.progress,
+        ProgressUnit::IoBytes => e.io.bytes,
+        ProgressUnit::Counter => e.counter.unwrap_or(0),
+    }
+}
+
+/// The count of events chance is judged from: the sync points, or for bytes the fewer of
+/// the calls and the sync points (a request is a few calls and a block or two).
+fn events_of(e: &EpochReading, unit: ProgressUnit) -> u64 {
+    match unit {
+        ProgressUnit::SyncPoints => e.progress,
+        ProgressUnit::IoBytes if e.progress > 0 => e.io.calls.min(e.progress),
+        ProgressUnit::IoBytes => e.io.calls,
+        // A counter's steps, as many as the sync points at the most (a byte counter would
+        // claim a precision its epochs do not have).
+        ProgressUnit::Counter => e.counter.unwrap_or(0).min(e.progress.max(1)),
     }
 }
 
