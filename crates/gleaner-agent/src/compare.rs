@@ -110,54 +110,18 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
     }
     check_runs(args)?;
     let runs = args.runs.unwrap_or(5);
-    let mut policies: Vec<Policy> = Vec::new();
-    for p in args.policies.as_deref().unwrap_or(&[Policy::Stock, Policy::Gleaner]) {
-        if !policies.contains(p) {
-            policies.push(*p);
-        }
-    }
-    if policies.is_empty() {
-        return Err(BadInput::new("--policies", "(none)", Policy::allowed()).into());
-    }
+    let policies = chosen_policies(args)?;
     let cfg = args.flags.resolve()?;
     let sysfs = Sysfs::new();
     let cpus = agent::managed_cpus(&cfg, &sysfs)?;
-    let command = if args.cmd.is_empty() {
-        let exe = std::env::current_exe().context("locating the gleaner binary")?;
-        vec![exe.display().to_string(), "bench".into(), "workload".into(), "pipeline".into(), "--json".into()]
-    } else {
-        args.cmd.clone()
-    };
+    let command = command_of(args)?;
     agent::check_program(&command)?;
     let knobs = IdleKnobs::new();
     let offer = knobs.offer(&cpus).ok();
     let root = nix::unistd::geteuid().is_root();
-    for &p in &policies {
-        if let Some(why) = unavailable(p, offer.as_ref(), root) {
-            let list: Vec<String> = policies.iter().map(Policy::to_string).collect();
-            return Err(BadInput::new("--policies", list.join(","), format!("policies this machine offers ({p}: {why})")).into());
-        }
-    }
-    let mut notes = Vec::new();
-    let balanced = u32::try_from(balanced_rounds(policies.len())).unwrap_or(1);
-    if policies.len() > 1 && !runs.is_multiple_of(balanced) {
-        notes.push(format!(
-            "{} runs of {} policies: each policy takes each place in a round, and follows each other policy, equally often only when --runs is a multiple of {balanced}",
-            runs,
-            policies.len(),
-        ));
-    }
-    // Calibrate once, so every Gleaner run plans from the same wake-cost curve.
-    let calibration = (policies.iter().any(|p| p.retention()) && cfg.retention).then(|| {
-        if cfg.timeout_us.is_some() {
-            agent::setup::calibration(&cfg, &cpus, None, false)
-        } else {
-            let got = crate::cache::obtain(&cfg.cache_policy(), &crate::cache::World::real(), &cpus, || {
-                crate::calibrate::measure_journaled(&cfg.run_dir, &cpus)
-            });
-            agent::Calibrated { results: got.results.map_err(|i| i.error), source: Some(got.source) }
-        }
-    });
+    check_offered(&policies, offer.as_ref(), root)?;
+    let mut notes: Vec<String> = balance_note(runs, &policies).into_iter().collect();
+    let calibration = calibrate_once(&policies, &cfg, &cpus);
     if let Some(Err(e)) = calibration.as_ref().map(|c| &c.results) {
         notes.push(format!("gleaner runs without a wake-cost curve: {e}"));
     }
@@ -170,38 +134,18 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
         calibration: calibration.clone(),
     };
     let mut runner = Runner::new(&cfg, &cpus, offer.clone(), &policies, root)?;
-    let total = runs * u32::try_from(policies.len()).unwrap_or(u32::MAX);
-    let mut samples = Vec::new();
-    let t0 = Instant::now();
-    let result = (|| -> anyhow::Result<()> {
-        for i in 0..runs {
-            for p in round_order(policies.len(), usize::try_from(i).unwrap_or(0)).into_iter().map(|k| policies[k]) {
-                let n = u32::try_from(samples.len()).map_or(u32::MAX, |done| done + 1);
-                if !args.json {
-                    let eta = if n > 1 {
-                        format!(", ~{:.0} s left", t0.elapsed().as_secs_f64() / f64::from(n - 1) * f64::from(total - n + 1))
-                    } else {
-                        String::new()
-                    };
-                    eprint!("\rgleaner compare: run {n}/{total} ({p}, round {}){eta}    ", i + 1);
-                }
-                let s = runner.run(p, i, &command, &cfg, &opts)?;
-                if s.metrics.exit_code.unwrap_or(1) != 0 {
-                    let err = std::fs::read_to_string(out_dir.path().join("err.txt")).unwrap_or_default();
-                    anyhow::bail!(
-                        "the workload failed in a {p} run (exit status {}): {}{}",
-                        s.metrics.exit_code.unwrap_or(1),
-                        command.join(" "),
-                        if err.is_empty() { String::new() } else { format!(": {}", err.trim()) }
-                    );
-                }
-                samples.push(s);
-            }
-        }
-        Ok(())
-    })();
+    let rounds = Rounds {
+        runs,
+        policies: &policies,
+        command: &command,
+        cfg: &cfg,
+        opts: &opts,
+        err_txt: out_dir.path().join("err.txt"),
+        show: !args.json,
+    };
+    let result = rounds.run(&mut runner);
     let finished = runner.finish();
-    result?;
+    let samples = result?;
     finished?;
     if !args.json {
         eprintln!();
@@ -221,6 +165,117 @@ pub fn run_doc(args: &CompareArgs) -> anyhow::Result<CompareDoc> {
         vs_stock,
         per_round,
     })
+}
+
+/// The policies `--policies` names (stock and gleaner by default), each once, in order.
+fn chosen_policies(args: &CompareArgs) -> anyhow::Result<Vec<Policy>> {
+    let mut policies: Vec<Policy> = Vec::new();
+    for p in args.policies.as_deref().unwrap_or(&[Policy::Stock, Policy::Gleaner]) {
+        if !policies.contains(p) {
+            policies.push(*p);
+        }
+    }
+    if policies.is_empty() {
+        return Err(BadInput::new("--policies", "(none)", Policy::allowed()).into());
+    }
+    Ok(policies)
+}
+
+/// The command to measure: the given one, or this binary's pipeline workload with `--json`.
+fn command_of(args: &CompareArgs) -> anyhow::Result<Vec<String>> {
+    Ok(if args.cmd.is_empty() {
+        let exe = std::env::current_exe().context("locating the gleaner binary")?;
+        vec![exe.display().to_string(), "bench".into(), "workload".into(), "pipeline".into(), "--json".into()]
+    } else {
+        args.cmd.clone()
+    })
+}
+
+/// Fails on the first policy this machine does not offer, saying why.
+fn check_offered(policies: &[Policy], offer: Option<&IdleOffer>, root: bool) -> anyhow::Result<()> {
+    for &p in policies {
+        if let Some(why) = unavailable(p, offer, root) {
+            let list: Vec<String> = policies.iter().map(Policy::to_string).collect();
+            return Err(BadInput::new("--policies", list.join(","), format!("policies this machine offers ({p}: {why})")).into());
+        }
+    }
+    Ok(())
+}
+
+/// A note when `runs` rounds cannot balance the order of the policies.
+fn balance_note(runs: u32, policies: &[Policy]) -> Option<String> {
+    let balanced = u32::try_from(balanced_rounds(policies.len())).unwrap_or(1);
+    (policies.len() > 1 && !runs.is_multiple_of(balanced)).then(|| {
+        format!(
+            "{} runs of {} policies: each policy takes each place in a round, and follows each other policy, equally often only when --runs is a multiple of {balanced}",
+            runs,
+            policies.len(),
+        )
+    })
+}
+
+/// Calibrates once, so every Gleaner run plans from the same wake-cost curve; `None` when no
+/// policy retains or retention is off.
+fn calibrate_once(policies: &[Policy], cfg: &crate::config::AgentConfig, cpus: &CpuSet) -> Option<agent::Calibrated> {
+    (policies.iter().any(|p| p.retention()) && cfg.retention).then(|| {
+        if cfg.timeout_us.is_some() {
+            agent::setup::calibration(cfg, cpus, None, false)
+        } else {
+            let got = crate::cache::obtain(&cfg.cache_policy(), &crate::cache::World::real(), cpus, || {
+                crate::calibrate::measure_journaled(&cfg.run_dir, cpus)
+            });
+            agent::Calibrated { results: got.results.map_err(|i| i.error), source: Some(got.source) }
+        }
+    })
+}
+
+/// The rounds of a comparison: every policy once a round, in the round's order.
+struct Rounds<'a> {
+    runs: u32,
+    policies: &'a [Policy],
+    command: &'a [String],
+    cfg: &'a crate::config::AgentConfig,
+    opts: &'a RunOptions,
+    /// Where the workload's standard error goes (shown when it fails).
+    err_txt: PathBuf,
+    /// Whether to show progress on standard error.
+    show: bool,
+}
+
+impl Rounds<'_> {
+    /// Runs every round with `runner`; returns the runs, or the first error (a workload that
+    /// failed is one).
+    fn run(&self, runner: &mut Runner) -> anyhow::Result<Vec<PolicyRun>> {
+        let (runs, policies, command) = (self.runs, self.policies, self.command);
+        let total = runs * u32::try_from(policies.len()).unwrap_or(u32::MAX);
+        let mut samples = Vec::new();
+        let t0 = Instant::now();
+        for i in 0..runs {
+            for p in round_order(policies.len(), usize::try_from(i).unwrap_or(0)).into_iter().map(|k| policies[k]) {
+                let n = u32::try_from(samples.len()).map_or(u32::MAX, |done| done + 1);
+                if self.show {
+                    let eta = if n > 1 {
+                        format!(", ~{:.0} s left", t0.elapsed().as_secs_f64() / f64::from(n - 1) * f64::from(total - n + 1))
+                    } else {
+                        String::new()
+                    };
+                    eprint!("\rgleaner compare: run {n}/{total} ({p}, round {}){eta}    ", i + 1);
+                }
+                let s = runner.run(p, i, command, self.cfg, self.opts)?;
+                if s.metrics.exit_code.unwrap_or(1) != 0 {
+                    let err = std::fs::read_to_string(&self.err_txt).unwrap_or_default();
+                    anyhow::bail!(
+                        "the workload failed in a {p} run (exit status {}): {}{}",
+                        s.metrics.exit_code.unwrap_or(1),
+                        command.join(" "),
+                        if err.is_empty() { String::new() } else { format!(": {}", err.trim()) }
+                    );
+                }
+                samples.push(s);
+            }
+        }
+        Ok(samples)
+    }
 }
 
 /// `--from FILE`: the document of an earlier comparison, its summaries made again from its runs.

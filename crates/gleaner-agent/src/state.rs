@@ -219,61 +219,11 @@ impl Undo for Change {
 /// back, cpus already at their original value) is left alone.
 fn undo_one(cx: &UndoCx, change: &Change) -> anyhow::Result<()> {
     match change {
-        Change::SetCpus { path, original } => {
-            if let Some(cg) = cx.cgroups()?.open_existing(path)? {
-                let cpus = CpuSet::parse(original).map_err(|e| anyhow::anyhow!("recorded cpus '{original}': {e}"))?;
-                // Unchanged (a write refused, or undone before a kill): nothing to
-                // write, so a read-only cpuset.cpus is not a failed restore.
-                if cg.cpus().ok().as_ref() != Some(&cpus) {
-                    cg.set_cpus(&cpus)?;
-                }
-            }
-        }
-        Change::MovedProcess { pid, from, to } => {
-            let cgroups = cx.cgroups()?;
-            // Only move it back if it is still where we put it (and where it came from exists).
-            if let (Some(src), Some(dest)) = (cgroups.open_existing(to)?, cgroups.open_existing(from)?) {
-                if src.procs().unwrap_or_default().contains(pid) {
-                    ignore_vanished(dest.add_process(*pid))?;
-                }
-            }
-        }
-        Change::EnabledCpuset { dir } => {
-            // Only while no child group (ours is gone by now) could depend on it.
-            let busy = std::fs::read_dir(dir).map(|d| d.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()))).unwrap_or(true);
-            if !busy {
-                std::fs::write(dir.join("cgroup.subtree_control"), "-cpuset")
-                    .with_context(|| format!("disabling cpuset in {}", dir.display()))?;
-            }
-        }
-        Change::CreatedCgroup { path, fallback } => {
-            let cgroups = cx.cgroups()?;
-            // Removed already (by us before a kill, or by someone else): nothing to undo.
-            if let Some(cg) = cgroups.open_existing(path)? {
-                // Whatever is left goes back where the agent came from, or to the root.
-                let dest = match cgroups.open_existing(fallback)? {
-                    Some(d) => d,
-                    None => cgroups.open(cgroups.root())?,
-                };
-                for pid in cg.procs().unwrap_or_default() {
-                    ignore_vanished(dest.add_process(pid))?;
-                }
-                cg.remove()?;
-            }
-        }
-        Change::ModuleParam { module, name, original } => {
-            let sysfs = cx.knobs.sysfs();
-            // Already back (undone before a kill) or the module gone: nothing to write.
-            let now = sysfs.module_params(module)?;
-            if now.get(name).is_some_and(|v| v != original) {
-                sysfs.write_module_param(module, name, original)?;
-                if module == gleaner_os::idle::HALTPOLL_MODULE && name == gleaner_os::idle::HALTPOLL_WINDOW_PARAM {
-                    // Each CPU's own window, grown under ours, back to 0 (the cap alone
-                    // would leave them polling where idle periods stay short).
-                    cx.knobs.reset_poll_windows()?;
-                }
-            }
-        }
+        Change::SetCpus { path, original } => undo_set_cpus(cx, path, original)?,
+        Change::MovedProcess { pid, from, to } => undo_moved_process(cx, *pid, from, to)?,
+        Change::EnabledCpuset { dir } => undo_enabled_cpuset(dir)?,
+        Change::CreatedCgroup { path, fallback } => undo_created_cgroup(cx, path, fallback)?,
+        Change::ModuleParam { module, name, original } => undo_module_param(cx, module, name, original)?,
         Change::ResumeLatency { cpu, original } => {
             if cx.knobs.resume_latency(*cpu)? != *original {
                 cx.knobs.set_resume_latency(*cpu, original)?;
@@ -296,14 +246,88 @@ fn undo_one(cx: &UndoCx, change: &Change) -> anyhow::Result<()> {
                 cx.knobs.set_rcu_expedited(original)?;
             }
         }
-        Change::Pinned { tid, start_ticks, cpus } => {
-            // Only the thread that pinned itself: gone, or its id reused since, is left alone.
-            let same = gleaner_os::procfs::Procfs::new().process_stat(*tid).is_ok_and(|st| st.starttime_ticks == *start_ticks);
-            let want = CpuSet::parse(cpus).map_err(|e| anyhow::anyhow!("recorded pin '{cpus}': {e}"))?;
-            if same && gleaner_os::sched::affinity(*tid).is_ok_and(|now| now != want) {
-                ignore_vanished(gleaner_os::sched::set_affinity(*tid, &want))?;
-            }
+        Change::Pinned { tid, start_ticks, cpus } => undo_pinned(*tid, *start_ticks, cpus)?,
+    }
+    Ok(())
+}
+
+/// Puts a group's cpus back to `original` (when it still exists and they differ).
+fn undo_set_cpus(cx: &UndoCx, path: &Path, original: &str) -> anyhow::Result<()> {
+    if let Some(cg) = cx.cgroups()?.open_existing(path)? {
+        let cpus = CpuSet::parse(original).map_err(|e| anyhow::anyhow!("recorded cpus '{original}': {e}"))?;
+        // Unchanged (a write refused, or undone before a kill): nothing to
+        // write, so a read-only cpuset.cpus is not a failed restore.
+        if cg.cpus().ok().as_ref() != Some(&cpus) {
+            cg.set_cpus(&cpus)?;
         }
+    }
+    Ok(())
+}
+
+/// Moves a process back from `to` to `from`.
+fn undo_moved_process(cx: &UndoCx, pid: i32, from: &Path, to: &Path) -> anyhow::Result<()> {
+    let cgroups = cx.cgroups()?;
+    // Only move it back if it is still where we put it (and where it came from exists).
+    if let (Some(src), Some(dest)) = (cgroups.open_existing(to)?, cgroups.open_existing(from)?) {
+        if src.procs().unwrap_or_default().contains(&pid) {
+            ignore_vanished(dest.add_process(pid))?;
+        }
+    }
+    Ok(())
+}
+
+/// Disables the cpuset controller for the children of `dir` again.
+fn undo_enabled_cpuset(dir: &Path) -> anyhow::Result<()> {
+    // Only while no child group (ours is gone by now) could depend on it.
+    let busy = std::fs::read_dir(dir).map(|d| d.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()))).unwrap_or(true);
+    if !busy {
+        std::fs::write(dir.join("cgroup.subtree_control"), "-cpuset").with_context(|| format!("disabling cpuset in {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Removes a group the agent created, its processes moved to `fallback` (or the root) first.
+fn undo_created_cgroup(cx: &UndoCx, path: &Path, fallback: &Path) -> anyhow::Result<()> {
+    let cgroups = cx.cgroups()?;
+    // Removed already (by us before a kill, or by someone else): nothing to undo.
+    if let Some(cg) = cgroups.open_existing(path)? {
+        // Whatever is left goes back where the agent came from, or to the root.
+        let dest = match cgroups.open_existing(fallback)? {
+            Some(d) => d,
+            None => cgroups.open(cgroups.root())?,
+        };
+        for pid in cg.procs().unwrap_or_default() {
+            ignore_vanished(dest.add_process(pid))?;
+        }
+        cg.remove()?;
+    }
+    Ok(())
+}
+
+/// Writes a module parameter's original value back (and resets the CPUs' own poll windows
+/// after the haltpoll window's cap).
+fn undo_module_param(cx: &UndoCx, module: &str, name: &str, original: &str) -> anyhow::Result<()> {
+    let sysfs = cx.knobs.sysfs();
+    // Already back (undone before a kill) or the module gone: nothing to write.
+    let now = sysfs.module_params(module)?;
+    if now.get(name).is_some_and(|v| v != original) {
+        sysfs.write_module_param(module, name, original)?;
+        if module == gleaner_os::idle::HALTPOLL_MODULE && name == gleaner_os::idle::HALTPOLL_WINDOW_PARAM {
+            // Each CPU's own window, grown under ours, back to 0 (the cap alone
+            // would leave them polling where idle periods stay short).
+            cx.knobs.reset_poll_windows()?;
+        }
+    }
+    Ok(())
+}
+
+/// Puts a thread's remembered affinity back.
+fn undo_pinned(tid: i32, start_ticks: u64, cpus: &str) -> anyhow::Result<()> {
+    // Only the thread that pinned itself: gone, or its id reused since, is left alone.
+    let same = gleaner_os::procfs::Procfs::new().process_stat(tid).is_ok_and(|st| st.starttime_ticks == start_ticks);
+    let want = CpuSet::parse(cpus).map_err(|e| anyhow::anyhow!("recorded pin '{cpus}': {e}"))?;
+    if same && gleaner_os::sched::affinity(tid).is_ok_and(|now| now != want) {
+        ignore_vanished(gleaner_os::sched::set_affinity(tid, &want))?;
     }
     Ok(())
 }

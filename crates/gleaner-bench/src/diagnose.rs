@@ -282,7 +282,17 @@ pub fn diagnose(rounds: u32, curve: Result<(WakeCurve, String), String>) -> anyh
     Ok(r)
 }
 
+/// Prints the report for a person to read.
 fn print(r: &DiagnoseReport) {
+    print_idle_config(r);
+    print_wakeups(r);
+    print_curve(r);
+    print_verdict(r);
+}
+
+/// The machine's idle configuration: virtualization, CPUs, cpuidle, halt polling, boot
+/// options, steal time.
+fn print_idle_config(r: &DiagnoseReport) {
     let or_none = |o: &Option<String>| o.clone().unwrap_or_else(|| "none".into());
     println!(
         "virtualized:        {}{}",
@@ -308,6 +318,10 @@ fn print(r: &DiagnoseReport) {
     }
     println!("idle boot options:  {}", if r.boot_idle_options.is_empty() { "none".into() } else { r.boot_idle_options.join(" ") });
     println!("steal time:         {:.2}% now, {:.2}% since boot", r.steal_fraction_now * 100.0, r.steal_fraction_since_boot * 100.0);
+}
+
+/// The measured wakeups, idle transitions and the waiter's idle time during C.
+fn print_wakeups(r: &DiagnoseReport) {
     for w in [&r.wakeup_b, &r.wakeup_c].into_iter().flatten() {
         println!(
             "wakeup {}:           p50 {:.1} us, mean {:.1} us, p99 {:.1} us ({} samples, {} discarded, {} lost) - {}",
@@ -328,6 +342,10 @@ fn print(r: &DiagnoseReport) {
     if let Some(f) = r.c_waiter_cpu_idle_fraction {
         println!("waiter CPU idle:    {:.0}% of the time during C", f * 100.0);
     }
+}
+
+/// What idle retention is offered and the wake-cost curve, with its savings by idle gap.
+fn print_curve(r: &DiagnoseReport) {
     println!("idle retention:     {}", r.idle_offer);
     println!("wake-cost curve:    {}", r.curve_source);
     if let Some(c) = &r.curve {
@@ -349,6 +367,10 @@ fn print(r: &DiagnoseReport) {
             );
         }
     }
+}
+
+/// The exposure verdict, what it rests on, and the recommendations.
+fn print_verdict(r: &DiagnoseReport) {
     let basis = match (&r.best_saving, r.c_over_b) {
         (Some(b), _) => format!(
             "a retained wakeup is {:.2}x faster than a halted one after {:.0} us idle: {:.1} vs {:.1} us",

@@ -121,6 +121,9 @@ pub struct Placement {
     pub pool: usize,
 }
 
+/// The group of each (pool index, VM pid) of a plan.
+type PoolPaths = BTreeMap<(usize, i32), PathBuf>;
+
 impl Actuator {
     /// Refuses to start when a state file from a live agent exists; a stale one is restored
     /// first (crash recovery).
@@ -219,9 +222,23 @@ impl Actuator {
     pub fn apply(&mut self, plan: &Plan, placements: &[Placement]) -> anyhow::Result<()> {
         let v2 = matches!(self.cgroups.layout(), Layout::V2 { .. });
         self.record(|s| s.plan = plan.clone())?;
-        // Pool groups and their CPUs.
+        let (wanted, pool_path) = self.ensure_pools(plan, placements, v2)?;
+        self.place_threads(plan, placements, &pool_path, v2)?;
+        let (gone_threads, gone_processes) = self.release_unplaced(placements);
+        let (removed, result) = self.remove_unwanted(&wanted);
+        self.record(|s| {
+            s.threads.retain(|tid, _| !gone_threads.contains(tid));
+            s.processes.retain(|pid, _| !gone_processes.contains(pid));
+            s.groups.retain(|g| !removed.contains(g));
+        })?;
+        result
+    }
+
+    /// Creates the pool groups of the placements (under a group per VM on cgroup v2) and sets
+    /// their CPUs; returns the groups wanted and each (pool, pid)'s group.
+    fn ensure_pools(&mut self, plan: &Plan, placements: &[Placement], v2: bool) -> anyhow::Result<(Vec<PathBuf>, PoolPaths)> {
         let mut wanted: Vec<PathBuf> = Vec::new();
-        let mut pool_path: BTreeMap<(usize, i32), PathBuf> = BTreeMap::new();
+        let mut pool_path: PoolPaths = BTreeMap::new();
         for pl in placements {
             let pool = &plan.pools[pl.pool];
             let cpus: CpuSet = pool.pcpus.iter().copied().collect();
@@ -241,7 +258,13 @@ impl Actuator {
             wanted.push(path.clone());
             pool_path.insert((pl.pool, pl.pid), path);
         }
-        // Threads.
+        Ok((wanted, pool_path))
+    }
+
+    /// Moves each placed thread (recorded first) into its pool's group, its process into its
+    /// VM's group on cgroup v2, and sets the pool's quantum as its slice; a vanished thread is
+    /// skipped.
+    fn place_threads(&mut self, plan: &Plan, placements: &[Placement], pool_path: &PoolPaths, v2: bool) -> anyhow::Result<()> {
         for pl in placements {
             if !self.record_thread(pl.pid, pl.tid)? {
                 continue; // vanished
@@ -269,7 +292,12 @@ impl Actuator {
                 Err(e) => return Err(e.into()),
             }
         }
-        // Threads no longer placed: give them back their original settings.
+        Ok(())
+    }
+
+    /// Threads and processes no longer placed: gives them back their original settings (what
+    /// fails becomes a warning); returns their tids and pids.
+    fn release_unplaced(&mut self, placements: &[Placement]) -> (Vec<i32>, Vec<i32>) {
         let placed: Vec<i32> = placements.iter().map(|p| p.tid).collect();
         let os = self.os();
         let st = self.journal.doc();
@@ -280,9 +308,14 @@ impl Actuator {
         let gone_processes: Vec<&ProcessRecord> = st.processes.values().filter(|r| !pids.contains(&r.pid)).collect();
         failed.extend(journal::undo_each(&os, gone_processes.iter().copied(), |_| {}));
         let gone_processes: Vec<i32> = gone_processes.iter().map(|r| r.pid).collect();
-        // Groups no longer wanted, children first.
-        let unwanted: Vec<PathBuf> = st.groups.iter().rev().filter(|g| !wanted.contains(g)).cloned().collect();
         self.warnings.extend(failed);
+        (gone_threads, gone_processes)
+    }
+
+    /// Removes the recorded groups not `wanted`, children first, up to the first that cannot
+    /// be; returns those removed and the error, if any.
+    fn remove_unwanted(&mut self, wanted: &[PathBuf]) -> (Vec<PathBuf>, anyhow::Result<()>) {
+        let unwanted: Vec<PathBuf> = self.journal.doc().groups.iter().rev().filter(|g| !wanted.contains(g)).cloned().collect();
         let mut removed = Vec::new();
         let mut result = Ok(());
         for path in unwanted {
@@ -294,12 +327,7 @@ impl Actuator {
             }
             removed.push(path);
         }
-        self.record(|s| {
-            s.threads.retain(|tid, _| !gone_threads.contains(tid));
-            s.processes.retain(|pid, _| !gone_processes.contains(pid));
-            s.groups.retain(|g| !removed.contains(g));
-        })?;
-        result
+        (removed, result)
     }
 
     /// Undoes everything and deletes the state file.

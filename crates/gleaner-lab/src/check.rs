@@ -1,13 +1,13 @@
 //! `gleaner lab check`: preflight with instructions for whatever is missing.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use gleaner_qemu::kernel as cache;
-use gleaner_qemu::{accel, guest, Accel};
+use gleaner_qemu::{accel, guest, Accel, GuestError};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Item {
@@ -34,6 +34,29 @@ fn tool(cmd: &str, arg: &str) -> Option<String> {
 /// acceleration by booting guests.
 pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Path>) -> Vec<Item> {
     let mut items = Vec::new();
+    let bb = check_tools(&mut items);
+    let kernel = check_kernel(&mut items, cache_dir, fetch);
+    let kvm = Path::new("/dev/kvm").exists();
+    if boot {
+        if let (Ok(k), Ok(b)) = (&kernel, &bb) {
+            probe_boots(&mut items, k, b, kvm);
+        }
+    }
+    if !kvm {
+        items.push(item(
+            "kvm",
+            false,
+            false,
+            "/dev/kvm missing: TCG will be used".into(),
+            Some("modprobe kvm_intel or kvm_amd on a host with hardware virtualization"),
+        ));
+    }
+    check_host(&mut items, gleaner);
+    items
+}
+
+/// The host tools: QEMU, a static busybox, apt-get and dpkg-deb; returns busybox's path.
+fn check_tools(items: &mut Vec<Item>) -> Result<PathBuf, GuestError> {
     let q = tool("qemu-system-x86_64", "--version");
     items.push(item(
         "qemu",
@@ -58,6 +81,11 @@ pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Pa
         if apt { "apt-get and dpkg-deb present (for fetch-kernel)".into() } else { "apt-get/dpkg-deb missing".into() },
         Some("a Debian or Ubuntu host is needed to fetch the guest kernel"),
     ));
+    bb
+}
+
+/// The cached guest kernel (fetched first when `fetch` and the cache has none); returns it.
+fn check_kernel(items: &mut Vec<Item>, cache_dir: &Path, fetch: bool) -> Result<cache::Kernel, cache::CacheError> {
     let mut kernel = cache::find_kernel(cache_dir, None);
     if kernel.is_err() && fetch {
         kernel = cache::fetch_kernel(cache_dir, None, &mut |s| eprintln!("lab: {s}"));
@@ -78,44 +106,39 @@ pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Pa
         },
         Some("gleaner lab fetch-kernel   (or: gleaner lab check --fetch; needs `apt-get update` done)"),
     ));
-    let kvm = Path::new("/dev/kvm").exists();
-    if boot {
-        if let (Ok(k), Ok(b)) = (&kernel, &bb) {
-            match accel::probe(Accel::Tcg, k, b, Duration::from_secs(60)) {
-                Ok(p) => items.push(item(
-                    "tcg",
-                    p.boot_s.is_some(),
-                    true,
-                    p.boot_s.map_or(p.detail.clone(), |s| format!("boots to init in {s:.1} s")),
-                    Some("see the console lines above; is the kernel cache complete?"),
-                )),
-                Err(e) => items.push(item("tcg", false, true, e.to_string(), None)),
-            }
-            if kvm {
-                match accel::probe(Accel::Kvm, k, b, Duration::from_secs(accel::KVM_PROBE_S)) {
-                    Ok(p) => items.push(item(
-                        "kvm",
-                        p.boot_s.is_some(),
-                        false,
-                        p.boot_s.map_or(format!("/dev/kvm exists but a guest did not boot: {} (TCG will be used)", p.detail), |s| {
-                            format!("boots to init in {s:.1} s (KVM will be used)")
-                        }),
-                        Some("no hardware virtualization reachable (nested without VMX/SVM?): TCG is used"),
-                    )),
-                    Err(e) => items.push(item("kvm", false, false, e.to_string(), None)),
-                }
-            }
+    kernel
+}
+
+/// Boots a guest under TCG, and under KVM when `/dev/kvm` exists, to see what accelerates.
+fn probe_boots(items: &mut Vec<Item>, k: &cache::Kernel, b: &Path, kvm: bool) {
+    match accel::probe(Accel::Tcg, k, b, Duration::from_secs(60)) {
+        Ok(p) => items.push(item(
+            "tcg",
+            p.boot_s.is_some(),
+            true,
+            p.boot_s.map_or(p.detail.clone(), |s| format!("boots to init in {s:.1} s")),
+            Some("see the console lines above; is the kernel cache complete?"),
+        )),
+        Err(e) => items.push(item("tcg", false, true, e.to_string(), None)),
+    }
+    if kvm {
+        match accel::probe(Accel::Kvm, k, b, Duration::from_secs(accel::KVM_PROBE_S)) {
+            Ok(p) => items.push(item(
+                "kvm",
+                p.boot_s.is_some(),
+                false,
+                p.boot_s.map_or(format!("/dev/kvm exists but a guest did not boot: {} (TCG will be used)", p.detail), |s| {
+                    format!("boots to init in {s:.1} s (KVM will be used)")
+                }),
+                Some("no hardware virtualization reachable (nested without VMX/SVM?): TCG is used"),
+            )),
+            Err(e) => items.push(item("kvm", false, false, e.to_string(), None)),
         }
     }
-    if !kvm {
-        items.push(item(
-            "kvm",
-            false,
-            false,
-            "/dev/kvm missing: TCG will be used".into(),
-            Some("modprobe kvm_intel or kvm_amd on a host with hardware virtualization"),
-        ));
-    }
+}
+
+/// The host's cgroups, memory and font, and the gleaner binary shared into the guests.
+fn check_host(items: &mut Vec<Item>, gleaner: Option<&Path>) {
     let (cpuset, detail) = match gleaner_os::cgroup::Cgroups::detect() {
         Ok(c) => (true, format!("cpuset on cgroup v{} at {}", c.layout().version(), c.root().display())),
         Err(e) => (false, format!("{e:#}")),
@@ -148,5 +171,4 @@ pub fn run_checks(cache_dir: &Path, fetch: bool, boot: bool, gleaner: Option<&Pa
             Some("cargo build --release, or pass --gleaner PATH (not under /dev, /proc, /sys)"),
         ));
     }
-    items
 }

@@ -309,7 +309,14 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
     w("runs.csv", &rows_csv(&r.rows))?;
     let sc = summary_csv(&r.summary);
     w("summary.csv", &sc)?;
+    let plot_notes = draw_plots(out, r);
+    w("report.md", &report_md(r, &plot_notes))?;
+    Ok(out.join("report.md"))
+}
 
+/// Draws `latency_cpu.png`, `wall.png` and `vcpu_cpu.png` into `out`; returns a note for
+/// each plot not drawn.
+fn draw_plots(out: &Path, r: &LabResults) -> Vec<String> {
     let walls: Vec<(String, f64)> = r.summary.iter().filter_map(|s| s.wall_s.map(|x| (label(s), x))).collect();
     let mut vcpu = Vec::new();
     for s in r.summary.iter().filter(|s| s.mode != RowMode::Native) {
@@ -341,9 +348,41 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
             plot_notes.push(format!("{file} not drawn: {e}"));
         }
     }
+    plot_notes
+}
 
-    let exp = &r.experiment;
+/// The text of `report.md`: the run's settings, the main table, sizing, wakeup costs, setup,
+/// KVM statistics and the notes (the run's, then `plot_notes`).
+fn report_md(r: &LabResults, plot_notes: &[String]) -> String {
     let mut md = String::new();
+    md_settings(&mut md, r);
+    let _ = writeln!(md, "## Main table\n\n{}", main_table(r));
+    md.push_str(
+        "\nd_eta_r, d_eta_t and omega are the survey's reduced resource efficiency, reduced temporal efficiency \
+         and overhead impact factor of each VM row against the native row (section 3), with gamma = the pCPUs \
+         available (halved in OC/OC2). Speedup is stock wall time / this wall time; the weighted speedup is the \
+         mean of the workload's speedup and the co-runner's throughput ratio (Gleaner paper, 7.2.1). Intervals \
+         are percentile-bootstrap 95% intervals over the runs (4000 resamples, seeded). Host CPU per item is all \
+         QEMU threads' CPU time during the step divided by the work done; vCPU halts are the vCPU threads' \
+         voluntary context switches on the host; host CPU per avoided halt is the extra CPU per item over the \
+         stock mode divided by the halts per item it avoided.\n\n",
+    );
+    let _ = writeln!(md, "![wall time vs host CPU](latency_cpu.png)\n\n![wall time](wall.png)\n\n![host CPU per vCPU](vcpu_cpu.png)\n");
+    md_sizing(&mut md, r);
+    md_wake_costs(&mut md, r);
+    md_setup_and_kvm(&mut md, r);
+    md.push_str("## Notes\n\n");
+    for n in r.notes.iter().chain(plot_notes) {
+        let _ = writeln!(md, "- {n}");
+    }
+    md.push_str("\nFiles: results.json (everything), runs.csv (one line per run), summary.csv (the table).\n");
+    md
+}
+
+/// The report's title, description and settings list (scenario, acceleration, versions,
+/// boot times, workload, co-runner, total time).
+fn md_settings(md: &mut String, r: &LabResults) {
+    let exp = &r.experiment;
     let _ = writeln!(md, "# gleaner lab: {}\n\n{}\n", exp.name, exp.description);
     let _ = writeln!(
         md,
@@ -372,18 +411,10 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
         let _ = writeln!(md, "- co-runner (VM B, in a loop): `gleaner {}`", co.join(" "));
     }
     let _ = writeln!(md, "- total time {:.0} s\n", r.duration_s);
-    let _ = writeln!(md, "## Main table\n\n{}", main_table(r));
-    md.push_str(
-        "\nd_eta_r, d_eta_t and omega are the survey's reduced resource efficiency, reduced temporal efficiency \
-         and overhead impact factor of each VM row against the native row (section 3), with gamma = the pCPUs \
-         available (halved in OC/OC2). Speedup is stock wall time / this wall time; the weighted speedup is the \
-         mean of the workload's speedup and the co-runner's throughput ratio (Gleaner paper, 7.2.1). Intervals \
-         are percentile-bootstrap 95% intervals over the runs (4000 resamples, seeded). Host CPU per item is all \
-         QEMU threads' CPU time during the step divided by the work done; vCPU halts are the vCPU threads' \
-         voluntary context switches on the host; host CPU per avoided halt is the extra CPU per item over the \
-         stock mode divided by the halts per item it avoided.\n\n",
-    );
-    let _ = writeln!(md, "![wall time vs host CPU](latency_cpu.png)\n\n![wall time](wall.png)\n\n![host CPU per vCPU](vcpu_cpu.png)\n");
+}
+
+/// The sizing section, when the workload was sized.
+fn md_sizing(md: &mut String, r: &LabResults) {
     if let Some(sz) = &r.sizing {
         let _ =
             writeln!(md, "## Sizing\n\nnative: `gleaner {}`\n\nguests: `gleaner {}`\n", r.native_args.join(" "), r.guest_args.join(" "));
@@ -399,6 +430,10 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
             sz.guest_work_us
         );
     }
+}
+
+/// The table of cross-vCPU wakeup latencies in the guests, when measured.
+fn md_wake_costs(md: &mut String, r: &LabResults) {
     if !r.wake_costs.is_empty() {
         md.push_str("## Cross-vCPU wakeup latency in the guests (Table 2 settings, us: p50 / mean / p99)\n\n| where | guest | A same vCPU | B other vCPU kept busy | C other vCPU halted |\n|---|---|---|---|---|\n");
         for w in &r.wake_costs {
@@ -412,6 +447,10 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
         }
         md.push('\n');
     }
+}
+
+/// The guest setup steps and the KVM statistics sections, each when there is any.
+fn md_setup_and_kvm(md: &mut String, r: &LabResults) {
     if !r.setup.is_empty() {
         md.push_str("## Guest setup (outside measured windows)\n\n");
         let steps: Vec<String> = r.setup.iter().map(|st| format!("{} {} (rc {})", st.guest, st.step, st.rc)).collect();
@@ -426,11 +465,4 @@ pub fn write(out: &Path, r: &LabResults) -> anyhow::Result<PathBuf> {
         }
         md.push('\n');
     }
-    md.push_str("## Notes\n\n");
-    for n in r.notes.iter().chain(&plot_notes) {
-        let _ = writeln!(md, "- {n}");
-    }
-    md.push_str("\nFiles: results.json (everything), runs.csv (one line per run), summary.csv (the table).\n");
-    w("report.md", &md)?;
-    Ok(out.join("report.md"))
 }

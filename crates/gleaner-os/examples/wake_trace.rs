@@ -16,11 +16,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use gleaner_os::bpf::{TracerConfig, WakeTracer};
+use gleaner_os::bpf::{ProgStats, TracerConfig, WakeTracer};
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::sched;
 use gleaner_os::sysfs::Sysfs;
-use gleaner_policy::idle::{Log2Hist, TargetState};
+use gleaner_policy::idle::{Log2Hist, TargetState, WakeTrace};
 
 fn describe(h: &Log2Hist) -> String {
     match (h.mean_ns(), h.quantile_ns(0.5), h.quantile_ns(0.99)) {
@@ -70,7 +70,16 @@ fn ping_pong(cpus: [u32; 2], stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u
     })
 }
 
-fn main() -> anyhow::Result<()> {
+/// The command line: SECONDS and the options (module documentation).
+struct Options {
+    seconds: f64,
+    with_load: bool,
+    paused: bool,
+    cycle: Option<u64>,
+}
+
+/// Reads the command line.
+fn options() -> anyhow::Result<Options> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let seconds: f64 = args.iter().find(|a| !a.starts_with("--")).map_or(Ok(3.0), |s| s.parse()).context("SECONDS must be a number")?;
     let with_load = args.iter().any(|a| a == "--ping-pong");
@@ -86,6 +95,11 @@ fn main() -> anyhow::Result<()> {
     {
         anyhow::bail!("unknown option {bad}: allowed are SECONDS, --ping-pong, --paused, --cycle=MS");
     }
+    Ok(Options { seconds, with_load, paused, cycle })
+}
+
+fn main() -> anyhow::Result<()> {
+    let Options { seconds, with_load, paused, cycle } = options()?;
 
     let sysfs = Sysfs::new();
     let cfg = TracerConfig::detect(&sysfs)?;
@@ -104,6 +118,36 @@ fn main() -> anyhow::Result<()> {
     let (trace0, stats0) = (tracer.read()?, tracer.prog_stats());
     let each0 = tracer.prog_stats_each();
     let t1 = Instant::now();
+    trace_for(&mut tracer, seconds, paused, cycle, t1)?;
+    tracer.detach();
+    let wall_s = t1.elapsed().as_secs_f64();
+    let trace = tracer.read()?.delta_since(&trace0);
+    let each = tracer.prog_stats_each();
+    let stats = tracer.prog_stats();
+    stop.store(true, Ordering::Relaxed);
+    let handovers = load.map(|h| h.join().expect("ping-pong"));
+
+    let traced_s = trace.traced_ns as f64 / 1e9;
+    println!(
+        "{} {wall_s:.2} s, counted {traced_s:.2} s on CPUs {} (POLL state {:?}), tracer loaded in {load_ms:.1} ms{}",
+        if paused { "attached, paused," } else { "attached" },
+        cfg.cpus,
+        cfg.poll_state,
+        handovers.map(|n| format!(", ping-pong hand-overs {n}")).unwrap_or_default()
+    );
+    print_histograms(&trace);
+    println!("\nprogram cost while attached{} (BPF_ENABLE_STATS):", if paused { " and paused" } else { "" });
+    print_costs(&each, &each0, wall_s);
+    if let (Some(a), Some(b)) = (stats, stats0) {
+        print_total_cost(&a.delta_since(&b), wall_s, cfg.cpus.len());
+    }
+    Ok(())
+}
+
+/// Traces for `seconds` from `t1`: attached throughout (paused at once with `paused`), or with
+/// `cycle` attached for that many milliseconds of every second and detached (or paused) for
+/// the rest.
+fn trace_for(tracer: &mut WakeTracer, seconds: f64, paused: bool, cycle: Option<u64>, t1: Instant) -> anyhow::Result<()> {
     match cycle {
         None => {
             tracer.attach()?;
@@ -126,22 +170,12 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
-    tracer.detach();
-    let wall_s = t1.elapsed().as_secs_f64();
-    let trace = tracer.read()?.delta_since(&trace0);
-    let each = tracer.prog_stats_each();
-    let stats = tracer.prog_stats();
-    stop.store(true, Ordering::Relaxed);
-    let handovers = load.map(|h| h.join().expect("ping-pong"));
+    Ok(())
+}
 
-    let traced_s = trace.traced_ns as f64 / 1e9;
-    println!(
-        "{} {wall_s:.2} s, counted {traced_s:.2} s on CPUs {} (POLL state {:?}), tracer loaded in {load_ms:.1} ms{}",
-        if paused { "attached, paused," } else { "attached" },
-        cfg.cpus,
-        cfg.poll_state,
-        handovers.map(|n| format!(", ping-pong hand-overs {n}")).unwrap_or_default()
-    );
+/// The wakeup latencies by target vCPU state, the idle periods by vCPU, and every latency's
+/// log2 bucket.
+fn print_histograms(trace: &WakeTrace) {
     println!("\nwakeup latency by target vCPU state (all tasks):   count | mean | p50 | p99");
     for s in TargetState::ALL {
         println!("  {:<5} {}", s.name(), describe(trace.latency.of(s)));
@@ -157,9 +191,11 @@ fn main() -> anyhow::Result<()> {
     for (i, c, sum) in trace.latency.all().iter() {
         println!("  {i:>2} {c:>7} {:>10.2}", sum as f64 / c as f64 / 1e3);
     }
+}
 
-    println!("\nprogram cost while attached{} (BPF_ENABLE_STATS):", if paused { " and paused" } else { "" });
-    for ((name, after), (_, before)) in each.iter().zip(&each0) {
+/// Each program's runs and cost over `wall_s`, from its statistics before and after.
+fn print_costs(each: &[(&str, Option<ProgStats>)], each0: &[(&str, Option<ProgStats>)], wall_s: f64) {
+    for ((name, after), (_, before)) in each.iter().zip(each0) {
         if let (Some(a), Some(b)) = (after, before) {
             let d = a.delta_since(b);
             println!(
@@ -171,17 +207,17 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
-    if let (Some(a), Some(b)) = (stats, stats0) {
-        let d = a.delta_since(&b);
-        let share = d.run_time_ns as f64 / (wall_s * 1e9 * cfg.cpus.len() as f64) * 100.0;
-        println!(
-            "  {:<16} {:>8} runs {:>9.0} /s {:>7.1} ns/run  = {share:.3}% of {} CPUs",
-            "total",
-            d.run_cnt,
-            d.run_cnt as f64 / wall_s,
-            d.ns_per_run().unwrap_or(0.0),
-            cfg.cpus.len()
-        );
-    }
-    Ok(())
+}
+
+/// All programs' runs over `wall_s` together, and their share of `cpus` CPUs.
+fn print_total_cost(d: &ProgStats, wall_s: f64, cpus: usize) {
+    let share = d.run_time_ns as f64 / (wall_s * 1e9 * cpus as f64) * 100.0;
+    println!(
+        "  {:<16} {:>8} runs {:>9.0} /s {:>7.1} ns/run  = {share:.3}% of {} CPUs",
+        "total",
+        d.run_cnt,
+        d.run_cnt as f64 / wall_s,
+        d.ns_per_run().unwrap_or(0.0),
+        cpus
+    );
 }

@@ -197,95 +197,11 @@ pub fn fetch_kernel(cache: &Path, package: Option<&str>, say: &mut dyn FnMut(&st
     say(&format!("resolving {meta_pkg} with apt-cache show"));
     let (pkg, pkg_version) = resolve_package(meta_pkg)?;
     let work = tempfile::Builder::new().prefix(".fetch-").tempdir_in(cache).map_err(io(cache))?;
-    say(&format!("apt-get download {pkg} (into {})", work.path().display()));
-    run(Command::new("apt-get").arg("download").arg(&pkg).current_dir(work.path()))?;
-    let deb = fs::read_dir(work.path())
-        .map_err(io(work.path()))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "deb"))
-        .ok_or_else(|| CacheError::Bad { path: work.path().into(), what: "apt-get download left no .deb".into() })?;
-    let unpacked = work.path().join("root");
-    say(&format!("dpkg-deb -x {}", deb.display()));
-    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
-
-    let boot = unpacked.join("boot");
-    let vmlinuz = fs::read_dir(&boot)
-        .map_err(io(&boot))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("vmlinuz-")))
-        .ok_or_else(|| CacheError::Bad { path: boot.clone(), what: "no vmlinuz-* in package".into() })?;
-    let version = vmlinuz.file_name().and_then(|n| n.to_str()).unwrap_or("").trim_start_matches("vmlinuz-").to_string();
+    let unpacked = download_and_unpack(&pkg, work.path(), say)?;
     let out = work.path().join("kernel");
-    let mods_out = out.join("modules");
-    fs::create_dir_all(&mods_out).map_err(io(&mods_out))?;
-    copy(&vmlinuz, &out.join("vmlinuz"))?;
-    let config = boot.join(format!("config-{version}"));
-    if config.is_file() {
-        copy(&config, &out.join("config"))?;
-    }
-
-    // Index every module of the package by name.
-    let mod_root = unpacked.join("lib/modules").join(&version).join("kernel");
-    let mod_root = if mod_root.is_dir() { mod_root } else { unpacked.join("usr/lib/modules").join(&version).join("kernel") };
-    let mut index: BTreeMap<String, PathBuf> = BTreeMap::new();
-    walk(&mod_root, &mut |p| {
-        let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        for suffix in [".ko", ".ko.xz", ".ko.zst", ".ko.gz"] {
-            if let Some(stem) = n.strip_suffix(suffix) {
-                index.insert(stem.replace('-', "_"), p.to_path_buf());
-            }
-        }
-    })?;
-    // Resolve dependencies lazily: only read the modules we need.
-    let mut deps: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut todo: Vec<String> = GUEST_MODULES.iter().map(|s| s.to_string()).collect();
-    let mut images: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    while let Some(m) = todo.pop() {
-        if deps.contains_key(&m) {
-            continue;
-        }
-        let Some(path) = index.get(&m) else {
-            // Built into the kernel (=y): nothing to load.
-            if is_builtin(&config, &m) {
-                deps.insert(m, vec![]);
-                continue;
-            }
-            return Err(CacheError::Bad { path: mod_root.clone(), what: format!("module {m} not in package") });
-        };
-        let image = decompress_module(path)?;
-        let d = modinfo::depends(&image).ok_or_else(|| CacheError::Bad { path: path.clone(), what: "no .modinfo".into() })?;
-        todo.extend(d.iter().cloned());
-        deps.insert(m.clone(), d);
-        images.insert(m, image);
-    }
-    let order = modinfo::load_order(GUEST_MODULES, &deps).map_err(|what| CacheError::Bad { path: mod_root.clone(), what })?;
-    let mut order_text = String::new();
-    for m in &order {
-        if let Some(image) = images.get(m) {
-            let p = mods_out.join(format!("{m}.ko"));
-            fs::write(&p, image).map_err(io(&p))?;
-            order_text.push_str(m);
-            order_text.push('\n');
-        }
-    }
-    let order_path = out.join("modules.order");
-    fs::write(&order_path, order_text).map_err(io(&order_path))?;
-
-    say("extracting the uncompressed vmlinux from vmlinuz");
-    let raw = fs::read(&vmlinuz).map_err(io(&vmlinuz))?;
-    let has_vmlinux = match extract_vmlinux(&raw) {
-        Some(elf) => {
-            let p = out.join("vmlinux");
-            fs::write(&p, elf).map_err(io(&p))?;
-            true
-        }
-        None => {
-            say("could not extract vmlinux; guests boot the compressed vmlinuz (slower)");
-            false
-        }
-    };
+    let (vmlinuz, version, config) = copy_boot_files(&unpacked, &out)?;
+    copy_guest_modules(&unpacked, &version, &config, &out)?;
+    let has_vmlinux = write_vmlinux(&vmlinuz, &out, say)?;
     let meta = KernelMeta {
         version: version.clone(),
         package: pkg,
@@ -303,6 +219,131 @@ pub fn fetch_kernel(cache: &Path, package: Option<&str>, say: &mut dyn FnMut(&st
     drop(work); // removes the 400 MB unpacked tree and the .deb
     say(&format!("kernel {version} cached in {}", dest.display()));
     Kernel::load(&dest)
+}
+
+/// Downloads package `pkg` into `work` and unpacks it there; returns the unpacked tree.
+fn download_and_unpack(pkg: &str, work: &Path, say: &mut dyn FnMut(&str)) -> Result<PathBuf, CacheError> {
+    say(&format!("apt-get download {pkg} (into {})", work.display()));
+    run(Command::new("apt-get").arg("download").arg(pkg).current_dir(work))?;
+    let deb = fs::read_dir(work)
+        .map_err(io(work))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .ok_or_else(|| CacheError::Bad { path: work.into(), what: "apt-get download left no .deb".into() })?;
+    let unpacked = work.join("root");
+    say(&format!("dpkg-deb -x {}", deb.display()));
+    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
+    Ok(unpacked)
+}
+
+/// Copies the package's vmlinuz (and config, if any) into `out`, creating `out/modules`;
+/// returns the vmlinuz, the kernel version and where the package's config is.
+fn copy_boot_files(unpacked: &Path, out: &Path) -> Result<(PathBuf, String, PathBuf), CacheError> {
+    let boot = unpacked.join("boot");
+    let vmlinuz = fs::read_dir(&boot)
+        .map_err(io(&boot))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("vmlinuz-")))
+        .ok_or_else(|| CacheError::Bad { path: boot.clone(), what: "no vmlinuz-* in package".into() })?;
+    let version = vmlinuz.file_name().and_then(|n| n.to_str()).unwrap_or("").trim_start_matches("vmlinuz-").to_string();
+    let mods_out = out.join("modules");
+    fs::create_dir_all(&mods_out).map_err(io(&mods_out))?;
+    copy(&vmlinuz, &out.join("vmlinuz"))?;
+    let config = boot.join(format!("config-{version}"));
+    if config.is_file() {
+        copy(&config, &out.join("config"))?;
+    }
+    Ok((vmlinuz, version, config))
+}
+
+/// Copies [`GUEST_MODULES`] and their dependencies (those not built in) into `out/modules`,
+/// decompressed, with `out/modules.order` listing them in load order.
+fn copy_guest_modules(unpacked: &Path, version: &str, config: &Path, out: &Path) -> Result<(), CacheError> {
+    let mod_root = unpacked.join("lib/modules").join(version).join("kernel");
+    let mod_root = if mod_root.is_dir() { mod_root } else { unpacked.join("usr/lib/modules").join(version).join("kernel") };
+    let index = module_index(&mod_root)?;
+    let (deps, images) = needed_modules(&index, config, &mod_root)?;
+    let order = modinfo::load_order(GUEST_MODULES, &deps).map_err(|what| CacheError::Bad { path: mod_root.clone(), what })?;
+    let mods_out = out.join("modules");
+    let mut order_text = String::new();
+    for m in &order {
+        if let Some(image) = images.get(m) {
+            let p = mods_out.join(format!("{m}.ko"));
+            fs::write(&p, image).map_err(io(&p))?;
+            order_text.push_str(m);
+            order_text.push('\n');
+        }
+    }
+    let order_path = out.join("modules.order");
+    fs::write(&order_path, order_text).map_err(io(&order_path))
+}
+
+/// Every module under `mod_root`, by name (`-` read as `_`).
+fn module_index(mod_root: &Path) -> Result<BTreeMap<String, PathBuf>, CacheError> {
+    let mut index: BTreeMap<String, PathBuf> = BTreeMap::new();
+    walk(mod_root, &mut |p| {
+        let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        for suffix in [".ko", ".ko.xz", ".ko.zst", ".ko.gz"] {
+            if let Some(stem) = n.strip_suffix(suffix) {
+                index.insert(stem.replace('-', "_"), p.to_path_buf());
+            }
+        }
+    })?;
+    Ok(index)
+}
+
+/// Each module's dependencies, by name.
+type ModuleDeps = BTreeMap<String, Vec<String>>;
+
+/// The dependencies of [`GUEST_MODULES`], resolved lazily (only the modules needed are read),
+/// and the decompressed image of each that is not built into the kernel.
+fn needed_modules(
+    index: &BTreeMap<String, PathBuf>,
+    config: &Path,
+    mod_root: &Path,
+) -> Result<(ModuleDeps, BTreeMap<String, Vec<u8>>), CacheError> {
+    let mut deps: ModuleDeps = BTreeMap::new();
+    let mut todo: Vec<String> = GUEST_MODULES.iter().map(|s| s.to_string()).collect();
+    let mut images: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    while let Some(m) = todo.pop() {
+        if deps.contains_key(&m) {
+            continue;
+        }
+        let Some(path) = index.get(&m) else {
+            // Built into the kernel (=y): nothing to load.
+            if is_builtin(config, &m) {
+                deps.insert(m, vec![]);
+                continue;
+            }
+            return Err(CacheError::Bad { path: mod_root.to_path_buf(), what: format!("module {m} not in package") });
+        };
+        let image = decompress_module(path)?;
+        let d = modinfo::depends(&image).ok_or_else(|| CacheError::Bad { path: path.clone(), what: "no .modinfo".into() })?;
+        todo.extend(d.iter().cloned());
+        deps.insert(m.clone(), d);
+        images.insert(m, image);
+    }
+    Ok((deps, images))
+}
+
+/// Writes the uncompressed kernel extracted from `vmlinuz` to `out/vmlinux`; false (said)
+/// when it cannot be extracted.
+fn write_vmlinux(vmlinuz: &Path, out: &Path, say: &mut dyn FnMut(&str)) -> Result<bool, CacheError> {
+    say("extracting the uncompressed vmlinux from vmlinuz");
+    let raw = fs::read(vmlinuz).map_err(io(vmlinuz))?;
+    Ok(match extract_vmlinux(&raw) {
+        Some(elf) => {
+            let p = out.join("vmlinux");
+            fs::write(&p, elf).map_err(io(&p))?;
+            true
+        }
+        None => {
+            say("could not extract vmlinux; guests boot the compressed vmlinuz (slower)");
+            false
+        }
+    })
 }
 
 fn is_builtin(config: &Path, module: &str) -> bool {

@@ -65,10 +65,7 @@ const SALT_B: u64 = 0x5bd1_e995_0000_0001;
 fn pipeline(p: &WorkloadParams, iters: u64) -> KResult {
     let w = Workload::Pipeline;
     let t = p.threads;
-    let cap = 2 * t;
-    let q1: BoundedQueue<u64> = BoundedQueue::with_timeout(cap, p.stall_timeout());
-    let q2: BoundedQueue<(u64, u64)> = BoundedQueue::with_timeout(cap, p.stall_timeout());
-    let q3: BoundedQueue<(u64, u64)> = BoundedQueue::with_timeout(cap, p.stall_timeout());
+    let (q1, q2, q3) = pipeline_queues(p);
     let abort = || {
         q1.abort();
         q2.abort();
@@ -90,10 +87,7 @@ fn pipeline(p: &WorkloadParams, iters: u64) -> KResult {
                 q1.close();
                 Ok(())
             })();
-            if r.is_err() {
-                abort();
-            }
-            r
+            aborting_on_error(r, abort)
         }));
         for _ in 0..t {
             hs.push(s.spawn(|| {
@@ -103,12 +97,7 @@ fn pipeline(p: &WorkloadParams, iters: u64) -> KResult {
                     }
                     Ok(())
                 })();
-                if r.is_err() {
-                    abort();
-                } else if live_a.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    q2.close();
-                }
-                r
+                stage_done(r, abort, &live_a, || q2.close())
             }));
         }
         for _ in 0..t {
@@ -123,12 +112,7 @@ fn pipeline(p: &WorkloadParams, iters: u64) -> KResult {
                     }
                     Ok(())
                 })();
-                if r.is_err() {
-                    abort();
-                } else if live_b.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    q3.close();
-                }
-                r
+                stage_done(r, abort, &live_b, || q3.close())
             }));
         }
         let sink = s.spawn(|| -> anyhow::Result<(u64, u64)> {
@@ -147,19 +131,54 @@ fn pipeline(p: &WorkloadParams, iters: u64) -> KResult {
                 check(w, n == p.items, || format!("{n} of {} items arrived", p.items))?;
                 Ok((n, sum))
             })();
-            if r.is_err() {
-                abort();
-            }
-            r
+            aborting_on_error(r, abort)
         });
         let results: Vec<_> = hs.into_iter().map(|h| h.join()).collect();
         (sink.join(), results)
     });
+    pipeline_outcome(sink, results)
+}
+
+/// A pipeline queue after the source: (item id, value).
+type ItemQueue = BoundedQueue<(u64, u64)>;
+
+/// The pipeline's three queues (source to stage A, A to B, B to sink), each of twice the
+/// threads per stage.
+fn pipeline_queues(p: &WorkloadParams) -> (BoundedQueue<u64>, ItemQueue, ItemQueue) {
+    let cap = 2 * p.threads;
+    let q1: BoundedQueue<u64> = BoundedQueue::with_timeout(cap, p.stall_timeout());
+    let q2: ItemQueue = BoundedQueue::with_timeout(cap, p.stall_timeout());
+    let q3: ItemQueue = BoundedQueue::with_timeout(cap, p.stall_timeout());
+    (q1, q2, q3)
+}
+
+/// A thread's result, after waking every other thread with `abort` if it is an error.
+fn aborting_on_error<T, E>(r: Result<T, E>, abort: impl Fn()) -> Result<T, E> {
+    if r.is_err() {
+        abort();
+    }
+    r
+}
+
+/// A stage thread's result: on an error every other thread is woken with `abort`; the last
+/// thread of the stage to finish (`live` counts them down) closes the stage's output with
+/// `close`.
+fn stage_done<E>(r: Result<(), E>, abort: impl Fn(), live: &AtomicU64, close: impl FnOnce()) -> Result<(), E> {
+    if r.is_err() {
+        abort();
+    } else if live.fetch_sub(1, Ordering::AcqRel) == 1 {
+        close();
+    }
+    r
+}
+
+/// The pipeline's result from the sink's and the other threads' (a sink that panicked panics
+/// here). A stage error (stall) is the root cause; a sink check failure is reported as such.
+fn pipeline_outcome(sink: std::thread::Result<KResult>, results: Vec<std::thread::Result<Result<(), SyncError>>>) -> KResult {
     let sink = match sink {
         Ok(r) => r,
         Err(p) => std::panic::resume_unwind(p),
     };
-    // A stage error (stall) is the root cause; a sink check failure is reported as such.
     match (first_error(results), sink) {
         (Ok(_), Ok(v)) => Ok(v),
         (_, Err(e)) if e.is::<CheckFailed>() => Err(e),

@@ -138,14 +138,7 @@ fn predict_cell(
     if cell.accel == Accel::Kvm {
         notes.push("KVM: halt polling simulated with KVM's default parameters (the lab does not record the host's)".into());
     }
-    // The stock mode first: it is the baseline of every ratio, as in the lab.
-    let mut modes: Vec<&input::MeasuredMode> = pass.modes.iter().collect();
-    modes.sort_by_key(|m| m.policy != IdlePolicy::Stock);
-    if modes.first().is_none_or(|m| m.policy != IdlePolicy::Stock) {
-        return Err(
-            BadInput::new(format!("modes of cell {}", cell.name), "no stock mode", "a stock mode (speedups are relative to it)").into()
-        );
-    }
+    let modes = stock_first(cell, pass)?;
     let variants: Vec<VariantCfg> =
         modes.iter().map(|m| model::variant_for(&m.summary.mode.to_string(), m.policy, &plan, halt_poll)).collect();
     let host = model::host_cfg(cell.pcpus, &opts.host);
@@ -156,43 +149,9 @@ fn predict_cell(
         .map(|&s| gleaner_sim::run_cases(&cell.name, "", &[(hp.to_string(), sc.clone())], s, false))
         .collect::<anyhow::Result<_>>()?;
     let lab = LabWindows::of(pass);
-    let items = cell.workload.params.items as f64;
     let mut policies = Vec::new();
     for (i, m) in modes.iter().enumerate() {
-        let runs: Vec<&[VmReport]> = reports.iter().map(|r| r.cases[0].variants[i].vms.as_slice()).collect();
-        let col = |f: &dyn Fn(&[VmReport]) -> Option<f64>| runs.iter().filter_map(|v| f(v)).collect::<Vec<f64>>();
-        let wsp: Vec<f64> = reports.iter().filter_map(|r| r.cases[0].variants[i].weighted_speedup).collect();
-        let s = &m.summary;
-        let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-        let pcpus = |v: &VmReport| (v.wall_ns > 0).then(|| v.cpu_ns as f64 / v.wall_ns as f64);
-        let finished = runs.iter().all(|v| v[0].finished);
-        if !finished {
-            notes.push(format!("{}: the simulated workload did not finish within {} simulated s", s.mode, sc.max_sim_ms / 1000.0));
-        }
-        policies.push(PolicyPrediction {
-            mode: s.mode.to_string(),
-            policy: m.policy,
-            simulated_as: sc.variants[i].guest,
-            runs_ok: s.runs_ok,
-            finished,
-            speedup: Compared::new(s.speedup, s.speedup_ci, &col(&|v| v[0].speedup)),
-            co_runner_ratio: Compared::new(s.co_runner_ratio, s.co_runner_ratio_ci, &col(&|v| v.get(1).and_then(|b| b.speedup))),
-            weighted_speedup: Compared::new(s.weighted_speedup, s.weighted_speedup_ci, &wsp),
-            co_runner_ratio_workload: lab.co_runner_ratio(&s.mode),
-            mechanics: Mechanics {
-                lab_wall_s: s.wall_s,
-                sim_wall_s: mean(col(&|v| Some(v[0].wall_ns as f64 / 1e9))),
-                lab_host_cpu_per_item_us: s.host_cpu_per_item_us,
-                sim_cpu_per_item_us: mean(col(&|v| Some(v[0].cpu_ns as f64 / 1e3 / items))),
-                lab_halts_per_item: s.sleeps_per_item,
-                sim_halts_per_item: mean(col(&|v| Some(v[0].exits.hlt as f64 / items))),
-                lab_vm_a_pcpus: lab.median_of(&s.mode, |w| Some(w.a_pcpus)),
-                sim_vm_a_pcpus: mean(col(&|v| pcpus(&v[0]))),
-                lab_vm_b_pcpus: lab.median_of(&s.mode, |w| w.b_pcpus),
-                sim_vm_b_pcpus: mean(col(&|v| v.get(1).and_then(pcpus))),
-                lab_other_pcpus: lab.median_of(&s.mode, |w| w.b_pcpus.map(|b| f64::from(cell.pcpus) - w.a_pcpus - b)),
-            },
-        });
+        policies.push(policy_prediction(cell, m, i, &reports, &sc, &lab, &mut notes));
     }
     let wake_check = wake_check(cell, pass, &sc, seeds[0])?;
     let c = CellPrediction {
@@ -213,6 +172,66 @@ fn predict_cell(
         notes,
     };
     Ok((c, sc))
+}
+
+/// The modes of a pass, the stock mode first: it is the baseline of every ratio, as in the lab.
+fn stock_first<'a>(cell: &LabCell, pass: &'a input::Pass) -> anyhow::Result<Vec<&'a input::MeasuredMode>> {
+    let mut modes: Vec<&input::MeasuredMode> = pass.modes.iter().collect();
+    modes.sort_by_key(|m| m.policy != IdlePolicy::Stock);
+    if modes.first().is_none_or(|m| m.policy != IdlePolicy::Stock) {
+        return Err(
+            BadInput::new(format!("modes of cell {}", cell.name), "no stock mode", "a stock mode (speedups are relative to it)").into()
+        );
+    }
+    Ok(modes)
+}
+
+/// Mode `m` (variant `i` of the scenario `sc`) predicted over the seeds' `reports`, beside the
+/// lab's measurement; notes a simulated workload that did not finish.
+fn policy_prediction(
+    cell: &LabCell,
+    m: &input::MeasuredMode,
+    i: usize,
+    reports: &[Report],
+    sc: &Scenario,
+    lab: &LabWindows,
+    notes: &mut Vec<String>,
+) -> PolicyPrediction {
+    let items = cell.workload.params.items as f64;
+    let runs: Vec<&[VmReport]> = reports.iter().map(|r| r.cases[0].variants[i].vms.as_slice()).collect();
+    let col = |f: &dyn Fn(&[VmReport]) -> Option<f64>| runs.iter().filter_map(|v| f(v)).collect::<Vec<f64>>();
+    let wsp: Vec<f64> = reports.iter().filter_map(|r| r.cases[0].variants[i].weighted_speedup).collect();
+    let s = &m.summary;
+    let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let pcpus = |v: &VmReport| (v.wall_ns > 0).then(|| v.cpu_ns as f64 / v.wall_ns as f64);
+    let finished = runs.iter().all(|v| v[0].finished);
+    if !finished {
+        notes.push(format!("{}: the simulated workload did not finish within {} simulated s", s.mode, sc.max_sim_ms / 1000.0));
+    }
+    PolicyPrediction {
+        mode: s.mode.to_string(),
+        policy: m.policy,
+        simulated_as: sc.variants[i].guest,
+        runs_ok: s.runs_ok,
+        finished,
+        speedup: Compared::new(s.speedup, s.speedup_ci, &col(&|v| v[0].speedup)),
+        co_runner_ratio: Compared::new(s.co_runner_ratio, s.co_runner_ratio_ci, &col(&|v| v.get(1).and_then(|b| b.speedup))),
+        weighted_speedup: Compared::new(s.weighted_speedup, s.weighted_speedup_ci, &wsp),
+        co_runner_ratio_workload: lab.co_runner_ratio(&s.mode),
+        mechanics: Mechanics {
+            lab_wall_s: s.wall_s,
+            sim_wall_s: mean(col(&|v| Some(v[0].wall_ns as f64 / 1e9))),
+            lab_host_cpu_per_item_us: s.host_cpu_per_item_us,
+            sim_cpu_per_item_us: mean(col(&|v| Some(v[0].cpu_ns as f64 / 1e3 / items))),
+            lab_halts_per_item: s.sleeps_per_item,
+            sim_halts_per_item: mean(col(&|v| Some(v[0].exits.hlt as f64 / items))),
+            lab_vm_a_pcpus: lab.median_of(&s.mode, |w| Some(w.a_pcpus)),
+            sim_vm_a_pcpus: mean(col(&|v| pcpus(&v[0]))),
+            lab_vm_b_pcpus: lab.median_of(&s.mode, |w| w.b_pcpus),
+            sim_vm_b_pcpus: mean(col(&|v| v.get(1).and_then(pcpus))),
+            lab_other_pcpus: lab.median_of(&s.mode, |w| w.b_pcpus.map(|b| f64::from(cell.pcpus) - w.a_pcpus - b)),
+        },
+    }
 }
 
 /// One measured step of VM A: its co-runner rate over the workload's own window and the pCPUs

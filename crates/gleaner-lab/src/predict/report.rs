@@ -253,90 +253,103 @@ pub fn table(p: &Prediction) -> String {
 pub fn details(p: &Prediction) -> String {
     let mut s = String::new();
     for c in &p.cells {
-        let t = &c.costs.table2;
-        let k = &c.costs.costs_ns;
-        let _ = writeln!(s, "### {} (halt poll {})\n", c.name, c.halt_poll);
-        let _ = writeln!(
-            s,
-            "- Table 2 (us): A {:.1}, B {:.1}, C {:.1}, D {:.1} ({}); costs: RT {:.1}, IPI {:.1}, RV {:.1}, YW {:.1}, PV {:.1} us",
-            t.a_us,
-            t.b_us,
-            t.c_us,
-            t.d_us,
-            c.costs.source,
-            k.rt as f64 / 1e3,
-            k.ipi as f64 / 1e3,
-            k.rv as f64 / 1e3,
-            k.yield_wake as f64 / 1e3,
-            k.pv as f64 / 1e3
-        );
-        let _ = writeln!(
-            s,
-            "- synchronization: {:.1} us of CPU after each of {:.0} operations per item, fitted so the simulated sizing run costs {:.1} us per item (lab: {} us; {:.1} us without it){}",
-            c.sync.sync_op_us,
-            c.sync.ops_per_item,
-            c.sync.simulated_us_per_item,
-            f(c.sync.measured_us_per_item, 1),
-            c.sync.simulated_without_us_per_item,
-            if c.sync.note.is_empty() { String::new() } else { format!("; {}", c.sync.note) }
-        );
-        let _ = writeln!(s, "- host: {} pCPUs, slice {:.0} us; {} vCPUs per VM, {}", c.pcpus, c.host_slice_us, c.vcpus, c.accel);
-        if let Some(m) = &c.co_runner_model {
-            let _ = writeln!(
-                s,
-                "- co-runner: {} ({} threads, {} items) per iteration: start-up {:.0} ms of CPU, kernel {:.0} ms of CPU ({})",
-                m.workload,
-                m.threads,
-                m.items,
-                m.startup_cpu_us / 1e3,
-                m.kernel_cpu_us / 1e3,
-                m.source
-            );
-        }
-        let _ = writeln!(
-            s,
-            "- agent at start: {}; lab agent timeouts: {}",
-            c.agent.why,
-            c.agent.lab_timeouts.map_or("-".into(), |n| n.to_string())
-        );
-        for n in &c.notes {
-            let _ = writeln!(s, "- note: {n}");
-        }
-        s.push_str("\n| policy | wall s lab / sim | CPU us/item lab / sim | halts/item lab / sim | VM A pCPUs lab / sim | VM B pCPUs lab / sim | other pCPUs (lab) |\n|---|---|---|---|---|---|---|\n");
-        for x in &c.policies {
-            let m = &x.mechanics;
-            let _ = writeln!(
-                s,
-                "| {} | {} / {}{} | {} / {} | {} / {} | {} / {} | {} / {} | {} |",
-                x.mode,
-                f(m.lab_wall_s, 2),
-                f(m.sim_wall_s, 2),
-                if x.finished { "" } else { "+" },
-                f(m.lab_host_cpu_per_item_us, 0),
-                f(m.sim_cpu_per_item_us, 0),
-                f(m.lab_halts_per_item, 2),
-                f(m.sim_halts_per_item, 2),
-                f(m.lab_vm_a_pcpus, 2),
-                f(m.sim_vm_a_pcpus, 2),
-                f(m.lab_vm_b_pcpus, 2),
-                f(m.sim_vm_b_pcpus, 2),
-                f(m.lab_other_pcpus, 2)
-            );
-        }
-        if !c.wake_check.is_empty() {
-            s.push_str("\n| wakeup | context | lab p50 / mean / p99 us | sim p50 / mean / p99 us |\n|---|---|---|---|\n");
-            for w in &c.wake_check {
-                let lab = w.lab.map_or("-".into(), |l| format!("{:.0} / {:.0} / {:.0}", l.p50_us, l.mean_us, l.p99_us));
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {lab} | {:.0} / {:.0} / {:.0} |",
-                    w.setting, w.context, w.sim.p50_us, w.sim.mean_us, w.sim.p99_us
-                );
-            }
-        }
+        cell_inputs(&mut s, c);
+        mechanics_table(&mut s, c);
+        wake_table(&mut s, c);
         s.push('\n');
     }
     s
+}
+
+/// A cell's heading and the model's inputs: Table 2 and the costs, the synchronization fit,
+/// the host, the co-runner, the agent and the notes.
+fn cell_inputs(s: &mut String, c: &CellPrediction) {
+    let t = &c.costs.table2;
+    let k = &c.costs.costs_ns;
+    let _ = writeln!(s, "### {} (halt poll {})\n", c.name, c.halt_poll);
+    let _ = writeln!(
+        s,
+        "- Table 2 (us): A {:.1}, B {:.1}, C {:.1}, D {:.1} ({}); costs: RT {:.1}, IPI {:.1}, RV {:.1}, YW {:.1}, PV {:.1} us",
+        t.a_us,
+        t.b_us,
+        t.c_us,
+        t.d_us,
+        c.costs.source,
+        k.rt as f64 / 1e3,
+        k.ipi as f64 / 1e3,
+        k.rv as f64 / 1e3,
+        k.yield_wake as f64 / 1e3,
+        k.pv as f64 / 1e3
+    );
+    let _ = writeln!(
+        s,
+        "- synchronization: {:.1} us of CPU after each of {:.0} operations per item, fitted so the simulated sizing run costs {:.1} us per item (lab: {} us; {:.1} us without it){}",
+        c.sync.sync_op_us,
+        c.sync.ops_per_item,
+        c.sync.simulated_us_per_item,
+        f(c.sync.measured_us_per_item, 1),
+        c.sync.simulated_without_us_per_item,
+        if c.sync.note.is_empty() { String::new() } else { format!("; {}", c.sync.note) }
+    );
+    let _ = writeln!(s, "- host: {} pCPUs, slice {:.0} us; {} vCPUs per VM, {}", c.pcpus, c.host_slice_us, c.vcpus, c.accel);
+    if let Some(m) = &c.co_runner_model {
+        let _ = writeln!(
+            s,
+            "- co-runner: {} ({} threads, {} items) per iteration: start-up {:.0} ms of CPU, kernel {:.0} ms of CPU ({})",
+            m.workload,
+            m.threads,
+            m.items,
+            m.startup_cpu_us / 1e3,
+            m.kernel_cpu_us / 1e3,
+            m.source
+        );
+    }
+    let _ = writeln!(
+        s,
+        "- agent at start: {}; lab agent timeouts: {}",
+        c.agent.why,
+        c.agent.lab_timeouts.map_or("-".into(), |n| n.to_string())
+    );
+    for n in &c.notes {
+        let _ = writeln!(s, "- note: {n}");
+    }
+}
+
+/// Per policy, where time and CPU went in the lab and in the simulator.
+fn mechanics_table(s: &mut String, c: &CellPrediction) {
+    s.push_str("\n| policy | wall s lab / sim | CPU us/item lab / sim | halts/item lab / sim | VM A pCPUs lab / sim | VM B pCPUs lab / sim | other pCPUs (lab) |\n|---|---|---|---|---|---|---|\n");
+    for x in &c.policies {
+        let m = &x.mechanics;
+        let _ = writeln!(
+            s,
+            "| {} | {} / {}{} | {} / {} | {} / {} | {} / {} | {} / {} | {} |",
+            x.mode,
+            f(m.lab_wall_s, 2),
+            f(m.sim_wall_s, 2),
+            if x.finished { "" } else { "+" },
+            f(m.lab_host_cpu_per_item_us, 0),
+            f(m.sim_cpu_per_item_us, 0),
+            f(m.lab_halts_per_item, 2),
+            f(m.sim_halts_per_item, 2),
+            f(m.lab_vm_a_pcpus, 2),
+            f(m.sim_vm_a_pcpus, 2),
+            f(m.lab_vm_b_pcpus, 2),
+            f(m.sim_vm_b_pcpus, 2),
+            f(m.lab_other_pcpus, 2)
+        );
+    }
+}
+
+/// The wakeup latencies measured in the lab beside the simulated ones, when checked.
+fn wake_table(s: &mut String, c: &CellPrediction) {
+    if !c.wake_check.is_empty() {
+        s.push_str("\n| wakeup | context | lab p50 / mean / p99 us | sim p50 / mean / p99 us |\n|---|---|---|---|\n");
+        for w in &c.wake_check {
+            let lab = w.lab.map_or("-".into(), |l| format!("{:.0} / {:.0} / {:.0}", l.p50_us, l.mean_us, l.p99_us));
+            let _ =
+                writeln!(s, "| {} | {} | {lab} | {:.0} / {:.0} / {:.0} |", w.setting, w.context, w.sim.p50_us, w.sim.mean_us, w.sim.p99_us);
+        }
+    }
 }
 
 /// The whole Markdown report.

@@ -4,7 +4,7 @@ use gleaner_policy::IdlePolicy;
 use gleaner_qemu::session::StepResult;
 
 use super::job::{StepKind, StepKindOf};
-use super::pass::{haltpoll_reason, Pass};
+use super::pass::{haltpoll_reason, Measured, Pass};
 use super::prepare::Prepared;
 use super::sizing::bench_workload_params;
 use super::wake::{WakeCosts, WakePlace};
@@ -15,55 +15,10 @@ use crate::results::{self, parse_bench_output, AgentSummary, Row, RunError, Summ
 /// The rows of a pass: measured steps (with the co-runner's rate during each) and the
 /// co-runner's iterations.
 pub(super) fn pass_rows(exp: &Experiment, p: &Prepared, hp: HaltPoll, pass: &Pass) -> Vec<Row> {
-    let co_iters: Vec<(f64, f64, u64)> = pass
-        .co_runner
-        .iter()
-        .filter(|m| m.step.rc == 0)
-        .filter_map(|m| Some((m.begin_s, m.end_s, parse_bench_output(&m.step.stdout).ok()?.runs.first()?.items?)))
-        .collect();
-    let host_fields = |row: &mut Row, r: &StepResult| {
-        let mut vcpus: Vec<(u32, u64)> = r.vcpu_threads().filter_map(|t| t.vcpu().map(|v| (v, t.run_ns))).collect();
-        vcpus.sort_unstable();
-        row.host_cpu_ns = Some(r.host_cpu_ns());
-        row.host_vcpu_ns = vcpus.into_iter().map(|v| v.1).collect();
-        row.host_vcpu_wait_ns = Some(r.vcpu_threads().map(|t| t.wait_ns).sum());
-        row.vcpu_sleeps = Some(r.vcpu_threads().map(|t| t.voluntary).sum());
-        row.vcpu_preemptions = Some(r.vcpu_threads().map(|t| t.involuntary).sum());
-    };
+    let co_iters = co_runner_items(pass);
     let mut rows = Vec::new();
     for m in &pass.measured {
-        let r = &m.step;
-        let (mode_name, rep) = r.step.rsplit_once('.').unwrap_or((r.step.as_str(), "0"));
-        let mode = exp.modes.iter().find(|x| x.name == mode_name);
-        let policy = mode.map(Mode::policy);
-        let mut row = Row {
-            env: Env::Vm,
-            instance: m.instance,
-            mode: RowMode::mode(mode_name),
-            policy,
-            halt_poll: hp,
-            rep: rep.parse().unwrap_or(0),
-            rc: r.rc,
-            begin_s: m.begin_s,
-            end_s: m.end_s,
-            gamma: p.gamma_vm,
-            co_runner_rate: results::co_runner_rate(m.begin_s, m.end_s, &co_iters),
-            // An agent that decided nothing writes no events: an empty summary, not a failure.
-            agent: policy
-                .filter(|x| x.agent_args().is_some())
-                .map(|_| r.attachments.get("events").map_or_else(AgentSummary::default, |e| AgentSummary::from_events(e))),
-            ..Default::default()
-        };
-        host_fields(&mut row, r);
-        row.fill_from_bench(&r.stdout);
-        if row.error.is_none() && matches!(policy, Some(IdlePolicy::Haltpoll { .. })) && row.cpuidle_driver.as_deref() != Some("haltpoll") {
-            row.error = Some(RunError::Failed(format!(
-                "the guest's cpuidle driver is {} (not haltpoll): {}",
-                row.cpuidle_driver.as_deref().unwrap_or("unknown"),
-                haltpoll_reason(p.acc)
-            )));
-        }
-        rows.push(row);
+        rows.push(measured_row(exp, p, hp, m, &co_iters));
     }
     for (inst, mode, rep, why) in &pass.not_run {
         let policy = exp.modes.iter().find(|x| &x.name == mode).map(Mode::policy);
@@ -81,26 +36,89 @@ pub(super) fn pass_rows(exp: &Experiment, p: &Prepared, hp: HaltPoll, pass: &Pas
         });
     }
     for m in &pass.co_runner {
-        let mut row = Row {
-            env: Env::Vm,
-            instance: Instance::B,
-            mode: RowMode::CoRunner,
-            halt_poll: hp,
-            rep: match m.step.kind() {
-                StepKind::Co(n) => n,
-                _ => 0,
-            },
-            rc: m.step.rc,
-            begin_s: m.begin_s,
-            end_s: m.end_s,
-            gamma: p.gamma_vm,
-            ..Default::default()
-        };
-        host_fields(&mut row, &m.step);
-        row.fill_from_bench(&m.step.stdout);
-        rows.push(row);
+        rows.push(co_runner_row(p, hp, m));
     }
     rows
+}
+
+/// The co-runner's successful iterations: (begin s, end s, items).
+fn co_runner_items(pass: &Pass) -> Vec<(f64, f64, u64)> {
+    pass.co_runner
+        .iter()
+        .filter(|m| m.step.rc == 0)
+        .filter_map(|m| Some((m.begin_s, m.end_s, parse_bench_output(&m.step.stdout).ok()?.runs.first()?.items?)))
+        .collect()
+}
+
+/// Fills `row`'s host-side fields from the step's QEMU threads (vCPU CPU time in vCPU order,
+/// waits, halts, preemptions).
+fn host_fields(row: &mut Row, r: &StepResult) {
+    let mut vcpus: Vec<(u32, u64)> = r.vcpu_threads().filter_map(|t| t.vcpu().map(|v| (v, t.run_ns))).collect();
+    vcpus.sort_unstable();
+    row.host_cpu_ns = Some(r.host_cpu_ns());
+    row.host_vcpu_ns = vcpus.into_iter().map(|v| v.1).collect();
+    row.host_vcpu_wait_ns = Some(r.vcpu_threads().map(|t| t.wait_ns).sum());
+    row.vcpu_sleeps = Some(r.vcpu_threads().map(|t| t.voluntary).sum());
+    row.vcpu_preemptions = Some(r.vcpu_threads().map(|t| t.involuntary).sum());
+}
+
+/// The row of one measured step, with the co-runner's rate during it (`co_iters`); a failed
+/// run when a haltpoll mode ran under another cpuidle driver.
+fn measured_row(exp: &Experiment, p: &Prepared, hp: HaltPoll, m: &Measured, co_iters: &[(f64, f64, u64)]) -> Row {
+    let r = &m.step;
+    let (mode_name, rep) = r.step.rsplit_once('.').unwrap_or((r.step.as_str(), "0"));
+    let mode = exp.modes.iter().find(|x| x.name == mode_name);
+    let policy = mode.map(Mode::policy);
+    let mut row = Row {
+        env: Env::Vm,
+        instance: m.instance,
+        mode: RowMode::mode(mode_name),
+        policy,
+        halt_poll: hp,
+        rep: rep.parse().unwrap_or(0),
+        rc: r.rc,
+        begin_s: m.begin_s,
+        end_s: m.end_s,
+        gamma: p.gamma_vm,
+        co_runner_rate: results::co_runner_rate(m.begin_s, m.end_s, co_iters),
+        // An agent that decided nothing writes no events: an empty summary, not a failure.
+        agent: policy
+            .filter(|x| x.agent_args().is_some())
+            .map(|_| r.attachments.get("events").map_or_else(AgentSummary::default, |e| AgentSummary::from_events(e))),
+        ..Default::default()
+    };
+    host_fields(&mut row, r);
+    row.fill_from_bench(&r.stdout);
+    if row.error.is_none() && matches!(policy, Some(IdlePolicy::Haltpoll { .. })) && row.cpuidle_driver.as_deref() != Some("haltpoll") {
+        row.error = Some(RunError::Failed(format!(
+            "the guest's cpuidle driver is {} (not haltpoll): {}",
+            row.cpuidle_driver.as_deref().unwrap_or("unknown"),
+            haltpoll_reason(p.acc)
+        )));
+    }
+    row
+}
+
+/// The row of one co-runner iteration.
+fn co_runner_row(p: &Prepared, hp: HaltPoll, m: &Measured) -> Row {
+    let mut row = Row {
+        env: Env::Vm,
+        instance: Instance::B,
+        mode: RowMode::CoRunner,
+        halt_poll: hp,
+        rep: match m.step.kind() {
+            StepKind::Co(n) => n,
+            _ => 0,
+        },
+        rc: m.step.rc,
+        begin_s: m.begin_s,
+        end_s: m.end_s,
+        gamma: p.gamma_vm,
+        ..Default::default()
+    };
+    host_fields(&mut row, &m.step);
+    row.fill_from_bench(&m.step.stdout);
+    row
 }
 
 /// The share of the CPU that was the workload's compute, per row (see

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use gleaner_os::BadInput;
-use gleaner_qemu::session;
+use gleaner_qemu::session::{self, StepResult};
 use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 
@@ -105,9 +105,7 @@ pub(super) fn size_workload(
     }
     pb.set_message(format!("{}: measuring the compute rate natively", exp.name));
     let rate_args = vec!["bench".to_string(), "rate".into(), "--trials".into(), "20".into()];
-    let (_, out, _) = NativeProc::spawn(&p.gleaner, &rate_args, &p.pcpus)?.wait(p.deadline, "native compute rate")?;
-    let native_rate: f64 =
-        out.trim().parse().map_err(|_| anyhow::anyhow!("`gleaner bench rate` printed {:?}, not a number", out.trim()))?;
+    let native_rate = native_compute_rate(p, &rate_args)?;
     let native = with_flag(&w, "--iters-per-us", &format!("{native_rate:.3}"));
     let mut sizing = Sizing {
         compute: exp.compute,
@@ -125,37 +123,11 @@ pub(super) fn size_workload(
     // Synchronization cost per item: the workload with no compute, natively...
     let sync_args = with_flag(&with_flag(&w, "--work-us", "0"), "--items", &SIZING_ITEMS.to_string());
     pb.set_message(format!("{}: measuring the synchronization cost per item natively", exp.name));
-    let mut native_out = Vec::new();
-    for _ in 0..SIZING_RUNS {
-        native_out.push(NativeProc::spawn(&p.gleaner, &sync_args, &p.pcpus)?.wait(p.deadline, "native sizing")?.1);
-    }
+    let native_out = native_sync_runs(p, &sync_args)?;
     // ...and in one guest alone on the pCPUs, with the guest's compute rate.
     pb.set_message(format!("{}: sizing guest (compute rate, synchronization cost per item)", exp.name));
-    let mut job = step_line(&StepKind::Setup(Setup::Rate), &cmd_line(&p.gleaner, &rate_args))
-        + &step_line(&StepKind::Setup(Setup::Wakeup), &cmd_line(&p.gleaner, &wakeup_args()));
-    for i in 0..SIZING_RUNS {
-        job.push_str(&step_line(&StepKind::Setup(Setup::Sync(i)), &cmd_line(&p.gleaner, &sync_args)));
-    }
-    let spec = p.spec(exp, &format!("lab-{}-sizing", exp.name), job, &[]);
-    let timeout = p.deadline.saturating_duration_since(Instant::now());
-    let (_, steps, _) = session::run_single(&p.kernel, &p.busybox, &spec, timeout)?;
+    let steps = sizing_guest(exp, p, &rate_args, &sync_args)?;
     let guest_rate = steps.iter().find(|s| s.kind() == StepKind::Setup(Setup::Rate)).and_then(|s| s.stdout.trim().parse::<f64>().ok());
-    match steps.iter().find(|s| s.kind() == StepKind::Setup(Setup::Wakeup)) {
-        Some(s) => match wake_costs(WakeContext { place: WakePlace::Alone, halt_poll: None }, spec.name(), &s.stdout) {
-            Some(w) => p.wake_costs.push(w),
-            None => p.notes.push(format!(
-                "{}: setup.wakeup (rc {}) printed no wakeup document: {}",
-                spec.name(),
-                s.rc,
-                s.stdout.chars().take(200).collect::<String>()
-            )),
-        },
-        None => p.notes.push(format!(
-            "{}: no setup.wakeup step (steps: {})",
-            spec.name(),
-            steps.iter().map(|s| s.step.as_str()).collect::<Vec<_>>().join(", ")
-        )),
-    }
     let guest_out: Vec<String> =
         steps.iter().filter(|s| matches!(s.kind(), StepKind::Setup(Setup::Sync(_)))).map(|s| s.stdout.clone()).collect();
     let (Some(gr), Some(ns), Some(gs)) = (guest_rate, cpu_per_item_us(&native_out), cpu_per_item_us(&guest_out)) else {
@@ -175,4 +147,49 @@ pub(super) fn size_workload(
     ));
     let guest = with_flag(&with_flag(&w, "--iters-per-us", &format!("{gr:.3}")), "--work-us", &format!("{}", sizing.guest_work_us));
     Ok((native, guest, Some(sizing)))
+}
+
+/// The compute rate `gleaner bench rate` measures natively on the pCPUs, iterations/us.
+fn native_compute_rate(p: &Prepared, rate_args: &[String]) -> anyhow::Result<f64> {
+    let (_, out, _) = NativeProc::spawn(&p.gleaner, rate_args, &p.pcpus)?.wait(p.deadline, "native compute rate")?;
+    out.trim().parse().map_err(|_| anyhow::anyhow!("`gleaner bench rate` printed {:?}, not a number", out.trim()))
+}
+
+/// The outputs of the native sizing runs (the workload with no compute).
+fn native_sync_runs(p: &Prepared, sync_args: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut native_out = Vec::new();
+    for _ in 0..SIZING_RUNS {
+        native_out.push(NativeProc::spawn(&p.gleaner, sync_args, &p.pcpus)?.wait(p.deadline, "native sizing")?.1);
+    }
+    Ok(native_out)
+}
+
+/// Boots one guest alone on the pCPUs for the compute rate, the wakeup costs (kept in `p`)
+/// and the sizing runs; returns its steps.
+fn sizing_guest(exp: &Experiment, p: &mut Prepared, rate_args: &[String], sync_args: &[String]) -> anyhow::Result<Vec<StepResult>> {
+    let mut job = step_line(&StepKind::Setup(Setup::Rate), &cmd_line(&p.gleaner, rate_args))
+        + &step_line(&StepKind::Setup(Setup::Wakeup), &cmd_line(&p.gleaner, &wakeup_args()));
+    for i in 0..SIZING_RUNS {
+        job.push_str(&step_line(&StepKind::Setup(Setup::Sync(i)), &cmd_line(&p.gleaner, sync_args)));
+    }
+    let spec = p.spec(exp, &format!("lab-{}-sizing", exp.name), job, &[]);
+    let timeout = p.deadline.saturating_duration_since(Instant::now());
+    let (_, steps, _) = session::run_single(&p.kernel, &p.busybox, &spec, timeout)?;
+    match steps.iter().find(|s| s.kind() == StepKind::Setup(Setup::Wakeup)) {
+        Some(s) => match wake_costs(WakeContext { place: WakePlace::Alone, halt_poll: None }, spec.name(), &s.stdout) {
+            Some(w) => p.wake_costs.push(w),
+            None => p.notes.push(format!(
+                "{}: setup.wakeup (rc {}) printed no wakeup document: {}",
+                spec.name(),
+                s.rc,
+                s.stdout.chars().take(200).collect::<String>()
+            )),
+        },
+        None => p.notes.push(format!(
+            "{}: no setup.wakeup step (steps: {})",
+            spec.name(),
+            steps.iter().map(|s| s.step.as_str()).collect::<Vec<_>>().join(", ")
+        )),
+    }
+    Ok(steps)
 }

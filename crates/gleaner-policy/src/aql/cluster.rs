@@ -288,7 +288,21 @@ fn socket_plan(socket: usize, pcpus: &[u32], vcpus: &[VcpuInfo], quanta: &Quanta
     if vcpus.is_empty() || pcpus.is_empty() {
         return;
     }
-    // Lines 2-7: clusters by best quantum, ascending; agnostic vCPUs set aside (line 5).
+    let (mut clusters, mut agnostic) = clusters_by_quantum(vcpus, quanta);
+    // Line 11: k vCPUs per pCPU; with a fractional k the first pCPUs take one more.
+    let (nv, np) = (vcpus.len(), pcpus.len());
+    let caps: Vec<usize> = (0..np).map(|i| nv / np + usize::from(i < nv % np)).collect();
+    let pos = fill_to_boundaries(&mut clusters, &mut agnostic, &caps);
+    spread_leftover(&mut clusters, agnostic, &caps, pos, quanta);
+    let h = hand_out(pcpus, &caps, clusters);
+    let mut pools = socket_pools(socket, h.pools, h.default, quanta);
+    give_idle(&mut pools, h.idle);
+    plan.pools.extend(pools);
+}
+
+/// Lines 2-7: the socket's vCPUs in clusters by best quantum, ascending; agnostic vCPUs set
+/// aside (line 5).
+fn clusters_by_quantum(vcpus: &[VcpuInfo], quanta: &Quanta) -> (BTreeMap<u64, Vec<VcpuId>>, VecDeque<VcpuId>) {
     let mut clusters: BTreeMap<u64, Vec<VcpuId>> = BTreeMap::new();
     let mut agnostic: VecDeque<VcpuId> = VecDeque::new();
     for v in vcpus {
@@ -297,10 +311,13 @@ fn socket_plan(socket: usize, pcpus: &[u32], vcpus: &[VcpuInfo], quanta: &Quanta
             None => agnostic.push_back(v.id),
         }
     }
-    // Line 11: k vCPUs per pCPU; with a fractional k the first pCPUs take one more.
-    let (nv, np) = (vcpus.len(), pcpus.len());
-    let caps: Vec<usize> = (0..np).map(|i| nv / np + usize::from(i < nv % np)).collect();
-    // Line 10: agnostic vCPUs fill each cluster up to a pCPU boundary.
+    (clusters, agnostic)
+}
+
+/// Line 10: agnostic vCPUs fill each cluster up to a pCPU boundary (`caps`: vCPUs per pCPU);
+/// returns the first pCPU the clusters leave.
+fn fill_to_boundaries(clusters: &mut BTreeMap<u64, Vec<VcpuId>>, agnostic: &mut VecDeque<VcpuId>, caps: &[usize]) -> usize {
+    let np = caps.len();
     let (mut pos, mut room) = (0usize, 0usize);
     for members in clusters.values_mut() {
         let mut m = members.len();
@@ -320,7 +337,18 @@ fn socket_plan(socket: usize, pcpus: &[u32], vcpus: &[VcpuInfo], quanta: &Quanta
         members.extend(agnostic.drain(..fill));
         room = deficit - fill;
     }
-    // Leftover agnostic vCPUs: one pCPU's worth at a time to the clusters in turn.
+    pos
+}
+
+/// Leftover agnostic vCPUs: one pCPU's worth at a time (from pCPU `pos` on) to the clusters in
+/// turn, or a cluster of their own at the default quantum when there is none.
+fn spread_leftover(
+    clusters: &mut BTreeMap<u64, Vec<VcpuId>>,
+    mut agnostic: VecDeque<VcpuId>,
+    caps: &[usize],
+    mut pos: usize,
+    quanta: &Quanta,
+) {
     if !agnostic.is_empty() {
         if clusters.is_empty() {
             clusters.insert(quanta.default_ns, agnostic.drain(..).collect());
@@ -336,7 +364,21 @@ fn socket_plan(socket: usize, pcpus: &[u32], vcpus: &[VcpuInfo], quanta: &Quanta
             }
         }
     }
-    // Lines 12-30: hand out pCPUs.
+}
+
+/// What [`hand_out`] gave each pCPU of a socket.
+struct HandOut {
+    /// Per cluster (ascending quantum): the quantum, its pCPUs and vCPUs.
+    pools: Vec<(u64, Vec<u32>, Vec<VcpuId>)>,
+    /// The pCPUs shared by vCPUs of different clusters, and those vCPUs.
+    default: (Vec<u32>, Vec<VcpuId>),
+    /// The pCPUs left without vCPUs.
+    idle: Vec<u32>,
+}
+
+/// Lines 12-30: hands out the pCPUs (`caps[j]` vCPUs to pCPU `j`) to the clusters in turn; a
+/// pCPU whose vCPUs come from more than one cluster goes to the default pool.
+fn hand_out(pcpus: &[u32], caps: &[usize], clusters: BTreeMap<u64, Vec<VcpuId>>) -> HandOut {
     let keys: Vec<u64> = clusters.keys().copied().collect();
     let mut left: Vec<VecDeque<VcpuId>> = clusters.into_values().map(VecDeque::from).collect();
     let n = left.len();
@@ -379,19 +421,25 @@ fn socket_plan(socket: usize, pcpus: &[u32], vcpus: &[VcpuInfo], quanta: &Quanta
         }
         i += 1;
     }
+    let pools = keys.into_iter().zip(pool_pcpus).zip(pool_vcpus).map(|((q, p), v)| (q, p, v)).collect();
+    HandOut { pools, default: (def_pcpus, def_vcpus), idle }
+}
+
+/// The socket's pools: one per cluster that got pCPUs, then the default pool if any pCPU is
+/// shared.
+fn socket_pools(
+    socket: usize,
+    clusters: Vec<(u64, Vec<u32>, Vec<VcpuId>)>,
+    default: (Vec<u32>, Vec<VcpuId>),
+    quanta: &Quanta,
+) -> Vec<Pool> {
     let mut pools: Vec<Pool> = Vec::new();
-    for (idx, q) in keys.iter().enumerate() {
-        if !pool_pcpus[idx].is_empty() {
-            pools.push(Pool {
-                name: format!("s{socket}-{}", quantum_label(*q)),
-                socket,
-                kind: PoolKind::Qlc,
-                quantum_ns: *q,
-                pcpus: std::mem::take(&mut pool_pcpus[idx]),
-                vcpus: std::mem::take(&mut pool_vcpus[idx]),
-            });
+    for (q, pcpus, vcpus) in clusters {
+        if !pcpus.is_empty() {
+            pools.push(Pool { name: format!("s{socket}-{}", quantum_label(q)), socket, kind: PoolKind::Qlc, quantum_ns: q, pcpus, vcpus });
         }
     }
+    let (def_pcpus, def_vcpus) = default;
     if !def_pcpus.is_empty() {
         pools.push(Pool {
             name: format!("s{socket}-default"),
@@ -402,7 +450,11 @@ fn socket_plan(socket: usize, pcpus: &[u32], vcpus: &[VcpuInfo], quanta: &Quanta
             vcpus: def_vcpus,
         });
     }
-    // pCPUs without vCPUs join the most loaded pool (work conserving, fairer).
+    pools
+}
+
+/// pCPUs without vCPUs join the most loaded pool (work conserving, fairer).
+fn give_idle(pools: &mut [Pool], idle: Vec<u32>) {
     for p in idle {
         if let Some(pool) = pools.iter_mut().max_by(|a, b| {
             let la = a.vcpus.len() as f64 / a.pcpus.len() as f64;
@@ -413,5 +465,4 @@ fn socket_plan(socket: usize, pcpus: &[u32], vcpus: &[VcpuInfo], quanta: &Quanta
             pool.pcpus.sort_unstable();
         }
     }
-    plan.pools.extend(pools);
 }
