@@ -581,169 +581,212 @@ impl Engine {
             }
             let op = self.progs[prog].ops[th.pc as usize];
             th.pc += 1;
-            match op {
-                Op::Compute { mean_ns, jitter_pm } => {
-                    let rem = self.sample_compute(mean_ns, jitter_pm);
-                    if rem > 0 {
-                        self.threads[t as usize].rem = rem;
-                        return;
-                    }
-                }
-                Op::Lock(m) => {
-                    let mx = &mut self.mutexes[m as usize];
-                    if mx.owner == NONE {
-                        mx.owner = t;
-                    } else {
-                        mx.waiters.push_back(t);
-                        self.block_thread(t, v, p);
-                        return;
-                    }
-                }
-                Op::Unlock(m) => {
-                    let mx = &mut self.mutexes[m as usize];
-                    if let Some(w) = mx.waiters.pop_front() {
-                        mx.owner = w;
-                        self.wake_thread(w, v);
-                    } else {
-                        mx.owner = NONE;
-                    }
-                }
-                Op::Push(q) => {
-                    let qu = &mut self.queues[q as usize];
-                    if let Some(w) = qu.pop_w.pop_front() {
-                        if qu.stamped {
-                            self.stamps[w as usize] = self.stamps[t as usize];
-                        }
-                        self.wake_thread(w, v);
-                    } else if qu.len < qu.cap {
-                        qu.len += 1;
-                        if qu.stamped {
-                            qu.stamps.push_back(self.stamps[t as usize]);
-                        }
-                    } else {
-                        qu.push_w.push_back(t);
-                        self.block_thread(t, v, p);
-                        return;
-                    }
-                }
-                Op::Pop(q) => {
-                    let qu = &mut self.queues[q as usize];
-                    if qu.len > 0 {
-                        qu.len -= 1;
-                        if qu.stamped {
-                            self.stamps[t as usize] = qu.stamps.pop_front().unwrap_or(Ns::MAX);
-                        }
-                        if let Some(w) = qu.push_w.pop_front() {
-                            // The blocked pusher's item goes in now, with its stamp.
-                            qu.len += 1;
-                            if qu.stamped {
-                                qu.stamps.push_back(self.stamps[w as usize]);
-                            }
-                            self.wake_thread(w, v);
-                        }
-                    } else if qu.closed {
-                        self.thread_exit(t, v, p);
-                        return;
-                    } else {
-                        qu.pop_w.push_back(t);
-                        self.block_thread(t, v, p);
-                        return;
-                    }
-                }
-                Op::Signal(c) => {
-                    let cv = &mut self.conds[c as usize];
-                    if let Some(w) = cv.waiters.pop_front() {
-                        self.wake_thread(w, v);
-                    } else {
-                        cv.tokens += 1;
-                    }
-                }
-                Op::Wait(c) => {
-                    let cv = &mut self.conds[c as usize];
-                    if cv.tokens > 0 {
-                        cv.tokens -= 1;
-                    } else {
-                        cv.waiters.push_back(t);
-                        self.block_thread(t, v, p);
-                        return;
-                    }
-                }
-                Op::Barrier(b) => {
-                    let br = &mut self.barriers[b as usize];
-                    br.arrived += 1;
-                    if br.arrived >= br.n {
-                        br.arrived = 0;
-                        let ws = std::mem::take(&mut br.waiters);
-                        for &w in &ws {
-                            self.wake_thread(w, v);
-                        }
-                        let mut ws = ws;
-                        ws.clear();
-                        self.barriers[b as usize].waiters = ws;
-                    } else {
-                        br.waiters.push(t);
-                        self.block_thread(t, v, p);
-                        return;
-                    }
-                }
-                Op::SpinBarrier(b) => {
-                    let br = &mut self.spins[b as usize];
-                    br.arrived += 1;
-                    if br.arrived >= br.n {
-                        br.arrived = 0;
-                        let ws = std::mem::take(&mut br.waiters);
-                        for &w in &ws {
-                            let wv = self.threads[w as usize].vcpu;
-                            if self.vcpus[wv as usize].cur == w {
-                                if let Host::Running(wp) = self.vcpus[wv as usize].host {
-                                    self.settle(wp);
-                                    self.mark_dirty(wp);
-                                }
-                            }
-                            self.threads[w as usize].spinning = false;
-                        }
-                        let mut ws = ws;
-                        ws.clear();
-                        self.spins[b as usize].waiters = ws;
-                    } else {
-                        br.waiters.push(t);
-                        self.threads[t as usize].spinning = true;
-                        self.vcpus[v as usize].spin_since = self.now;
-                        return;
-                    }
-                }
-                Op::Stamp => self.stamps[t as usize] = self.now,
-                Op::Record => {
-                    let stamp = self.stamps[t as usize];
-                    if stamp != Ns::MAX {
-                        let vm = self.threads[t as usize].vm as usize;
-                        self.vms[vm].req.record(self.now.saturating_sub(stamp));
-                    }
-                }
-                Op::Arrive { mean_gap_ns } => {
-                    // The arrivals are a fixed schedule (an open loop): a sender that wakes
-                    // late does not push the next arrival back, and its request keeps the
-                    // scheduled time, so the lateness shows in the latency.
-                    let next = match self.arrivals[t as usize] {
-                        Ns::MAX => self.now + self.sample_exp(mean_gap_ns),
-                        a => a,
-                    };
-                    self.arrivals[t as usize] = next + self.sample_exp(mean_gap_ns);
-                    self.stamps[t as usize] = next;
-                    if next > self.now {
-                        self.block_until(t, v, p, Wake::At(next), false);
-                        return;
-                    }
-                }
-                Op::Sleep(ns) => {
-                    self.block_until(t, v, p, Wake::After(ns), false);
-                    return;
-                }
-                Op::Io(ns) => {
-                    self.block_until(t, v, p, Wake::After(ns), true);
-                    return;
-                }
+            if !self.run_op(op, t, v, p) {
+                return;
             }
         }
+    }
+
+    /// One op of thread `t`: true where the thread goes on to its next op, false where it
+    /// computes, spins, blocks or ended.
+    fn run_op(&mut self, op: Op, t: u32, v: u32, p: u32) -> bool {
+        match op {
+            Op::Compute { mean_ns, jitter_pm } => {
+                let rem = self.sample_compute(mean_ns, jitter_pm);
+                if rem > 0 {
+                    self.threads[t as usize].rem = rem;
+                    return false;
+                }
+                true
+            }
+            Op::Lock(m) => self.op_lock(m, t, v, p),
+            Op::Unlock(m) => {
+                self.op_unlock(m, v);
+                true
+            }
+            Op::Push(q) => self.op_push(q, t, v, p),
+            Op::Pop(q) => self.op_pop(q, t, v, p),
+            Op::Signal(c) => {
+                let cv = &mut self.conds[c as usize];
+                if let Some(w) = cv.waiters.pop_front() {
+                    self.wake_thread(w, v);
+                } else {
+                    cv.tokens += 1;
+                }
+                true
+            }
+            Op::Wait(c) => {
+                let cv = &mut self.conds[c as usize];
+                if cv.tokens > 0 {
+                    cv.tokens -= 1;
+                    return true;
+                }
+                cv.waiters.push_back(t);
+                self.block_thread(t, v, p);
+                false
+            }
+            Op::Barrier(b) => self.op_barrier(b, t, v, p),
+            Op::SpinBarrier(b) => self.op_spin_barrier(b, t, v),
+            Op::Stamp => {
+                self.stamps[t as usize] = self.now;
+                true
+            }
+            Op::Record => {
+                let stamp = self.stamps[t as usize];
+                if stamp != Ns::MAX {
+                    let vm = self.threads[t as usize].vm as usize;
+                    self.vms[vm].req.record(self.now.saturating_sub(stamp));
+                }
+                true
+            }
+            Op::Arrive { mean_gap_ns } => self.op_arrive(mean_gap_ns, t, v, p),
+            Op::Sleep(ns) => {
+                self.block_until(t, v, p, Wake::After(ns), false);
+                false
+            }
+            Op::Io(ns) => {
+                self.block_until(t, v, p, Wake::After(ns), true);
+                false
+            }
+        }
+    }
+
+    /// Takes mutex `m`, or queues thread `t` on it and blocks.
+    fn op_lock(&mut self, m: u32, t: u32, v: u32, p: u32) -> bool {
+        let mx = &mut self.mutexes[m as usize];
+        if mx.owner == NONE {
+            mx.owner = t;
+            return true;
+        }
+        mx.waiters.push_back(t);
+        self.block_thread(t, v, p);
+        false
+    }
+
+    /// Releases mutex `m` to its first waiter (woken from `v`), if any.
+    fn op_unlock(&mut self, m: u32, v: u32) {
+        let mx = &mut self.mutexes[m as usize];
+        if let Some(w) = mx.waiters.pop_front() {
+            mx.owner = w;
+            self.wake_thread(w, v);
+        } else {
+            mx.owner = NONE;
+        }
+    }
+
+    /// Hands thread `t`'s item (and its stamp) to a waiting popper, or queues it, or blocks
+    /// `t` on a full queue.
+    fn op_push(&mut self, q: u32, t: u32, v: u32, p: u32) -> bool {
+        let qu = &mut self.queues[q as usize];
+        if let Some(w) = qu.pop_w.pop_front() {
+            if qu.stamped {
+                self.stamps[w as usize] = self.stamps[t as usize];
+            }
+            self.wake_thread(w, v);
+        } else if qu.len < qu.cap {
+            qu.len += 1;
+            if qu.stamped {
+                qu.stamps.push_back(self.stamps[t as usize]);
+            }
+        } else {
+            qu.push_w.push_back(t);
+            self.block_thread(t, v, p);
+            return false;
+        }
+        true
+    }
+
+    /// Takes an item (and its stamp) and lets a blocked pusher's in; on an empty queue the
+    /// thread ends if the queue is closed, else blocks.
+    fn op_pop(&mut self, q: u32, t: u32, v: u32, p: u32) -> bool {
+        let qu = &mut self.queues[q as usize];
+        if qu.len > 0 {
+            qu.len -= 1;
+            if qu.stamped {
+                self.stamps[t as usize] = qu.stamps.pop_front().unwrap_or(Ns::MAX);
+            }
+            if let Some(w) = qu.push_w.pop_front() {
+                // The blocked pusher's item goes in now, with its stamp.
+                qu.len += 1;
+                if qu.stamped {
+                    qu.stamps.push_back(self.stamps[w as usize]);
+                }
+                self.wake_thread(w, v);
+            }
+            true
+        } else if qu.closed {
+            self.thread_exit(t, v, p);
+            false
+        } else {
+            qu.pop_w.push_back(t);
+            self.block_thread(t, v, p);
+            false
+        }
+    }
+
+    /// Arrives at barrier `b`: the last to arrive wakes the others, the rest block.
+    fn op_barrier(&mut self, b: u32, t: u32, v: u32, p: u32) -> bool {
+        let br = &mut self.barriers[b as usize];
+        br.arrived += 1;
+        if br.arrived < br.n {
+            br.waiters.push(t);
+            self.block_thread(t, v, p);
+            return false;
+        }
+        br.arrived = 0;
+        let ws = std::mem::take(&mut br.waiters);
+        for &w in &ws {
+            self.wake_thread(w, v);
+        }
+        let mut ws = ws;
+        ws.clear();
+        self.barriers[b as usize].waiters = ws;
+        true
+    }
+
+    /// Arrives at spin barrier `b`: the last to arrive releases the spinners (a running one's
+    /// pCPU is settled and driven again), the rest spin on their vCPU.
+    fn op_spin_barrier(&mut self, b: u32, t: u32, v: u32) -> bool {
+        let br = &mut self.spins[b as usize];
+        br.arrived += 1;
+        if br.arrived < br.n {
+            br.waiters.push(t);
+            self.threads[t as usize].spinning = true;
+            self.vcpus[v as usize].spin_since = self.now;
+            return false;
+        }
+        br.arrived = 0;
+        let ws = std::mem::take(&mut br.waiters);
+        for &w in &ws {
+            let wv = self.threads[w as usize].vcpu;
+            if self.vcpus[wv as usize].cur == w {
+                if let Host::Running(wp) = self.vcpus[wv as usize].host {
+                    self.settle(wp);
+                    self.mark_dirty(wp);
+                }
+            }
+            self.threads[w as usize].spinning = false;
+        }
+        let mut ws = ws;
+        ws.clear();
+        self.spins[b as usize].waiters = ws;
+        true
+    }
+
+    /// The open loop's next request. The arrivals are a fixed schedule: a sender that wakes
+    /// late does not push the next arrival back, and its request keeps the scheduled time, so
+    /// the lateness shows in the latency.
+    fn op_arrive(&mut self, mean_gap_ns: Ns, t: u32, v: u32, p: u32) -> bool {
+        let next = match self.arrivals[t as usize] {
+            Ns::MAX => self.now + self.sample_exp(mean_gap_ns),
+            a => a,
+        };
+        self.arrivals[t as usize] = next + self.sample_exp(mean_gap_ns);
+        self.stamps[t as usize] = next;
+        if next > self.now {
+            self.block_until(t, v, p, Wake::At(next), false);
+            return false;
+        }
+        true
     }
 }
