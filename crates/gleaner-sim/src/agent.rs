@@ -184,36 +184,37 @@ impl Engine {
         if self.vms[vmi].done_at.is_some() {
             return;
         }
-        let elapsed = self.now.saturating_sub(self.vms[vmi].period_start).max(1);
+        let reading = self.guest_reading(vmi);
+        let Some(agent) = self.vms[vmi].agent.as_mut() else { return };
+        let step = agent.step(&reading);
+        self.vms[vmi].decisions += step.decisions.len() as u64;
         let (base, n) = (self.vms[vmi].vcpu_base, self.vms[vmi].nvcpus);
-        let mut samples = Vec::with_capacity(n as usize);
-        let mut idle = Vec::with_capacity(n as usize);
-        for i in 0..n {
-            let v = base + i;
-            self.gv_flush(v);
-            let vc = &self.vcpus[v as usize];
-            let c = &vc.c;
-            let cur = (c.gv[GV_WORK], c.gv[GV_YIELD], c.gv[GV_IDLE], c.idle_entries, vc.steal_ns);
-            let polled = c.gpoll_ns - std::mem::replace(&mut self.vms[vmi].prev_poll[i as usize], c.gpoll_ns);
-            let prev = std::mem::replace(&mut self.vms[vmi].prev[i as usize], cur);
-            samples.push(VcpuSample {
-                cpu: i,
-                t_work_ns: cur.0 - prev.0,
-                t_yield_ns: cur.1 - prev.1,
-                t_idle_ns: (cur.1 - prev.1) + (cur.2 - prev.2),
-                s_yield: cur.3 - prev.3,
-            });
-            // /proc/stat's view: halted and polling time is idle, the yielder's time busy;
-            // cpuidle's POLL state time is the polling (the agent's kernel polling).
-            idle.push(VcpuIdle {
-                cpu: i,
-                idle_ns: cur.2 - prev.2,
-                entries: Some(cur.3 - prev.3),
-                poll_ns: polled,
-                yield_ns: cur.1 - prev.1,
-                steal_ns: cur.4 - prev.4,
-            });
+        // The active set as the agent reads it (which vCPUs the workload may use); the
+        // decisions are only counted.
+        if self.vms[vmi].agent.as_ref().is_some_and(|a| a.config().consolidation.is_some()) {
+            self.apply_active(base, n, &step.active);
         }
+        // Every yielder follows the plan: a vCPU it gives no yielding window (kernel
+        // polling or halt, in an agent configuration from the lab) parks its yielder.
+        if self.has_yielders(vmi) {
+            let windows: Vec<u64> = (0..n).map(|i| step.plan.yield_window(i, true)).collect();
+            let hold = step.governor.is_some_and(|g| g.hold_timeouts);
+            self.retention_apply(vm, step.mode.is_on(), &windows, hold);
+        }
+        if self.vms[vmi].kpoll.is_some() {
+            self.kernel_poll_apply(vm, step.mode.is_on(), &step.plan, true, step.reset_poll_windows);
+        }
+        self.vms[vmi].period_start = self.now;
+        self.q.push(self.now + step.next_period_ns, Ev::GleanerPeriod { vm });
+    }
+
+    /// The period's reading of VM `vmi`, as the agent takes it: each vCPU's counters, the
+    /// workload's sync points, the model tracer's period, the yielders' catches and the
+    /// pinned threads' vCPUs.
+    fn guest_reading(&mut self, vmi: usize) -> GuestReading {
+        let elapsed = self.now.saturating_sub(self.vms[vmi].period_start).max(1);
+        let (samples, idle) = self.vcpu_readings(vmi);
+        let (base, n) = (self.vms[vmi].vcpu_base, self.vms[vmi].nvcpus);
         let s_work = self.vms[vmi].s_work - self.vms[vmi].prev_s_work;
         self.vms[vmi].prev_s_work = self.vms[vmi].s_work;
         // The model tracer's period (the agent traces a slice of one period in five; the
@@ -246,7 +247,7 @@ impl Engine {
             .collect();
         pinned.sort_unstable();
         pinned.dedup();
-        let reading = GuestReading {
+        GuestReading {
             snapshot: Snapshot { period_ns: elapsed, vcpus: samples, s_work, pinned },
             idle,
             trace,
@@ -256,27 +257,41 @@ impl Engine {
             counter: None,
             agent_work_ns: 0,
             trace_missed: 0.0,
-        };
-        let Some(agent) = self.vms[vmi].agent.as_mut() else { return };
-        let step = agent.step(&reading);
-        self.vms[vmi].decisions += step.decisions.len() as u64;
-        // The active set as the agent reads it (which vCPUs the workload may use); the
-        // decisions are only counted.
-        if self.vms[vmi].agent.as_ref().is_some_and(|a| a.config().consolidation.is_some()) {
-            self.apply_active(base, n, &step.active);
         }
-        // Every yielder follows the plan: a vCPU it gives no yielding window (kernel
-        // polling or halt, in an agent configuration from the lab) parks its yielder.
-        if self.has_yielders(vmi) {
-            let windows: Vec<u64> = (0..n).map(|i| step.plan.yield_window(i, true)).collect();
-            let hold = step.governor.is_some_and(|g| g.hold_timeouts);
-            self.retention_apply(vm, step.mode.is_on(), &windows, hold);
+    }
+
+    /// Each vCPU's period: the controller's sample (work, yield and idle time, idle entries)
+    /// and `/proc/stat`'s and cpuidle's view (halted and polling time is idle, the yielder's
+    /// time busy; the POLL state's time is the agent's kernel polling).
+    fn vcpu_readings(&mut self, vmi: usize) -> (Vec<VcpuSample>, Vec<VcpuIdle>) {
+        let (base, n) = (self.vms[vmi].vcpu_base, self.vms[vmi].nvcpus);
+        let mut samples = Vec::with_capacity(n as usize);
+        let mut idle = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let v = base + i;
+            self.gv_flush(v);
+            let vc = &self.vcpus[v as usize];
+            let c = &vc.c;
+            let cur = (c.gv[GV_WORK], c.gv[GV_YIELD], c.gv[GV_IDLE], c.idle_entries, vc.steal_ns);
+            let polled = c.gpoll_ns - std::mem::replace(&mut self.vms[vmi].prev_poll[i as usize], c.gpoll_ns);
+            let prev = std::mem::replace(&mut self.vms[vmi].prev[i as usize], cur);
+            samples.push(VcpuSample {
+                cpu: i,
+                t_work_ns: cur.0 - prev.0,
+                t_yield_ns: cur.1 - prev.1,
+                t_idle_ns: (cur.1 - prev.1) + (cur.2 - prev.2),
+                s_yield: cur.3 - prev.3,
+            });
+            idle.push(VcpuIdle {
+                cpu: i,
+                idle_ns: cur.2 - prev.2,
+                entries: Some(cur.3 - prev.3),
+                poll_ns: polled,
+                yield_ns: cur.1 - prev.1,
+                steal_ns: cur.4 - prev.4,
+            });
         }
-        if self.vms[vmi].kpoll.is_some() {
-            self.kernel_poll_apply(vm, step.mode.is_on(), &step.plan, true, step.reset_poll_windows);
-        }
-        self.vms[vmi].period_start = self.now;
-        self.q.push(self.now + step.next_period_ns, Ev::GleanerPeriod { vm });
+        (samples, idle)
     }
 
     /// Makes the VM's allowed vCPUs (`base..base + n`) the controller's `active` set (indices in
