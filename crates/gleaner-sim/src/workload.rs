@@ -244,7 +244,31 @@ fn parse_op(names: &mut Names, s: &str, key: &str) -> anyhow::Result<Op> {
 impl WorkloadCfg {
     /// Resolves names and thread counts for a VM with `default_threads` threads and `vcpus` vCPUs.
     pub fn resolve(&self, name: &str, default_threads: u32, vcpus: u32) -> anyhow::Result<Workload> {
-        let key = |g: &str, what: &str| format!("workload.{name}.group.{g}.{what}");
+        self.check_tables(name)?;
+        let mut names = Names::default();
+        let mut groups = Vec::new();
+        for g in &self.groups {
+            groups.push(resolve_group(g, name, default_threads, vcpus, &mut names)?);
+        }
+        let users = count_users(&groups, &names, name)?;
+        let records = groups.iter().any(|g| g.ops.contains(&Op::Record));
+        Ok(Workload {
+            name: name.to_string(),
+            cache: self.cache,
+            groups,
+            mutexes: names.mutex.len() as u32,
+            queues: vec![self.queue_capacity; names.queue.len()],
+            conds: names.cond.len() as u32,
+            barriers: users.barriers,
+            spin_barriers: users.spin_barriers,
+            queue_producers: users.queue_producers,
+            runs_forever: users.runs_forever,
+            records,
+        })
+    }
+
+    /// At least one group, a queue capacity, and the cache profile's numbers in range.
+    fn check_tables(&self, name: &str) -> anyhow::Result<()> {
         if self.groups.is_empty() {
             return Err(gleaner_policy::input::BadInput::new(format!("workload.{name}.group"), "[]", "at least one group").into());
         }
@@ -260,100 +284,99 @@ impl WorkloadCfg {
         if !(0.0..=1.0).contains(&c.miss_ratio) {
             return Err(gleaner_policy::input::BadInput::new(format!("workload.{name}.cache.miss_ratio"), c.miss_ratio, "0..=1").into());
         }
-        let mut names = Names::default();
-        let mut groups = Vec::new();
-        for g in &self.groups {
-            let threads = g.threads.unwrap_or(default_threads);
-            if threads == 0 || threads > 1 << 20 {
-                return Err(gleaner_policy::input::BadInput::new(key(&g.name, "threads"), threads, "1..=1048576").into());
-            }
-            let mut ops = Vec::new();
-            for s in &g.ops {
-                ops.push(parse_op(&mut names, s, &key(&g.name, "ops"))?);
-            }
-            let advances = ops.iter().any(|o| match o {
-                Op::Compute { mean_ns, .. } => *mean_ns > 0,
-                Op::Sleep(ns) | Op::Io(ns) => *ns > 0,
-                Op::Arrive { .. } => true,
-                _ => false,
-            });
-            if !advances {
-                return Err(gleaner_policy::input::BadInput::new(
-                    key(&g.name, "ops"),
-                    g.ops.join("; "),
-                    "a body with at least one compute, sleep or io of non-zero length",
-                )
-                .into());
-            }
-            if let Some(&bad) = g.pin.iter().find(|&&p| p >= vcpus) {
-                return Err(gleaner_policy::input::BadInput::new(key(&g.name, "pin"), bad, format!("vCPU indices 0..{vcpus}")).into());
-            }
-            if g.iterations == Some(0) {
-                return Err(gleaner_policy::input::BadInput::new(key(&g.name, "iterations"), 0, ">= 1 (or omit it)").into());
-            }
-            groups.push(Group { name: g.name.clone(), threads, iterations: g.iterations, pin: g.pin.clone(), ops });
-        }
-        let nq = names.queue.len();
-        let mut queue_producers = vec![0u32; nq];
-        let mut barriers = vec![0u32; names.barrier.len()];
-        let mut spin_barriers = vec![0u32; names.spin.len()];
-        let mut runs_forever = false;
-        for g in &groups {
-            let mut seen_q = vec![false; nq];
-            let mut seen_b = vec![false; barriers.len()];
-            let mut seen_s = vec![false; spin_barriers.len()];
-            let mut pops = false;
-            for op in &g.ops {
-                match *op {
-                    Op::Push(q) => seen_q[q as usize] = true,
-                    Op::Pop(_) => pops = true,
-                    Op::Barrier(b) => seen_b[b as usize] = true,
-                    Op::SpinBarrier(b) => seen_s[b as usize] = true,
-                    _ => {}
-                }
-            }
-            for (q, s) in seen_q.iter().enumerate() {
-                if *s {
-                    queue_producers[q] += g.threads;
-                }
-            }
-            for (b, s) in seen_b.iter().enumerate() {
-                if *s {
-                    barriers[b] += g.threads;
-                }
-            }
-            for (b, s) in seen_s.iter().enumerate() {
-                if *s {
-                    spin_barriers[b] += g.threads;
-                }
-            }
-            if g.iterations.is_none() && !pops {
-                runs_forever = true;
-            }
-            if (seen_b.iter().any(|s| *s) || seen_s.iter().any(|s| *s)) && g.iterations.is_none() {
-                return Err(gleaner_policy::input::BadInput::new(
-                    key(&g.name, "iterations"),
-                    "none",
-                    "a loop count: threads at a barrier must all run a known number of iterations",
-                )
-                .into());
-            }
-        }
-        let records = groups.iter().any(|g| g.ops.contains(&Op::Record));
-        Ok(Workload {
-            name: name.to_string(),
-            cache: self.cache,
-            groups,
-            mutexes: names.mutex.len() as u32,
-            queues: vec![self.queue_capacity; nq],
-            conds: names.cond.len() as u32,
-            barriers,
-            spin_barriers,
-            queue_producers,
-            runs_forever,
-            records,
-        })
+        Ok(())
     }
+}
+
+/// One thread group: its thread count, its ops parsed (sync objects named in `names`), a body
+/// that advances time, pins within the VM and a loop count of at least one.
+fn resolve_group(g: &GroupCfg, name: &str, default_threads: u32, vcpus: u32, names: &mut Names) -> anyhow::Result<Group> {
+    let key = |what: &str| format!("workload.{name}.group.{}.{what}", g.name);
+    let threads = g.threads.unwrap_or(default_threads);
+    if threads == 0 || threads > 1 << 20 {
+        return Err(gleaner_policy::input::BadInput::new(key("threads"), threads, "1..=1048576").into());
+    }
+    let mut ops = Vec::new();
+    for s in &g.ops {
+        ops.push(parse_op(names, s, &key("ops"))?);
+    }
+    let advances = ops.iter().any(|o| match o {
+        Op::Compute { mean_ns, .. } => *mean_ns > 0,
+        Op::Sleep(ns) | Op::Io(ns) => *ns > 0,
+        Op::Arrive { .. } => true,
+        _ => false,
+    });
+    if !advances {
+        return Err(gleaner_policy::input::BadInput::new(
+            key("ops"),
+            g.ops.join("; "),
+            "a body with at least one compute, sleep or io of non-zero length",
+        )
+        .into());
+    }
+    if let Some(&bad) = g.pin.iter().find(|&&p| p >= vcpus) {
+        return Err(gleaner_policy::input::BadInput::new(key("pin"), bad, format!("vCPU indices 0..{vcpus}")).into());
+    }
+    if g.iterations == Some(0) {
+        return Err(gleaner_policy::input::BadInput::new(key("iterations"), 0, ">= 1 (or omit it)").into());
+    }
+    Ok(Group { name: g.name.clone(), threads, iterations: g.iterations, pin: g.pin.clone(), ops })
+}
+
+/// Who uses each sync object: the producers of each queue and the threads at each barrier.
+#[derive(Debug)]
+struct Users {
+    queue_producers: Vec<u32>,
+    barriers: Vec<u32>,
+    spin_barriers: Vec<u32>,
+    /// Some group loops forever and pops nothing (it ends only with the run).
+    runs_forever: bool,
+}
+
+/// Counts each sync object's users over the groups; threads at a barrier must all run a
+/// known number of iterations.
+fn count_users(groups: &[Group], names: &Names, name: &str) -> anyhow::Result<Users> {
+    let nq = names.queue.len();
+    let mut u = Users {
+        queue_producers: vec![0u32; nq],
+        barriers: vec![0u32; names.barrier.len()],
+        spin_barriers: vec![0u32; names.spin.len()],
+        runs_forever: false,
+    };
+    for g in groups {
+        let mut seen_q = vec![false; nq];
+        let mut seen_b = vec![false; u.barriers.len()];
+        let mut seen_s = vec![false; u.spin_barriers.len()];
+        let mut pops = false;
+        for op in &g.ops {
+            match *op {
+                Op::Push(q) => seen_q[q as usize] = true,
+                Op::Pop(_) => pops = true,
+                Op::Barrier(b) => seen_b[b as usize] = true,
+                Op::SpinBarrier(b) => seen_s[b as usize] = true,
+                _ => {}
+            }
+        }
+        for (count, seen) in [(&mut u.queue_producers, &seen_q), (&mut u.barriers, &seen_b), (&mut u.spin_barriers, &seen_s)] {
+            for (i, s) in seen.iter().enumerate() {
+                if *s {
+                    count[i] += g.threads;
+                }
+            }
+        }
+        if g.iterations.is_none() && !pops {
+            u.runs_forever = true;
+        }
+        if (seen_b.iter().any(|s| *s) || seen_s.iter().any(|s| *s)) && g.iterations.is_none() {
+            return Err(gleaner_policy::input::BadInput::new(
+                format!("workload.{name}.group.{}.iterations", g.name),
+                "none",
+                "a loop count: threads at a barrier must all run a known number of iterations",
+            )
+            .into());
+        }
+    }
+    Ok(u)
 }
 
 /// Names of the built-in workloads, with a one-line description.
