@@ -22,95 +22,108 @@ impl Engine {
     /// One step of the vCPU `v` running on pCPU `p` (settled, no overhead left). Returns true
     /// if something changed (the caller loops), false when the vCPU just keeps going.
     pub(crate) fn guest_step(&mut self, v: u32, p: u32) -> bool {
-        let now = self.now;
-        let vi = v as usize;
-        match self.vcpus[vi].idle {
-            Idle::Busy => {
-                let t = self.vcpus[vi].cur;
-                if t == NONE {
-                    self.guest_next(v, p);
-                    return true;
-                }
-                let (spinning, rem) = {
-                    let th = &self.threads[t as usize];
-                    (th.spinning, th.rem)
-                };
-                if spinning {
-                    if self.virt && now >= self.vcpus[vi].spin_since + self.ple_window_ns {
-                        let vc = &mut self.vcpus[vi];
-                        vc.c.exits_ple += 1;
-                        vc.overhead += self.costs.ple_exit;
-                        vc.spin_since = now;
-                        if !self.pcpus[p as usize].rq.is_empty() {
-                            self.host_yield(p);
-                        }
-                        return true;
-                    }
-                } else if rem == 0 {
-                    self.run_ops(t, v, p);
-                    return true;
-                }
-                if !self.vcpus[vi].rq.is_empty() && now >= self.vcpus[vi].gslice_end {
-                    self.rotate(v, p);
-                    return true;
-                }
-                false
-            }
-            Idle::Yield => {
-                if !self.vcpus[vi].rq.is_empty() {
-                    self.leave_idle(v);
-                    self.guest_next(v, p);
-                    return true;
-                }
-                if !self.yielder_runnable(v) {
-                    self.yield_pause(v, false);
-                    self.enter_idle(v, p);
-                    return true;
-                }
-                let y = self.vcpus[vi].yielder.as_ref().expect("yield state without yielder");
-                if y.run_ns >= y.target_ns {
-                    self.yield_timeout(v);
-                    if !self.yielder_runnable(v) {
-                        self.enter_idle(v, p);
-                    }
-                    return true;
-                }
-                false
-            }
+        match self.vcpus[v as usize].idle {
+            Idle::Busy => self.busy_step(v, p),
+            Idle::Yield => self.yield_step(v, p),
             Idle::Poll { until } => {
-                if !self.vcpus[vi].rq.is_empty() || self.yielder_runnable(v) {
+                if !self.vcpus[v as usize].rq.is_empty() || self.yielder_runnable(v) {
                     self.leave_idle(v);
                     self.guest_next(v, p);
                     return true;
                 }
-                if now >= until {
+                if self.now >= until {
                     self.halt(v, p);
                     return true;
                 }
                 false
             }
-            Idle::Halted => {
-                if !self.vcpus[vi].rq.is_empty() || self.yielder_runnable(v) {
-                    self.leave_idle(v);
-                    self.guest_next(v, p);
-                    return true;
-                }
-                if self.vcpus[vi].hpolling {
-                    if !self.pcpus[p as usize].rq.is_empty() || now >= self.vcpus[vi].poll_end {
-                        // KVM stops polling when another task wants the pCPU, or at the window's end.
-                        self.vcpus[vi].hpolling = false;
-                        self.take_off(v);
-                        return true;
-                    }
-                    return false;
-                }
-                // Resumed with nothing to do (another vCPU's newidle balance took the thread):
-                // halt again, one more transition to idle.
-                self.vcpus[vi].c.idle_entries += 1;
-                self.halt(v, p);
-                true
-            }
+            Idle::Halted => self.halted_step(v, p),
         }
+    }
+
+    /// A vCPU running a thread: the next thread where it has none, a pause-loop exit for a
+    /// spinner past the PLE window, the thread's next ops once its computation is done, the
+    /// next thread at the end of the guest's slice.
+    fn busy_step(&mut self, v: u32, p: u32) -> bool {
+        let now = self.now;
+        let vi = v as usize;
+        let t = self.vcpus[vi].cur;
+        if t == NONE {
+            self.guest_next(v, p);
+            return true;
+        }
+        let (spinning, rem) = {
+            let th = &self.threads[t as usize];
+            (th.spinning, th.rem)
+        };
+        if spinning {
+            if self.virt && now >= self.vcpus[vi].spin_since + self.ple_window_ns {
+                let vc = &mut self.vcpus[vi];
+                vc.c.exits_ple += 1;
+                vc.overhead += self.costs.ple_exit;
+                vc.spin_since = now;
+                if !self.pcpus[p as usize].rq.is_empty() {
+                    self.host_yield(p);
+                }
+                return true;
+            }
+        } else if rem == 0 {
+            self.run_ops(t, v, p);
+            return true;
+        }
+        if !self.vcpus[vi].rq.is_empty() && now >= self.vcpus[vi].gslice_end {
+            self.rotate(v, p);
+            return true;
+        }
+        false
+    }
+
+    /// A vCPU kept by its yielding thread: work ends it, a parked yielder lets it idle, and
+    /// the yielder's window running out times it out.
+    fn yield_step(&mut self, v: u32, p: u32) -> bool {
+        let vi = v as usize;
+        if !self.vcpus[vi].rq.is_empty() {
+            self.leave_idle(v);
+            self.guest_next(v, p);
+            return true;
+        }
+        if !self.yielder_runnable(v) {
+            self.yield_pause(v, false);
+            self.enter_idle(v, p);
+            return true;
+        }
+        let y = self.vcpus[vi].yielder.as_ref().expect("yield state without yielder");
+        if y.run_ns >= y.target_ns {
+            self.yield_timeout(v);
+            if !self.yielder_runnable(v) {
+                self.enter_idle(v, p);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// A halted vCPU on its pCPU: work wakes it; KVM's halt polling ends when another task
+    /// wants the pCPU or at the window's end; resumed with nothing to do (another vCPU's
+    /// newidle balance took the thread), it halts again, one more transition to idle.
+    fn halted_step(&mut self, v: u32, p: u32) -> bool {
+        let vi = v as usize;
+        if !self.vcpus[vi].rq.is_empty() || self.yielder_runnable(v) {
+            self.leave_idle(v);
+            self.guest_next(v, p);
+            return true;
+        }
+        if self.vcpus[vi].hpolling {
+            if !self.pcpus[p as usize].rq.is_empty() || self.now >= self.vcpus[vi].poll_end {
+                self.vcpus[vi].hpolling = false;
+                self.take_off(v);
+                return true;
+            }
+            return false;
+        }
+        self.vcpus[vi].c.idle_entries += 1;
+        self.halt(v, p);
+        true
     }
 
     pub(crate) fn yielder_runnable(&self, v: u32) -> bool {
