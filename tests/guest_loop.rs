@@ -108,8 +108,10 @@ fn the_agents_and_the_simulators_adapters_carry_out_the_same_steps() {
         consolidation: None,
         period_ns: PERIOD,
         priors: gleaner_policy::guest::LoopPriors::DEFAULT,
+        curve_is_prior: false,
+        yielders: setup::YielderStart::default(),
     };
-    let mut g = GuestController::new(setup::decide(input, |_| String::new()).guest);
+    let mut g = GuestController::new(setup::decide(input).guest);
 
     // The start plan, as both adapters apply it before the workload runs.
     stamp(d.path());

@@ -204,6 +204,27 @@ fn no_crate_has_a_cycle_between_its_files() {
     assert!(cycles.is_empty(), "file cycles (each file uses the next through crate:: or super:: paths):\n{}", cycles.join("\n"));
 }
 
+/// The guest loop's decisions live once, in gleaner-policy: the lab's predictor and the
+/// simulator configure it through `gleaner_policy::guest::setup`, never through the agent's
+/// own code (`gleaner_agent::agent`), which only maps the agent's world onto it. The agent's
+/// typed records (status, events, calibration reports) may be read.
+#[test]
+fn the_lab_and_the_simulator_decide_through_the_policy_not_the_agent() {
+    let mut hits = Vec::new();
+    for krate in ["gleaner-lab", "gleaner-sim"] {
+        let mut files = Vec::new();
+        rust_files(&Path::new(ROOT).join("crates").join(krate).join("src"), &mut files);
+        assert!(!files.is_empty(), "{krate}: no files");
+        for f in files {
+            let code = code_of(&std::fs::read_to_string(&f).unwrap());
+            if code.contains("gleaner_agent::agent") {
+                hits.push(f.strip_prefix(ROOT).unwrap_or(&f).display().to_string());
+            }
+        }
+    }
+    assert!(hits.is_empty(), "these call the agent's own code instead of gleaner_policy::guest::setup: {hits:?}");
+}
+
 /// The checker itself: paths and groups are read, comments are not, and a two-file cycle is
 /// found.
 #[test]

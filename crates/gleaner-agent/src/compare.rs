@@ -224,7 +224,7 @@ fn calibrate_once(policies: &[Policy], cfg: &crate::config::AgentConfig, cpus: &
             let got = crate::cache::obtain(&cfg.cache_policy(), &crate::cache::World::real(), cpus, || {
                 crate::calibrate::measure_journaled(&cfg.run_dir, cpus)
             });
-            agent::Calibrated { results: got.results.map_err(|i| i.error), source: Some(got.source) }
+            agent::Calibrated { results: got.results.map_err(|i| i.error), source: Some(got.source), threshold_ns: None }
         }
     })
 }

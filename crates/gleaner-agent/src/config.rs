@@ -125,7 +125,7 @@ impl Default for AgentConfig {
             kernel_polling: true,
             trace: true,
             consolidation: true,
-            period_ms: 200,
+            period_ms: gleaner_policy::guest::DEFAULT_PERIOD_NS / 1_000_000,
             timeout_us: None,
             adapt: true,
             retention_start: RetentionStart::Calibrated,

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!   setup:  journal + guardian (root) -> idle knobs (lock, writer) -> calibration (curve)
-//!           -> IdleSetup (GuestConfig) -> cgroup -> yielding threads (no kernel polling)
+//!           -> Setup (GuestConfig) -> cgroup -> yielding threads (no kernel polling)
 //!           -> tracer -> guardian armed -> workload started -> status, metrics, events
 //!   period: wait_period -> sample (Sampler: snapshot + per-vCPU idle counters; tracer delta)
 //!           -> GuestController::step -> apply (cpuset.cpus, idle knobs, yielder windows)
@@ -47,14 +47,15 @@ use tracing::{info, warn};
 pub use self::child::check_program;
 use self::child::{self_cpu_ns, ChildWaiter};
 use self::session::{serve_status, Session};
-use self::setup::{describe_curve, Offered};
-pub use self::setup::{Calibrated, IdleSetup};
+pub use self::setup::Calibrated;
+use self::setup::Offered;
 use self::target::{consolidation_blocker, refuse_if_managed, Managed};
 use crate::config::AgentConfig;
 use crate::sampler::{PeriodExtras, Sampler};
 use crate::server;
 use crate::status::{EventKind, EventLog, EventRecord, IdleStatus, Overhead, SharedStatus, StatusReport};
 use crate::yielders::Yielders;
+use gleaner_policy::guest::setup::Setup;
 
 /// What the agent manages.
 #[derive(Debug, Clone)]
@@ -300,7 +301,7 @@ impl Session {
 
     /// What the machine offers, the curve, and the guest loop's configuration; the idle knobs
     /// given up where they are not ours to turn; said once and shown in the status.
-    fn set_up_idle(&mut self, ctx: &RunContext<'_>, workload: bool) -> (IdleSetup, Option<gleaner_os::idle::IdleOffer>) {
+    fn set_up_idle(&mut self, ctx: &RunContext<'_>, workload: bool) -> (Setup, Option<gleaner_os::idle::IdleOffer>) {
         let RunContext { cfg, opts, cpus, status, .. } = *ctx;
         let offer = IdleKnobs::new().offer(cpus).ok();
         let no_knobs = if cfg.retention && cfg.kernel_polling && cfg.timeout_us.is_none() {
@@ -317,9 +318,9 @@ impl Session {
                 };
                 setup::calibration(cfg, cpus, control, workload)
             }
-            None => Calibrated { results: Err("retention off".into()), source: None },
+            None => Calibrated { results: Err("retention off".into()), source: None, threshold_ns: None },
         };
-        let idle = IdleSetup::decide(cfg, cpus, &calibrated, &Offered { offer: offer.as_ref(), no_knobs }, workload);
+        let idle = setup::decide(cfg, cpus, &calibrated, &Offered { offer: offer.as_ref(), no_knobs }, workload);
         if !idle.kernel {
             // Not ours to turn: let another agent take them.
             self.knobs = None;
@@ -354,7 +355,7 @@ impl Session {
     fn start(
         &mut self,
         ctx: &RunContext<'_>,
-        idle: &IdleSetup,
+        idle: &Setup,
         offer: Option<&gleaner_os::idle::IdleOffer>,
         consolidation: bool,
         root: bool,
@@ -473,7 +474,7 @@ impl Session {
     }
 
     /// Says once, on stderr, how retention runs (unless quiet).
-    fn say_idle_setup(&self, ctx: &RunContext<'_>, idle: &IdleSetup, calibrated: &Calibrated) {
+    fn say_idle_setup(&self, ctx: &RunContext<'_>, idle: &Setup, calibrated: &Calibrated) {
         if ctx.opts.quiet || !ctx.cfg.retention {
             return;
         }
@@ -489,11 +490,7 @@ impl Session {
             } else {
                 "nothing"
             };
-            eprintln!(
-                "gleaner: idle policy: {how}, planned per vCPU (budget {:.2} of a vCPU); {}{from}",
-                ctx.cfg.budget,
-                describe_curve(c)
-            );
+            eprintln!("gleaner: idle policy: {how}, planned per vCPU (budget {:.2} of a vCPU); {}{from}", ctx.cfg.budget, c.describe());
         }
     }
 

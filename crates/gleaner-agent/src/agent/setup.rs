@@ -1,18 +1,18 @@
 //! What the agent starts with, decided once: the calibration (the wake-cost curve, from the
 //! run dir's record or measured now), what the machine offers to keep idle vCPUs from halting,
-//! and from those the guest loop's configuration ([`GuestConfig`]).
+//! and from those the guest loop's configuration (`gleaner_policy::guest::GuestConfig`).
 //!
 //! ```text
 //!  IdleKnobs::offer (POLL state? haltpoll window? per-CPU resume latency?)
 //!  + the idle-knob lock (one agent drives them)      --> Means { poll_window, poll_always, yielders }
 //!  cache::obtain (record, or calibrate::measure)     --> WakeCurve (C by gap, B, P)
-//!  flags (--budget, --timeout-us, --no-adapt, ...)   --> GuestConfig for GuestController::new
+//!  flags (--budget, --timeout-us, --no-adapt, ...)   --> SetupInput
+//!  gleaner_policy::guest::setup::decide              --> Setup (GuestConfig, yielders' config)
 //! ```
 
 use gleaner_os::cpuset::CpuSet;
 use gleaner_os::idle::IdleOffer;
-use gleaner_policy::guest::setup::{self, Offer, Prior, SetupInput};
-use gleaner_policy::guest::GuestConfig;
+use gleaner_policy::guest::setup::{self, Offer, Prior, Setup, SetupInput, YielderStart};
 use gleaner_policy::idle::WakeCurve;
 use gleaner_policy::retention::{RetentionConfig, RetentionMode};
 
@@ -28,6 +28,9 @@ pub struct Calibrated {
     /// `None`: nothing was calibrated (`--timeout-us` with `--idle-threshold-us`, or no
     /// retention).
     pub source: Option<CalibrationSource>,
+    /// The idle threshold sampled without a curve (`--timeout-us` without
+    /// `--idle-threshold-us`), ns.
+    pub threshold_ns: Option<u64>,
 }
 
 impl Calibrated {
@@ -39,11 +42,6 @@ impl Calibrated {
     pub fn is_prior(&self) -> bool {
         matches!(self.source, Some(CalibrationSource::Prior { .. }))
     }
-}
-
-/// The kernel's polling is offered here and this agent may drive it.
-fn kernel_polling_offered(cfg: &AgentConfig, offered: &Offered<'_>) -> bool {
-    cfg.kernel_polling && offered.no_knobs.is_none() && offered.offer.is_some_and(IdleOffer::kernel_polling)
 }
 
 /// The calibration for `cpus`: the run dir's record when valid; else, for a workload, the
@@ -63,16 +61,16 @@ pub fn calibration(cfg: &AgentConfig, cpus: &CpuSet, control: Control<'_>, workl
             }
         };
         let results = Err(format!("--timeout-us given: yielding threads with a fixed window, idle threshold {} us", idle / 1000));
-        return Calibrated { results, source };
+        return Calibrated { results, source, threshold_ns: Some(idle) };
     }
     if workload && !cfg.recalibrate {
         return match crate::cache::lookup_valid(&policy, &world, cpus) {
-            Ok(hit) => Calibrated { results: hit.results.map_err(|inc| inc.error), source: Some(hit.source) },
+            Ok(hit) => Calibrated { results: hit.results.map_err(|inc| inc.error), source: Some(hit.source), threshold_ns: None },
             Err(why) => prior(why),
         };
     }
     let got = crate::cache::obtain(&policy, &world, cpus, || crate::calibrate::measure(cpus, control));
-    Calibrated { results: got.results.map_err(|inc| inc.error), source: Some(got.source) }
+    Calibrated { results: got.results.map_err(|inc| inc.error), source: Some(got.source), threshold_ns: None }
 }
 
 /// The prior curve, for a run without a valid record (`why`).
@@ -80,7 +78,7 @@ fn prior(why: crate::cache::Reason) -> Calibrated {
     let polling = PollingControl { halted: "not measured (the prior)".into(), poll: "not measured (the prior)".into() };
     let results =
         CalibrationResults { curve: WakeCurve::prior(), idle_threshold_ns: RetentionConfig::default().idle_threshold_ns, polling };
-    Calibrated { results: Ok(results), source: Some(CalibrationSource::Prior { why }) }
+    Calibrated { results: Ok(results), source: Some(CalibrationSource::Prior { why }), threshold_ns: None }
 }
 
 /// After a workload that ran from the prior and ended by itself: measures this VM's curve and
@@ -102,39 +100,14 @@ pub fn idle_threshold_ns(cfg: &AgentConfig, calibrated: &Calibrated) -> u64 {
     if let Some(t) = cfg.idle_threshold_us {
         return t * 1000;
     }
-    match &calibrated.results {
-        Ok(r) => r.idle_threshold_ns,
-        Err(_) => RetentionConfig::default().idle_threshold_ns,
+    match (&calibrated.results, calibrated.threshold_ns) {
+        (Ok(r), _) => r.idle_threshold_ns,
+        (Err(_), Some(t)) => t,
+        (Err(_), None) => RetentionConfig::default().idle_threshold_ns,
     }
 }
 
-/// The wake-cost curve in one phrase, for people.
-pub fn describe_curve(c: &WakeCurve) -> String {
-    let us = |ns: u64| format!("{:.0}", ns as f64 / 1000.0);
-    let halted = match c.halted_range_ns() {
-        Some((lo, hi)) => format!("{}..{} us halted", us(lo), us(hi)),
-        None => "no halted points".into(),
-    };
-    let window = c.host_poll_window_ns().map_or(String::new(), |w| format!(" (cheap up to {} us idle)", us(w)));
-    let poll = c.poll_ns.map_or(", no POLL state".to_string(), |p| format!(", {} us polling", us(p)));
-    format!("wake cost {halted}{window}, {} us kept busy{poll}", us(c.busy_ns))
-}
-
-/// What the agent runs its idle policy with.
-#[derive(Debug, Clone)]
-pub struct IdleSetup {
-    /// The guest loop's configuration.
-    pub guest: GuestConfig,
-    /// The yielding threads' configuration (`None`: none are started: kernel polling serves,
-    /// or no retention).
-    pub yielders: Option<RetentionConfig>,
-    /// This agent drives the kernel's idle knobs.
-    pub kernel: bool,
-    /// Why retention is off, or why kernel polling is not used although offered.
-    pub note: Option<String>,
-}
-
-/// Inputs of [`IdleSetup::decide`] the agent gathered.
+/// Inputs of [`decide`] the agent gathered.
 #[derive(Debug, Clone)]
 pub struct Offered<'a> {
     /// What the machine offers (`None`: unreadable).
@@ -143,60 +116,56 @@ pub struct Offered<'a> {
     pub no_knobs: Option<String>,
 }
 
-impl IdleSetup {
-    /// Decides the idle policy's configuration: `gleaner_policy::guest::setup::decide` on what
-    /// this agent found, and the yielding threads' own configuration. `workload`: there is a
-    /// workload whose progress the governors can read (the daemon without targets has none).
-    pub fn decide(cfg: &AgentConfig, cpus: &CpuSet, calibrated: &Calibrated, offered: &Offered<'_>, workload: bool) -> Self {
-        let prior = match cfg.retention_start {
-            RetentionStart::Calibrated => Prior::Calibrated,
-            RetentionStart::On => Prior::Fixed(RetentionMode::On),
-            RetentionStart::Off => Prior::Fixed(RetentionMode::Off),
-        };
-        let input = SetupInput {
-            cpus: cpus.iter().collect(),
-            retention: cfg.retention,
-            fixed_yield_ns: cfg.timeout_us.map(|us| us * 1000),
-            curve: match calibrated.curve() {
-                // The prior serves the kernel's polling plan only (WakeCurve::prior).
-                Some(_) if calibrated.is_prior() && !kernel_polling_offered(cfg, offered) => Err(
-                    "no calibration record yet, and yielding threads start only from this VM's measured wake costs (measured after this run; `gleaner calibrate` measures them now)"
-                        .into(),
-                ),
-                Some(c) => Ok(c),
-                None => Err(calibrated.results.as_ref().err().cloned().unwrap_or_default()),
-            },
-            offer: offered.offer.map(|o| Offer {
-                kernel_polling: o.kernel_polling(),
-                poll_window: o.poll_window(),
-                poll_always: o.poll_always(),
-            }),
-            kernel_polling: match (&offered.no_knobs, cfg.kernel_polling) {
-                (_, false) => Ok(false),
-                (None, true) => Ok(true),
-                (Some(why), true) => Err(why.clone()),
-            },
-            workload,
-            governor: cfg.adapt.then_some(cfg.governor),
-            prior,
-            plan: cfg.plan_config(),
-            start: cfg.start,
-            consolidation: None,
-            period_ns: cfg.period_ms * 1_000_000,
-            priors: cfg.priors,
-        };
-        let s = setup::decide(input, describe_curve);
-        let yielders = s.yielders.then(|| RetentionConfig {
+/// The policy's inputs from what this agent found and was asked for. `workload`: there is a
+/// workload whose progress the governors can read (the daemon without targets has none).
+pub fn setup_input<'a>(
+    cfg: &AgentConfig,
+    cpus: &CpuSet,
+    calibrated: &'a Calibrated,
+    offered: &Offered<'_>,
+    workload: bool,
+) -> SetupInput<'a> {
+    let prior = match cfg.retention_start {
+        RetentionStart::Calibrated => Prior::Calibrated,
+        RetentionStart::On => Prior::Fixed(RetentionMode::On),
+        RetentionStart::Off => Prior::Fixed(RetentionMode::Off),
+    };
+    SetupInput {
+        cpus: cpus.iter().collect(),
+        retention: cfg.retention,
+        fixed_yield_ns: cfg.timeout_us.map(|us| us * 1000),
+        curve: calibrated.curve().ok_or_else(|| calibrated.results.as_ref().err().cloned().unwrap_or_default()),
+        curve_is_prior: calibrated.is_prior(),
+        offer: offered.offer.map(|o| Offer {
+            kernel_polling: o.kernel_polling(),
+            poll_window: o.poll_window(),
+            poll_always: o.poll_always(),
+        }),
+        kernel_polling: match (&offered.no_knobs, cfg.kernel_polling) {
+            (_, false) => Ok(false),
+            (None, true) => Ok(true),
+            (Some(why), true) => Err(why.clone()),
+        },
+        workload,
+        governor: cfg.adapt.then_some(cfg.governor),
+        prior,
+        plan: cfg.plan_config(),
+        start: cfg.start,
+        consolidation: None,
+        period_ns: cfg.period_ms * 1_000_000,
+        priors: cfg.priors,
+        yielders: YielderStart {
             idle_threshold_ns: idle_threshold_ns(cfg, calibrated),
-            // Parked until the plan gives a window, or the fixed window.
-            timeout_ns: s.guest.fixed_yield_ns.unwrap_or(0),
             max_sleep_ns: cfg.max_sleep_ms * 1_000_000,
             step_aside_ns: cfg.step_aside_us * 1_000,
-            adapt: false,
-            ..RetentionConfig::default()
-        });
-        Self { guest: s.guest, yielders, kernel: s.kernel, note: s.note }
+        },
     }
+}
+
+/// Decides the idle policy's configuration: `gleaner_policy::guest::setup::decide` on
+/// [`setup_input`].
+pub fn decide(cfg: &AgentConfig, cpus: &CpuSet, calibrated: &Calibrated, offered: &Offered<'_>, workload: bool) -> Setup {
+    setup::decide(setup_input(cfg, cpus, calibrated, offered, workload))
 }
 
 #[cfg(test)]
@@ -213,7 +182,7 @@ mod tests {
 
     fn calibrated(c: WakeCurve) -> Calibrated {
         let polling = PollingControl { halted: "test".into(), poll: "test".into() };
-        Calibrated { results: Ok(CalibrationResults { curve: c, idle_threshold_ns: 12_000, polling }), source: None }
+        Calibrated { results: Ok(CalibrationResults { curve: c, idle_threshold_ns: 12_000, polling }), source: None, threshold_ns: None }
     }
 
     fn haltpoll_offer() -> IdleOffer {
@@ -236,7 +205,7 @@ mod tests {
     #[test]
     fn a_haltpoll_guest_polls_in_the_kernel_without_yielding_threads() {
         let o = haltpoll_offer();
-        let s = IdleSetup::decide(
+        let s = decide(
             &AgentConfig::default(),
             &cpus(),
             &calibrated(curve(Some(7_000), 40)),
@@ -251,13 +220,7 @@ mod tests {
 
     #[test]
     fn without_a_poll_state_yielding_threads_serve_and_start_parked() {
-        let s = IdleSetup::decide(
-            &AgentConfig::default(),
-            &cpus(),
-            &calibrated(curve(None, 40)),
-            &Offered { offer: None, no_knobs: None },
-            true,
-        );
+        let s = decide(&AgentConfig::default(), &cpus(), &calibrated(curve(None, 40)), &Offered { offer: None, no_knobs: None }, true);
         assert!(!s.kernel && s.guest.means.yielders);
         assert_eq!(s.yielders.map(|y| y.timeout_ns), Some(0));
         assert_eq!(s.yielders.map(|y| y.idle_threshold_ns), Some(12_000));
@@ -267,24 +230,18 @@ mod tests {
     fn another_agent_on_the_knobs_means_yielders_and_a_note() {
         let o = haltpoll_offer();
         let off = Offered { offer: Some(&o), no_knobs: Some("another agent drives the idle knobs".into()) };
-        let s = IdleSetup::decide(&AgentConfig::default(), &cpus(), &calibrated(curve(Some(7_000), 40)), &off, true);
+        let s = decide(&AgentConfig::default(), &cpus(), &calibrated(curve(Some(7_000), 40)), &off, true);
         assert!(!s.kernel && s.guest.means.yielders);
         assert!(s.note.unwrap().contains("another agent"));
         // --no-kernel-polling: the same, without a note.
         let cfg = AgentConfig { kernel_polling: false, ..AgentConfig::default() };
-        let s = IdleSetup::decide(&cfg, &cpus(), &calibrated(curve(Some(7_000), 40)), &Offered { offer: Some(&o), no_knobs: None }, true);
+        let s = decide(&cfg, &cpus(), &calibrated(curve(Some(7_000), 40)), &Offered { offer: Some(&o), no_knobs: None }, true);
         assert!(!s.kernel && s.note.is_none());
     }
 
     #[test]
     fn yielders_that_barely_beat_a_halt_start_off() {
-        let s = IdleSetup::decide(
-            &AgentConfig::default(),
-            &cpus(),
-            &calibrated(curve(None, 110)),
-            &Offered { offer: None, no_knobs: None },
-            true,
-        );
+        let s = decide(&AgentConfig::default(), &cpus(), &calibrated(curve(None, 110)), &Offered { offer: None, no_knobs: None }, true);
         assert_eq!(s.guest.prior, RetentionMode::Off);
         assert!(s.note.unwrap().contains("starts off"));
     }
@@ -292,11 +249,11 @@ mod tests {
     #[test]
     fn a_fixed_timeout_yields_with_it_and_no_curve_means_no_retention() {
         let cfg = AgentConfig { timeout_us: Some(100), ..AgentConfig::default() };
-        let none = Calibrated { results: Err("one CPU".into()), source: None };
-        let s = IdleSetup::decide(&cfg, &cpus(), &none, &Offered { offer: None, no_knobs: None }, true);
+        let none = Calibrated { results: Err("one CPU".into()), source: None, threshold_ns: None };
+        let s = decide(&cfg, &cpus(), &none, &Offered { offer: None, no_knobs: None }, true);
         assert_eq!(s.guest.fixed_yield_ns, Some(100_000));
         assert_eq!(s.yielders.map(|y| y.timeout_ns), Some(100_000));
-        let s = IdleSetup::decide(&AgentConfig::default(), &cpus(), &none, &Offered { offer: None, no_knobs: None }, true);
+        let s = decide(&AgentConfig::default(), &cpus(), &none, &Offered { offer: None, no_knobs: None }, true);
         assert!(s.yielders.is_none() && !s.kernel);
         assert!(s.note.unwrap().contains("one CPU"));
     }
@@ -309,20 +266,47 @@ mod tests {
     fn the_prior_starts_the_kernel_s_polling_plan_but_never_yielders() {
         let o = haltpoll_offer();
         let cfg = AgentConfig::default();
-        let s = IdleSetup::decide(&cfg, &cpus(), &from_the_prior(), &Offered { offer: Some(&o), no_knobs: None }, true);
+        let s = decide(&cfg, &cpus(), &from_the_prior(), &Offered { offer: Some(&o), no_knobs: None }, true);
         assert!(s.kernel && s.yielders.is_none(), "{s:?}");
         assert_eq!(s.guest.curve, Some(WakeCurve::prior()));
         // No POLL state, or the knobs are another agent's: no retention until this VM is measured.
         for off in [Offered { offer: None, no_knobs: None }, Offered { offer: Some(&o), no_knobs: Some("another agent".into()) }] {
-            let s = IdleSetup::decide(&cfg, &cpus(), &from_the_prior(), &off, true);
+            let s = decide(&cfg, &cpus(), &from_the_prior(), &off, true);
             assert!(!s.kernel && s.yielders.is_none(), "{s:?}");
             assert!(s.note.as_deref().is_some_and(|n| n.contains("measured wake costs")), "{:?}", s.note);
         }
     }
 
     #[test]
-    fn the_curve_reads_in_one_phrase() {
-        let d = describe_curve(&curve(Some(7_000), 40));
-        assert_eq!(d, "wake cost 49..116 us halted (cheap up to 1000 us idle), 40 us kept busy, 7 us polling");
+    fn a_fixed_timeout_keeps_the_idle_threshold_sampled_for_it() {
+        let cfg = AgentConfig { timeout_us: Some(100), ..AgentConfig::default() };
+        let sampled = Calibrated { results: Err("--timeout-us given".into()), source: None, threshold_ns: Some(7_000) };
+        let s = decide(&cfg, &cpus(), &sampled, &Offered { offer: None, no_knobs: None }, true);
+        assert_eq!(s.yielders.map(|y| (y.idle_threshold_ns, y.timeout_ns)), Some((7_000, 100_000)));
+        // --idle-threshold-us wins over anything sampled.
+        let cfg = AgentConfig { idle_threshold_us: Some(30), ..cfg };
+        let s = decide(&cfg, &cpus(), &sampled, &Offered { offer: None, no_knobs: None }, true);
+        assert_eq!(s.yielders.map(|y| y.idle_threshold_ns), Some(30_000));
+    }
+
+    #[test]
+    fn the_default_configuration_is_the_policy_s_defaults() {
+        // The lab's predictor starts from SetupInput::defaults: the agent with no flags must
+        // decide exactly what it does, on every machine and curve.
+        let o = haltpoll_offer();
+        let curves = [calibrated(curve(Some(7_000), 40)), calibrated(curve(None, 40)), calibrated(curve(None, 110))];
+        for c in &curves {
+            for offer in [None, Some(&o)] {
+                let agent = decide(&AgentConfig::default(), &cpus(), c, &Offered { offer, no_knobs: None }, true);
+                let policy_offer =
+                    offer.map(|o| Offer { kernel_polling: o.kernel_polling(), poll_window: o.poll_window(), poll_always: o.poll_always() });
+                let input = SetupInput {
+                    offer: policy_offer,
+                    yielders: YielderStart { idle_threshold_ns: 12_000, ..YielderStart::default() },
+                    ..SetupInput::defaults(vec![0, 1], Ok(c.curve().unwrap()))
+                };
+                assert_eq!(agent, setup::decide(input), "offer {offer:?}");
+            }
+        }
     }
 }

@@ -19,16 +19,15 @@
 
 use std::collections::BTreeMap;
 
-use gleaner_agent::agent::setup::{idle_threshold_ns, Calibrated, IdleSetup, Offered};
-use gleaner_agent::config::AgentConfig;
 use gleaner_bench::wakeup::{Setting, SettingResult};
 use gleaner_bench::workload::Workload;
 use gleaner_measure::calibration::{CalibrationResults, PollingControl};
-use gleaner_os::cpuset::CpuSet;
 use gleaner_os::BadInput;
-use gleaner_policy::guest::GuestConfig;
+use gleaner_policy::gleaner::Params;
+use gleaner_policy::guest::setup::{self, SetupInput, YielderStart};
+use gleaner_policy::guest::{GuestConfig, DEFAULT_PERIOD_NS};
 use gleaner_policy::idle::{CurvePoint, WakeCurve};
-use gleaner_policy::retention::{RetentionConfig, RetentionVerdict};
+use gleaner_policy::retention::{GovernorConfig, RetentionConfig, RetentionVerdict};
 use gleaner_policy::stats::median;
 use gleaner_policy::IdlePolicy;
 use gleaner_sim::scenario::{Costs, CostsCfg, GleanerCfg, GuestHaltpollCfg, HostCfg, HostPolicyKind, Scenario, Table2, VariantCfg, VmCfg};
@@ -432,21 +431,22 @@ pub struct AgentPlan {
     /// Retention timeouts the lab's agent reported over its retention and gleaner runs
     /// (`None` without rows): 0 is consistent with retention off.
     pub lab_timeouts: Option<u64>,
-    /// The agent's own guest loop configuration (`IdleSetup::decide` on that calibration), which
+    /// The agent's own guest loop configuration (`gleaner_policy::guest::setup::decide` with the
+    /// agent's defaults on that calibration), which
     /// the simulator runs: its means, curve, planner, governor and prior (`None`: no curve, the
     /// agent retains nothing).
     pub guest: Option<GuestConfig>,
 }
 
-/// The agent's start-up configuration, made by the agent's own code
-/// (`gleaner_agent::agent::setup::IdleSetup::decide`, default configuration) from the calibration
+/// The agent's start-up configuration, made by the agent's own policy code
+/// (`gleaner_policy::guest::setup::decide` on `SetupInput::defaults`: the agent with no flags,
+/// the same decision, its tests check) from the calibration
 /// it started with: the one it recorded at VM A's boots (`gleaner calibrate`, in results that
 /// have it; the first boot's, said in `why` when they disagree), else a flat curve from the
 /// medians the lab measured in VM A next to VM B (setting C, halted, after 500 us, the lab's
 /// period; setting B, a busy vCPU). The machine's kernel polling is not known from the results:
 /// the agent is taken to have yielding threads only, as the lab's guests do.
 pub fn agent_plan(cell: &LabCell, pass: &Pass) -> AgentPlan {
-    let cfg = AgentConfig::default();
     let lab_timeouts = cell.per_run.then(|| {
         pass.vm_a
             .iter()
@@ -478,24 +478,25 @@ pub fn agent_plan(cell: &LabCell, pass: &Pass) -> AgentPlan {
             _ => (Err("no wakeup measurement".to_string()), "no wakeup measurement".to_string()),
         }
     };
-    let calibrated = Calibrated { results, source: None };
-    let cpus: CpuSet = (0..cell.vcpus.max(1)).collect();
-    let setup = IdleSetup::decide(&cfg, &cpus, &calibrated, &Offered { offer: None, no_knobs: None }, true);
-    let curve = calibrated.curve();
+    let cpus: Vec<u32> = (0..cell.vcpus.max(1)).collect();
+    let curve = results.as_ref().ok().map(|r| &r.curve);
+    let idle_threshold_ns = results.as_ref().map_or(YielderStart::default().idle_threshold_ns, |r| r.idle_threshold_ns);
+    let threshold = YielderStart { idle_threshold_ns, ..YielderStart::default() };
+    let input = SetupInput { yielders: threshold, ..SetupInput::defaults(cpus, results.as_ref().map(|r| &r.curve).map_err(Clone::clone)) };
+    let setup = setup::decide(input);
     let retention = curve.is_some() && setup.guest.prior.is_on();
     let verdict = curve.map(|_| if retention { RetentionVerdict::Pays } else { RetentionVerdict::NoHaltPenalty });
     let why = format!(
         "{from}{}: retention {}",
-        curve.map_or(String::new(), |c| format!(": {}", gleaner_agent::agent::setup::describe_curve(c))),
+        curve.map_or(String::new(), |c| format!(": {}", c.describe())),
         match (curve, retention) {
             (None, _) => "off (no curve to plan from)",
             (Some(_), true) => "starts on, windows planned per vCPU",
             (Some(_), false) => "starts off (a busy vCPU wakes barely faster than a halted one), probed by the governor",
         }
     );
-    let config = setup
-        .yielders
-        .unwrap_or_else(|| RetentionConfig { idle_threshold_ns: idle_threshold_ns(&cfg, &calibrated), ..RetentionConfig::default() });
+    let config =
+        setup.yielders.unwrap_or_else(|| RetentionConfig { idle_threshold_ns: threshold.idle_threshold_ns, ..RetentionConfig::default() });
     AgentPlan { retention, verdict, config, why, lab_timeouts, guest: curve.map(|_| setup.guest) }
 }
 
@@ -506,7 +507,6 @@ const NO_TIMEOUT_NS: u64 = 3_600_000_000_000;
 /// idle=poll, guest haltpoll, and the agent's policies as the agent runs them (retention only
 /// when its start-up verdict says it pays).
 pub fn variant_for(name: &str, policy: IdlePolicy, plan: &AgentPlan, halt_poll: bool) -> VariantCfg {
-    let cfg = AgentConfig::default();
     let guest = if policy == IdlePolicy::Yielders { IdlePolicy::Retention } else { policy };
     // Naive yielders never time out, adapt or stop. The agent's policies run the agent's own
     // guest loop configuration (`plan.guest`): its planner gives each vCPU a window from the
@@ -526,12 +526,13 @@ pub fn variant_for(name: &str, policy: IdlePolicy, plan: &AgentPlan, halt_poll: 
         host_halt_poll: halt_poll,
         host: HostPolicyKind::Stock,
         gleaner: GleanerCfg {
-            period_ms: cfg.period_ms as f64,
+            // The agent's defaults (its configuration's, which are the policy's).
+            period_ms: DEFAULT_PERIOD_NS as f64 / 1e6,
             yield_us: GleanerCfg::default().yield_us,
-            params: cfg.controller.clone(),
+            params: Params::default(),
             retention,
-            govern: !yielders && cfg.adapt && cfg.timeout_us.is_none(),
-            governor: cfg.governor,
+            govern: !yielders,
+            governor: GovernorConfig::default(),
             agent: if agent { plan.guest.clone() } else { None },
             kernel_polling: None,
         },

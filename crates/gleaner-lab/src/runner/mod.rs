@@ -225,7 +225,7 @@ fn calibration_notes(setup: &[SetupStep], notes: &mut Vec<String>) -> Vec<(Strin
                     "{}: the agent's calibration at boot (outside measured steps, {} ms): {}",
                     st.guest,
                     c.record.as_ref().map_or(0, |r| r.took_ms),
-                    gleaner_agent::agent::setup::describe_curve(&c.results.curve)
+                    c.results.curve.describe()
                 ));
                 calibrations.push((st.guest.clone(), c));
             }

@@ -7,8 +7,10 @@
 //!  retention off                         -> no means, no governors
 //!  a fixed yielding window (--timeout-us) -> yielders with that window, no governors
 //!  no curve                              -> no means (nothing to plan from), and why
+//!  only the prior curve, no kernel polling -> no means (yielders start from this VM's own curve)
 //!  kernel polling offered and allowed    -> its forms (window, until work), no yielders
-//!  else                                  -> yielders (parked until the plan gives a window)
+//!  else                                  -> yielders (parked until the plan gives a window),
+//!                                           their configuration from [`YielderStart`]
 //!  the governors' first level: as asked, or from the curve (kernel polling: on; yielders:
 //!  on where a busy vCPU wakes clearly faster than a halted one, else off, and why)
 //! ```
@@ -16,7 +18,7 @@
 use super::{GuestConfig, LoopPriors, StartConfig};
 use crate::gleaner::Params;
 use crate::idle::{Means, PlanConfig, WakeCurve};
-use crate::retention::{GovernorConfig, RetentionMode};
+use crate::retention::{GovernorConfig, RetentionConfig, RetentionMode};
 
 /// What the machine offers to keep idle vCPUs from halting (the adapter's reading of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -38,6 +40,24 @@ pub enum Prior {
     Fixed(RetentionMode),
 }
 
+/// What yielding threads start with where they serve (their window comes from the plan).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct YielderStart {
+    /// A vCPU idle this long is taken to be waiting, ns (calibrated, configured, or the default).
+    pub idle_threshold_ns: u64,
+    /// The longest sleep after a timeout, ns.
+    pub max_sleep_ns: u64,
+    /// A sleep that lets new-idle balancing pull a waiting thread over, ns (0: never).
+    pub step_aside_ns: u64,
+}
+
+impl Default for YielderStart {
+    fn default() -> Self {
+        let r = RetentionConfig::default();
+        Self { idle_threshold_ns: r.idle_threshold_ns, max_sleep_ns: r.max_sleep_ns, step_aside_ns: r.step_aside_ns }
+    }
+}
+
 /// Everything [`decide`] reads.
 #[derive(Debug, Clone)]
 pub struct SetupInput<'a> {
@@ -48,6 +68,9 @@ pub struct SetupInput<'a> {
     pub fixed_yield_ns: Option<u64>,
     /// The wake-cost curve, or why there is none.
     pub curve: Result<&'a WakeCurve, String>,
+    /// The curve is the prior ([`WakeCurve::prior`]), not this VM's: it serves the kernel's
+    /// polling plan only (a wrong prior costs at most the budget there, a vCPU per yielder).
+    pub curve_is_prior: bool,
     /// What the machine offers (`None`: unreadable).
     pub offer: Option<Offer>,
     /// Kernel polling may be used: asked for and the knobs are this agent's (`Err`: why not;
@@ -65,6 +88,36 @@ pub struct SetupInput<'a> {
     pub period_ns: u64,
     /// The loop's priors.
     pub priors: LoopPriors,
+    /// The yielding threads' start, where they serve.
+    pub yielders: YielderStart,
+}
+
+impl<'a> SetupInput<'a> {
+    /// The agent with no flags, for a workload, on `cpus` with `curve` (this VM's), on a
+    /// machine whose idle offer is unknown (`offer: None`: yielders serve). The agent's
+    /// default configuration maps onto exactly this (its tests check it); the lab's predictor
+    /// starts from it.
+    #[must_use]
+    pub fn defaults(cpus: Vec<u32>, curve: Result<&'a WakeCurve, String>) -> Self {
+        Self {
+            cpus,
+            retention: true,
+            fixed_yield_ns: None,
+            curve,
+            curve_is_prior: false,
+            offer: None,
+            kernel_polling: Ok(true),
+            workload: true,
+            governor: Some(GovernorConfig::default()),
+            prior: Prior::Calibrated,
+            plan: PlanConfig::default(),
+            start: StartConfig::default(),
+            consolidation: None,
+            period_ns: crate::guest::DEFAULT_PERIOD_NS,
+            priors: LoopPriors::DEFAULT,
+            yielders: YielderStart::default(),
+        }
+    }
 }
 
 /// What [`decide`] decided.
@@ -74,23 +127,47 @@ pub struct Setup {
     pub guest: GuestConfig,
     /// The adapter drives the kernel's idle knobs.
     pub kernel: bool,
-    /// The adapter starts yielding threads (their window: `guest.fixed_yield_ns`, else
-    /// parked until the plan gives one).
-    pub yielders: bool,
+    /// The yielding threads the adapter starts, with their configuration (their window:
+    /// `guest.fixed_yield_ns`, else 0: parked until the plan gives one); `None`: none (kernel
+    /// polling serves, or no retention).
+    pub yielders: Option<RetentionConfig>,
     /// Why retention is off, or why kernel polling is not used although offered.
     pub note: Option<String>,
 }
 
-/// Decides the guest loop's configuration (module documentation). `describe_curve` words the
-/// curve for a note.
-pub fn decide(input: SetupInput<'_>, describe_curve: impl Fn(&WakeCurve) -> String) -> Setup {
+/// The curve the loop may plan from: the prior serves the kernel's polling plan only.
+fn usable_curve<'a>(input: &SetupInput<'a>) -> Result<&'a WakeCurve, String> {
+    let curve = input.curve.clone()?;
+    let kernel_polling = input.offer.is_some_and(|o| o.kernel_polling) && input.kernel_polling == Ok(true) && curve.poll_ns.is_some();
+    if input.curve_is_prior && !kernel_polling {
+        return Err("no calibration record yet, and yielding threads start only from this VM's measured wake costs (measured after this run; `gleaner calibrate` measures them now)".into());
+    }
+    Ok(curve)
+}
+
+/// The yielding threads' configuration at start: parked (window 0) until the plan gives one,
+/// or the fixed window; they never adapt on their own (the plan sets each window).
+fn yielder_config(start: YielderStart, window_ns: Option<u64>) -> RetentionConfig {
+    RetentionConfig {
+        idle_threshold_ns: start.idle_threshold_ns,
+        timeout_ns: window_ns.unwrap_or(0),
+        max_sleep_ns: start.max_sleep_ns,
+        step_aside_ns: start.step_aside_ns,
+        adapt: false,
+        ..RetentionConfig::default()
+    }
+}
+
+/// Decides the guest loop's configuration (module documentation).
+pub fn decide(input: SetupInput<'_>) -> Setup {
     let off = Means { poll_window: false, poll_always: false, yielders: false };
+    let usable = usable_curve(&input);
     let mut guest = GuestConfig {
         cpus: input.cpus,
         consolidation: input.consolidation,
         plan: input.plan,
         means: off,
-        curve: input.curve.as_ref().ok().map(|c| (*c).clone()),
+        curve: usable.as_ref().ok().map(|c| (*c).clone()),
         governor: None,
         prior: RetentionMode::On,
         fixed_yield_ns: None,
@@ -99,17 +176,17 @@ pub fn decide(input: SetupInput<'_>, describe_curve: impl Fn(&WakeCurve) -> Stri
         priors: input.priors,
     };
     if !input.retention {
-        return Setup { guest, kernel: false, yielders: false, note: None };
+        return Setup { guest, kernel: false, yielders: None, note: None };
     }
     if let Some(ns) = input.fixed_yield_ns {
         guest.means = Means { yielders: true, ..off };
         guest.fixed_yield_ns = Some(ns);
-        return Setup { guest, kernel: false, yielders: true, note: None };
+        return Setup { guest, kernel: false, yielders: Some(yielder_config(input.yielders, Some(ns))), note: None };
     }
-    let curve = match input.curve {
+    let curve = match usable {
         Ok(c) => c,
         Err(why) => {
-            return Setup { guest, kernel: false, yielders: false, note: Some(format!("retention off: no wake-cost curve ({why})")) }
+            return Setup { guest, kernel: false, yielders: None, note: Some(format!("retention off: no wake-cost curve ({why})")) }
         }
     };
     let mut note = None;
@@ -136,12 +213,13 @@ pub fn decide(input: SetupInput<'_>, describe_curve: impl Fn(&WakeCurve) -> Stri
         Prior::Calibrated if kernel || curve.yielders_can_pay() => RetentionMode::On,
         Prior::Calibrated => {
             note.get_or_insert_with(|| {
-                format!("retention starts off: a busy vCPU wakes barely faster than a halted one ({})", describe_curve(curve))
+                format!("retention starts off: a busy vCPU wakes barely faster than a halted one ({})", curve.describe())
             });
             RetentionMode::Off
         }
     };
-    Setup { guest, kernel, yielders: !kernel, note }
+    let yielders = (!kernel).then(|| yielder_config(input.yielders, None));
+    Setup { guest, kernel, yielders, note }
 }
 
 #[cfg(test)]
@@ -157,70 +235,76 @@ mod tests {
     const HALTPOLL: Offer = Offer { kernel_polling: true, poll_window: true, poll_always: true };
 
     fn input(c: &WakeCurve) -> SetupInput<'_> {
-        SetupInput {
-            cpus: vec![0, 1],
-            retention: true,
-            fixed_yield_ns: None,
-            curve: Ok(c),
-            offer: Some(HALTPOLL),
-            kernel_polling: Ok(true),
-            workload: true,
-            governor: Some(GovernorConfig::default()),
-            prior: Prior::Calibrated,
-            plan: PlanConfig::default(),
-            start: StartConfig::default(),
-            consolidation: None,
-            period_ns: crate::guest::DEFAULT_PERIOD_NS,
-            priors: LoopPriors::default(),
-        }
-    }
-
-    fn words(_: &WakeCurve) -> String {
-        "the curve".into()
+        SetupInput { offer: Some(HALTPOLL), ..SetupInput::defaults(vec![0, 1], Ok(c)) }
     }
 
     #[test]
     fn a_haltpoll_guest_polls_in_the_kernel_and_starts_on() {
         let c = curve(Some(7_000), 40);
-        let s = decide(input(&c), words);
-        assert!(s.kernel && !s.yielders && s.note.is_none(), "{s:?}");
+        let s = decide(input(&c));
+        assert!(s.kernel && s.yielders.is_none() && s.note.is_none(), "{s:?}");
         assert_eq!(s.guest.means, Means { poll_window: true, poll_always: true, yielders: false });
         assert_eq!(s.guest.prior, RetentionMode::On);
         assert!(s.guest.governor.is_some());
         // Without a workload to read, no governors.
-        assert!(decide(SetupInput { workload: false, ..input(&c) }, words).guest.governor.is_none());
+        assert!(decide(SetupInput { workload: false, ..input(&c) }).guest.governor.is_none());
     }
 
     #[test]
     fn no_poll_state_or_no_knobs_mean_yielders_and_a_reason_where_one_is_owed() {
         let c = curve(None, 40);
-        let s = decide(input(&c), words);
-        assert!(!s.kernel && s.yielders && s.guest.means.yielders, "a curve without polling: yielders");
+        let s = decide(input(&c));
+        assert!(!s.kernel && s.yielders.is_some() && s.guest.means.yielders, "a curve without polling: yielders");
         let c = curve(Some(7_000), 40);
-        let s = decide(SetupInput { kernel_polling: Err("another agent drives the idle knobs".into()), ..input(&c) }, words);
-        assert!(!s.kernel && s.yielders && s.note.unwrap().contains("another agent"));
-        let s = decide(SetupInput { kernel_polling: Ok(false), ..input(&c) }, words);
-        assert!(!s.kernel && s.yielders && s.note.is_none(), "--no-kernel-polling: no note");
+        let s = decide(SetupInput { kernel_polling: Err("another agent drives the idle knobs".into()), ..input(&c) });
+        assert!(!s.kernel && s.yielders.is_some() && s.note.unwrap().contains("another agent"));
+        let s = decide(SetupInput { kernel_polling: Ok(false), ..input(&c) });
+        assert!(!s.kernel && s.yielders.is_some() && s.note.is_none(), "--no-kernel-polling: no note");
+    }
+
+    #[test]
+    fn yielders_start_parked_with_the_threshold_they_were_given() {
+        let c = curve(None, 40);
+        let start = YielderStart { idle_threshold_ns: 12_000, max_sleep_ns: 5_000_000, step_aside_ns: 0 };
+        let y = decide(SetupInput { yielders: start, ..input(&c) }).yielders.expect("yielders serve without a POLL state");
+        assert_eq!((y.timeout_ns, y.idle_threshold_ns, y.max_sleep_ns, y.adapt), (0, 12_000, 5_000_000, false));
+    }
+
+    #[test]
+    fn the_prior_curve_starts_kernel_polling_but_never_yielders() {
+        let p = WakeCurve::prior();
+        let s = decide(SetupInput { curve_is_prior: true, ..input(&p) });
+        assert!(s.kernel && s.yielders.is_none() && s.guest.curve == Some(WakeCurve::prior()), "{s:?}");
+        for no_polling in [
+            SetupInput { curve_is_prior: true, offer: None, ..input(&p) },
+            SetupInput { curve_is_prior: true, kernel_polling: Err("another agent".into()), ..input(&p) },
+            SetupInput { curve_is_prior: true, kernel_polling: Ok(false), ..input(&p) },
+        ] {
+            let s = decide(no_polling);
+            assert!(!s.kernel && s.yielders.is_none() && s.guest.curve.is_none(), "{s:?}");
+            assert!(s.note.as_deref().is_some_and(|n| n.contains("measured wake costs")), "{:?}", s.note);
+        }
     }
 
     #[test]
     fn yielders_that_barely_beat_a_halt_start_off_and_say_why() {
         let c = curve(None, 110);
-        let s = decide(input(&c), words);
+        let s = decide(input(&c));
         assert_eq!(s.guest.prior, RetentionMode::Off);
         assert!(s.note.unwrap().contains("starts off"));
-        assert_eq!(decide(SetupInput { prior: Prior::Fixed(RetentionMode::On), ..input(&c) }, words).guest.prior, RetentionMode::On);
+        assert_eq!(decide(SetupInput { prior: Prior::Fixed(RetentionMode::On), ..input(&c) }).guest.prior, RetentionMode::On);
     }
 
     #[test]
     fn a_fixed_window_yields_and_no_curve_or_no_retention_retains_nothing() {
         let c = curve(Some(7_000), 40);
-        let s = decide(SetupInput { fixed_yield_ns: Some(100_000), ..input(&c) }, words);
+        let s = decide(SetupInput { fixed_yield_ns: Some(100_000), ..input(&c) });
         assert_eq!(s.guest.fixed_yield_ns, Some(100_000));
-        assert!(s.yielders && !s.kernel && s.guest.governor.is_none());
-        let s = decide(SetupInput { curve: Err("one CPU".into()), ..input(&c) }, words);
-        assert!(!s.yielders && !s.kernel && s.note.unwrap().contains("one CPU"));
-        let s = decide(SetupInput { retention: false, ..input(&c) }, words);
-        assert!(!s.yielders && !s.kernel && s.guest.means == Means { poll_window: false, poll_always: false, yielders: false });
+        assert_eq!(s.yielders.map(|y| (y.timeout_ns, y.adapt)), Some((100_000, false)), "the fixed window, never adapted");
+        assert!(s.yielders.is_some() && !s.kernel && s.guest.governor.is_none());
+        let s = decide(SetupInput { curve: Err("one CPU".into()), ..input(&c) });
+        assert!(s.yielders.is_none() && !s.kernel && s.note.unwrap().contains("one CPU"));
+        let s = decide(SetupInput { retention: false, ..input(&c) });
+        assert!(s.yielders.is_none() && !s.kernel && s.guest.means == Means { poll_window: false, poll_always: false, yielders: false });
     }
 }

@@ -180,6 +180,20 @@ impl WakeCurve {
         long.saturating_sub(self.busy_ns) >= NOISE_NS.max(long / 4)
     }
 
+    /// The curve in one phrase, for people: "wake cost 49..116 us halted (cheap up to 1000 us
+    /// idle), 40 us kept busy, 7 us polling".
+    #[must_use]
+    pub fn describe(&self) -> String {
+        let us = |ns: u64| format!("{:.0}", ns as f64 / 1000.0);
+        let halted = match self.halted_range_ns() {
+            Some((lo, hi)) => format!("{}..{} us halted", us(lo), us(hi)),
+            None => "no halted points".into(),
+        };
+        let window = self.host_poll_window_ns().map_or(String::new(), |w| format!(" (cheap up to {} us idle)", us(w)));
+        let poll = self.poll_ns.map_or(", no POLL state".to_string(), |p| format!(", {} us polling", us(p)));
+        format!("wake cost {halted}{window}, {} us kept busy{poll}", us(self.busy_ns))
+    }
+
     /// What a halt costs after a long idle period beyond the cheapest wakeup the machine can
     /// offer (a polling vCPU where there is one, else a busy one), ns.
     #[must_use]
@@ -262,6 +276,14 @@ mod tests {
 
     fn pt(gap_us: u64, mean_us: u64) -> CurvePoint {
         CurvePoint { gap_ns: gap_us * 1000, mean_ns: mean_us * 1000, p50_ns: mean_us * 1000 }
+    }
+
+    #[test]
+    fn the_curve_reads_in_one_phrase() {
+        let c = WakeCurve::new(vec![pt(10, 49), pt(1000, 58), pt(10_000, 116)], 40_000, Some(7_000));
+        assert_eq!(c.describe(), "wake cost 49..116 us halted (cheap up to 1000 us idle), 40 us kept busy, 7 us polling");
+        let flat = WakeCurve::new(vec![pt(50, 19), pt(1000, 20)], 18_000, None);
+        assert_eq!(flat.describe(), "wake cost 19..20 us halted, 18 us kept busy, no POLL state");
     }
 
     #[test]

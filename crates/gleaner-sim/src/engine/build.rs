@@ -11,7 +11,7 @@ impl Engine {
         let retention = vm.guest.retention() && self.virt;
         // The agent's mechanism: kernel polling where the variant offers it (and an agent
         // configuration from the lab offers it too), else yielding threads, as the agent
-        // starts either one or the other (`IdleSetup::decide`).
+        // starts either one or the other (`gleaner_policy::guest::setup::decide`).
         let kernel_polling =
             retention && vm.gleaner.kernel_polling == Some(true) && vm.gleaner.agent.as_ref().is_none_or(|a| a.means.kernel_polling());
         let yielders = retention && !kernel_polling;
@@ -268,28 +268,27 @@ fn vm_agent(vm: &SetupVm, m: Mechanisms, curve: &WakeCurve) -> GuestController {
         return GuestController::new(GuestConfig { cpus, consolidation: params, means, ..a.clone() });
     }
     let offer = Offer { kernel_polling, poll_window: kernel_polling, poll_always: kernel_polling };
-    let s = setup::decide(
-        SetupInput {
-            cpus,
-            retention,
-            // Without the governor the yielders keep the detector's own cap on every vCPU
-            // (always-on retention, adaptive below the cap).
-            fixed_yield_ns: (yielders && !vm.gleaner.govern).then_some(vm.gleaner.retention.timeout_ns),
-            curve: if retention { Ok(curve) } else { Err("no retention".into()) },
-            offer: Some(offer),
-            kernel_polling: Ok(kernel_polling),
-            workload: true,
-            governor: vm.gleaner.govern.then_some(vm.gleaner.governor),
-            prior: Prior::Fixed(if retention { RetentionMode::On } else { RetentionMode::Off }),
-            // The model's host has no CPU cap on a VM (its pCPUs are shared by its own
-            // scheduler): no headroom to leave.
-            plan: PlanConfig { vm_share: 1.0, ..PlanConfig::default() },
-            start: gleaner_policy::guest::StartConfig::default(),
-            consolidation: params,
-            period_ns: ms_to_ns(vm.gleaner.period_ms),
-            priors: LoopPriors::DEFAULT,
-        },
-        |_| String::new(),
-    );
+    let s = setup::decide(SetupInput {
+        cpus,
+        retention,
+        // Without the governor the yielders keep the detector's own cap on every vCPU
+        // (always-on retention, adaptive below the cap).
+        fixed_yield_ns: (yielders && !vm.gleaner.govern).then_some(vm.gleaner.retention.timeout_ns),
+        curve: if retention { Ok(curve) } else { Err("no retention".into()) },
+        offer: Some(offer),
+        kernel_polling: Ok(kernel_polling),
+        workload: true,
+        governor: vm.gleaner.govern.then_some(vm.gleaner.governor),
+        prior: Prior::Fixed(if retention { RetentionMode::On } else { RetentionMode::Off }),
+        // The model's host has no CPU cap on a VM (its pCPUs are shared by its own
+        // scheduler): no headroom to leave.
+        plan: PlanConfig { vm_share: 1.0, ..PlanConfig::default() },
+        start: gleaner_policy::guest::StartConfig::default(),
+        consolidation: params,
+        period_ns: ms_to_ns(vm.gleaner.period_ms),
+        priors: LoopPriors::DEFAULT,
+        curve_is_prior: false,
+        yielders: YielderStart::default(),
+    });
     GuestController::new(s.guest)
 }

@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 
-use gleaner_policy::guest::setup::{self, Offer, Prior, SetupInput};
+use gleaner_policy::guest::setup::{self, Offer, Prior, SetupInput, YielderStart};
 use gleaner_policy::guest::{GuestConfig, GuestController, LoopPriors, WindowReset};
 use gleaner_policy::idle::{CurvePoint, Log2Hist, Means, Mechanism, PlanConfig, TargetState, TraceSource, WakeCurve, WakeTrace};
 use gleaner_policy::num::saturating_u64;

@@ -293,7 +293,7 @@ pub struct GleanerCfg {
     pub govern: bool,
     pub governor: GovernorConfig,
     /// The agent's own guest-loop configuration, as the agent makes it from its calibration
-    /// (`gleaner_agent::agent::setup::IdleSetup::decide`: the lab's predictor passes it), used
+    /// (`gleaner_policy::guest::setup::decide`: the lab's predictor passes it), used
     /// instead of one derived from this variant: its idle means, wake-cost curve, planner,
     /// governor and prior. The engine still sets the vCPUs, and consolidation from `guest`.
     /// `None`: derived (yielders, the model's curve, `govern`).
