@@ -210,16 +210,16 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     outcome.final_status = status.lock().map(|s| s.clone()).unwrap_or_default();
     // A run that planned from the prior measures this VM's curve for the next ones, after its
     // workload ended by itself (not on a signal) and everything was restored.
-    let was = outcome.final_status.calibration.as_ref();
-    if outcome.lost.is_none() && was.is_some_and(crate::cache::CalibrationSource::wants_measuring) && pending_signal().is_none() {
+    let was = outcome.final_status.calibration.as_ref().filter(|_| outcome.lost.is_none());
+    let say = || {
         if !opts.quiet {
             eprintln!(
                 "gleaner: measuring this VM's wake costs for the runs after this one (about 2 s, once per boot; `gleaner calibrate` does it ahead of time)"
             );
         }
-        if let Some(now) = setup::after_the_workload(cfg, &cpus, was) {
-            info!("calibration {}", now.describe());
-        }
+    };
+    if let Some(now) = setup::after_the_workload(cfg, &cpus, was, say) {
+        info!("calibration {}", now.describe());
     }
     let f = &outcome.final_status;
     info!(

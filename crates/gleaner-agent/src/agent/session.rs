@@ -60,10 +60,19 @@ pub(crate) fn serve_status(cfg: &AgentConfig, status: &SharedStatus) -> anyhow::
 /// before the next move or cpuset write), so that the guardian of a killed agent can give a
 /// program its pins back on a kernel before 6.2.
 pub(crate) fn journal_pins(state: &mut StateFile, pins: &PinWatch) -> anyhow::Result<()> {
+    // The journal's pins, read once: a workload of many threads is journaled in one pass.
+    let known: std::collections::HashSet<(i32, String)> = state
+        .state()
+        .changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Pinned { tid, cpus, .. } => Some((*tid, cpus.clone())),
+            _ => None,
+        })
+        .collect();
     for (tid, cpus) in pins.pins() {
         let cpus = cpus.to_string();
-        let known = state.state().changes.iter().any(|c| matches!(c, Change::Pinned { tid: t, cpus: c, .. } if *t == tid && *c == cpus));
-        if known {
+        if known.contains(&(tid, cpus.clone())) {
             continue;
         }
         // A thread gone since it was seen has nothing to give back.

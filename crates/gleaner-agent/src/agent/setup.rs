@@ -83,11 +83,18 @@ fn prior(why: crate::cache::Reason) -> Calibrated {
 
 /// After a workload that ran from the prior and ended by itself: measures this VM's curve and
 /// stores it for the runs after this one (about 2 s, once per boot). The agent's changes are
-/// undone by then; the measurement journals and restores its own. `None`: nothing to do.
-pub fn after_the_workload(cfg: &AgentConfig, cpus: &CpuSet, calibrated: Option<&CalibrationSource>) -> Option<CalibrationSource> {
+/// undone by then; the measurement journals and restores its own. `say` is called just before
+/// it measures. `None`: nothing to do (no prior, or a signal came).
+pub fn after_the_workload(
+    cfg: &AgentConfig,
+    cpus: &CpuSet,
+    calibrated: Option<&CalibrationSource>,
+    say: impl FnOnce(),
+) -> Option<CalibrationSource> {
     if !calibrated.is_some_and(CalibrationSource::wants_measuring) || gleaner_os::signal::received().is_some() {
         return None;
     }
+    say();
     let got = crate::cache::obtain(&cfg.cache_policy(), &crate::cache::World::real(), cpus, || {
         crate::calibrate::measure_journaled(&cfg.run_dir, cpus)
     });

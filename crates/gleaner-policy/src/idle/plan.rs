@@ -458,7 +458,9 @@ fn options_alone(curve: &WakeCurve, m: Mechanism, cfg: &PlanConfig, input: &Vcpu
 fn behind_bottleneck(cfg: &PlanConfig, inputs: &[VcpuInput<'_>]) -> Vec<bool> {
     let pacing = |i: &VcpuInput<'_>| i.idle_share.is_some_and(|s| s < cfg.bottleneck_idle_share);
     let feeds = |i: &VcpuInput<'_>| i.idle_share.is_some_and(|s| s < BEHIND_MAX_IDLE_SHARE);
-    (0..inputs.len()).map(|me| feeds(&inputs[me]) && inputs.iter().enumerate().any(|(j, other)| j != me && pacing(other))).collect()
+    // One pass: a vCPU is behind one if it feeds and some other vCPU paces.
+    let pacers = inputs.iter().filter(|i| pacing(i)).count();
+    inputs.iter().map(|i| feeds(i) && pacers > usize::from(pacing(i))).collect()
 }
 
 /// A vCPU idle more than this share of its time is behind no bottleneck
