@@ -530,65 +530,7 @@ pub fn render(r: &Report) -> String {
         if r.description.is_empty() { String::new() } else { format!(": {}", r.description) }
     );
     for c in &r.cases {
-        let _ = writeln!(s, "\ncase {} ({} pCPUs, baseline {})", c.name, c.pcpus, c.baseline);
-        let _ = writeln!(
-            s,
-            "  {:<14} {:<10} {:>10} {:>9} {:>8} {:>10} {:>9} {:>9} {:>7} {:>8} {:>8}",
-            "variant", "vm", "wall_ms", "vs_nat", "speedup", "idle/s", "hlt", "ipi", "poll%", "wake_p50", "wake_p99"
-        );
-        for n in &c.native {
-            let _ = writeln!(
-                s,
-                "  {:<14} {:<10} {:>10.2} {:>9} {:>8} {:>10.0} {:>9} {:>9} {:>7} {:>8.0} {:>8.0}",
-                format!("native/{}c", n.cores),
-                n.vm,
-                n.wall_ns as f64 / 1e6,
-                "1.00",
-                "-",
-                n.idle_transitions_per_s,
-                "-",
-                "-",
-                "-",
-                n.wake_latency.p50_us,
-                n.wake_latency.p99_us
-            );
-        }
-        for v in &c.variants {
-            for m in &v.vms {
-                let opt = |x: Option<f64>, d: usize| x.map_or("-".to_string(), |x| format!("{x:.d$}"));
-                let _ = writeln!(
-                    s,
-                    "  {:<14} {:<10} {:>10} {:>9} {:>8} {:>10.0} {:>9} {:>9} {:>7} {:>8.0} {:>8.0}",
-                    v.name,
-                    m.name,
-                    if m.background {
-                        format!("bg {:.2}", m.work_rate)
-                    } else {
-                        format!("{:.2}{}", m.wall_ns as f64 / 1e6, if m.finished { "" } else { "+" })
-                    },
-                    opt(m.vs_native.map(|x| x.slowdown), 2),
-                    opt(m.speedup, 2),
-                    m.idle_transitions_per_s,
-                    m.exits.hlt,
-                    m.exits.ipi,
-                    opt(m.halt_poll.success_rate.map(|x| x * 100.0), 0),
-                    m.wake_latency.p50_us,
-                    m.wake_latency.p99_us
-                );
-                if let Some(r) = m.request_latency {
-                    let _ = writeln!(
-                        s,
-                        "  {:<14} {:<10} requests {}: latency p50 {:.0} us, p99 {:.0} us, mean {:.1} us",
-                        "", "", r.count, r.p50_us, r.p99_us, r.mean_us
-                    );
-                }
-            }
-            if let Some(w) = v.weighted_speedup {
-                if v.name != c.baseline {
-                    let _ = writeln!(s, "  {:<14} weighted speedup {:.2}", v.name, w);
-                }
-            }
-        }
+        render_case(&mut s, c);
     }
     if let Some(p) = &r.perf {
         let _ = writeln!(
@@ -604,4 +546,74 @@ pub fn render(r: &Report) -> String {
         );
     }
     s
+}
+
+/// One case of [`render`]: its header, the native rows, then every variant's VMs.
+fn render_case(s: &mut String, c: &CaseReport) {
+    use std::fmt::Write;
+    let _ = writeln!(s, "\ncase {} ({} pCPUs, baseline {})", c.name, c.pcpus, c.baseline);
+    let _ = writeln!(
+        s,
+        "  {:<14} {:<10} {:>10} {:>9} {:>8} {:>10} {:>9} {:>9} {:>7} {:>8} {:>8}",
+        "variant", "vm", "wall_ms", "vs_nat", "speedup", "idle/s", "hlt", "ipi", "poll%", "wake_p50", "wake_p99"
+    );
+    for n in &c.native {
+        let _ = writeln!(
+            s,
+            "  {:<14} {:<10} {:>10.2} {:>9} {:>8} {:>10.0} {:>9} {:>9} {:>7} {:>8.0} {:>8.0}",
+            format!("native/{}c", n.cores),
+            n.vm,
+            n.wall_ns as f64 / 1e6,
+            "1.00",
+            "-",
+            n.idle_transitions_per_s,
+            "-",
+            "-",
+            "-",
+            n.wake_latency.p50_us,
+            n.wake_latency.p99_us
+        );
+    }
+    for v in &c.variants {
+        for m in &v.vms {
+            render_vm(s, &v.name, m);
+        }
+        if let Some(w) = v.weighted_speedup {
+            if v.name != c.baseline {
+                let _ = writeln!(s, "  {:<14} weighted speedup {:.2}", v.name, w);
+            }
+        }
+    }
+}
+
+/// One VM's row of a variant in [`render`], and its requests' latency where it has them.
+fn render_vm(s: &mut String, variant: &str, m: &VmReport) {
+    use std::fmt::Write;
+    let opt = |x: Option<f64>, d: usize| x.map_or("-".to_string(), |x| format!("{x:.d$}"));
+    let _ = writeln!(
+        s,
+        "  {:<14} {:<10} {:>10} {:>9} {:>8} {:>10.0} {:>9} {:>9} {:>7} {:>8.0} {:>8.0}",
+        variant,
+        m.name,
+        if m.background {
+            format!("bg {:.2}", m.work_rate)
+        } else {
+            format!("{:.2}{}", m.wall_ns as f64 / 1e6, if m.finished { "" } else { "+" })
+        },
+        opt(m.vs_native.map(|x| x.slowdown), 2),
+        opt(m.speedup, 2),
+        m.idle_transitions_per_s,
+        m.exits.hlt,
+        m.exits.ipi,
+        opt(m.halt_poll.success_rate.map(|x| x * 100.0), 0),
+        m.wake_latency.p50_us,
+        m.wake_latency.p99_us
+    );
+    if let Some(r) = m.request_latency {
+        let _ = writeln!(
+            s,
+            "  {:<14} {:<10} requests {}: latency p50 {:.0} us, p99 {:.0} us, mean {:.1} us",
+            "", "", r.count, r.p50_us, r.p99_us, r.mean_us
+        );
+    }
 }

@@ -170,22 +170,7 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     if let (Target::Pid(pid), Ok(cg)) = (&target, &cgroups) {
         refuse_if_managed(cg, &procfs, *pid)?;
     }
-    let mut note = None;
-    let consolidation = cfg.consolidation && !matches!(target, Target::System) && {
-        note = consolidation_blocker(&cgroups);
-        note.is_none()
-    };
-    if let Some(n) = &note {
-        if cfg.consolidation && !opts.quiet {
-            eprintln!("gleaner: consolidation disabled: {n}; running with retention only");
-        }
-    }
-    if matches!(target, Target::Cgroup(_)) && !consolidation {
-        return Err(anyhow::anyhow!(
-            "attaching to a cgroup needs consolidation ({})",
-            note.unwrap_or_else(|| "disabled by configuration".into())
-        ));
-    }
+    let (consolidation, note) = consolidation_for(&target, cfg, opts, &cgroups)?;
     let status: SharedStatus = Arc::new(Mutex::new(StatusReport {
         agent_pid,
         target: target.describe(),
@@ -208,8 +193,41 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
     outcome.agent_cpu_ns = self_cpu_ns().unwrap_or(0);
     outcome.agent_maxrss_kib = gleaner_os::rusage::self_rusage().map(|r| r.maxrss_kib).unwrap_or(0);
     outcome.final_status = status.lock().map(|s| s.clone()).unwrap_or_default();
-    // A run that planned from the prior measures this VM's curve for the next ones, after its
-    // workload ended by itself (not on a signal) and everything was restored.
+    after_the_run(&outcome, cfg, opts, &cpus);
+    Ok(outcome)
+}
+
+/// Whether this run consolidates, and why not where it was asked for and cannot (said once);
+/// attaching to a cgroup without it is an error.
+fn consolidation_for(
+    target: &Target,
+    cfg: &AgentConfig,
+    opts: &RunOptions,
+    cgroups: &gleaner_os::Result<Cgroups>,
+) -> anyhow::Result<(bool, Option<String>)> {
+    let mut note = None;
+    let consolidation = cfg.consolidation && !matches!(target, Target::System) && {
+        note = consolidation_blocker(cgroups);
+        note.is_none()
+    };
+    if let Some(n) = &note {
+        if cfg.consolidation && !opts.quiet {
+            eprintln!("gleaner: consolidation disabled: {n}; running with retention only");
+        }
+    }
+    if matches!(target, Target::Cgroup(_)) && !consolidation {
+        return Err(anyhow::anyhow!(
+            "attaching to a cgroup needs consolidation ({})",
+            note.unwrap_or_else(|| "disabled by configuration".into())
+        ));
+    }
+    Ok((consolidation, note))
+}
+
+/// After everything was undone: a run that planned from the prior measures this VM's curve
+/// for the next ones (its workload ended by itself, not on a signal), and the run's last log
+/// line.
+fn after_the_run(outcome: &Outcome, cfg: &AgentConfig, opts: &RunOptions, cpus: &CpuSet) {
     let was = outcome.final_status.calibration.as_ref().filter(|_| outcome.lost.is_none());
     let say = || {
         if !opts.quiet {
@@ -218,7 +236,7 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
             );
         }
     };
-    if let Some(now) = setup::after_the_workload(cfg, &cpus, was, say) {
+    if let Some(now) = setup::after_the_workload(cfg, cpus, was, say) {
         info!("calibration {}", now.describe());
     }
     let f = &outcome.final_status;
@@ -232,7 +250,6 @@ pub fn run(target: Target, cfg: &AgentConfig, opts: &RunOptions) -> anyhow::Resu
         f.idle.as_ref().map_or(0, |i| i.poll_ns) / 1_000_000,
         f.overhead.line(f.uptime_s)
     );
-    Ok(outcome)
 }
 
 /// What every phase of a run reads: the target, configuration and the shared status.

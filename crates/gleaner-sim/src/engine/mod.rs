@@ -615,6 +615,54 @@ impl Engine {
         true
     }
 
+    /// A VM's counters: the sum over its vCPUs.
+    fn vm_counters(&self, vm: &VmState) -> Counters {
+        let mut c = Counters::default();
+        for v in vm.vcpu_base..vm.vcpu_base + vm.nvcpus {
+            let x = &self.vcpus[v as usize].c;
+            c.run_ns += x.run_ns;
+            c.overhead_ns += x.overhead_ns;
+            c.work_ns += x.work_ns;
+            c.spin_ns += x.spin_ns;
+            c.yield_ns += x.yield_ns;
+            c.gpoll_ns += x.gpoll_ns;
+            c.hpoll_ns += x.hpoll_ns;
+            c.idle_entries += x.idle_entries;
+            c.exits_hlt += x.exits_hlt;
+            c.exits_ipi += x.exits_ipi;
+            c.exits_timer += x.exits_timer;
+            c.exits_ple += x.exits_ple;
+            c.exits_io += x.exits_io;
+            c.io_events += x.io_events;
+            c.hpoll_attempts += x.hpoll_attempts;
+            c.hpoll_success += x.hpoll_success;
+            c.refills += x.refills;
+        }
+        c
+    }
+
+    /// What a VM's governor did over the run (`None`: no agent, or no governor).
+    fn retention_of(&self, vm: &VmState) -> Option<RetentionOutcome> {
+        let timeouts: Vec<u64> = (vm.vcpu_base..vm.vcpu_base + vm.nvcpus)
+            .filter_map(|v| self.vcpus[v as usize].yielder.as_ref().map(|y| y.det.timeout_ns()))
+            .collect();
+        vm.agent.as_ref().and_then(GuestController::governor_state).map(|g| RetentionOutcome {
+            periods: vm.periods,
+            on_periods: vm.retain_periods,
+            switches: g.switches,
+            probes: g.probes,
+            timeout_ns_mean_end: timeouts.iter().sum::<u64>() / timeouts.len().max(1) as u64,
+            timeout_grows: self.vcpus[vm.vcpu_base as usize..(vm.vcpu_base + vm.nvcpus) as usize]
+                .iter()
+                .filter_map(|v| v.yielder.as_ref().map(|y| y.det.counters().timeout_grows))
+                .sum(),
+            timeout_shrinks: self.vcpus[vm.vcpu_base as usize..(vm.vcpu_base + vm.nvcpus) as usize]
+                .iter()
+                .filter_map(|v| v.yielder.as_ref().map(|y| y.det.counters().timeout_shrinks))
+                .sum(),
+        })
+    }
+
     fn finish(mut self, finished: bool) -> Outcome {
         for p in 0..self.pcpus.len() as u32 {
             self.settle(p);
@@ -625,47 +673,10 @@ impl Engine {
         let end = self.now;
         let mut vms = Vec::new();
         for (i, vm) in self.vms.iter().enumerate() {
-            let mut c = Counters::default();
-            for v in vm.vcpu_base..vm.vcpu_base + vm.nvcpus {
-                let x = &self.vcpus[v as usize].c;
-                c.run_ns += x.run_ns;
-                c.overhead_ns += x.overhead_ns;
-                c.work_ns += x.work_ns;
-                c.spin_ns += x.spin_ns;
-                c.yield_ns += x.yield_ns;
-                c.gpoll_ns += x.gpoll_ns;
-                c.hpoll_ns += x.hpoll_ns;
-                c.idle_entries += x.idle_entries;
-                c.exits_hlt += x.exits_hlt;
-                c.exits_ipi += x.exits_ipi;
-                c.exits_timer += x.exits_timer;
-                c.exits_ple += x.exits_ple;
-                c.exits_io += x.exits_io;
-                c.io_events += x.io_events;
-                c.hpoll_attempts += x.hpoll_attempts;
-                c.hpoll_success += x.hpoll_success;
-                c.refills += x.refills;
-            }
+            let c = self.vm_counters(vm);
             let (llc_refs, llc_misses) = c.llc(&vm.cache);
             let active = vm.agent.as_ref().filter(|a| a.config().consolidation.is_some()).map(|a| a.active().len() as u32);
-            let timeouts: Vec<u64> = (vm.vcpu_base..vm.vcpu_base + vm.nvcpus)
-                .filter_map(|v| self.vcpus[v as usize].yielder.as_ref().map(|y| y.det.timeout_ns()))
-                .collect();
-            let retention = vm.agent.as_ref().and_then(GuestController::governor_state).map(|g| RetentionOutcome {
-                periods: vm.periods,
-                on_periods: vm.retain_periods,
-                switches: g.switches,
-                probes: g.probes,
-                timeout_ns_mean_end: timeouts.iter().sum::<u64>() / timeouts.len().max(1) as u64,
-                timeout_grows: self.vcpus[vm.vcpu_base as usize..(vm.vcpu_base + vm.nvcpus) as usize]
-                    .iter()
-                    .filter_map(|v| v.yielder.as_ref().map(|y| y.det.counters().timeout_grows))
-                    .sum(),
-                timeout_shrinks: self.vcpus[vm.vcpu_base as usize..(vm.vcpu_base + vm.nvcpus) as usize]
-                    .iter()
-                    .filter_map(|v| v.yielder.as_ref().map(|y| y.det.counters().timeout_shrinks))
-                    .sum(),
-            });
+            let retention = self.retention_of(vm);
             vms.push(VmOutcome {
                 index: i as u32,
                 name: vm.name.clone(),
