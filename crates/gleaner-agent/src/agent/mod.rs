@@ -593,9 +593,9 @@ impl Session {
             if change.cause == ChangeCause::Switch && !ctx.opts.quiet {
                 let why = comparison.map(|c| match (c.on_wake_ns, c.off_wake_ns) {
                     (Some(on), Some(off)) => {
-                        format!(" (wakeup {:.1} us on vs {:.1} us off, {:.2} vCPU held)", on / 1e3, off / 1e3, c.burn_vcpus)
+                        format!(" (wakeup {:.1} us on vs {:.1} us off, {:.2} vCPU spent)", on / 1e3, off / 1e3, c.burn_vcpus)
                     }
-                    _ => format!(" (sync points/s {:.0} on vs {:.0} off, {:.2} vCPU held)", c.on_rate, c.off_rate, c.burn_vcpus),
+                    _ => format!(" (sync points/s {:.0} on vs {:.0} off, {:.2} vCPU spent)", c.on_rate, c.off_rate, c.burn_vcpus),
                 });
                 info!("retention {:?} -> {:?}{}", change.from, change.to, why.unwrap_or_default());
             }

@@ -38,7 +38,7 @@
 //!               Neutral otherwise (the dead band: neither mode is wrong enough to leave)
 //!               Inconclusive if the number of active vCPUs changed within the sandwich
 //!               (consolidation moved), or if an epoch has fewer than min_progress sync
-//!               points and "on" held less than IDLE_BURN_VCPUS more (with more, Loses:
+//!               points and the yielders burned less than IDLE_BURN_VCPUS (with more, Loses:
 //!               a workload that hardly synchronizes has nothing retention could speed up)
 //! ```
 //!
@@ -318,8 +318,7 @@ pub struct Comparison {
     pub off_rate: f64,
     /// `on_rate / off_rate - 1`.
     pub gain: f64,
-    /// vCPUs "on" held of the host more than "off": its retention CPU (yielding threads,
-    /// kernel polling) plus the steal the VM met.
+    /// vCPUs the yielding threads burned in the on epochs.
     pub burn_vcpus: f64,
     /// `cpu_price * burn_vcpus`.
     pub break_even: f64,
