@@ -19,15 +19,12 @@
 //! how much it batches: kernel polling wakes nginx serving 50 connections at once for every
 //! request, where a halted vCPU's slower wakeup lets several queue, and its context switches
 //! per request rose from 0.45 to 0.74 while its requests a second fell (see
-//! [`ProgressUnit`]). Retention's cost is what it holds of the host, in vCPUs: the CPU its
-//! yielding threads burn (or the kernel polled), and the steal the VM meets (on a shared host
-//! a held pCPU is taken from a co-runner or the VM's own vCPUs, and the host gives it back by
-//! running something else while they want to run; a host with pCPUs to spare shows none, and
-//! there the cost is the CPU alone). One comparison:
+//! [`ProgressUnit`]). Retention's cost is the CPU its yielding threads burn (or the kernel
+//! polled), in vCPUs. One comparison:
 //!
 //! ```text
 //!  gain       = rate(on) / rate(off) - 1
-//!  break_even = cpu_price * held vCPUs (retention CPU + steal, what on holds more than off)
+//!  break_even = cpu_price * burned vCPUs (in the on epochs)
 //!  latency    = mean wakeup off / on - 1, where every epoch has min_wakeups traced wakeups
 //!  verdict    = by latency where measured and progress did not fall beyond the tolerance
 //!               (margin, or chance if larger; chance alone when progress is bytes):
@@ -250,11 +247,6 @@ pub struct EpochReading {
     /// state's time, which `/proc/stat` counts as idle).
     #[serde(alias = "yielder_cpu_ns")]
     pub retention_cpu_ns: u64,
-    /// Time the host ran something else while the VM's vCPUs wanted to run (`/proc/stat`
-    /// steal, summed over the vCPUs), ns: on a shared host the pCPU retention holds is taken
-    /// from a co-runner or the VM's own vCPUs, and the host gives it back as steal.
-    #[serde(default)]
-    pub steal_ns: u64,
     /// vCPUs the workload could run on during the epoch.
     pub active_vcpus: u32,
     /// The workload's wakeups seen by the tracer in the epoch (0: no tracer).
@@ -620,14 +612,10 @@ impl RetentionGovernor {
         let base_wake = (base_wakes > 0)
             .then(|| (before.wake_mean_ns * before.wakeups as f64 + after.wake_mean_ns * after.wakeups as f64) / base_wakes as f64);
         let probe_wake = (probe.wakeups > 0).then_some(probe.wake_mean_ns);
-        // What each mode held of the host, vCPUs: the CPU retention took, and the steal the
-        // VM met (a held pCPU is given back by the host as steal, on this VM's vCPUs or as a
-        // co-runner's wait; where the host has pCPUs to spare there is none). The price is of
-        // what "on" holds more (the ladder's upper governor compares two retaining plans;
-        // "off" of the lower is stock).
-        let held = |e: &EpochReading| e.retention_cpu_ns.saturating_add(e.steal_ns);
-        let base_burn = held(before).saturating_add(held(after)) as f64 / base_ns.max(1) as f64;
-        let probe_burn = held(probe) as f64 / probe.duration_ns.max(1) as f64;
+        // What retention took in each mode, vCPUs: the price is of what "on" takes more (the
+        // ladder's upper governor compares two retaining plans; "off" of the lower is stock).
+        let base_burn = (before.retention_cpu_ns + after.retention_cpu_ns) as f64 / base_ns.max(1) as f64;
+        let probe_burn = probe.retention_cpu_ns as f64 / probe.duration_ns.max(1) as f64;
         let (on_rate, off_rate, burn_vcpus, on_wake, off_wake) = if self.state.baseline.is_on() {
             (base_rate, probe_rate, (base_burn - probe_burn).max(0.0), base_wake, probe_wake)
         } else {
