@@ -123,6 +123,11 @@ pub struct Offered<'a> {
     pub no_knobs: Option<String>,
 }
 
+/// What the machine offers, as the policy reads it.
+fn policy_offer(o: &IdleOffer) -> Offer {
+    Offer { kernel_polling: o.kernel_polling(), poll_window: o.poll_window(), poll_always: o.poll_always() }
+}
+
 /// The policy's inputs from what this agent found and was asked for. `workload`: there is a
 /// workload whose progress the governors can read (the daemon without targets has none).
 pub fn setup_input<'a>(
@@ -143,11 +148,7 @@ pub fn setup_input<'a>(
         fixed_yield_ns: cfg.timeout_us.map(|us| us * 1000),
         curve: calibrated.curve().ok_or_else(|| calibrated.results.as_ref().err().cloned().unwrap_or_default()),
         curve_is_prior: calibrated.is_prior(),
-        offer: offered.offer.map(|o| Offer {
-            kernel_polling: o.kernel_polling(),
-            poll_window: o.poll_window(),
-            poll_always: o.poll_always(),
-        }),
+        offer: offered.offer.map(policy_offer),
         kernel_polling: match (&offered.no_knobs, cfg.kernel_polling) {
             (_, false) => Ok(false),
             (None, true) => Ok(true),
@@ -305,10 +306,8 @@ mod tests {
         for c in &curves {
             for offer in [None, Some(&o)] {
                 let agent = decide(&AgentConfig::default(), &cpus(), c, &Offered { offer, no_knobs: None }, true);
-                let policy_offer =
-                    offer.map(|o| Offer { kernel_polling: o.kernel_polling(), poll_window: o.poll_window(), poll_always: o.poll_always() });
                 let input = SetupInput {
-                    offer: policy_offer,
+                    offer: offer.map(policy_offer),
                     yielders: YielderStart { idle_threshold_ns: 12_000, ..YielderStart::default() },
                     ..SetupInput::defaults(vec![0, 1], Ok(c.curve().unwrap()))
                 };

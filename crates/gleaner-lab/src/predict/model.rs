@@ -479,10 +479,11 @@ pub fn agent_plan(cell: &LabCell, pass: &Pass) -> AgentPlan {
         }
     };
     let cpus: Vec<u32> = (0..cell.vcpus.max(1)).collect();
-    let curve = results.as_ref().ok().map(|r| &r.curve);
+    let planned = results.as_ref().map(|r| &r.curve).map_err(Clone::clone);
+    let curve = planned.as_ref().ok().copied();
     let idle_threshold_ns = results.as_ref().map_or(YielderStart::default().idle_threshold_ns, |r| r.idle_threshold_ns);
     let threshold = YielderStart { idle_threshold_ns, ..YielderStart::default() };
-    let input = SetupInput { yielders: threshold, ..SetupInput::defaults(cpus, results.as_ref().map(|r| &r.curve).map_err(Clone::clone)) };
+    let input = SetupInput { yielders: threshold, ..SetupInput::defaults(cpus, planned) };
     let setup = setup::decide(input);
     let retention = curve.is_some() && setup.guest.prior.is_on();
     let verdict = curve.map(|_| if retention { RetentionVerdict::Pays } else { RetentionVerdict::NoHaltPenalty });
