@@ -91,10 +91,10 @@ pub struct Tracing {
     slice_cost: Option<ProgStats>,
     /// How long the last slice counted.
     last_slice: Option<Duration>,
-    /// The paused programs' cost as a share of a vCPU, and per event, ns (the last paused
-    /// stretch's).
+    /// The paused programs' cost as a share of a vCPU, and their events a second with what
+    /// each cost, ns (the last paused stretch's).
     paused_share: f64,
-    paused_ns_per_run: Option<f64>,
+    paused_at: Option<(f64, f64)>,
     /// Slices traced since the paused programs were last detached for their cost.
     detached_slices: u64,
     /// Times they were.
@@ -132,7 +132,7 @@ impl Tracing {
             slice_cost: None,
             last_slice: None,
             paused_share: 0.0,
-            paused_ns_per_run: None,
+            paused_at: None,
             detached_slices: 0,
             cost_detaches: 0,
             armed: None,
@@ -262,7 +262,7 @@ impl Tracing {
                 // detach now rather than after a whole period of paying for them
                 // (`check_paused` would, at its end). Counting slows a storm, so the slice's
                 // rate understates the paused one: this errs towards pausing.
-                if self.resident && pausing_costs_too_much(rate, self.paused_ns_per_run) {
+                if self.resident && pausing_costs_too_much(rate, self.paused_at) {
                     tracing::debug!(
                         rate,
                         "tracer: the slice's event rate would make the paused programs cost too much; detaching between slices"
@@ -296,10 +296,11 @@ impl Tracing {
         }
         self.at_pause = Some((Instant::now(), now));
         let d = now.delta_since(&before);
+        let rate = d.run_cnt as f64 / wall.as_secs_f64();
         if let Some(ns) = d.ns_per_run() {
-            self.paused_ns_per_run = Some(ns);
+            self.paused_at = Some((rate, ns));
         }
-        self.event_rate = Some(d.run_cnt as f64 / wall.as_secs_f64());
+        self.event_rate = Some(rate);
         let share = share_of(d.run_time_ns, wall);
         self.paused_share = share;
         if share > RESIDENT_SHARE {
@@ -353,8 +354,8 @@ impl Tracing {
             self.attached_share = Some(c.run_time_ns as f64 / traced_ns);
             if !self.resident && self._stats.is_some() {
                 self.detached_slices += 1;
-                self.resident = self.detached_slices >= retry_after(self.cost_detaches)
-                    && pausing_fits(c.run_cnt, delta.traced_ns, self.paused_ns_per_run);
+                self.resident =
+                    self.detached_slices >= retry_after(self.cost_detaches) && pausing_fits(c.run_cnt, delta.traced_ns, self.paused_at);
             }
         }
         Some(delta)

@@ -125,19 +125,35 @@ pub fn retry_after(detaches: u64) -> u64 {
 pub const PAUSED_NS_GUESS: f64 = 80.0;
 
 /// Would the programs, paused, cost at most half of [`RESIDENT_SHARE`] at the event rate of
-/// a slice (`runs` events counted in `traced_ns`), at `ns_per_run` each? The rate is doubled:
-/// counting slows a switch storm down (a 0-think ping-pong), so its slices undercount what
-/// the paused programs would see.
-pub fn pausing_fits(runs: u64, traced_ns: u64, ns_per_run: Option<f64>) -> bool {
-    let ns = 2.0 * runs as f64 * ns_per_run.unwrap_or(PAUSED_NS_GUESS);
-    ns / traced_ns.max(1) as f64 <= RESIDENT_SHARE / 2.0
+/// a slice (`runs` events counted in `traced_ns`), at what [`paused_ns_at`] gives each from
+/// the last paused stretch (`paused`)? The rate is doubled: counting slows a switch storm
+/// down (a 0-think ping-pong), so its slices undercount what the paused programs would see.
+pub fn pausing_fits(runs: u64, traced_ns: u64, paused: Option<(f64, f64)>) -> bool {
+    let rate = 2.0 * runs as f64 / (traced_ns.max(1) as f64 / 1e9);
+    rate * paused_ns_at(rate, paused) / 1e9 <= RESIDENT_SHARE / 2.0
 }
 
 /// Would the programs, paused, cost more than [`RESIDENT_SHARE`] at `rate` scheduler events a
-/// second, at `ns_per_run` each ([`PAUSED_NS_GUESS`] before measured)? What
-/// `Tracing::check_paused` judges after a paused stretch, predicted from a slice's rate.
-pub fn pausing_costs_too_much(rate: f64, ns_per_run: Option<f64>) -> bool {
-    rate * ns_per_run.unwrap_or(PAUSED_NS_GUESS) / 1e9 > RESIDENT_SHARE
+/// second? What `Tracing::check_paused` judges after a paused stretch, predicted from a
+/// slice's rate, at the cost per event [`paused_ns_at`] gives from the last paused stretch
+/// (`paused`: its events a second and ns an event).
+pub fn pausing_costs_too_much(rate: f64, paused: Option<(f64, f64)>) -> bool {
+    rate * paused_ns_at(rate, paused) / 1e9 > RESIDENT_SHARE
+}
+
+/// What a paused program costs an event at `rate` events a second, from a paused stretch's
+/// measure (`paused`: its rate and ns an event): that measure where it was taken at half this
+/// rate or more; otherwise no more than [`PAUSED_NS_GUESS`]. An event's cost falls as the
+/// rate rises (the programs stay in cache): a light workload's paused stretch measured 207 ns
+/// an event, and that figure at its start-up slice's 16,000 a second detached its tracer
+/// (the programs then cost ~60 ns an event). The prediction only ends a slice early;
+/// `check_paused` measures the real cost a period later either way.
+pub fn paused_ns_at(rate: f64, paused: Option<(f64, f64)>) -> f64 {
+    match paused {
+        Some((at, ns)) if at * 2.0 >= rate => ns,
+        Some((_, ns)) => ns.min(PAUSED_NS_GUESS),
+        None => PAUSED_NS_GUESS,
+    }
 }
 
 /// What counting will cost in the next slice, as a share of one vCPU: the last slice's
@@ -239,9 +255,15 @@ mod tests {
         assert!(!pausing_costs_too_much(30_000.0, None));
         assert!(pausing_costs_too_much(40_000.0, None));
         // sysbench threads' first slice: 700,000 a second.
-        assert!(pausing_costs_too_much(700_000.0, Some(60.0)));
+        assert!(pausing_costs_too_much(700_000.0, Some((700_000.0, 60.0))));
         // sockperf under load at 2,000 messages/s (~16,000 a second) stays paused.
-        assert!(!pausing_costs_too_much(16_000.0, Some(60.0)));
+        assert!(!pausing_costs_too_much(16_000.0, Some((16_000.0, 60.0))));
+        // A cost measured at this rate or near it is what it costs ...
+        assert!(pausing_costs_too_much(16_000.0, Some((9_000.0, 207.0))));
+        // ... but one measured over a light stretch is a cold figure, not the storm's.
+        assert!(!pausing_costs_too_much(16_000.0, Some((500.0, 207.0))));
+        assert!(pausing_costs_too_much(700_000.0, Some((500.0, 207.0))));
+        assert_eq!(paused_ns_at(16_000.0, Some((500.0, 40.0))), 40.0);
     }
 
     #[test]
@@ -252,12 +274,14 @@ mod tests {
         // the slice, at 60 ns each and doubled: 0.19% of a vCPU, over half the bound
         // (0.125%). (It pauses from the start, and its paused cost, ~0.1%, never detaches it.)
         let slice = 10_000_000;
-        assert!(!pausing_fits(160, slice, Some(60.0)));
+        assert!(!pausing_fits(160, slice, Some((16_000.0, 60.0))));
         // An open loop at 500 requests/s: ~4,000 events/s: 0.05%.
-        assert!(pausing_fits(40, slice, Some(60.0)));
+        assert!(pausing_fits(40, slice, Some((4_000.0, 60.0))));
         // A 0-think ping-pong: hundreds of thousands a second.
-        assert!(!pausing_fits(3_000, slice, Some(60.0)));
+        assert!(!pausing_fits(3_000, slice, Some((300_000.0, 60.0))));
         // Unmeasured: the guess.
-        assert_eq!(pausing_fits(40, slice, None), pausing_fits(40, slice, Some(PAUSED_NS_GUESS)));
+        assert_eq!(pausing_fits(40, slice, None), pausing_fits(40, slice, Some((8_000.0, PAUSED_NS_GUESS))));
+        // A cold figure from a lighter stretch counts for no more than the guess.
+        assert_eq!(pausing_fits(40, slice, Some((400.0, 900.0))), pausing_fits(40, slice, None));
     }
 }
