@@ -591,11 +591,13 @@ impl Session {
                 ..event(EventKind::Retention)
             });
             if change.cause == ChangeCause::Switch && !ctx.opts.quiet {
-                let why = comparison.map(|c| match (c.on_wake_ns, c.off_wake_ns) {
-                    (Some(on), Some(off)) => {
-                        format!(" (wakeup {:.1} us on vs {:.1} us off, {:.2} vCPU spent)", on / 1e3, off / 1e3, c.burn_vcpus)
+                let why = comparison.map(|c| {
+                    let steal = if c.steal_vcpus > 0.0 { format!(", {:.2} more steal", c.steal_vcpus) } else { String::new() };
+                    let held = format!("{:.2} vCPU spent{steal}", c.burn_vcpus);
+                    match (c.on_wake_ns, c.off_wake_ns) {
+                        (Some(on), Some(off)) => format!(" (wakeup {:.1} us on vs {:.1} us off, {held})", on / 1e3, off / 1e3),
+                        _ => format!(" (sync points/s {:.0} on vs {:.0} off, {held})", c.on_rate, c.off_rate),
                     }
-                    _ => format!(" (sync points/s {:.0} on vs {:.0} off, {:.2} vCPU spent)", c.on_rate, c.off_rate, c.burn_vcpus),
                 });
                 info!("retention {:?} -> {:?}{}", change.from, change.to, why.unwrap_or_default());
             }

@@ -65,6 +65,7 @@ pub(super) fn epoch_reading(r: &GuestReading, active_vcpus: u32) -> EpochReading
         duration_ns: r.snapshot.period_ns,
         progress: r.snapshot.s_work,
         retention_cpu_ns: r.idle.iter().map(|v| v.poll_ns + v.yield_ns).sum(),
+        steal_ns: r.idle.iter().map(|v| v.steal_ns).sum(),
         active_vcpus,
         wakeups: latency.as_ref().map_or(0, Log2Hist::count),
         wake_mean_ns: latency.as_ref().and_then(Log2Hist::mean_ns).unwrap_or(0.0),

@@ -19,12 +19,18 @@
 //! how much it batches: kernel polling wakes nginx serving 50 connections at once for every
 //! request, where a halted vCPU's slower wakeup lets several queue, and its context switches
 //! per request rose from 0.45 to 0.74 while its requests a second fell (see
-//! [`ProgressUnit`]). Retention's cost is the CPU its yielding threads burn (or the kernel
-//! polled), in vCPUs. One comparison:
+//! [`ProgressUnit`]). Retention's cost is what it holds of the host, in vCPUs: the CPU its
+//! yielding threads burn (or the kernel polled), and the steal the VM meets more under it than
+//! without it. On a shared host a pCPU a polling vCPU holds is taken from a co-runner or from
+//! the VM's own runnable vCPUs, and the host gives it back as steal; where the host has pCPUs
+//! to spare there is none, and the cost is the CPU alone. Steal moves between epochs of the
+//! same mode too, so only what "on" meets beyond the spread of the two baseline epochs counts.
+//! One comparison:
 //!
 //! ```text
 //!  gain       = rate(on) / rate(off) - 1
-//!  break_even = cpu_price * burned vCPUs (in the on epochs)
+//!  held       = burned vCPUs + (steal vCPUs on - off - the baseline epochs' spread, >= 0)
+//!  break_even = cpu_price * held
 //!  latency    = mean wakeup off / on - 1, where every epoch has min_wakeups traced wakeups
 //!  verdict    = by latency where measured and progress did not fall beyond the tolerance
 //!               (margin, or chance if larger; chance alone when progress is bytes):
@@ -247,6 +253,10 @@ pub struct EpochReading {
     /// state's time, which `/proc/stat` counts as idle).
     #[serde(alias = "yielder_cpu_ns")]
     pub retention_cpu_ns: u64,
+    /// Time the host ran something else while the VM's vCPUs wanted to run (`/proc/stat`
+    /// steal, summed over the managed vCPUs), ns.
+    #[serde(default)]
+    pub steal_ns: u64,
     /// vCPUs the workload could run on during the epoch.
     pub active_vcpus: u32,
     /// The workload's wakeups seen by the tracer in the epoch (0: no tracer).
@@ -310,9 +320,13 @@ pub struct Comparison {
     pub off_rate: f64,
     /// `on_rate / off_rate - 1`.
     pub gain: f64,
-    /// vCPUs the yielding threads burned in the on epochs.
+    /// vCPUs retention (yielding threads, kernel polling) took more in the on epochs.
     pub burn_vcpus: f64,
-    /// `cpu_price * burn_vcpus`.
+    /// vCPUs of steal the VM met more in the on epochs, beyond the spread of the baseline
+    /// epochs (0 where the host has pCPUs to spare).
+    #[serde(default)]
+    pub steal_vcpus: f64,
+    /// `cpu_price * (burn_vcpus + steal_vcpus)`.
     pub break_even: f64,
     /// Mean wakeup latency with retention on / off, ns (`None`: too few traced wakeups).
     #[serde(default)]
@@ -563,7 +577,7 @@ impl RetentionGovernor {
         let s = Sandwich::new(before, probe, after);
         let unit = s.unit(self.cfg.min_io_bytes.max(1));
         let sides = self.sides(&s, unit);
-        let break_even = self.cfg.cpu_price * sides.burn_vcpus;
+        let break_even = self.cfg.cpu_price * sides.held_vcpus();
         let gain = if sides.off_rate > 0.0 { sides.on_rate / sides.off_rate - 1.0 } else { 0.0 };
         let too_small = s.all().iter().any(|e| e.duration_ns == 0 || !s.enough(e.progress, e, self.cfg.min_progress));
         let traced = s.all().iter().all(|e| s.enough(e.wakeups, e, self.cfg.min_wakeups));
@@ -592,6 +606,7 @@ impl RetentionGovernor {
             off_rate: sides.off_rate,
             gain,
             burn_vcpus: sides.burn_vcpus,
+            steal_vcpus: sides.steal_vcpus,
             break_even,
             on_wake_ns: sides.on_wake.filter(|_| traced),
             off_wake_ns: sides.off_wake.filter(|_| traced),
@@ -601,8 +616,8 @@ impl RetentionGovernor {
         }
     }
 
-    /// The progress rates, mean wakeup latencies and the retention CPU "on" takes more, of
-    /// the baseline epochs and the probe, put as the "on" and the "off" mode.
+    /// The progress rates, mean wakeup latencies, and the retention CPU and steal "on" takes
+    /// more, of the baseline epochs and the probe, put as the "on" and the "off" mode.
     fn sides(&self, s: &Sandwich, unit: ProgressUnit) -> Sides {
         let (before, probe, after) = (s.before, s.probe, s.after);
         let base_ns = s.base_ns();
@@ -616,12 +631,20 @@ impl RetentionGovernor {
         // ladder's upper governor compares two retaining plans; "off" of the lower is stock).
         let base_burn = (before.retention_cpu_ns + after.retention_cpu_ns) as f64 / base_ns.max(1) as f64;
         let probe_burn = probe.retention_cpu_ns as f64 / probe.duration_ns.max(1) as f64;
-        let (on_rate, off_rate, burn_vcpus, on_wake, off_wake) = if self.state.baseline.is_on() {
-            (base_rate, probe_rate, (base_burn - probe_burn).max(0.0), base_wake, probe_wake)
+        // The steal each mode met, vCPUs, and how far it moved between the two baseline
+        // epochs, which share a mode: only what "on" meets beyond that spread is its own.
+        let vcpus = |ns: u64, e: &EpochReading| ns as f64 / e.duration_ns.max(1) as f64;
+        let base_steal = (before.steal_ns + after.steal_ns) as f64 / base_ns.max(1) as f64;
+        let probe_steal = vcpus(probe.steal_ns, probe);
+        let steal_spread = (vcpus(before.steal_ns, before) - vcpus(after.steal_ns, after)).abs();
+        let on_more = |on: f64, off: f64| (on - off).max(0.0);
+        let (on_rate, off_rate, burn_vcpus, steal_more, on_wake, off_wake) = if self.state.baseline.is_on() {
+            (base_rate, probe_rate, on_more(base_burn, probe_burn), base_steal - probe_steal, base_wake, probe_wake)
         } else {
-            (probe_rate, base_rate, (probe_burn - base_burn).max(0.0), probe_wake, base_wake)
+            (probe_rate, base_rate, on_more(probe_burn, base_burn), probe_steal - base_steal, probe_wake, base_wake)
         };
-        Sides { on_rate, off_rate, burn_vcpus, on_wake, off_wake }
+        let steal_vcpus = on_more(steal_more, steal_spread);
+        Sides { on_rate, off_rate, burn_vcpus, steal_vcpus, on_wake, off_wake }
     }
 
     /// The verdict where wakeups were measured and progress held: latency decides. Faster by
@@ -640,7 +663,7 @@ impl RetentionGovernor {
                 (Some(on), Some(off)) => (off - on).max(0.0) * sync_rate,
                 _ => 0.0,
             };
-            if self.cfg.latency_price > 0.0 && saved_ns_per_s < self.cfg.latency_price * sides.burn_vcpus * 1e9 {
+            if self.cfg.latency_price > 0.0 && saved_ns_per_s < self.cfg.latency_price * sides.held_vcpus() * 1e9 {
                 Verdict::Loses
             } else {
                 Verdict::Pays
@@ -657,6 +680,7 @@ impl RetentionGovernor {
         if too_small {
             // Too few sync points to compare: nothing for retention to speed up, so it loses
             // if it costs anything (an idle workload's backed-off yielders cost ~0.02 vCPU).
+            // The CPU it burned alone: the steal of a short, light comparison is noise.
             if burn_vcpus > IDLE_BURN_VCPUS {
                 Verdict::Loses
             } else {
@@ -777,13 +801,21 @@ impl<'a> Sandwich<'a> {
 }
 
 /// The two modes of a comparison: progress rates, mean wakeup latencies (where any were
-/// traced) and the retention CPU "on" takes more than "off", vCPUs.
+/// traced), and the retention CPU and the steal "on" takes more than "off", vCPUs.
 struct Sides {
     on_rate: f64,
     off_rate: f64,
     burn_vcpus: f64,
+    steal_vcpus: f64,
     on_wake: Option<f64>,
     off_wake: Option<f64>,
+}
+
+impl Sides {
+    /// What "on" holds of the host more than "off": its CPU and the steal it meets, vCPUs.
+    fn held_vcpus(&self) -> f64 {
+        self.burn_vcpus + self.steal_vcpus
+    }
 }
 
 /// `progress` per second over `ns` (0 over no time).

@@ -160,6 +160,7 @@ impl EpochModel {
             duration_ns: epoch_ns,
             progress: whole(self.rate_per_s * secs * gain * jitter),
             retention_cpu_ns: whole(burn * epoch_ns as f64),
+            steal_ns: 0,
             active_vcpus: self.active_vcpus,
             wakeups: whole(self.wakes_per_s * secs),
             wake_mean_ns: if mode.is_on() { self.wake_on_ns } else { self.wake_off_ns } * jitter,
