@@ -314,7 +314,7 @@ mod tests {
 
     #[test]
     fn clap_errors_are_one_line_naming_the_flag_the_value_and_what_is_allowed() {
-        assert_eq!(line(&["gleaner", "bench", "wakeup", "--setting", "E"]), "invalid --setting 'E': allowed: A, B, C, D");
+        assert_eq!(line(&["gleaner", "bench", "wakeup", "--setting", "F"]), "invalid --setting 'F': allowed: A, B, C, D, E");
         let l = line(&["gleaner", "run", "--retention-start", "maybe", "--", "true"]);
         assert_eq!(l, "invalid --retention-start 'maybe': allowed: calibrated, on, off");
         let l = line(&["gleaner", "bench", "wakeup", "--rounds", "x"]);
@@ -331,7 +331,7 @@ mod tests {
         assert!(l.starts_with("missing command after `gleaner bench`: allowed: wakeup, workload"), "{l}");
         let l = line(&["gleaner", "attach"]);
         assert!(l.starts_with("missing --cgroup <PATH>") && l.contains("`gleaner attach`"), "{l}");
-        for l in [l, line(&["gleaner", "bench", "wakeup", "--setting", "E"])] {
+        for l in [l, line(&["gleaner", "bench", "wakeup", "--setting", "F"])] {
             assert_eq!(l.lines().count(), 1, "{l}");
         }
     }

@@ -53,7 +53,7 @@ fn bad_input_exits_2_with_one_line() {
         &["bench", "workload", "pingpong", "--rate", "10"],
         &["bench", "workload", "pingpong", "--rounds", "5", "--duration-ms", "5"],
         &["bench", "workload", "pipeline", "--server-cpu", "0"],
-        &["bench", "wakeup", "--setting", "E"],
+        &["bench", "wakeup", "--setting", "F"],
         &["bench", "wakeup", "--rounds", "0"],
         &["bench", "wakeup", "--waiter-cpu", "4095"],
         &["bench", "run", "--", "/nonexistent/program"],
@@ -88,7 +88,7 @@ fn bad_input_exits_2_with_one_line() {
 #[test]
 fn clap_errors_are_one_line_naming_the_flag_the_value_and_what_is_allowed() {
     let cases: &[(&[&str], &str)] = &[
-        (&["bench", "wakeup", "--setting", "E"], "gleaner: invalid --setting 'E': allowed: A, B, C, D"),
+        (&["bench", "wakeup", "--setting", "F"], "gleaner: invalid --setting 'F': allowed: A, B, C, D, E"),
         (&["run", "--retention-start", "maybe", "--", "true"], "gleaner: invalid --retention-start 'maybe': allowed: calibrated, on, off"),
         (&["compare", "--policies", "foo"], "gleaner: invalid --policies 'foo': allowed: "),
         (&["bench", "wakeup", "--no-such-flag"], "gleaner: invalid option '--no-such-flag' for `gleaner bench wakeup`"),

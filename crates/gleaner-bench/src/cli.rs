@@ -64,7 +64,9 @@ pub struct YieldersArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct WakeupArgs {
     /// Settings to run (A: same CPU; B: waiter's CPU kept busy by a SCHED_IDLE yielder;
-    /// C: waiter's CPU idle; D: CPU-bound co-runner on every CPU). Comma-separated.
+    /// C: waiter's CPU idle; D: CPU-bound co-runner on every CPU; E: as D, the waiter
+    /// spinning instead of blocking, a polling vCPU's thread next to a co-runner as a host
+    /// sees it, not run by default). Comma-separated.
     #[arg(long = "setting", value_enum, ignore_case = true, value_delimiter = ',', default_values_t = wakeup::Setting::ALL)]
     pub settings: Vec<wakeup::Setting>,
     /// Primitive the waiter blocks in: condvar (timed from notify, pthread_cond_signal) or

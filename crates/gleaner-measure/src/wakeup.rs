@@ -10,6 +10,13 @@
 //! | B | different CPUs | kept busy by a `SCHED_IDLE` thread looping `sched_yield()` |
 //! | C | different CPUs | idle: the vCPU halts (after cpuidle polling, if any) |
 //! | D | different CPUs | a CPU-bound `SCHED_OTHER` co-runner on every CPU |
+//! | E | different CPUs | as D, and the waiter spins on the round counter instead of blocking |
+//!
+//! E is not the paper's: it is how a host's scheduler treats a vCPU kept from halting on a
+//! shared host. A polling or yielding vCPU's thread is always runnable, like E's spinning
+//! waiter next to its co-runner; a halted one sleeps and is woken, like D's. Run on a host
+//! (or any Linux), D against E measures the two wake costs of a vCPU thread next to a
+//! co-runner that the simulator's host model predicts (`gleaner sim table2`, cases D and E).
 //!
 //! One round:
 //!
@@ -53,9 +60,13 @@ pub enum Setting {
     C,
     /// As C, with a CPU-bound co-runner on every CPU.
     D,
+    /// As D, the waiter spinning instead of blocking (a polling vCPU's thread next to a
+    /// co-runner, as the host's scheduler sees it). Not in the paper, not in [`Setting::ALL`].
+    E,
 }
 
 impl Setting {
+    /// The paper's four settings (the default run).
     pub const ALL: [Setting; 4] = [Setting::A, Setting::B, Setting::C, Setting::D];
 
     pub fn describe(self) -> &'static str {
@@ -64,6 +75,7 @@ impl Setting {
             Setting::B => "different CPUs, waiter's CPU busy with a SCHED_IDLE yielder",
             Setting::C => "different CPUs, waiter's CPU idle (halts)",
             Setting::D => "different CPUs, CPU-bound co-runner on every CPU",
+            Setting::E => "different CPUs, CPU-bound co-runner on every CPU, the waiter spinning (never blocks)",
         }
     }
 
@@ -74,6 +86,7 @@ impl Setting {
             Setting::B => ("8", "17"),
             Setting::C => ("8", "37"),
             Setting::D => ("17", ">96"),
+            Setting::E => ("-", "-"),
         }
     }
 }
@@ -158,7 +171,7 @@ impl WakeupConfig {
             return Err(BadInput::new("--period-us", self.period_us, "1..=1000000 microseconds"));
         }
         if self.settings.is_empty() {
-            return Err(BadInput::new("--setting", "(none)", "A, B, C, D"));
+            return Err(BadInput::new("--setting", "(none)", "A, B, C, D, E"));
         }
         for (flag, cpu) in [("--waker-cpu", self.waker_cpu), ("--waiter-cpu", self.waiter_cpu)] {
             if !allowed.contains(cpu) {
@@ -170,7 +183,7 @@ impl WakeupConfig {
             let allowed_settings = if allowed.len() < 2 {
                 "A only (this process may use one CPU)"
             } else {
-                "different --waker-cpu and --waiter-cpu for B, C, D"
+                "different --waker-cpu and --waiter-cpu for B, C, D, E"
             };
             return Err(BadInput::new(
                 "--setting",
@@ -269,6 +282,9 @@ struct Chan {
     pm: PthreadMutex,
     /// t0 for [`Primitive::Mutex`]: published before the unlock, read after the lock.
     t0_ns: std::sync::atomic::AtomicU64,
+    /// The round, as the spinning waiter of [`Setting::E`] watches it (stored by the waker
+    /// with `Shared::round`).
+    spin_round: std::sync::atomic::AtomicU64,
 }
 
 /// A glibc `pthread_mutex_t` of the default type (no adaptive spinning: a contended lock
@@ -391,6 +407,44 @@ fn waiter(chan: &Chan, cpu: u32, deadline: Duration) {
     }
 }
 
+/// The waiter of [`Setting::E`]: announces its round like [`waiter`], then spins on
+/// `spin_round` until the waker moves it (never blocking: always runnable, as a polling
+/// vCPU's thread is).
+fn waiter_spin(chan: &Chan, cpu: u32, deadline: Duration) {
+    let Some(mut g) = start_waiter(chan, cpu) else { return };
+    loop {
+        if g.stop {
+            break;
+        }
+        let my = g.round;
+        g.waiting = true;
+        chan.to_waker.notify_one();
+        drop(g);
+        let until = Instant::now() + deadline;
+        let mut timed_out = false;
+        while chan.spin_round.load(Ordering::Acquire) == my {
+            if Instant::now() >= until {
+                timed_out = true;
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let t1 = chan.now_ns();
+        g = chan.lock();
+        g.waiting = false;
+        if g.stop {
+            break;
+        }
+        if g.round == my {
+            continue;
+        }
+        g.sample_ns = t1.saturating_sub(g.t0_ns);
+        g.late = timed_out;
+        g.done = g.round;
+        chan.to_waker.notify_one();
+    }
+}
+
 /// The waiter of [`Primitive::Mutex`]: waits (condvar) for the round to start, then blocks
 /// in `pthread_mutex_timedlock` on the mutex the waker holds.
 fn waiter_mutex(chan: &Chan, cpu: u32, deadline: Duration) {
@@ -498,7 +552,9 @@ impl Tally {
     }
 }
 
-fn waker(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> anyhow::Result<Tally> {
+/// The waker of [`Primitive::Condvar`] (and of [`Setting::E`]'s spinning waiter, which is
+/// never blocked: `spinning` counts its rounds without that check).
+fn waker(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs, spinning: bool) -> anyhow::Result<Tally> {
     pin_current_thread(cpu).with_context(|| format!("pinning the waker to CPU {cpu}"))?;
     let pid = i32::try_from(std::process::id()).context("pid out of range")?;
     let period = Duration::from_micros(cfg.period_us);
@@ -517,12 +573,13 @@ fn waker(chan: &Chan, cpu: u32, cfg: &WakeupConfig, procfs: &Procfs) -> anyhow::
         let tid = g.waiter_tid;
         drop(g);
         std::thread::sleep(period);
-        let blocked = procfs.task_stat(pid, tid).map(|s| s.state == 'S').unwrap_or(false);
+        let blocked = spinning || procfs.task_stat(pid, tid).map(|s| s.state == 'S').unwrap_or(false);
         let t0 = chan.now_ns();
         {
             let mut g = chan.lock();
             g.round = r;
             g.t0_ns = t0;
+            chan.spin_round.store(r, Ordering::Release);
         }
         chan.to_waiter.notify_one();
         let (g, ok) = wait_for(&chan.to_waker, chan.lock(), peer_deadline, |s| s.done == r);
@@ -624,7 +681,7 @@ pub fn run_setting(setting: Setting, cfg: &WakeupConfig, allowed: &CpuSet, procf
     let (waker_cpu, waiter_cpu) = placement(setting, cfg);
     let _load = match setting {
         Setting::B => Load::yielders(std::iter::once(waiter_cpu).chain(cfg.busy_also.iter().copied().filter(|&c| c != waiter_cpu)))?,
-        Setting::D => Load::hogs(allowed)?,
+        Setting::D | Setting::E => Load::hogs(allowed)?,
         Setting::A | Setting::C => Load::none(),
     };
     let chan = Chan {
@@ -634,12 +691,18 @@ pub fn run_setting(setting: Setting, cfg: &WakeupConfig, allowed: &CpuSet, procf
         base: Instant::now(),
         pm: PthreadMutex::new(),
         t0_ns: std::sync::atomic::AtomicU64::new(0),
+        spin_round: std::sync::atomic::AtomicU64::new(0),
     };
     let deadline = cfg.deadline();
     let tally = std::thread::scope(|s| {
-        let (w, k) = match cfg.primitive {
-            Primitive::Condvar => (s.spawn(|| waiter(&chan, waiter_cpu, deadline)), s.spawn(|| waker(&chan, waker_cpu, cfg, procfs))),
-            Primitive::Mutex => {
+        let (w, k) = match (setting, cfg.primitive) {
+            (Setting::E, _) => {
+                (s.spawn(|| waiter_spin(&chan, waiter_cpu, deadline)), s.spawn(|| waker(&chan, waker_cpu, cfg, procfs, true)))
+            }
+            (_, Primitive::Condvar) => {
+                (s.spawn(|| waiter(&chan, waiter_cpu, deadline)), s.spawn(|| waker(&chan, waker_cpu, cfg, procfs, false)))
+            }
+            (_, Primitive::Mutex) => {
                 (s.spawn(|| waiter_mutex(&chan, waiter_cpu, deadline)), s.spawn(|| waker_mutex(&chan, waker_cpu, cfg, procfs)))
             }
         };

@@ -48,7 +48,11 @@ pub use runner::{run_cases, Report};
 
 /// Built-in scenarios: name, description, file text.
 pub const SCENARIOS: &[(&str, &str, &str)] = &[
-    ("table2", "Table 2: wake-up latency in settings A-D (ping-pong)", include_str!("../scenarios/table2.toml")),
+    (
+        "table2",
+        "Table 2: wake-up latency in settings A-D, and E (B next to a co-runner) (ping-pong)",
+        include_str!("../scenarios/table2.toml"),
+    ),
     ("table1", "Table 1: dedup native / dedicated / shared with streamcluster or matmul", include_str!("../scenarios/table1.toml")),
     ("fig1", "Figure 1: slowdown vs idle-transition frequency over the built-in workloads", include_str!("../scenarios/fig1.toml")),
     ("fig7", "Figure 7: Gleaner on an oversubscribed host (app VM + matmul VM)", include_str!("../scenarios/fig7.toml")),
