@@ -502,7 +502,7 @@ fn steal_met_under_retention_is_part_of_its_cost() {
 fn steal_within_its_own_spread_or_on_a_light_load_costs_nothing() {
     // Every third epoch meets 1.6 vCPUs of steal, whatever the mode (the sandwich is three
     // epochs in a row, so a probe meets it alone or a baseline epoch does): on keeps paying.
-    let noise = |i: u32| if i % 3 == 0 { 16 } else { 0 };
+    let noise = |i: u32| if i.is_multiple_of(3) { 16 } else { 0 };
     let (noisy, _) = steal_run(|on, i| EpochReading {
         progress: if on { 1_080 } else { 1_000 },
         steal_ns: noise(i) * STEAL_EPOCH_NS / 10,
