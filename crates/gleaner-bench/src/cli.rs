@@ -15,7 +15,7 @@ pub struct BenchArgs {
 /// The benchmarks.
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
-    /// Wakeup latency of a blocked thread (Gleaner paper, Table 2), settings A-D.
+    /// Wakeup latency of a blocked thread (Gleaner paper, Table 2), settings A-D (and E, a spinning waiter: not the paper's).
     Wakeup(WakeupArgs),
     /// Run a built-in workload kernel and measure it (its work is checked).
     ///

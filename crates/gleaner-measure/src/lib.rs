@@ -1,7 +1,7 @@
 //! Measurement below the front ends: what `gleaner bench`, `gleaner compare`, the agent's
 //! calibration and the lab all measure or read, written once.
 //!
-//! - [`wakeup`]: the blocked-waiter wakeup probe (Table 2 of the Gleaner paper, settings A-D),
+//! - [`wakeup`]: the blocked-waiter wakeup probe (Table 2 of the Gleaner paper, settings A-D, and E),
 //!   used by `gleaner bench wakeup`, `gleaner diagnose` and the agent's retention calibration.
 //! - [`measure`]: the system meter (wall/CPU time, context switches, vCPU idle entries and
 //!   steal of a run) and [`RunMetrics`], the one record of a measured run (with a

@@ -61,7 +61,7 @@ pub enum Setting {
     /// As C, with a CPU-bound co-runner on every CPU.
     D,
     /// As D, the waiter spinning instead of blocking (a polling vCPU's thread next to a
-    /// co-runner, as the host's scheduler sees it). Not in the paper, not in [`Setting::ALL`].
+    /// co-runner, as the host's scheduler sees it); not in the paper, not run by default.
     E,
 }
 

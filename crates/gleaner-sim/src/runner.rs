@@ -214,6 +214,7 @@ pub fn setup_with_costs(sc: &Scenario, v: &VariantCfg, seed: u64, costs: &Resolv
     Ok(Setup {
         pcpus: h.pcpus,
         host_slice_ns: us_to_ns(h.slice_us),
+        slice_jitter_pm: h.slice_jitter_pm,
         wakeup_preemption: h.wakeup_preemption,
         wakeup_gran_ns: us_to_ns(h.wakeup_granularity_us),
         guest_slice_ns: us_to_ns(h.guest_slice_us),
@@ -250,6 +251,7 @@ pub fn native_setup_with_costs(sc: &Scenario, vm_index: usize, seed: u64, costs:
         Setup {
             pcpus: cores,
             host_slice_ns: us_to_ns(h.slice_us),
+            slice_jitter_pm: h.slice_jitter_pm,
             wakeup_preemption: h.wakeup_preemption,
             wakeup_gran_ns: us_to_ns(h.wakeup_granularity_us),
             guest_slice_ns: us_to_ns(h.guest_slice_us),

@@ -41,6 +41,7 @@ fn setup(pcpus: u32, vms: Vec<SetupVm>) -> Setup {
     Setup {
         pcpus,
         host_slice_ns: 3_000_000,
+        slice_jitter_pm: 0,
         wakeup_preemption: true,
         wakeup_gran_ns: 1_000_000,
         guest_slice_ns: 3_000_000,

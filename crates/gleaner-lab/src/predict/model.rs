@@ -554,6 +554,7 @@ pub fn host_cfg(pcpus: u32, host: &HostSched) -> HostCfg {
         pcpus,
         sockets: 1,
         slice_us: host.slice_us(),
+        slice_jitter_pm: 0,
         wakeup_preemption: true,
         wakeup_granularity_us: 0.0,
         guest_slice_us: GUEST_SLICE_US,

@@ -208,7 +208,10 @@ impl Engine {
         }
         vc.host = Host::Running(p);
         vc.last_p = p;
-        vc.slice_end = now + vc.overhead + vc.slice_ns;
+        let (oh, slice) = (vc.overhead, vc.slice_ns);
+        let slice = self.host_slice(slice);
+        let vc = &mut self.vcpus[v as usize];
+        vc.slice_end = now + oh + slice;
         vc.spin_since = now;
         if vc.idle == Idle::Yield {
             self.yield_resume(v);
@@ -245,9 +248,16 @@ impl Engine {
             self.take_off(v);
             self.enqueue_on(p, v);
         } else {
-            let vc = &mut self.vcpus[v as usize];
-            vc.slice_end = self.now + vc.slice_ns;
+            let slice = self.host_slice(self.vcpus[v as usize].slice_ns);
+            self.vcpus[v as usize].slice_end = self.now + slice;
         }
+    }
+
+    /// One host slice of a vCPU whose slice is `slice_ns`: jittered by `slice_jitter_pm`
+    /// (drawing nothing from the generator without it).
+    fn host_slice(&mut self, slice_ns: Ns) -> Ns {
+        let j = self.slice_jitter_pm;
+        self.sample_compute(slice_ns, j)
     }
 
     /// Periodic load balancing (`Setup::balance_ns`): while the pCPU with the most vCPUs

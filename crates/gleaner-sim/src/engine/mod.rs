@@ -64,6 +64,8 @@ pub struct SetupVm {
 pub struct Setup {
     pub pcpus: u32,
     pub host_slice_ns: Ns,
+    /// Host slices drawn within +-this per mille of their length (`HostCfg::slice_jitter_pm`).
+    pub slice_jitter_pm: u32,
     pub wakeup_preemption: bool,
     pub wakeup_gran_ns: Ns,
     pub guest_slice_ns: Ns,
@@ -406,6 +408,7 @@ pub struct Engine {
     pub(crate) virt: bool,
     pub(crate) costs: Costs,
     pub(crate) host_slice_ns: Ns,
+    pub(crate) slice_jitter_pm: u32,
     pub(crate) wakeup_preemption: bool,
     pub(crate) wakeup_gran_ns: Ns,
     pub(crate) guest_slice_ns: Ns,
@@ -468,6 +471,7 @@ impl Engine {
             virt: s.virt,
             costs: s.costs,
             host_slice_ns: s.host_slice_ns,
+            slice_jitter_pm: s.slice_jitter_pm,
             wakeup_preemption: s.wakeup_preemption,
             wakeup_gran_ns: s.wakeup_gran_ns,
             guest_slice_ns: s.guest_slice_ns,

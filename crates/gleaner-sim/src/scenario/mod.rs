@@ -87,6 +87,12 @@ pub struct HostCfg {
     /// Host scheduler time slice for vCPUs (the EEVDF slice).
     #[serde(default = "slice")]
     pub slice_us: f64,
+    /// Each host slice drawn uniformly within +-this per mille of `slice_us` (0: every slice
+    /// exactly `slice_us`). A real host's pCPUs end slices at their own ticks and interrupts and
+    /// drift apart; equal fixed slices keep them in step, so vCPUs that never halt (polling,
+    /// yielders) on different pCPUs run and wait together, co-scheduled by accident.
+    #[serde(default)]
+    pub slice_jitter_pm: u32,
     /// A waking vCPU preempts the running one when its virtual runtime is behind by more than
     /// the wakeup granularity.
     #[serde(default = "yes")]
@@ -533,6 +539,9 @@ impl Scenario {
             return Err(bad("host.sockets", h.sockets, format!("a divisor of host.pcpus ({})", h.pcpus)));
         }
         check_pos("host.slice_us", h.slice_us)?;
+        if h.slice_jitter_pm > 1000 {
+            return Err(bad("host.slice_jitter_pm", h.slice_jitter_pm, "0..=1000 (per mille of host.slice_us)"));
+        }
         check_pos("host.guest_slice_us", h.guest_slice_us)?;
         check_nonneg("host.wakeup_granularity_us", h.wakeup_granularity_us)?;
         check_pos("host.ple_window_us", h.ple_window_us)?;

@@ -33,6 +33,8 @@ fn unknown_key_is_named() {
 #[test]
 fn zero_cpus_and_overpinning_are_refused() {
     assert_eq!(err_of(&MIN.replace("pcpus = 4", "pcpus = 0")).what, "host.pcpus");
+    let b = err_of(&MIN.replace("pcpus = 4", "pcpus = 4\nslice_jitter_pm = 1001"));
+    assert_eq!((b.what.as_str(), b.allowed.contains("per mille")), ("host.slice_jitter_pm", true), "{b}");
     let b = err_of(&MIN.replace("scale = 0.1", "scale = 0.1\npin = true").replace("vcpus = 4", "vcpus = 8"));
     assert_eq!(b.what, "vm.a.vcpus");
     assert!(b.allowed.contains("at most"));
