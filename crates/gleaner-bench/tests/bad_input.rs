@@ -116,6 +116,7 @@ fn wakeup_values() {
     assert_eq!(bad_input(&["bench", "wakeup", "--rounds", "5", "--plot", "/tmp/x.jpg"]).what, "--plot");
     // Unknown settings are rejected by clap itself (exit 2 too).
     assert!(Cli::try_parse_from(["gleaner", "bench", "wakeup", "--setting", "F"]).is_err());
+    assert_eq!(bad_input(&["bench", "wakeup", "--setting", "E", "--primitive", "mutex"]).what, "--setting");
 }
 
 #[test]

@@ -48,7 +48,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::measure::pin_current_thread;
 
-/// One of the four settings of Table 2.
+/// One of the four settings of Table 2, or E (not the paper's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum), value(rename_all = "UPPER"))]
 pub enum Setting {
@@ -172,6 +172,10 @@ impl WakeupConfig {
         }
         if self.settings.is_empty() {
             return Err(BadInput::new("--setting", "(none)", "A, B, C, D, E"));
+        }
+        if self.primitive == Primitive::Mutex && self.settings.contains(&Setting::E) {
+            // E's waiter spins on the round counter: it blocks in no primitive.
+            return Err(BadInput::new("--setting", "E", "A, B, C, D with --primitive mutex (E's waiter spins, it blocks in nothing)"));
         }
         for (flag, cpu) in [("--waker-cpu", self.waker_cpu), ("--waiter-cpu", self.waiter_cpu)] {
             if !allowed.contains(cpu) {
@@ -371,7 +375,10 @@ fn start_waiter(chan: &Chan, cpu: u32) -> Option<MutexGuard<'_, Shared>> {
     Some(g)
 }
 
-fn waiter(chan: &Chan, cpu: u32, deadline: Duration) {
+/// The waiter of [`Primitive::Condvar`]: announces its round, then waits for the waker to move
+/// it, blocked in the condvar or, for [`Setting::E`] (`spin`), spinning on `spin_round` (never
+/// blocking: always runnable, as a polling vCPU's thread is).
+fn waiter(chan: &Chan, cpu: u32, deadline: Duration, spin: bool) {
     let Some(mut g) = start_waiter(chan, cpu) else { return };
     loop {
         if g.stop {
@@ -381,18 +388,16 @@ fn waiter(chan: &Chan, cpu: u32, deadline: Duration) {
         g.waiting = true;
         chan.to_waker.notify_one();
         let until = Instant::now() + deadline;
-        let mut timed_out = false;
-        while g.round == my && !g.stop {
-            let now = Instant::now();
-            if now >= until {
-                timed_out = true;
-                break;
-            }
-            let (ng, r) = chan.to_waiter.wait_timeout(g, until - now).unwrap_or_else(std::sync::PoisonError::into_inner);
-            g = ng;
-            timed_out = r.timed_out();
-        }
-        let t1 = chan.now_ns();
+        let (ng, t1, timed_out) = if spin {
+            drop(g);
+            let timed_out = spin_until_moved(chan, my, until);
+            let t1 = chan.now_ns();
+            (chan.lock(), t1, timed_out)
+        } else {
+            let (g, timed_out) = block_until_moved(chan, g, my, until);
+            (g, chan.now_ns(), timed_out)
+        };
+        g = ng;
         g.waiting = false;
         if g.stop {
             break;
@@ -407,42 +412,32 @@ fn waiter(chan: &Chan, cpu: u32, deadline: Duration) {
     }
 }
 
-/// The waiter of [`Setting::E`]: announces its round like [`waiter`], then spins on
-/// `spin_round` until the waker moves it (never blocking: always runnable, as a polling
-/// vCPU's thread is).
-fn waiter_spin(chan: &Chan, cpu: u32, deadline: Duration) {
-    let Some(mut g) = start_waiter(chan, cpu) else { return };
-    loop {
-        if g.stop {
-            break;
+/// Blocks in the condvar until the round moves past `my`, the run stops, or `until`; whether
+/// the last wait timed out.
+fn block_until_moved<'a>(chan: &'a Chan, mut g: MutexGuard<'a, Shared>, my: u64, until: Instant) -> (MutexGuard<'a, Shared>, bool) {
+    let mut timed_out = false;
+    while g.round == my && !g.stop {
+        let now = Instant::now();
+        if now >= until {
+            return (g, true);
         }
-        let my = g.round;
-        g.waiting = true;
-        chan.to_waker.notify_one();
-        drop(g);
-        let until = Instant::now() + deadline;
-        let mut timed_out = false;
-        while chan.spin_round.load(Ordering::Acquire) == my {
-            if Instant::now() >= until {
-                timed_out = true;
-                break;
-            }
-            std::hint::spin_loop();
-        }
-        let t1 = chan.now_ns();
-        g = chan.lock();
-        g.waiting = false;
-        if g.stop {
-            break;
-        }
-        if g.round == my {
-            continue;
-        }
-        g.sample_ns = t1.saturating_sub(g.t0_ns);
-        g.late = timed_out;
-        g.done = g.round;
-        chan.to_waker.notify_one();
+        let (ng, r) = chan.to_waiter.wait_timeout(g, until - now).unwrap_or_else(std::sync::PoisonError::into_inner);
+        g = ng;
+        timed_out = r.timed_out();
     }
+    (g, timed_out)
+}
+
+/// Spins until the waker stores a round past `my` in `spin_round`, or `until`; whether it
+/// timed out.
+fn spin_until_moved(chan: &Chan, my: u64, until: Instant) -> bool {
+    while chan.spin_round.load(Ordering::Acquire) == my {
+        if Instant::now() >= until {
+            return true;
+        }
+        std::hint::spin_loop();
+    }
+    false
 }
 
 /// The waiter of [`Primitive::Mutex`]: waits (condvar) for the round to start, then blocks
@@ -694,13 +689,11 @@ pub fn run_setting(setting: Setting, cfg: &WakeupConfig, allowed: &CpuSet, procf
         spin_round: std::sync::atomic::AtomicU64::new(0),
     };
     let deadline = cfg.deadline();
+    let spin = setting == Setting::E;
     let tally = std::thread::scope(|s| {
         let (w, k) = match (setting, cfg.primitive) {
-            (Setting::E, _) => {
-                (s.spawn(|| waiter_spin(&chan, waiter_cpu, deadline)), s.spawn(|| waker(&chan, waker_cpu, cfg, procfs, true)))
-            }
-            (_, Primitive::Condvar) => {
-                (s.spawn(|| waiter(&chan, waiter_cpu, deadline)), s.spawn(|| waker(&chan, waker_cpu, cfg, procfs, false)))
+            (Setting::E, _) | (_, Primitive::Condvar) => {
+                (s.spawn(|| waiter(&chan, waiter_cpu, deadline, spin)), s.spawn(|| waker(&chan, waker_cpu, cfg, procfs, spin)))
             }
             (_, Primitive::Mutex) => {
                 (s.spawn(|| waiter_mutex(&chan, waiter_cpu, deadline)), s.spawn(|| waker_mutex(&chan, waker_cpu, cfg, procfs)))
@@ -750,6 +743,17 @@ mod tests {
         assert!(r.mean_us.is_some(), "{r:?}");
         let back: WakeupConfig = serde_json::from_value(serde_json::to_value(WakeupConfig::for_cpus(&allowed)).unwrap()).unwrap();
         assert!(back.busy_also.is_empty());
+    }
+
+    #[test]
+    fn setting_e_s_spinning_waiter_records_every_round_and_discards_none() {
+        let allowed = sched::affinity(0).unwrap();
+        assert!(allowed.len() >= 2, "this test needs 2 CPUs this process may use, has {allowed}");
+        let cfg = WakeupConfig { settings: vec![Setting::E], rounds: 30, warmup: 2, period_us: 200, ..WakeupConfig::for_cpus(&allowed) };
+        let r = run_setting(Setting::E, &cfg, &allowed, &Procfs::new()).unwrap();
+        // Never blocked, so never "not yet blocked": no round is discarded, and none is lost.
+        assert_eq!((r.samples, r.discarded, r.lost), (30, 0, 0), "{r:?}");
+        assert!(r.min_us.is_some_and(|m| m >= 0.0) && r.max_us >= r.min_us, "{r:?}");
     }
 
     #[test]
