@@ -17,5 +17,5 @@ for run in "fig7" "$tmp/fig7-drifting.toml" \
            "scripts/sim/vm-matrix-scale.toml --from-calibration $cal" "$tmp/vm-matrix-scale-drifting.toml --from-calibration $cal"; do
   echo "== gleaner sim ${run/$tmp\//} --no-timing"
   # shellcheck disable=SC2086
-  "$gleaner" sim $run --no-timing 2>/dev/null | grep -E '^case| app | weighted'
+  "$gleaner" sim $run --no-timing | grep -E '^case| app | weighted'
 done

@@ -16,7 +16,7 @@
 //! shared host. A polling or yielding vCPU's thread is always runnable, like E's spinning
 //! waiter next to its co-runner; a halted one sleeps and is woken, like D's. Run on a host
 //! (or any Linux), D against E measures the two wake costs of a vCPU thread next to a
-//! co-runner that the simulator's host model predicts (`gleaner sim table2`, cases D and E).
+//! co-runner that the simulator's host model predicts (`scripts/sim/table2-eevdf.toml`).
 //!
 //! One round:
 //!
@@ -287,7 +287,7 @@ struct Chan {
     /// t0 for [`Primitive::Mutex`]: published before the unlock, read after the lock.
     t0_ns: std::sync::atomic::AtomicU64,
     /// The round, as the spinning waiter of [`Setting::E`] watches it (stored by the waker
-    /// with `Shared::round`).
+    /// with `Shared::round`; `u64::MAX` once the setting stops).
     spin_round: std::sync::atomic::AtomicU64,
 }
 
@@ -336,11 +336,29 @@ impl Drop for PthreadMutex {
 }
 
 impl Chan {
+    fn new() -> Chan {
+        Chan {
+            m: Mutex::new(Shared::default()),
+            to_waiter: Condvar::new(),
+            to_waker: Condvar::new(),
+            base: Instant::now(),
+            pm: PthreadMutex::new(),
+            t0_ns: std::sync::atomic::AtomicU64::new(0),
+            spin_round: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
     fn lock(&self) -> MutexGuard<'_, Shared> {
         self.m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
     fn now_ns(&self) -> u64 {
         u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+    /// Ends the setting: the waiter, blocked or spinning, sees `stop` at once.
+    fn stop(&self) {
+        self.lock().stop = true;
+        // No round is u64::MAX: a spinning waiter stops watching and finds `stop`.
+        self.spin_round.store(u64::MAX, Ordering::Release);
+        self.to_waiter.notify_all();
     }
 }
 
@@ -679,15 +697,7 @@ pub fn run_setting(setting: Setting, cfg: &WakeupConfig, allowed: &CpuSet, procf
         Setting::D | Setting::E => Load::hogs(allowed)?,
         Setting::A | Setting::C => Load::none(),
     };
-    let chan = Chan {
-        m: Mutex::new(Shared::default()),
-        to_waiter: Condvar::new(),
-        to_waker: Condvar::new(),
-        base: Instant::now(),
-        pm: PthreadMutex::new(),
-        t0_ns: std::sync::atomic::AtomicU64::new(0),
-        spin_round: std::sync::atomic::AtomicU64::new(0),
-    };
+    let chan = Chan::new();
     let deadline = cfg.deadline();
     let spin = setting == Setting::E;
     let tally = std::thread::scope(|s| {
@@ -700,8 +710,7 @@ pub fn run_setting(setting: Setting, cfg: &WakeupConfig, allowed: &CpuSet, procf
             }
         };
         let tally = k.join();
-        chan.lock().stop = true;
-        chan.to_waiter.notify_all();
+        chan.stop();
         let _ = w.join();
         tally
     });
@@ -754,6 +763,32 @@ mod tests {
         // Never blocked, so never "not yet blocked": no round is discarded, and none is lost.
         assert_eq!((r.samples, r.discarded, r.lost), (30, 0, 0), "{r:?}");
         assert!(r.min_us.is_some_and(|m| m >= 0.0) && r.max_us >= r.min_us, "{r:?}");
+    }
+
+    /// E's waiter moves on the round counter alone, where the blocking one waits to be
+    /// notified; and both see the end of the setting at once, not at their deadline.
+    #[test]
+    fn the_spinning_waiter_needs_no_notify_and_both_stop_at_once() {
+        let cpu = sched::affinity(0).unwrap().iter().next().expect("a CPU");
+        for spin in [true, false] {
+            let chan = Chan::new();
+            let deadline = Duration::from_secs(5);
+            std::thread::scope(|s| {
+                let w = s.spawn(|| waiter(&chan, cpu, deadline, spin));
+                let (mut g, ok) = wait_for(&chan.to_waker, chan.lock(), deadline, |s| s.waiting);
+                assert!(ok, "the waiter never announced its round");
+                g.round = 1;
+                g.t0_ns = chan.now_ns();
+                drop(g);
+                chan.spin_round.store(1, Ordering::Release); // and no notify
+                let moved = wait_for(&chan.to_waker, chan.lock(), Duration::from_millis(300), |s| s.done == 1).1;
+                assert_eq!(moved, spin, "spinning {spin}: moved by the counter alone {moved}");
+                let t = Instant::now();
+                chan.stop();
+                w.join().unwrap();
+                assert!(t.elapsed() < Duration::from_secs(1), "spinning {spin}: stopped after {:?}", t.elapsed());
+            });
+        }
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub use runner::{run_cases, Report};
 pub const SCENARIOS: &[(&str, &str, &str)] = &[
     (
         "table2",
-        "Table 2: wake-up latency in settings A-D, E (B next to a co-runner), and D and E on an EEVDF-like host (ping-pong)",
+        "Table 2: wake-up latency in settings A-D, and E (B next to a co-runner) (ping-pong)",
         include_str!("../scenarios/table2.toml"),
     ),
     ("table1", "Table 1: dedup native / dedicated / shared with streamcluster or matmul", include_str!("../scenarios/table1.toml")),

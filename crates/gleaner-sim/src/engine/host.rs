@@ -189,6 +189,7 @@ impl Engine {
         self.pcpus[pi].seg_start = now;
         self.idle_pcpus -= 1;
         let pv = self.costs.pv;
+        let slice = self.host_slice(self.vcpus[v as usize].slice_ns);
         let vc = &mut self.vcpus[v as usize];
         let mut oh = 0;
         if vc.pending_rv {
@@ -208,10 +209,7 @@ impl Engine {
         }
         vc.host = Host::Running(p);
         vc.last_p = p;
-        let (oh, slice) = (vc.overhead, vc.slice_ns);
-        let slice = self.host_slice(slice);
-        let vc = &mut self.vcpus[v as usize];
-        vc.slice_end = now + oh + slice;
+        vc.slice_end = now + vc.overhead + slice;
         vc.spin_since = now;
         if vc.idle == Idle::Yield {
             self.yield_resume(v);

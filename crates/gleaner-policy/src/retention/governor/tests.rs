@@ -501,10 +501,11 @@ fn steal_met_under_retention_is_part_of_its_cost() {
 #[test]
 fn steal_within_its_own_spread_or_on_a_light_load_costs_nothing() {
     // Every third epoch meets 1.6 vCPUs of steal, whatever the mode (the sandwich is three
-    // epochs in a row, so a probe meets it alone or a baseline epoch does): on keeps paying.
+    // epochs in a row, so a probe meets it alone or a baseline epoch does). A 4% gain for 0.1
+    // vCPU is no loss, but charged a baseline epoch's 0.8 vCPU of noise as well it would be.
     let noise = |i: u32| if i.is_multiple_of(3) { 16 } else { 0 };
     let (noisy, _) = steal_run(|on, i| EpochReading {
-        progress: if on { 1_080 } else { 1_000 },
+        progress: if on { 1_040 } else { 1_000 },
         steal_ns: noise(i) * STEAL_EPOCH_NS / 10,
         ..steal_epoch(on, 1, 0)
     });
