@@ -463,6 +463,15 @@ fn kill_9_gives_the_workload_its_cpus_back() {
         leftover_agent_groups(),
         stderr()
     );
+    // The cgroup goes before the guardian removes the socket and the state file: wait until
+    // it is done, or `restore` below would find its socket and do its last step itself.
+    let state_file = run_dir.path().join(format!("agent-{}.json", agent.id()));
+    assert!(
+        wait_until(Duration::from_secs(3), || !state_file.exists()),
+        "guardian left {}; its stderr: {}",
+        state_file.display(),
+        stderr()
+    );
     let out = gleaner().args(["restore", "--run-dir"]).arg(run_dir.path()).output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to restore"), "{}", String::from_utf8_lossy(&out.stdout));

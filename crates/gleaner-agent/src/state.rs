@@ -516,8 +516,10 @@ pub fn guardian_main(state_file: &Path) -> anyhow::Result<()> {
         return Ok(());
     };
     let errors = undo_changes(&UndoCx::real(), &state.changes);
-    let _ = std::fs::remove_file(state_file);
+    // The socket first: a state file gone means this guardian is done (the tests, and a
+    // `gleaner restore` run meanwhile, wait for that).
     let _ = std::fs::remove_file(state_file.with_extension("sock"));
+    let _ = std::fs::remove_file(state_file);
     if errors.is_empty() {
         eprintln!(
             "gleaner: guardian: agent {} ended without restoring; undid its {} recorded change(s) from {}",
