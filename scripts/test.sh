@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian or Ubuntu machine: installs what the tests need, then
-# runs them all. Run as root (the tests are real privileged tests: cgroups, idle knobs,
-# scheduler syscalls, eBPF, QEMU guests):
+# runs them all. It needs root (the tests are real privileged tests: cgroups, idle knobs,
+# scheduler syscalls, eBPF, QEMU guests); run by another user it runs itself again under sudo,
+# keeping PATH and the Rust toolchain's homes:
 #
-#   sudo scripts/test.sh                  # install, fetch the lab kernel, restore, test
-#   sudo scripts/test.sh --install-only   # only the packages and cargo-deb (.ci/run)
-#   sudo scripts/test.sh --skip-install   # the rest, prerequisites already there (.ci/run)
+#   scripts/test.sh                  # install, fetch the lab kernel, restore, test
+#   scripts/test.sh --install-only   # only the packages and cargo-deb (.ci/run)
+#   scripts/test.sh --skip-install   # the rest, prerequisites already there (.ci/run)
 #
 # This is the one list of what the tests need; .ci/run calls this script. With the
 # prerequisites installed, the inner step alone is `cargo test --workspace --release
@@ -24,7 +25,10 @@ for a in "$@"; do
 done
 
 if [ "$(id -u)" -ne 0 ]; then
-  echo "scripts/test.sh: needs root (apt-get install, then tests that create cgroups, turn idle knobs and trace with eBPF): run it as 'sudo scripts/test.sh'" >&2
+  if command -v sudo >/dev/null 2>&1; then
+    exec sudo env "PATH=$PATH" "CARGO_HOME=${CARGO_HOME:-$HOME/.cargo}" "RUSTUP_HOME=${RUSTUP_HOME:-$HOME/.rustup}" bash "$0" "$@"
+  fi
+  echo "scripts/test.sh: needs root (apt-get install, then tests that create cgroups, turn idle knobs and trace with eBPF), and there is no sudo: run it as root" >&2
   exit 2
 fi
 
