@@ -16,7 +16,7 @@
 //! shared host. A polling or yielding vCPU's thread is always runnable, like E's spinning
 //! waiter next to its co-runner; a halted one sleeps and is woken, like D's. Run on a host
 //! (or any Linux), D against E measures the two wake costs of a vCPU thread next to a
-//! co-runner that the simulator's host model predicts (`scripts/sim/table2-eevdf.toml`).
+//! co-runner that the simulator's host model predicts (`scripts/sim/table2-hosts.toml`).
 //!
 //! One round:
 //!

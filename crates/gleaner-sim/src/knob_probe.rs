@@ -40,6 +40,7 @@ pub(crate) fn two_pcpu_engine(vcpus: u32) -> Engine {
         pcpus: 2,
         host_slice_ns: 3_000_000,
         slice_jitter_pm: 0,
+        scheduler: Default::default(),
         wakeup_preemption: true,
         wakeup_gran_ns: 0,
         guest_slice_ns: 3_000_000,

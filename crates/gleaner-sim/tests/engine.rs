@@ -42,6 +42,7 @@ fn setup(pcpus: u32, vms: Vec<SetupVm>) -> Setup {
         pcpus,
         host_slice_ns: 3_000_000,
         slice_jitter_pm: 0,
+        scheduler: Default::default(),
         wakeup_preemption: true,
         wakeup_gran_ns: 1_000_000,
         guest_slice_ns: 3_000_000,

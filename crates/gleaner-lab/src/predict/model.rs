@@ -555,6 +555,7 @@ pub fn host_cfg(pcpus: u32, host: &HostSched) -> HostCfg {
         sockets: 1,
         slice_us: host.slice_us(),
         slice_jitter_pm: 0,
+        scheduler: Default::default(),
         wakeup_preemption: true,
         wakeup_granularity_us: 0.0,
         guest_slice_us: GUEST_SLICE_US,

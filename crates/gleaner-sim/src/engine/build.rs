@@ -155,6 +155,8 @@ impl Engine {
                 wake_src: NONE,
                 queued_since: Ns::MAX,
                 steal_ns: 0,
+                boost_until: 0,
+                run_start: 0,
                 yielder,
                 gv_since: 0,
                 c: Counters::default(),

@@ -4,6 +4,13 @@
 
 use super::*;
 
+/// Xen credit's accounting tick (`sched_credit_tick_ms`, 10 ms): a BOOSTed vCPU that runs
+/// through one is demoted (`csched_unit_acct`).
+const CREDIT_TICK_NS: Ns = 10_000_000;
+/// Xen's scheduling rate limit (`sched_ratelimit_us`, 1 ms): a running vCPU is not preempted
+/// before it has run this long.
+const CREDIT_RATELIMIT_NS: Ns = 1_000_000;
+
 impl Engine {
     pub(crate) fn mark_dirty(&mut self, p: u32) {
         let pc = &mut self.pcpus[p as usize];
@@ -150,9 +157,12 @@ impl Engine {
         let pi = p as usize;
         if !self.pcpus[pi].rq.is_empty() {
             let rq = &self.pcpus[pi].rq;
+            let now = self.now;
+            // On a credit host BOOST comes before any credit; else the least virtual runtime.
+            let key = |w: u32| (!(self.credit && self.vcpus[w as usize].boost_until > now), self.vcpus[w as usize].vruntime);
             let mut best = 0;
             for i in 1..rq.len() {
-                if self.vcpus[rq[i] as usize].vruntime < self.vcpus[rq[best] as usize].vruntime {
+                if key(rq[i]) < key(rq[best]) {
                     best = i;
                 }
             }
@@ -209,6 +219,11 @@ impl Engine {
         }
         vc.host = Host::Running(p);
         vc.last_p = p;
+        vc.run_start = now;
+        if vc.boost_until == Ns::MAX {
+            // Demoted at the first accounting tick it runs through (ticks on one global grid).
+            vc.boost_until = (now / CREDIT_TICK_NS + 1) * CREDIT_TICK_NS;
+        }
         vc.slice_end = now + vc.overhead + slice;
         vc.spin_since = now;
         if vc.idle == Idle::Yield {
@@ -224,7 +239,9 @@ impl Engine {
         }
         self.pcpus[p as usize].cur = NONE;
         self.idle_pcpus += 1;
-        self.vcpus[v as usize].host = Host::Off;
+        let vc = &mut self.vcpus[v as usize];
+        vc.host = Host::Off;
+        vc.boost_until = 0;
         p
     }
 
@@ -242,13 +259,24 @@ impl Engine {
         let pi = p as usize;
         let v = self.pcpus[pi].cur;
         let min_rq = self.pcpus[pi].rq.iter().map(|&w| self.vcpus[w as usize].vruntime).min().unwrap_or(u64::MAX);
-        if min_rq < self.vcpus[v as usize].vruntime {
+        if self.boost_waits(p) || min_rq < self.vcpus[v as usize].vruntime {
             self.take_off(v);
             self.enqueue_on(p, v);
         } else {
             let slice = self.host_slice(self.vcpus[v as usize].slice_ns);
             self.vcpus[v as usize].slice_end = self.now + slice;
         }
+    }
+
+    /// On a credit host: whether a BOOSTed vCPU waits in `p`'s queue while `p` runs one that
+    /// is not (it takes the pCPU once the rate limit allows).
+    fn boost_waits(&self, p: u32) -> bool {
+        let now = self.now;
+        let pc = &self.pcpus[p as usize];
+        self.credit
+            && pc.cur != NONE
+            && self.vcpus[pc.cur as usize].boost_until <= now
+            && pc.rq.iter().any(|&w| self.vcpus[w as usize].boost_until > now)
     }
 
     /// One host slice of a vCPU whose slice is `slice_ns`: jittered by `slice_jitter_pm`
@@ -335,9 +363,14 @@ impl Engine {
         let halt_ns = now - self.vcpus[v as usize].halt_start;
         self.kvm_adjust(v, halt_ns);
         let rv = self.costs.rv_at(halt_ns);
+        let credit = self.credit;
         let vc = &mut self.vcpus[v as usize];
         vc.rv_due = rv;
         vc.pending_rv = true;
+        if credit {
+            // csched_unit_wake: a vCPU that blocked wakes BOOSTed (counted from its first run).
+            vc.boost_until = Ns::MAX;
+        }
         self.host_place(v);
     }
 
@@ -383,7 +416,22 @@ impl Engine {
         let vc = &mut self.vcpus[v as usize];
         vc.vruntime = vc.vruntime.max(minv.saturating_sub(half));
         let vr = vc.vruntime;
-        if cur != NONE && self.wakeup_preemption && vr + self.wakeup_gran_ns < self.vcpus[cur as usize].vruntime {
+        let now = self.now;
+        let preempt = if self.credit {
+            // BOOST over any vCPU that is not, once that one ran the rate limit; before, the
+            // running vCPU's slice is cut to end there (`host_slice_expired` then switches).
+            let boosted = self.vcpus[v as usize].boost_until > now;
+            let earliest = if cur == NONE { 0 } else { self.vcpus[cur as usize].run_start + CREDIT_RATELIMIT_NS };
+            let over = boosted && cur != NONE && self.vcpus[cur as usize].boost_until <= now;
+            if over && now < earliest {
+                let c = &mut self.vcpus[cur as usize];
+                c.slice_end = c.slice_end.min(earliest);
+            }
+            over && now >= earliest
+        } else {
+            cur != NONE && self.wakeup_preemption && vr + self.wakeup_gran_ns < self.vcpus[cur as usize].vruntime
+        };
+        if preempt {
             self.take_off(cur);
             self.enqueue_on(p, cur);
             self.run_on(p, v);

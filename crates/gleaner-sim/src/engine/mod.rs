@@ -28,7 +28,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::policy::{HostPolicy, SimVcpuCounters};
 use crate::queue::{Ev, EventQueue, Ns};
-use crate::scenario::{Costs, GleanerCfg, GuestHaltpollCfg};
+use crate::scenario::{Costs, GleanerCfg, GuestHaltpollCfg, HostScheduler};
 use crate::stats::RetentionOutcome;
 use crate::stats::{Hist, VmOutcome};
 use crate::workload::{CacheProfile, Op, Workload};
@@ -66,6 +66,7 @@ pub struct Setup {
     pub host_slice_ns: Ns,
     /// Host slices drawn within +-this per mille of their length (`HostCfg::slice_jitter_pm`).
     pub slice_jitter_pm: u32,
+    pub scheduler: HostScheduler,
     pub wakeup_preemption: bool,
     pub wakeup_gran_ns: Ns,
     pub guest_slice_ns: Ns,
@@ -250,6 +251,10 @@ pub(crate) struct Vcpu {
     /// it waited so far: `/proc/stat`'s steal, as the guest sees it.
     pub queued_since: Ns,
     pub steal_ns: u64,
+    /// A credit host's BOOST (`Engine::credit`): 0 none, `Ns::MAX` boosted and not yet run,
+    /// else boosted until this accounting tick. And when the vCPU got its pCPU last.
+    pub boost_until: Ns,
+    pub run_start: Ns,
     pub inbox: Vec<u32>,
     /// Boxed: the detector is 960 bytes, which made a `Vcpu` 22 cache lines (7 now), its hot
     /// lines a stride of 1.4 KB apart.
@@ -409,6 +414,8 @@ pub struct Engine {
     pub(crate) costs: Costs,
     pub(crate) host_slice_ns: Ns,
     pub(crate) slice_jitter_pm: u32,
+    /// Xen credit's wakeup rule (`HostScheduler::Credit`) instead of fair placement.
+    pub(crate) credit: bool,
     pub(crate) wakeup_preemption: bool,
     pub(crate) wakeup_gran_ns: Ns,
     pub(crate) guest_slice_ns: Ns,
@@ -472,6 +479,7 @@ impl Engine {
             costs: s.costs,
             host_slice_ns: s.host_slice_ns,
             slice_jitter_pm: s.slice_jitter_pm,
+            credit: s.scheduler == HostScheduler::Credit,
             wakeup_preemption: s.wakeup_preemption,
             wakeup_gran_ns: s.wakeup_gran_ns,
             guest_slice_ns: s.guest_slice_ns,

@@ -77,6 +77,23 @@ pub struct CaseCfg {
     pub set: toml::Table,
 }
 
+/// The host scheduler's rule for a vCPU that wakes (its thread was blocked: the vCPU halted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HostScheduler {
+    /// Fair share by virtual runtime (CFS/EEVDF-like): a waking vCPU is placed at most half a
+    /// slice behind the queue's minimum and preempts only if that puts it more than the wakeup
+    /// granularity behind the running vCPU.
+    #[default]
+    Fair,
+    /// Xen's credit scheduler (the Gleaner paper's host): a waking vCPU is BOOSTed and preempts
+    /// any vCPU that is not, once that one has run Xen's rate limit (1 ms); the boost ends at
+    /// the first 10 ms accounting tick it runs through, or when it leaves its pCPU. vCPUs that
+    /// never block (polling, yielders) are never boosted: they wait for their turn, by virtual
+    /// runtime standing in for credit.
+    Credit,
+}
+
 /// The physical host and its scheduler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -84,7 +101,10 @@ pub struct HostCfg {
     pub pcpus: u32,
     #[serde(default = "one32")]
     pub sockets: u32,
-    /// Host scheduler time slice for vCPUs (the EEVDF slice).
+    /// Which host scheduler decides what each pCPU runs.
+    #[serde(default)]
+    pub scheduler: HostScheduler,
+    /// Host scheduler time slice for vCPUs (the EEVDF slice; Xen credit's `tslice`).
     #[serde(default = "slice")]
     pub slice_us: f64,
     /// Each host slice drawn uniformly within +-this per mille of `slice_us` (0: every slice
@@ -94,7 +114,7 @@ pub struct HostCfg {
     #[serde(default)]
     pub slice_jitter_pm: u32,
     /// A waking vCPU preempts the running one when its virtual runtime is behind by more than
-    /// the wakeup granularity.
+    /// the wakeup granularity (the fair scheduler's rule; credit has its own, `HostScheduler`).
     #[serde(default = "yes")]
     pub wakeup_preemption: bool,
     #[serde(default = "gran")]

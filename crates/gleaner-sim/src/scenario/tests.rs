@@ -31,6 +31,15 @@ fn unknown_key_is_named() {
 }
 
 #[test]
+fn the_host_scheduler_is_fair_unless_named_and_an_unknown_one_is_refused() {
+    assert_eq!(parse(MIN, "test").expect("valid").host.scheduler, HostScheduler::Fair);
+    let s = parse(&MIN.replace("pcpus = 4", "pcpus = 4\nscheduler = \"credit\""), "test").expect("valid");
+    assert_eq!(s.host.scheduler, HostScheduler::Credit);
+    let b = err_of(&MIN.replace("pcpus = 4", "pcpus = 4\nscheduler = \"xen\""));
+    assert!(b.value.contains("xen") && b.value.contains("`credit`"), "{b}");
+}
+
+#[test]
 fn zero_cpus_and_overpinning_are_refused() {
     assert_eq!(err_of(&MIN.replace("pcpus = 4", "pcpus = 0")).what, "host.pcpus");
     let b = err_of(&MIN.replace("pcpus = 4", "pcpus = 4\nslice_jitter_pm = 1001"));
