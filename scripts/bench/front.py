@@ -176,7 +176,8 @@ def run_peer(peer, prefix, cmd, knobs):
             time.sleep(0.05)
         b0, p0 = cpu_now()
         t0 = time.monotonic()
-        p = subprocess.run(prefix + cmd, capture_output=True, text=True)
+        # A program may write bytes that are not UTF-8 (a compressor to stdout): kept, replaced.
+        p = subprocess.run(prefix + cmd, capture_output=True, text=True, errors="replace")
         wall = time.monotonic() - t0
         b1, p1 = cpu_now()
     finally:
