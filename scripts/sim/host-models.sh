@@ -4,8 +4,9 @@
 #   fair, drifting  `host.slice_jitter_pm = 500` and, as EEVDF has, no wakeup granularity
 #   credit          Xen's credit scheduler (`host.scheduler = "credit"`, 30 ms slices)
 #   credit, drifting  the same with slices +-10%
-# fig7 gains two variants here, the paper's Gleaner split into its halves: retention alone and
-# consolidation alone (`guest = "retention"` / `"consolidation"`, `govern = false`).
+# fig7 gains the paper's Gleaner split into its halves (retention alone, consolidation alone)
+# and the idle policies haltpoll, poll and naive (always-on yielders), and runs at 64 vCPUs too;
+# vm-matrix-scale gains poll.
 # docs/sim.md, "A retained vCPU next to a co-runner", "On Xen's credit scheduler" and "Where
 # consolidation pays", cites its output.
 #   scripts/sim/host-models.sh [GLEANER]      (default: target/release/gleaner)
@@ -24,23 +25,32 @@ host() {
   esac
   sed "s/^pcpus = \(.*\)$/pcpus = \1\n$keys/" "$2" > "$3"
 }
-# halves SCENARIO OUT: fig7 with the retention-only and consolidation-only variants.
-halves() {
-  awk '/^\[\[case\]\]/ && !done {
-    for (g = 1; g <= 2; g++) {
-      name = g == 1 ? "retention" : "consolidation"
-      printf "[[variant]]\nname = \"%s\"\nguest = \"%s\"\nhost_halt_poll = false\ngleaner = { govern = false }\n\n", name, name
-    }
-    done = 1
-  } { print }' "$1" > "$2"
+# more SCENARIO OUT VARIANT...: the scenario with these variants before its first case:
+# retention and consolidation (the paper's Gleaner split into its halves), haltpoll, poll, and
+# naive (always-on yielders that never time out).
+more() {
+  local src=$1 out=$2 add="" v
+  shift 2
+  for v in "$@"; do
+    case $v in
+      retention | consolidation) add+="[[variant]]\nname = \"$v\"\nguest = \"$v\"\nhost_halt_poll = false\ngleaner = { govern = false }\n\n" ;;
+      haltpoll | poll) add+="[[variant]]\nname = \"$v\"\nguest = \"$v\"\nhost_halt_poll = false\n\n" ;;
+      naive) add+="[[variant]]\nname = \"naive\"\nguest = \"retention\"\nhost_halt_poll = false\n[variant.gleaner]\ngovern = false\n[variant.gleaner.retention]\ntimeout_ns = 1000000000000\nadapt = false\n\n" ;;
+    esac
+  done
+  awk -v add="$add" '/^\[\[case\]\]/ && !done { printf "%s", add; done = 1 } { print }' "$src" > "$out"
 }
 cal=docs/data/current/vm-matrix/vm1/calibration.json
-halves crates/gleaner-sim/scenarios/fig7.toml "$tmp/fig7.toml"
-runs=("$tmp/fig7.toml" "scripts/sim/vm-matrix-scale.toml --from-calibration $cal")
+more crates/gleaner-sim/scenarios/fig7.toml "$tmp/fig7.toml" retention consolidation haltpoll poll naive
+# fig7 at 64 vCPUs: both VMs and the host four times as large.
+sed 's/^pcpus = 16$/pcpus = 64/; s/^vcpus = 16$/vcpus = 64/' "$tmp/fig7.toml" > "$tmp/fig7-64.toml"
+more scripts/sim/vm-matrix-scale.toml "$tmp/vm-matrix-scale.toml" poll
+runs=("$tmp/fig7.toml" "$tmp/fig7-64.toml" "$tmp/vm-matrix-scale.toml --from-calibration $cal")
 for model in drifting credit credit-drifting; do
   host $model "$tmp/fig7.toml" "$tmp/fig7-$model.toml"
-  host $model scripts/sim/vm-matrix-scale.toml "$tmp/vm-matrix-scale-$model.toml"
-  runs+=("$tmp/fig7-$model.toml" "$tmp/vm-matrix-scale-$model.toml --from-calibration $cal")
+  host $model "$tmp/fig7-64.toml" "$tmp/fig7-64-$model.toml"
+  host $model "$tmp/vm-matrix-scale.toml" "$tmp/vm-matrix-scale-$model.toml"
+  runs+=("$tmp/fig7-$model.toml" "$tmp/fig7-64-$model.toml" "$tmp/vm-matrix-scale-$model.toml --from-calibration $cal")
 done
 for run in "${runs[@]}"; do
   echo "== gleaner sim ${run/$tmp\//} --no-timing"
