@@ -30,6 +30,17 @@ fn table2_ordering_and_values() {
     assert!(native("C") < c, "VM is slower than PM");
 }
 
+/// `scripts/sim/table2-hosts.toml`'s text.
+fn table2_hosts() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/sim/table2-hosts.toml");
+    std::fs::read_to_string(path).expect("scripts/sim/table2-hosts.toml")
+}
+
+/// The first variant's first VM's wake-up latency in case `c`.
+fn lat(r: &Report, c: &str) -> gleaner_sim::stats::LatencySummary {
+    case(r, c).variants[0].vms[0].wake_latency
+}
+
 /// Table 2's D and E on an EEVDF-like host (`scripts/sim/table2-hosts.toml`: no wakeup
 /// granularity, a 4 ms tick's slices drawn +-50%, a round every 1 ms as `gleaner bench wakeup`
 /// runs them): a vCPU kept from halting next to a co-runner waits for its turn, half the time
@@ -39,10 +50,8 @@ fn table2_ordering_and_values() {
 /// vCPUs: the built-in table2's E (a closed ping-pong) never waits.
 #[test]
 fn on_an_eevdf_host_a_retained_vcpu_waits_for_its_turn() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/sim/table2-hosts.toml");
-    let text = std::fs::read_to_string(path).expect("scripts/sim/table2-hosts.toml");
+    let text = table2_hosts();
     let r = run_text("table2-hosts", &text, None, false).expect("runs");
-    let lat = |r: &Report, c: &str| case(r, c).variants[0].vms[0].wake_latency;
     let (d, e, lockstep) = (lat(&r, "D"), lat(&r, "E"), lat(&r, "E-lockstep"));
     let slice_us = 4000.0;
     assert!(e.mean_us > 5.0 * d.mean_us, "E {} us against D {} us", e.mean_us, d.mean_us);
@@ -61,10 +70,8 @@ fn on_an_eevdf_host_a_retained_vcpu_waits_for_its_turn() {
 /// figure is the boost's.
 #[test]
 fn on_a_credit_host_a_woken_vcpu_is_boosted_and_a_retained_one_waits_for_a_slice() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/sim/table2-hosts.toml");
-    let text = std::fs::read_to_string(path).expect("scripts/sim/table2-hosts.toml");
+    let text = table2_hosts();
     let r = run_text("table2-hosts", &text, None, false).expect("runs");
-    let lat = |r: &Report, c: &str| case(r, c).variants[0].vms[0].wake_latency;
     let (d, e) = (lat(&r, "D-credit"), lat(&r, "E-credit"));
     assert!(d.p99_us <= 1100.0, "D on credit: p99 {} us, more than the rate limit and a wake", d.p99_us);
     assert!(d.p50_us <= 1.1 * lat(&r, "D").p50_us, "D on credit: p50 {} us against fair's {}", d.p50_us, lat(&r, "D").p50_us);
