@@ -32,11 +32,14 @@
 //!              through the (short) first period as far as the cost measured over those
 //!              allows (slice_more, again at each doubling), the second MIN_SLICE (the first period's rate is a
 //!              start-up's); MIN_SLICE .. the period
-//!  end_slice   pause (resident) or detach; detach for cost at once where the slice's event
-//!              rate says the paused programs would cost over RESIDENT_SHARE
+//!  end_slice   pause (resident) or detach; detach for cost where the slice's event rate
+//!              says the paused programs would cost over RESIDENT_SHARE, the second reading
+//!              over it in a row (CostStrikes: this prediction or a paused stretch's measure;
+//!              none in the first period, whose rate is a start-up's)
 //!  read_period read (cumulative) - last read = the slice's trace; the programs' run time
 //!              over it sets the next slices
-//!  each period the paused programs' cost over it: above RESIDENT_SHARE, detach, and detach
+//!  each period the paused programs' cost over it: above RESIDENT_SHARE (the second reading
+//!              over it in a row), detach, and detach
 //!              at each slice's end for the next RETRY_SLICES slices (doubling at each
 //!              detach for cost), then until a slice's event rate says pausing fits
 //! ```
@@ -51,7 +54,8 @@ use gleaner_os::cpuset::CpuSet;
 use gleaner_os::idle::IdleOffer;
 pub use gleaner_policy::guest::tracer::MIN_SLICE;
 use gleaner_policy::guest::tracer::{
-    counting_share, first_slice_rest, pausing_costs_too_much, pausing_fits, retry_after, share_of, slice_for, EVERY, RESIDENT_SHARE,
+    counting_share, first_slice_rest, pausing_costs_too_much, pausing_fits, retry_after, share_of, slice_for, CostStrikes, EVERY,
+    RESIDENT_SHARE,
 };
 use gleaner_policy::guest::TraceNeed;
 use gleaner_policy::idle::WakeTrace;
@@ -99,6 +103,10 @@ pub struct Tracing {
     detached_slices: u64,
     /// Times they were.
     cost_detaches: u64,
+    /// The paused programs' cost readings over the bound in a row, and the periods ended:
+    /// the first period's readings are a start-up's and count for no strike.
+    strikes: CostStrikes,
+    periods_ended: u64,
     /// The workload's processes the programs were last armed with (`None`: every task
     /// counted, or not armed yet).
     armed: Option<std::collections::BTreeSet<i32>>,
@@ -135,6 +143,8 @@ impl Tracing {
             paused_at: None,
             detached_slices: 0,
             cost_detaches: 0,
+            strikes: CostStrikes::default(),
+            periods_ended: 0,
             armed: None,
             pending: None,
         };
@@ -259,10 +269,11 @@ impl Tracing {
                 self.event_rate = Some(rate);
                 self.counting_ns_per_run = c.ns_per_run();
                 // A switch storm the paused programs would cost more than RESIDENT_SHARE in:
-                // detach now rather than after a whole period of paying for them
-                // (`check_paused` would, at its end). Counting slows a storm, so the slice's
+                // detach at this slice's end rather than after a whole period of paying for
+                // them (`check_paused` would, at its end), on the second reading over the
+                // bound in a row (one may be a burst). Counting slows a storm, so the slice's
                 // rate understates the paused one: this errs towards pausing.
-                if self.resident && pausing_costs_too_much(rate, self.paused_at) {
+                if self.resident && self.periods_ended > 0 && self.strikes.record(pausing_costs_too_much(rate, self.paused_at)) {
                     tracing::debug!(
                         rate,
                         "tracer: the slice's event rate would make the paused programs cost too much; detaching between slices"
@@ -283,7 +294,7 @@ impl Tracing {
     }
 
     /// Measures what the paused programs cost since the last measure; detaches them, and
-    /// stops pausing, when that is above [`RESIDENT_SHARE`].
+    /// stops pausing, when that is above [`RESIDENT_SHARE`] for the second reading in a row.
     fn check_paused(&mut self) {
         let Some(t) = self.tracer.as_mut() else { return };
         if !t.attached() || t.counting() {
@@ -303,7 +314,7 @@ impl Tracing {
         self.event_rate = Some(rate);
         let share = share_of(d.run_time_ns, wall);
         self.paused_share = share;
-        if share > RESIDENT_SHARE {
+        if self.periods_ended > 0 && self.strikes.record(share > RESIDENT_SHARE) {
             tracing::debug!(
                 share,
                 wall_us = u64::try_from(wall.as_micros()).unwrap_or(u64::MAX),
@@ -373,6 +384,7 @@ impl Tracing {
     /// a trace; the managed processes (`pids`, listed only then) are refreshed before attaching.
     pub fn arm_next(&mut self, pids: impl FnOnce() -> Vec<i32>, workload: bool, need: TraceNeed) {
         self.check_paused();
+        self.periods_ended += 1;
         if need != TraceNeed::Skip {
             self.load();
         }

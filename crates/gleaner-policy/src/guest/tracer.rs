@@ -141,6 +141,34 @@ pub fn pausing_costs_too_much(rate: f64, paused: Option<(f64, f64)>) -> bool {
     rate * paused_ns_at(rate, paused) / 1e9 > RESIDENT_SHARE
 }
 
+/// The paused programs' cost readings over [`RESIDENT_SHARE`] in a row: a slice's prediction
+/// ([`pausing_costs_too_much`]) or a paused stretch's measure. Two detach; one can be a burst
+/// that passes (a light open loop at 50 requests/s was detached by one, now and then, in
+/// full test-suite runs: its start-up, or the machine's own switching over a short
+/// stretch), while a storm is over at every reading.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CostStrikes(u32);
+
+impl CostStrikes {
+    /// Readings over the bound in a row that detach the programs.
+    pub const TO_DETACH: u32 = 2;
+
+    /// Records a reading (`over`: above the bound); true when it is the one that detaches
+    /// (the count then starts again).
+    pub fn record(&mut self, over: bool) -> bool {
+        if !over {
+            self.0 = 0;
+            return false;
+        }
+        self.0 += 1;
+        if self.0 >= Self::TO_DETACH {
+            self.0 = 0;
+            return true;
+        }
+        false
+    }
+}
+
 /// What a paused program costs an event at `rate` events a second, from a paused stretch's
 /// measure (`paused`: its rate and ns an event): that measure where it was taken at half this
 /// rate or more; otherwise no more than [`PAUSED_NS_GUESS`]. An event's cost falls as the
@@ -264,6 +292,19 @@ mod tests {
         assert!(!pausing_costs_too_much(16_000.0, Some((500.0, 207.0))));
         assert!(pausing_costs_too_much(700_000.0, Some((500.0, 207.0))));
         assert_eq!(paused_ns_at(16_000.0, Some((500.0, 40.0))), 40.0);
+    }
+
+    #[test]
+    fn one_reading_over_the_bound_is_a_burst_two_in_a_row_detach() {
+        let mut s = CostStrikes::default();
+        // A burst between light readings never detaches.
+        for over in [true, false, true, false, false, true] {
+            assert!(!s.record(over), "{over}");
+        }
+        // Two in a row do, and the count starts again after.
+        assert!(s.record(true));
+        assert!(!s.record(true));
+        assert!(s.record(true));
     }
 
     #[test]
