@@ -74,6 +74,8 @@ fn on_a_credit_host_a_woken_vcpu_is_boosted_and_a_retained_one_waits_for_a_slice
     let r = run_text("table2-hosts", &text, None, false).expect("runs");
     let (d, e) = (lat(&r, "D-credit"), lat(&r, "E-credit"));
     assert!(d.p99_us <= 1100.0, "D on credit: p99 {} us, more than the rate limit and a wake", d.p99_us);
+    // ... and the rate limit binds: the co-runner keeps the pCPU it got under 1 ms before.
+    assert!(d.p99_us >= 500.0, "D on credit: p99 {} us, as if there were no rate limit", d.p99_us);
     assert!(d.p50_us <= 1.1 * lat(&r, "D").p50_us, "D on credit: p50 {} us against fair's {}", d.p50_us, lat(&r, "D").p50_us);
     assert!(e.p99_us >= 10_000.0, "E on credit: p99 {} us, not a co-runner's 30 ms slice", e.p99_us);
     // The same D on the fair host with wakeup preemption off: the woken vCPU waits its turn.

@@ -103,10 +103,8 @@ pub struct Tracing {
     detached_slices: u64,
     /// Times they were.
     cost_detaches: u64,
-    /// The paused programs' cost readings over the bound in a row, and the periods ended:
-    /// the first period's readings are a start-up's and count for no strike.
+    /// The paused programs' cost readings over the bound in a row.
     strikes: CostStrikes,
-    periods_ended: u64,
     /// The workload's processes the programs were last armed with (`None`: every task
     /// counted, or not armed yet).
     armed: Option<std::collections::BTreeSet<i32>>,
@@ -144,7 +142,6 @@ impl Tracing {
             detached_slices: 0,
             cost_detaches: 0,
             strikes: CostStrikes::default(),
-            periods_ended: 0,
             armed: None,
             pending: None,
         };
@@ -273,7 +270,7 @@ impl Tracing {
                 // them (`check_paused` would, at its end), on the second reading over the
                 // bound in a row (one may be a burst). Counting slows a storm, so the slice's
                 // rate understates the paused one: this errs towards pausing.
-                if self.resident && self.periods_ended > 0 && self.strikes.record(pausing_costs_too_much(rate, self.paused_at)) {
+                if self.resident && self.strikes.record(pausing_costs_too_much(rate, self.paused_at)) {
                     tracing::debug!(
                         rate,
                         "tracer: the slice's event rate would make the paused programs cost too much; detaching between slices"
@@ -314,7 +311,7 @@ impl Tracing {
         self.event_rate = Some(rate);
         let share = share_of(d.run_time_ns, wall);
         self.paused_share = share;
-        if self.periods_ended > 0 && self.strikes.record(share > RESIDENT_SHARE) {
+        if self.strikes.record(share > RESIDENT_SHARE) {
             tracing::debug!(
                 share,
                 wall_us = u64::try_from(wall.as_micros()).unwrap_or(u64::MAX),
@@ -384,7 +381,7 @@ impl Tracing {
     /// a trace; the managed processes (`pids`, listed only then) are refreshed before attaching.
     pub fn arm_next(&mut self, pids: impl FnOnce() -> Vec<i32>, workload: bool, need: TraceNeed) {
         self.check_paused();
-        self.periods_ended += 1;
+        self.strikes.period_ended();
         if need != TraceNeed::Skip {
             self.load();
         }

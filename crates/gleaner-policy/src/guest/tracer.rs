@@ -145,24 +145,36 @@ pub fn pausing_costs_too_much(rate: f64, paused: Option<(f64, f64)>) -> bool {
 /// ([`pausing_costs_too_much`]) or a paused stretch's measure. Two detach; one can be a burst
 /// that passes (a light open loop at 50 requests/s was detached by one, now and then, in
 /// full test-suite runs: its start-up, or the machine's own switching over a short
-/// stretch), while a storm is over at every reading.
+/// stretch), while a storm is over at every reading. No reading of the first period counts:
+/// its rate is a start-up's (the tracer's second slice is sized afresh for that reason too).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CostStrikes(u32);
+pub struct CostStrikes {
+    over: u32,
+    past_start: bool,
+}
 
 impl CostStrikes {
     /// Readings over the bound in a row that detach the programs.
     pub const TO_DETACH: u32 = 2;
 
+    /// A period ended: readings from now on count.
+    pub fn period_ended(&mut self) {
+        self.past_start = true;
+    }
+
     /// Records a reading (`over`: above the bound); true when it is the one that detaches
     /// (the count then starts again).
     pub fn record(&mut self, over: bool) -> bool {
-        if !over {
-            self.0 = 0;
+        if !self.past_start {
             return false;
         }
-        self.0 += 1;
-        if self.0 >= Self::TO_DETACH {
-            self.0 = 0;
+        if !over {
+            self.over = 0;
+            return false;
+        }
+        self.over += 1;
+        if self.over >= Self::TO_DETACH {
+            self.over = 0;
             return true;
         }
         false
@@ -297,6 +309,11 @@ mod tests {
     #[test]
     fn one_reading_over_the_bound_is_a_burst_two_in_a_row_detach() {
         let mut s = CostStrikes::default();
+        // The first period's readings, a start-up's, count for nothing.
+        for _ in 0..3 {
+            assert!(!s.record(true));
+        }
+        s.period_ended();
         // A burst between light readings never detaches.
         for over in [true, false, true, false, false, true] {
             assert!(!s.record(over), "{over}");
