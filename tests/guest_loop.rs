@@ -3,8 +3,9 @@
 //! fixture) and the simulator's (`Engine::kernel_poll_apply`, through `gleaner_sim::knob_probe`)
 //! must carry out alike, step by step: the haltpoll cap, the vCPUs polling until work,
 //! shrinking, and whether each vCPU's own window was reset. The readings go through a
-//! ping-pong, a quiet stretch, a saturated one and a light server, so that every kind of
-//! change happens (checked at the end).
+//! ping-pong, a quiet stretch, a saturated one (once moving bytes, so that the ladder probes
+//! the yielders, under which both leave the kernel as found) and a light server, so that every
+//! kind of change happens (checked at the end).
 
 use std::fs;
 use std::path::Path;
@@ -20,7 +21,8 @@ use gleaner_os::testutil::HaltpollSysfs;
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 use gleaner_policy::guest::setup::{self, Offer, Prior, SetupInput};
 use gleaner_policy::guest::{GuestController, GuestReading, StartConfig, VcpuIdle, WindowReset};
-use gleaner_policy::idle::{CurvePoint, Log2Hist, PlanConfig, TraceSource, WakeCurve, WakeTrace};
+use gleaner_policy::idle::plan::ALWAYS;
+use gleaner_policy::idle::{CurvePoint, IdlePlan, Log2Hist, Mechanism, PlanConfig, TraceSource, WakeCurve, WakeTrace};
 use gleaner_policy::retention::{GovernorConfig, WorkloadIo};
 use gleaner_sim::knob_probe::{KnobProbe, KnobView};
 
@@ -130,8 +132,13 @@ fn the_agents_and_the_simulators_adapters_carry_out_the_same_steps() {
     for v in &mut stale.idle {
         v.poll_ns = PERIOD * 9 / 10;
     }
-    let phases = [(&pingpong, 12), (&quiet, 8), (&saturated, 10), (&server, 14), (&pingpong, 10), (&server, 6), (&stale, 6)];
+    // Saturated with its work measured (bytes moved): the upper level is the yielders, probed
+    // from the first periods, under which the kernel is as found.
+    let mut moving = saturated.clone();
+    moving.io = WorkloadIo { bytes: 100_000_000, calls: 200_000 };
+    let phases = [(&pingpong, 12), (&quiet, 8), (&saturated, 10), (&server, 14), (&pingpong, 10), (&moving, 10), (&server, 6), (&stale, 6)];
     let mut seen = Vec::new();
+    let mut yielded = 0;
     for (k, r) in phases.iter().flat_map(|(r, n)| std::iter::repeat_n(*r, *n)).enumerate() {
         let s = g.step(r);
         stamp(d.path());
@@ -139,8 +146,16 @@ fn the_agents_and_the_simulators_adapters_carry_out_the_same_steps() {
         let a = agent_view(d.path());
         let b = sim.apply(&s.plan, s.mode.is_on(), s.reset_poll_windows);
         assert_eq!(a, b, "period {k}: the adapters disagree on {:?} ({:?}, reset {:?})", s.plan, s.mode, s.reset_poll_windows);
+        if s.plan.vcpus.iter().any(|v| v.mechanism == Mechanism::Yield) {
+            // Both adapters give the yielders their windows from the plan (`yield_window`).
+            assert_eq!(s.plan, IdlePlan::yield_always([0, 1]), "period {k}");
+            assert!((0..2).all(|c| s.plan.yield_window(c, s.mode.is_on()) == ALWAYS), "period {k}: {:?}", s.plan);
+            assert_eq!((a.cap_ns, a.always.len()), (0, 0), "period {k}: the kernel as found under the yielders");
+            yielded += 1;
+        }
         seen.push((a, s.reset_poll_windows));
     }
+    assert!(yielded > 0, "the yielders were probed on the saturated VM that moves bytes");
     // Every kind of change was carried out: a window, polling until work, the machine's own
     // settings, a shrink and a reset.
     assert!(seen.iter().any(|(v, _)| v.cap_ns > 0), "{seen:?}");

@@ -690,8 +690,12 @@ impl GuestController {
     /// is forced, Planned is Off; a plan that already covers everything is Wide).
     fn choose_level(&mut self, reading: &EpochReading, planned: &IdlePlan) -> (IdlePlan, Option<Rung>, Option<GovernorStep>) {
         let off = IdlePlan::off(self.cfg.cpus.iter().copied());
+        let yields = self.wide_yields();
+        self.ladder.set_wide_yields(yields);
         let wide = self.wide_plan(planned);
-        let ladder = self.ladder.step(reading, !planned.runs_as(&off), !planned.runs_as(&wide));
+        // The yielders are compared by the work alone: where it is not measured, not at all.
+        let distinct_high = !planned.runs_as(&wide) && (!yields || self.work_measured(reading));
+        let ladder = self.ladder.step(reading, !planned.runs_as(&off), distinct_high);
         let (rung, governor) = ladder.governor.map_or((None, None), |(r, g)| (Some(r), Some(g)));
         self.mode = ladder.mode;
         let plan = match self.mode {
@@ -825,13 +829,31 @@ impl GuestController {
         p
     }
 
+    /// Wide is the yielders: the machine has them beside kernel polling, and the workload
+    /// leaves the kernel nothing to poll ([`Self::plan_forced`]), so the one retention that
+    /// can still change its run is a thread holding each idle moment ([`ladder`]).
+    fn wide_yields(&self) -> bool {
+        self.cfg.means.yielders && self.cfg.means.kernel_polling() && self.plan_forced()
+    }
+
+    /// The epoch's work was measured (the user's counter, or the bytes a comparison counts:
+    /// [`GovernorConfig::min_io_bytes`] a full period): the yielders can be compared by it.
+    fn work_measured(&self, r: &EpochReading) -> bool {
+        let min = self.cfg.governor.map_or(u64::MAX, |g| g.min_io_bytes) as f64;
+        r.counter.is_some() || r.io.bytes as f64 >= min * r.duration_ns as f64 / self.cfg.period_ns.max(1) as f64
+    }
+
     /// The ladder's top level: the planner with no price and none of its rules (no
     /// bottleneck, no saturation), within the budget and the VM share: every idle period
-    /// whose halt would cost anything is covered. Before the workload is seen, the start
-    /// plan, as Planned (nothing to compare yet).
+    /// whose halt would cost anything is covered; on a saturated VM with yielders beside
+    /// kernel polling, a yielder on every vCPU ([`Self::wide_yields`]). Before the workload is
+    /// seen, the start plan, as Planned (nothing to compare yet).
     fn wide_plan(&self, planned: &IdlePlan) -> IdlePlan {
         if !self.informed || self.cfg.fixed_yield_ns.is_some() {
             return planned.clone();
+        }
+        if self.ladder.wide_yields() {
+            return IdlePlan::yield_always(self.cfg.cpus.iter().copied());
         }
         let cfg = PlanConfig { price: 0.0, bottleneck_idle_share: 0.0, ..self.cfg.plan };
         let mut p = self.plan_with(&cfg);

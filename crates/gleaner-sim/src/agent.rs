@@ -202,7 +202,9 @@ impl Engine {
             self.retention_apply(vm, step.mode.is_on(), &windows, hold);
         }
         if self.vms[vmi].kpoll.is_some() {
-            self.kernel_poll_apply(vm, step.mode.is_on(), &step.plan, true, step.reset_poll_windows);
+            // The period is counted once: by the yielders' apply where they run beside.
+            let count = !self.has_yielders(vmi);
+            self.kernel_poll_apply(vm, step.mode.is_on(), &step.plan, count, step.reset_poll_windows);
         }
         self.vms[vmi].period_start = self.now;
         self.q.push(self.now + step.next_period_ns, Ev::GleanerPeriod { vm });
@@ -333,7 +335,7 @@ impl Engine {
     }
 
     /// Applies the plan's kernel polling as the agent does (`IdleActuator::apply`): with
-    /// retention on and a plan that retains, the haltpoll window fixed at `poll_window_ns`
+    /// retention on and a plan that polls, the haltpoll window fixed at `poll_window_ns`
     /// (`reset`: a shrink turns shrinking to nothing on until the next apply, so a vCPU's next
     /// halt longer than the cap zeroes its own window; a switch sets every vCPU's own window back
     /// to 0, the governor switched away and back, no polling for [`GOVERNOR_SWITCH_NS`]; a
@@ -349,7 +351,8 @@ impl Engine {
             self.vms[vmi].periods += 1;
             self.vms[vmi].retain_periods += u64::from(on);
         }
-        let retains = on && plan.retains();
+        // A plan in which nothing polls (every vCPU halts, or yields) leaves the kernel as found.
+        let retains = on && plan.polls();
         let cap = if retains { plan.poll_window_ns } else { 0 };
         let always: Vec<bool> = (0..n).map(|i| retains && plan.poll_always.contains(&i)).collect();
         let Some(kp) = self.vms[vmi].kpoll.as_mut() else { return };

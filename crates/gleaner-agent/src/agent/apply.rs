@@ -12,6 +12,8 @@
 //!                        reset Switch   -> cpuidle governor away and back (windows to 0)
 //!                        poll_always    -> cpuN resume latency n/a  (others: their original)
 //!                        Yield windows  -> Yielders::set_windows    (0 parks a thread)
+//!  nothing polls         (every vCPU halts, or yields: Wide on a saturated VM) the kernel's
+//!                        knobs as for retention off
 //!  retention off         every knob back to what the agent found (stock); threads parked;
 //!                        reset Switch -> windows to 0 where restoring the cap did not
 //! ```
@@ -58,7 +60,9 @@ impl IdleActuator {
     /// a shrink did not reach. An error leaves what was written written (the journal restores
     /// it) and says which knob.
     pub fn apply(&mut self, journal: &mut StateFile, plan: &IdlePlan, on: bool, reset: WindowReset) -> anyhow::Result<()> {
-        if !on || !plan.retains() {
+        if !on || !plan.polls() {
+            // Nothing polls (every vCPU halts, or yields: the ladder's Wide on a saturated
+            // VM): the kernel as found.
             return self.back_to_stock(journal, reset == WindowReset::Switch).map(drop);
         }
         let offer = self.writer.offer().clone();
@@ -175,9 +179,14 @@ mod tests {
         a.apply(&mut journal, &plan(32_768), true, WindowReset::Shrink).unwrap();
         assert_eq!((p("guest_halt_poll_ns"), p("guest_halt_poll_allow_shrink")), ("32768".into(), "Y".into()));
         a.apply(&mut journal, &IdlePlan::halt([0, 1]), true, WindowReset::Keep).unwrap();
-        assert_eq!(
-            (p("guest_halt_poll_ns"), p("guest_halt_poll_grow_start"), p("guest_halt_poll_allow_shrink"), p("guest_halt_poll_shrink")),
-            ("200000".into(), "50000".into(), "Y".into(), "2".into())
-        );
+        let upstream = ("200000".into(), "50000".into(), "Y".into(), "2".into());
+        let params =
+            || (p("guest_halt_poll_ns"), p("guest_halt_poll_grow_start"), p("guest_halt_poll_allow_shrink"), p("guest_halt_poll_shrink"));
+        assert_eq!(params(), upstream);
+        // The yielders on every vCPU (Wide on a saturated VM): the kernel as found too.
+        a.apply(&mut journal, &plan(65_536), true, WindowReset::Keep).unwrap();
+        assert_ne!(params(), upstream);
+        a.apply(&mut journal, &IdlePlan::yield_always([0, 1]), true, WindowReset::Keep).unwrap();
+        assert_eq!(params(), upstream);
     }
 }

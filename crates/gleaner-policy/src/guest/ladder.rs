@@ -20,6 +20,16 @@
 //! everything Wide would) is not probed: its comparison would be of a plan with itself. So
 //! no rule forbids a level: the rules shape Planned, and Wide, which ignores them, is always
 //! one probe away, probed late and ever more rarely while the answer holds.
+//!
+//! On a VM the workload saturates, kernel polling has nothing to catch, and Wide is the
+//! yielders instead ([`Ladder::set_wide_yields`]): a `SCHED_IDLE` thread on every vCPU, the
+//! kernel's idle settings as found. Yielders change how such a workload is scheduled, not how
+//! fast a wakeup is: they helped some message-passing programs and cost others (a POSIX
+//! message queue and a pipe program ran 12-13% faster, a context-switch one 40% slower). The
+//! upper governor then judges by the work alone (`work_progress_only`: under the yielders the
+//! message queue program made half the context switches, so sync points would call its gain
+//! a loss) and probes from the first periods (a saturated workload's probe is cheap: there is
+//! no idle time for the yielders to burn, and its comparisons are not traced).
 
 use crate::retention::{GovernorConfig, GovernorState, GovernorStep, Phase, PriorStrength, RetentionGovernor, RetentionMode, Verdict};
 
@@ -70,6 +80,11 @@ pub struct Ladder {
     last: Rung,
     /// The level without governors.
     prior: RetentionMode,
+    /// The upper governor's configuration, its latency gains priced at the planner's price
+    /// (kept to rebuild it when Wide changes its meaning).
+    high_cfg: Option<GovernorConfig>,
+    /// Wide is the yielders (a saturated VM), not the planner at no price.
+    wide_yields: bool,
     /// Probing's cost so far ([`Self::probe_time`]).
     probes: ProbeTime,
     pending: Option<PendingProbe>,
@@ -82,22 +97,59 @@ impl Ladder {
     pub fn new(cfg: Option<GovernorConfig>, prior: RetentionMode, strength: PriorStrength, wide: bool, price: f64) -> Self {
         let low_prior = if prior == RetentionMode::Off { RetentionMode::Off } else { RetentionMode::On };
         let high_prior = if prior == RetentionMode::Wide { RetentionMode::On } else { RetentionMode::Off };
+        let high_cfg = cfg.filter(|_| wide).map(|g| GovernorConfig { latency_price: price, ..g });
         Self {
             low: cfg.map(|g| RetentionGovernor::with_prior(g, low_prior, strength)),
-            high: cfg
-                .filter(|_| wide)
-                // Wide is probed late and rarely from the start (the first probe after
-                // `probe_every_max` periods): a probe and the two traced epochs around it cost a
-                // saturated workload a traced switch storm and its polling (xz -T2 ran 1.4% and
-                // `sysbench threads` 1.6% slower than stock with the first probe after 4
-                // periods, scripts/bench/front-matrix.sh), and Planned is the
-                // planner's own answer until evidence says otherwise.
-                .map(|g| RetentionGovernor::with_prior(GovernorConfig { latency_price: price, ..g }, high_prior, PriorStrength::Confident)),
+            high: high_cfg.map(|g| Self::high_governor(g, high_prior, false)),
+            high_cfg,
+            wide_yields: false,
             last: Rung::High,
             prior,
             probes: ProbeTime::default(),
             pending: None,
         }
+    }
+
+    /// The upper governor from `prior`. Wide as the planner at no price is probed late and
+    /// rarely from the start (the first probe after `probe_every_max` periods): a probe and the
+    /// two traced epochs around it cost a saturated workload a traced switch storm and its
+    /// polling (xz -T2 ran 1.4% and `sysbench threads` 1.6% slower than stock with the first
+    /// probe after 4 periods, scripts/bench/front-matrix.sh), and Planned is the planner's own
+    /// answer until evidence says otherwise. Wide as the yielders (`yields`) is probed from the
+    /// first periods, every other period until an answer holds: no prior says what they do to
+    /// a saturated workload, its comparisons are untraced, and a program of a few seconds must
+    /// see three of them to gain anything; it is judged by the work alone (module
+    /// documentation).
+    fn high_governor(cfg: GovernorConfig, prior: RetentionMode, yields: bool) -> RetentionGovernor {
+        if yields {
+            let cfg = GovernorConfig { probe_every_min: 1, work_progress_only: true, ..cfg };
+            RetentionGovernor::with_prior(cfg, prior, PriorStrength::Plain)
+        } else {
+            RetentionGovernor::with_prior(cfg, prior, PriorStrength::Confident)
+        }
+    }
+
+    /// Says what Wide is from now on: the yielders (`true`: the workload saturates the VM,
+    /// so kernel polling has nothing to catch) or the planner at no price. A change of
+    /// meaning starts the upper governor over at Planned: what it measured, and a baseline
+    /// at Wide, were of the other Wide.
+    pub fn set_wide_yields(&mut self, yields: bool) {
+        if yields == self.wide_yields {
+            return;
+        }
+        self.wide_yields = yields;
+        if let Some(g) = self.high_cfg {
+            let mut high = Self::high_governor(g, RetentionMode::Off, yields);
+            // The epoch read next ran under the old Wide: a clean baseline epoch follows it.
+            high.delay_first_probe(2);
+            self.high = Some(high);
+            self.pending = self.pending.filter(|p| p.rung != Rung::High);
+        }
+    }
+
+    /// Wide is the yielders ([`Self::set_wide_yields`]).
+    pub fn wide_yields(&self) -> bool {
+        self.wide_yields
     }
 
     fn governor(&self, r: Rung) -> Option<&RetentionGovernor> {

@@ -128,8 +128,9 @@ pub struct Setup {
     /// The adapter drives the kernel's idle knobs.
     pub kernel: bool,
     /// The yielding threads the adapter starts, with their configuration (their window:
-    /// `guest.fixed_yield_ns`, else 0: parked until the plan gives one); `None`: none (kernel
-    /// polling serves, or no retention).
+    /// `guest.fixed_yield_ns`, else 0: parked until the plan gives one); `None`: none (no
+    /// retention, or kernel polling serves and no governor runs the ladder, whose Wide level
+    /// on a saturated VM they are).
     pub yielders: Option<RetentionConfig>,
     /// Why retention is off, or why kernel polling is not used although offered.
     pub note: Option<String>,
@@ -218,7 +219,11 @@ pub fn decide(input: SetupInput<'_>) -> Setup {
             RetentionMode::Off
         }
     };
-    let yielders = (!kernel).then(|| yielder_config(input.yielders, None));
+    // Beside kernel polling the yielders are the ladder's Wide level on a VM the workload
+    // saturates (`guest::ladder`), which only the governors run: parked until then.
+    let beside = kernel && guest.governor.is_some();
+    guest.means.yielders |= beside;
+    let yielders = (!kernel || beside).then(|| yielder_config(input.yielders, None));
     Setup { guest, kernel, yielders, note }
 }
 
@@ -242,12 +247,15 @@ mod tests {
     fn a_haltpoll_guest_polls_in_the_kernel_and_starts_on() {
         let c = curve(Some(7_000), 40);
         let s = decide(input(&c));
-        assert!(s.kernel && s.yielders.is_none() && s.note.is_none(), "{s:?}");
-        assert_eq!(s.guest.means, Means { poll_window: true, poll_always: true, yielders: false });
+        assert!(s.kernel && s.note.is_none(), "{s:?}");
+        // Yielders beside, parked: the ladder's Wide level on a saturated VM.
+        assert_eq!(s.yielders.map(|y| (y.timeout_ns, y.adapt)), Some((0, false)));
+        assert_eq!(s.guest.means, Means { poll_window: true, poll_always: true, yielders: true });
         assert_eq!(s.guest.prior, RetentionMode::On);
         assert!(s.guest.governor.is_some());
-        // Without a workload to read, no governors.
-        assert!(decide(SetupInput { workload: false, ..input(&c) }).guest.governor.is_none());
+        // Without a workload to read, no governors, and no yielders.
+        let s = decide(SetupInput { workload: false, ..input(&c) });
+        assert!(s.guest.governor.is_none() && s.yielders.is_none() && !s.guest.means.yielders, "{s:?}");
     }
 
     #[test]
@@ -271,10 +279,11 @@ mod tests {
     }
 
     #[test]
-    fn the_prior_curve_starts_kernel_polling_but_never_yielders() {
+    fn the_prior_curve_starts_kernel_polling_but_never_yielders_alone() {
         let p = WakeCurve::prior();
         let s = decide(SetupInput { curve_is_prior: true, ..input(&p) });
-        assert!(s.kernel && s.yielders.is_none() && s.guest.curve == Some(WakeCurve::prior()), "{s:?}");
+        // Yielders only beside the kernel's polling (Wide on a saturated VM), never planned.
+        assert!(s.kernel && s.guest.means.kernel_polling() && s.guest.curve == Some(WakeCurve::prior()), "{s:?}");
         for no_polling in [
             SetupInput { curve_is_prior: true, offer: None, ..input(&p) },
             SetupInput { curve_is_prior: true, kernel_polling: Err("another agent".into()), ..input(&p) },

@@ -23,7 +23,9 @@
 //! ```
 //!
 //! Kernel polling beats yielding wherever the machine has it (no IPI, no `SCHED_IDLE` thread
-//! in the scheduler's way), so yielders are planned only where there is no POLL state. Kernel
+//! in the scheduler's way), so yielders are planned only where there is no POLL state (beside
+//! one, the guest loop's ladder runs them as its top level on a saturated VM, by experiment,
+//! not by this model: `crate::guest::ladder`). Kernel
 //! polling comes in two forms ([`Means`]): the `haltpoll` governor's window, one for every
 //! CPU (the agent fixes it there: no growing from 50 us, no shrinking after a long idle period,
 //! so the window the kernel keeps is the one modelled here), and "always" (a 0 us resume
@@ -316,6 +318,21 @@ impl IdlePlan {
             .map(|cpu| VcpuPlan { cpu, mechanism: Mechanism::Yield, window_ns, estimate: Estimate::default(), why: PlanReason::Configured })
             .collect();
         Self { vcpus, poll_window_ns: 0, poll_always: Vec::new() }
+    }
+
+    /// Every vCPU yields until work arrives, the kernel's idle settings as found: the guest
+    /// loop's Wide level on a VM its workload saturates (`guest::ladder`).
+    pub fn yield_always(cpus: impl IntoIterator<Item = u32>) -> Self {
+        let mut p = Self::fixed_yield(cpus, ALWAYS);
+        for v in &mut p.vcpus {
+            v.why = PlanReason::Wide;
+        }
+        p
+    }
+
+    /// Some vCPU polls in the kernel (the plan changes the kernel's idle knobs).
+    pub fn polls(&self) -> bool {
+        self.vcpus.iter().any(|v| v.mechanism == Mechanism::Poll)
     }
 
     /// The plan of `cpu`.

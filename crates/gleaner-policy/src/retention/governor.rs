@@ -42,7 +42,9 @@
 //!               Inconclusive if the number of active vCPUs changed within the sandwich
 //!               (consolidation moved), or if an epoch has fewer than min_progress sync
 //!               points and the yielders burned less than IDLE_BURN_VCPUS (with more, Loses:
-//!               a workload that hardly synchronizes has nothing retention could speed up)
+//!               a workload that hardly synchronizes has nothing retention could speed up),
+//!               or if progress is sync points and the governor judges by work only
+//!               (`work_progress_only`: the ladder's comparison with the yielders)
 //! ```
 //!
 //! A comparison that disagrees with the baseline (Pays while off, Loses while on) counts
@@ -176,6 +178,13 @@ pub struct GovernorConfig {
     /// full epoch) are judged by sync points; with at least this many in every epoch of a
     /// comparison, progress is the bytes ([`ProgressUnit::IoBytes`]).
     pub min_io_bytes: u64,
+    /// Judge only by the work (the user's counter, or bytes moved): a comparison that would
+    /// count sync points is inconclusive. Set by the guest loop's ladder for a comparison with
+    /// the yielders, which change how often the workload blocks per unit of work (a POSIX
+    /// message queue program made half the context switches under them and ran 12% faster),
+    /// so its sync points are no measure of what they do. Not a configuration key.
+    #[serde(skip)]
+    pub work_progress_only: bool,
 }
 
 impl Default for GovernorConfig {
@@ -198,6 +207,7 @@ impl Default for GovernorConfig {
             // 320 KB/s at 200 ms epochs: a server answering a few hundred requests a second;
             // less is a log or a trickle that says nothing of the work.
             min_io_bytes: 64 * 1024,
+            work_progress_only: false,
         }
     }
 }
@@ -511,6 +521,15 @@ impl RetentionGovernor {
         }
     }
 
+    /// Lets the first probe wait for at least `epochs` baseline epochs (the guest loop's ladder
+    /// builds a governor anew when its upper level changes meaning: the epoch it reads first ran
+    /// under the old one, so the baseline before its first probe is the one after).
+    pub fn delay_first_probe(&mut self, epochs: u32) {
+        if let Phase::Baseline { left } = self.state.phase {
+            self.state.phase = Phase::Baseline { left: left.max(epochs) };
+        }
+    }
+
     /// An epoch this governor did not see (run in neither of its modes): the one it read
     /// before is no baseline for a probe now (its next step reads a fresh one).
     pub fn forget_before(&mut self) {
@@ -594,7 +613,7 @@ impl RetentionGovernor {
             ProgressUnit::SyncPoints => self.cfg.margin.max(progress_noise),
             ProgressUnit::IoBytes | ProgressUnit::Counter => progress_noise,
         };
-        let verdict = if moved {
+        let verdict = if moved || (self.cfg.work_progress_only && unit == ProgressUnit::SyncPoints) {
             Verdict::Inconclusive
         } else if let Some(lg) = latency.filter(|_| gain > -tolerance) {
             self.latency_verdict(&s, &sides, lg, gain, break_even)

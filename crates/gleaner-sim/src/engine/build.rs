@@ -10,13 +10,17 @@ impl Engine {
         let bases = self.add_sync_objects(w);
         let retention = vm.guest.retention() && self.virt;
         // The agent's mechanism: kernel polling where the variant offers it (and an agent
-        // configuration from the lab offers it too), else yielding threads, as the agent
-        // starts either one or the other (`gleaner_policy::guest::setup::decide`).
+        // configuration from the lab offers it too), else yielding threads; beside kernel
+        // polling, parked yielders where the governors run (the ladder's Wide level on a
+        // saturated VM), as the agent starts them (`gleaner_policy::guest::setup::decide`).
         let kernel_polling =
             retention && vm.gleaner.kernel_polling == Some(true) && vm.gleaner.agent.as_ref().is_none_or(|a| a.means.kernel_polling());
-        let yielders = retention && !kernel_polling;
+        let beside = vm.gleaner.agent.as_ref().map_or(vm.gleaner.govern, |a| a.means.yielders && a.governor.is_some());
+        let yielders = retention && (!kernel_polling || beside);
         let curve = model_curve(&self.costs, shared, kernel_polling);
-        self.add_vcpus(vi, &vm, pcpus, yielders);
+        // Yielders beside kernel polling start parked at no window, as the agent's do.
+        let detector = if kernel_polling { RetentionConfig { timeout_ns: 0, ..vm.gleaner.retention } } else { vm.gleaner.retention };
+        self.add_vcpus(vi, &vm, pcpus, yielders.then_some(detector));
         let (alive, pinned_threads) = self.add_threads(vi, &vm, vcpu_base, bases);
         let queued = alive;
         if !vm.background {
@@ -26,7 +30,7 @@ impl Engine {
         let has_agent = consolidation || retention;
         let mechanisms = Mechanisms { retention, kernel_polling, yielders, consolidation };
         let agent = has_agent.then(|| vm_agent(&vm, mechanisms, &curve));
-        let windows = vec![if yielders { vm.gleaner.retention.timeout_ns } else { 0 }; vm.vcpus as usize];
+        let windows = vec![if yielders && !kernel_polling { vm.gleaner.retention.timeout_ns } else { 0 }; vm.vcpus as usize];
         self.vms.push(VmState {
             name: vm.name,
             vcpu_base,
@@ -102,7 +106,7 @@ impl Engine {
 
     /// The VM's vCPUs, halted, each pinned to its pCPU where the VM is pinned (else first on
     /// pCPU `index mod pcpus`), with a yielding thread where the VM's agent runs yielders.
-    fn add_vcpus(&mut self, vi: u32, vm: &SetupVm, pcpus: u32, yielders: bool) {
+    fn add_vcpus(&mut self, vi: u32, vm: &SetupVm, pcpus: u32, yielders: Option<RetentionConfig>) {
         let vcpu_base = self.vcpus.len() as u32;
         for i in 0..vm.vcpus {
             let aff = match vm.pin_offset {
@@ -113,9 +117,9 @@ impl Engine {
                 Some(off) => off + i,
                 None => (vcpu_base + i) % pcpus,
             };
-            let yielder = yielders.then(|| {
+            let yielder = yielders.map(|cfg| {
                 Box::new(Yielder {
-                    det: IdleDetector::new(vm.gleaner.retention),
+                    det: IdleDetector::new(cfg),
                     state: YState::Awake,
                     paused_at: None,
                     paused_for_work: false,
@@ -255,8 +259,8 @@ struct Mechanisms {
 /// The VM's guest loop. The lab's predictor gives the agent's own configuration (kernel
 /// polling or yielders only where the variant has them); otherwise the model's machine as
 /// `gleaner_policy::guest::setup::decide` reads one: kernel polling in both forms where the
-/// variant offers it, else yielders, and no calibration (the variant asked for retention, so it
-/// starts on).
+/// variant offers it (and yielders beside, parked, where the governors run), else yielders, and
+/// no calibration (the variant asked for retention, so it starts on).
 fn vm_agent(vm: &SetupVm, m: Mechanisms, curve: &WakeCurve) -> GuestController {
     let Mechanisms { retention, kernel_polling, yielders, consolidation } = m;
     let cpus: Vec<u32> = (0..vm.vcpus).collect();

@@ -22,7 +22,7 @@ use gleaner_policy::guest::setup::{self, Offer, Prior, SetupInput, YielderStart}
 use gleaner_policy::guest::{GuestConfig, GuestController, LoopPriors, WindowReset};
 use gleaner_policy::idle::{CurvePoint, Log2Hist, Means, Mechanism, PlanConfig, TargetState, TraceSource, WakeCurve, WakeTrace};
 use gleaner_policy::num::saturating_u64;
-use gleaner_policy::retention::{IdleDetector, RetentionMode};
+use gleaner_policy::retention::{IdleDetector, RetentionConfig, RetentionMode};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

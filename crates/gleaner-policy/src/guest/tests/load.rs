@@ -33,8 +33,12 @@ fn a_saturated_workload_gets_no_kernel_polling() {
     assert!(g.plan_forced());
     assert_eq!(g.trace_need(), TraceNeed::Skip);
     // The lower governor does not probe a plan against itself: it holds. The rule forbids
-    // nothing: the upper governor probes Wide (polling, which the rule left out), ever more
-    // rarely while it gains nothing.
+    // nothing: the upper governor probes Wide, ever more rarely while it gains nothing. With
+    // kernel polling alone, Wide is polling (which the rule left out); with yielders beside it,
+    // the yielders (`a_saturated_vm_compares_the_yielders_by_its_work`).
+    let mut g = GuestController::new(cfg(Means { yielders: false, ..HALTPOLL }));
+    g.step(&saturated());
+    g.step(&saturated());
     let before = g.governor_state().expect("a governor");
     let mut wide = 0;
     for _ in 0..100 {
@@ -79,6 +83,83 @@ fn a_saturated_workload_gets_no_kernel_polling() {
     assert!(g.agent_paced(), "and paced again");
     assert_eq!(s.plan.of(1).unwrap().mechanism, Mechanism::Poll, "{:?}", s.plan);
     assert_ne!(g.trace_need(), TraceNeed::Skip, "traced again with the idle time");
+}
+
+/// A saturated VM with yielders beside kernel polling: Wide is a yielder on every vCPU, the
+/// kernel as found, compared with Planned (every vCPU halting) by the work alone and from the
+/// first periods. A message-passing program that moves 12% more bytes under the yielders, in
+/// half the context switches (`stress-ng --pipe`, `--mq`), switches to them within a few
+/// seconds; one that moves fewer stays at Planned, probing ever more rarely; one whose work is
+/// not measured (sync points only) is never probed with them.
+#[test]
+fn a_saturated_vm_compares_the_yielders_by_its_work() {
+    // 100 MB and 100,000 sync points a full period with every vCPU halting; `gain` more bytes
+    // and half the sync points under the yielders, which catch the 1% idle time.
+    let period = |yields: bool, gain: f64, bytes: bool, share: f64| {
+        let ns = crate::num::saturating_u64(PERIOD as f64 * share);
+        let scaled = |x: f64| crate::num::saturating_u64(x * share);
+        let mut s = snapshot(scaled(if yields { 50_000.0 } else { 100_000.0 }));
+        s.period_ns = ns;
+        set_work(&mut s, ns * 99 / 100);
+        let idle = |cpu| VcpuIdle {
+            cpu,
+            idle_ns: ns / 100,
+            entries: Some(scaled(5_000.0)),
+            poll_ns: 0,
+            yield_ns: if yields { ns / 100 } else { 0 },
+            steal_ns: 0,
+        };
+        let mb = if yields { 100e6 * (1.0 + gain) } else { 100e6 };
+        GuestReading {
+            snapshot: s,
+            idle: vec![idle(0), idle(1)],
+            trace: None,
+            caught: Vec::new(),
+            io: if bytes { WorkloadIo { bytes: scaled(mb), calls: scaled(200_000.0) } } else { WorkloadIo::default() },
+            counter: None,
+            agent_work_ns: 0,
+            trace_missed: 0.0,
+        }
+    };
+    let run = |gain: f64, bytes: bool, periods: usize| {
+        let mut g = GuestController::new(cfg(HALTPOLL));
+        let mut share = 1.0;
+        let mut modes = Vec::new();
+        for _ in 0..periods {
+            let yields = g.applied().vcpus.iter().all(|v| v.mechanism == Mechanism::Yield);
+            let s = g.step(&period(yields, gain, bytes, share));
+            if g.plan_forced() {
+                assert!(!s.plan.polls(), "a saturated VM polls at no level: {:?}", s.plan);
+            }
+            if s.mode == RetentionMode::Wide {
+                assert_eq!(s.plan, IdlePlan::yield_always([0, 1]), "Wide on a saturated VM: the yielders");
+                assert_eq!(s.plan.yield_window(1, true), ALWAYS);
+            }
+            modes.push((s.mode, g.widen_state().map(|w| w.baseline)));
+            share = s.next_period_share;
+        }
+        let levels: Vec<RetentionMode> = modes.iter().map(|m| m.0).collect();
+        let switched = modes.iter().position(|m| m.1 == Some(RetentionMode::On));
+        (g, levels, switched)
+    };
+    // 12% more bytes: Wide (the yielders) from the first seconds on.
+    let (g, modes, switched) = run(0.12, true, 40);
+    assert_eq!(g.widen_state().map(|s| s.baseline), Some(RetentionMode::On), "{modes:?}");
+    let first = modes.iter().position(|&m| m == RetentionMode::Wide).expect("probed");
+    // modes[i]: the level step i chose for the next period (the first, the start, is no baseline).
+    assert_eq!(first, 1, "probed in the third period, after a clean baseline: {modes:?}");
+    assert!(switched.is_some_and(|i| i <= 10), "at Wide within 10 periods (2 s): {switched:?} {modes:?}");
+    let tail = modes[20..].iter().filter(|&&m| m != RetentionMode::Wide).count();
+    assert!(tail <= 3, "settled at Wide, probing Planned rarely: {modes:?}");
+    assert!(g.widen_state().unwrap().last.is_some_and(|c| c.unit == ProgressUnit::IoBytes));
+    // 5% fewer bytes: Planned stays, Wide probed ever more rarely.
+    let (g, modes, switched) = run(-0.05, true, 120);
+    assert_eq!((g.widen_state().map(|s| s.baseline), switched), (Some(RetentionMode::Off), None), "{modes:?}");
+    let late = modes[60..].iter().filter(|&&m| m == RetentionMode::Wide).count();
+    assert!((1..=3).contains(&late), "probes back off: {modes:?}");
+    // No bytes: the sync points (halved under the yielders) are no measure; never probed.
+    let (_, modes, _) = run(0.12, false, 60);
+    assert!(modes.iter().all(|&m| m == RetentionMode::On), "{modes:?}");
 }
 
 /// A busy workload (the built-in pipeline: about a tenth of the vCPUs' time idle, in many short

@@ -10,6 +10,7 @@ use super::*;
 use crate::gleaner::VcpuSample;
 use crate::idle::curve::CurvePoint;
 use crate::idle::plan::{Mechanism, PlanReason, ALWAYS};
+use crate::retention::ProgressUnit;
 
 const PERIOD: u64 = 200_000_000;
 

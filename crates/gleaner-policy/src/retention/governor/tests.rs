@@ -416,6 +416,31 @@ fn a_busy_server_that_batches_less_under_polling_loses_it_by_bytes_though_its_sy
     assert!(!c.is_empty() && c.iter().all(|c| c.unit == ProgressUnit::IoBytes && c.verdict == Verdict::Pays), "{c:?}");
 }
 
+/// A governor that judges by the work alone (the ladder's comparison with the yielders): a
+/// comparison by sync points is inconclusive, whichever way they moved, and neither switches
+/// it nor moves its probes; by bytes it judges as any governor.
+#[test]
+fn a_governor_of_work_only_finds_sync_points_inconclusive() {
+    let cfg = GovernorConfig { work_progress_only: true, ..GovernorConfig::default() };
+    let mut g = RetentionGovernor::new(cfg, RetentionMode::Off);
+    let with = |e: EpochReading, bytes: u64| EpochReading { io: WorkloadIo { bytes, calls: bytes / 100 }, ..e };
+    let (b, a) = (epoch(200, 40_000, 0.0, 0), epoch(200, 40_000, 0.0, 0));
+    // Half the sync points under "on" (a message queue program batching under the yielders),
+    // or twice as many: no verdict.
+    for probe in [epoch(50, 5_000, 0.0, 0), epoch(50, 20_000, 0.0, 0)] {
+        let c = g.compare(&b, &probe, &a);
+        assert_eq!((c.unit, c.verdict), (ProgressUnit::SyncPoints, Verdict::Inconclusive), "{c:?}");
+    }
+    // 12% more bytes in half the sync points: pays.
+    let c = g.compare(&with(b, 100_000_000), &with(epoch(50, 5_000, 0.0, 0), 28_000_000), &with(a, 100_000_000));
+    assert_eq!((c.unit, c.verdict), (ProgressUnit::IoBytes, Verdict::Pays), "{c:?}");
+    // Driven by sync points alone it never switches.
+    let mut g = RetentionGovernor::new(cfg, RetentionMode::Off);
+    let trace = drive_governor(&mut g, 200, 3, |_| not_polling());
+    assert!(switches(&trace).is_empty() && g.state().comparisons > 0 && g.state().baseline == RetentionMode::Off);
+    assert!(trace.iter().filter_map(|(_, s)| s.comparison).all(|c| c.verdict == Verdict::Inconclusive));
+}
+
 #[test]
 fn bytes_count_as_progress_only_where_every_epoch_moved_enough_of_them() {
     let cfg = GovernorConfig::default();
