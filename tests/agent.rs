@@ -180,6 +180,7 @@ fn a_busy_workload_s_first_slice_ends_at_the_shortest() {
 #[serial(host)]
 fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {
     require_root_and_cpuset();
+    require_idle_states_in_use();
     let knobs = idle_knobs();
     let run_dir = tempfile::tempdir().unwrap();
     let events = run_dir.path().join("events.jsonl");
@@ -276,6 +277,7 @@ fn events_carry_per_vcpu_timeouts_and_the_governors_decisions() {
 #[serial(host)]
 fn kernel_polling_is_planned_from_traced_wakeups_and_put_back() {
     require_root_and_cpuset();
+    require_idle_states_in_use();
     let driver = std::fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver").unwrap_or_default();
     let poll_state = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cpuidle/state0/name").unwrap_or_default();
     assert!(
@@ -561,6 +563,7 @@ fn gleaner_sample(doc: &serde_json::Value) -> &serde_json::Value {
 #[serial(host)]
 fn idle_workload_costs_almost_no_cpu() {
     require_root_and_cpuset();
+    require_idle_states_in_use();
     let run_dir = tempfile::tempdir().unwrap();
     // Yielding threads with a fixed timeout back off to 20 ms sleeps; the default (kernel
     // polling planned from traced wakeups) finds nothing to speed up and polls nothing.

@@ -196,6 +196,7 @@ fn every_idle_knob_is_back_after_kill_9_by_the_guardian_or_restore() {
     require_root_and_cpuset();
     require_two_cpus();
     require_poll_state();
+    require_idle_states_in_use();
     let knobs = idle_knobs();
     for &phase in gleaner_agent::seam::KNOB_PHASES {
         for kill_guardian_too in [false, true] {

@@ -226,6 +226,12 @@ def main():
     if "gleaner" not in peers:
         ap.error("--peers must include gleaner (the one judged)")
     knobs = Knobs()
+    # A peer's knobs go back in run_peer's `finally`: a SIGTERM or SIGHUP (a session or a
+    # `timeout` ending the script) must unwind through it too, not end Python where it stands
+    # (the poll peer's "n/a" resume latency outlived a killed series and made every later idle
+    # measurement on the machine poll).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda n, _f: sys.exit(f"front: ended by signal {n}, knobs put back"))
     runs = {p: [] for p in peers}
     for r in range(a.rounds):
         for i in round_order(len(peers), r):

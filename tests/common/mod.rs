@@ -283,6 +283,24 @@ pub fn idle_knobs() -> std::collections::BTreeMap<String, String> {
     out
 }
 
+/// Fails (never skips) when a CPU cannot use the kernel's idle states: a resume latency limit
+/// of "n/a" (0 us: every idle period polls) or a disabled idle state. The kernel boots with
+/// neither; a program that set one and was killed before putting it back (a benchmark's poll
+/// peer) leaves a machine where every idle measurement polls, and the tests that measure the
+/// agent's polling or watch it turn those knobs would blame the agent.
+pub fn require_idle_states_in_use() {
+    let set: Vec<String> = idle_knobs()
+        .into_iter()
+        .filter(|(k, v)| (k.ends_with("pm_qos_resume_latency_us") && v == "n/a") || (k.ends_with("/disable") && v != "0"))
+        .map(|(k, v)| format!("{k} = {v}"))
+        .collect();
+    assert!(
+        set.is_empty(),
+        "this test needs the kernel's idle states in use, as the kernel boots (resume latency 0 = no limit, no state disabled), \
+         and something left {set:?}: write 0 there and rerun"
+    );
+}
+
 /// Asserts that every idle knob is as `before`, naming the ones that are not.
 pub fn assert_idle_knobs_as(before: &std::collections::BTreeMap<String, String>) {
     let now = idle_knobs();
