@@ -7,6 +7,7 @@
 #
 #   sudo OUT=docs/data/current/front ROUNDS=6 scripts/bench/front-matrix.sh
 #   sudo ONLY=latency scripts/bench/front-matrix.sh     # one group: latency, short, throughput
+#   sudo ROWS=xz-T2,nginx-c4 scripts/bench/front-matrix.sh   # only these rows (by name)
 #
 # Needs root, sockperf, redis-server and redis-benchmark, nginx and wrk, memcached and
 # libmemcached-tools, stress-ng, sysbench, perf (linux-perf), rt-tests (hackbench), xz-utils
@@ -16,12 +17,14 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-front-out}
 ROUNDS=${ROUNDS:-6}
 ONLY=${ONLY:-all}
+ROWS=${ROWS:-}
 export GLEANER=${GLEANER:-$PWD/target/release/gleaner}
 G=$GLEANER
 mkdir -p "$OUT"
 PEERS=${PEERS:-stock,haltpoll,haltpoll:2400us,poll,naive,gleaner}
 run() { # name command...
   local name=$1; shift
+  [[ -z $ROWS || ,$ROWS, == *,$name,* ]] || return 0
   echo "== $name: $*" >&2
   scripts/bench/front.py --rounds "$ROUNDS" --peers "$PEERS" --json "$OUT/$name.json" -- "$@" | tail -n 12
 }
