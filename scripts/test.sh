@@ -91,6 +91,9 @@ if [ "$test" = 1 ]; then
   # An agent and its guardian both killed with SIGKILL leave their journal: its cpuset cgroup
   # and idle knobs stay changed, and the tests that check for leftovers would blame themselves.
   ./target/release/gleaner restore || echo "gleaner restore failed: the tests below may see its leftovers"
+  # A benchmark series killed outright leaves its record of the idle knobs it had turned
+  # (scripts/bench/front.py, /run/gleaner-front): put back from it, or say there was none.
+  python3 scripts/bench/front.py --restore || echo "front.py --restore failed: the idle tests below may see its knobs"
 
   # A killed program's poll-only resume latency or disabled idle state makes every idle
   # measurement below poll; the tests that depend on it fail naming the file, and this says so

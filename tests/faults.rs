@@ -533,3 +533,52 @@ fn a_second_agent_on_the_same_target_is_refused() {
     assert_no_leftovers(&run_a);
     assert_no_leftovers(&run_b);
 }
+
+/// `scripts/bench/front.py` running its poll peer (every vCPU's resume latency `n/a`) over a
+/// `sleep`, ended by `sig` once the knob is turned; returns the sleep's pid (the test's to end).
+fn front_series_ended_by(sig: i32) -> i32 {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench/front.py");
+    let mut front = Command::new("python3")
+        .arg(&script)
+        .args(["--rounds", "1", "--peers", "poll,gleaner=", "--", "sleep", "30"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 runs scripts/bench/front.py (scripts/test.sh installs python3)");
+    let pid = front.id();
+    let polling = || idle_knobs().iter().any(|(k, v)| k.ends_with("pm_qos_resume_latency_us") && v == "n/a");
+    let sleeper = || {
+        children_of(pid).into_iter().find(|c| std::fs::read_to_string(format!("/proc/{c}/cmdline")).is_ok_and(|l| l.starts_with("sleep")))
+    };
+    assert!(wait_until(Duration::from_secs(10), || polling() && sleeper().is_some()), "front.py's poll peer never turned the knob");
+    let sleep = sleeper().unwrap();
+    signal(pid.cast_signed(), sig);
+    let status = front.wait().unwrap();
+    assert!(!status.success(), "{status:?}");
+    sleep
+}
+
+#[test]
+#[serial(host)]
+fn a_benchmark_series_ended_or_killed_puts_the_idle_knobs_back() {
+    require_root_and_cpuset();
+    require_idle_states_in_use();
+    let knobs = idle_knobs();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench/front.py");
+    let record = Path::new("/run/gleaner-front/knobs.json");
+    // SIGTERM: the series unwinds through its restore.
+    let sleep = front_series_ended_by(libc::SIGTERM);
+    signal(sleep, libc::SIGKILL);
+    assert_idle_knobs_as(&knobs);
+    assert!(!record.exists(), "a series that put its knobs back left {}", record.display());
+    // SIGKILL: the knob stays turned, the record says what was found, and --restore puts it back.
+    let sleep = front_series_ended_by(libc::SIGKILL);
+    signal(sleep, libc::SIGKILL);
+    let left = std::fs::read_to_string(record).unwrap_or_else(|e| panic!("no record after SIGKILL ({e})"));
+    assert_ne!(idle_knobs(), knobs, "the poll peer's knob came back with no one to put it back: {left}");
+    let out = Command::new("python3").arg(&script).arg("--restore").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("put back"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_idle_knobs_as(&knobs);
+    assert!(!record.exists() && !record.parent().unwrap().exists(), "--restore left {}", record.display());
+}

@@ -14,7 +14,11 @@ Peers (--peers, comma-separated; default every one this machine offers):
   gleaner          `$GLEANER run --` with no flags (GLEANER: default target/release/gleaner)
   NAME=PREFIX      any other prefix, e.g. 'old=/tmp/gleaner-base run --'
 Every knob a peer turns is put back after its run, and each vCPU's own haltpoll window is reset
-(the cpuidle governor switched away and back), so no run inherits another's windows.
+(the cpuidle governor switched away and back), so no run inherits another's windows. While a
+peer's knobs are turned, the values found are recorded in /run/gleaner-front/knobs.json: a
+series killed outright (SIGKILL; SIGTERM and SIGHUP put them back themselves) leaves the record,
+and the next run, or `front.py --restore` alone, puts them back from it (scripts/test.sh does so
+before the test suite).
 
 The figure: the latency of a `gleaner bench workload --json` document (p50, p99, mean), the
 usecs/op of `perf bench sched pipe`, the seconds of `perf bench sched messaging` and hackbench,
@@ -122,24 +126,56 @@ def figure(out, wall):
     return {"wall_s": wall}
 
 
+RECORD_DIR = "/run/gleaner-front"
+RECORD = RECORD_DIR + "/knobs.json"
+
+
+def restore_recorded():
+    """Puts back the knobs a killed series left turned (its record), and removes the record.
+    Returns whether there was one."""
+    if not os.path.exists(RECORD):
+        return False
+    with open(RECORD) as f:
+        found = json.load(f)
+    for path, value in found.items():
+        if os.path.exists(path):
+            write(path, value)
+    os.remove(RECORD)
+    os.rmdir(RECORD_DIR)
+    print(f"front: put back {len(found)} idle knobs a killed series left turned ({RECORD})", file=sys.stderr)
+    return True
+
+
 class Knobs:
     """What the peers turn, recorded once and put back after every run."""
 
     def __init__(self):
+        restore_recorded()
         self.haltpoll = {k: read(f"{HALTPOLL}/{k}") for k in UPSTREAM} if os.path.isdir(HALTPOLL) else None
         self.qos = {c: read(f"{CPU_DIR}/cpu{c}/power/pm_qos_resume_latency_us") for c in cpus()
                     if os.path.exists(f"{CPU_DIR}/cpu{c}/power/pm_qos_resume_latency_us")}
         self.governor = read(GOVERNOR) if os.path.exists(GOVERNOR) else None
 
+    def record(self):
+        """Writes the values found before a peer turns a knob (restore_recorded reads them)."""
+        found = {f"{HALTPOLL}/{k}": v for k, v in (self.haltpoll or {}).items()}
+        found.update({f"{CPU_DIR}/cpu{c}/power/pm_qos_resume_latency_us": v for c, v in self.qos.items()})
+        os.makedirs(RECORD_DIR, exist_ok=True)
+        with open(RECORD + ".tmp", "w") as f:
+            json.dump(found, f)
+        os.replace(RECORD + ".tmp", RECORD)
+
     def haltpoll_cap(self, cap_ns):
         if self.haltpoll is None:
             sys.exit("front: haltpoll peers need the haltpoll cpuidle driver (no " + HALTPOLL + ")")
+        self.record()
         for k, v in UPSTREAM.items():
             write(f"{HALTPOLL}/{k}", str(cap_ns) if k == "guest_halt_poll_ns" else v)
 
     def poll(self):
         if not self.qos:
             sys.exit("front: the poll peer needs per-CPU pm_qos_resume_latency_us")
+        self.record()
         for c in self.qos:
             write(f"{CPU_DIR}/cpu{c}/power/pm_qos_resume_latency_us", "n/a")
 
@@ -153,6 +189,9 @@ class Knobs:
             other = next(g for g in ("menu", "ladder", "teo") if g in read(CPU_DIR + "/cpuidle/available_governors").split())
             write(GOVERNOR, other)
             write(GOVERNOR, "haltpoll")
+        if os.path.exists(RECORD):
+            os.remove(RECORD)
+            os.rmdir(RECORD_DIR)
 
 
 def parse_cap(s):
@@ -211,8 +250,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--json", metavar="FILE", help="write every run and the summary to FILE")
     ap.add_argument("--metric", help="the figure to judge by (default: the first the program gives)")
+    ap.add_argument("--restore", action="store_true",
+                    help="only put back the knobs a killed series left turned (its record), then exit")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     a = ap.parse_args()
+    if a.restore:
+        if not restore_recorded():
+            print("front: no knobs left turned", file=sys.stderr)
+        return
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd or a.rounds < 1:
         ap.error("give --rounds >= 1 and a command after --")
