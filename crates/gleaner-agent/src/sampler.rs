@@ -1,6 +1,11 @@
 //! Builds the controller's [`Snapshot`] of one period from the OS (read the world, then decide).
 //!
 //! - `T_work` in total: per-thread `schedstat` run time of the workload's threads (ns exact).
+//!   A thread that starts and ends between two readings is in no list the sampler reads, and
+//!   one that ends takes its last stretch with it: where the threads changed, the total is at
+//!   least the processes' own CPU time (their ended threads included) and that of the
+//!   children they waited for (`/proc/<pid>/stat` fields 14-17, ticks), so a build of many
+//!   short compiler processes reads as the busy workload it is.
 //! - `T_work` per vCPU: `/proc/stat` busy time of the vCPU minus the yielding thread's run time
 //!   on it, scaled so the vCPUs add up to the exact total (other processes are discounted).
 //! - `T_idle` per vCPU: the period minus its `T_work`; `T_yield`: the yielding thread's idle
@@ -26,6 +31,14 @@ use gleaner_policy::retention::WorkloadIo;
 
 use crate::agent::pace::Pacer;
 use crate::yielders::Yielders;
+
+/// What the sampler reads of the workload: its threads, and its processes (thread group
+/// ids), whose own and waited-for children's CPU time cover the threads no list showed.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload<'a> {
+    pub tids: &'a [i32],
+    pub pids: &'a [i32],
+}
 
 /// Per-thread cumulative values at the previous sample.
 #[derive(Debug, Clone, Copy, Default)]
@@ -151,6 +164,9 @@ pub struct Sampler {
     state_idle_ns: BTreeMap<u32, u64>,
     /// Every managed vCPU (the snapshot covers only the active ones).
     managed: CpuSet,
+    /// The workload's process-tree CPU time at its highest so far, ticks
+    /// ([`Self::sample_tree`]).
+    tree_ticks: Option<u64>,
     /// The managed vCPUs' cpuidle counters, kept open ([`Self::read_idle_counters`]).
     idle_counters: Option<IdleCounters>,
     at: Instant,
@@ -241,6 +257,7 @@ impl Sampler {
             caught: HashMap::new(),
             idle_entries: BTreeMap::new(),
             idle_counters: None,
+            tree_ticks: None,
             at: Instant::now(),
         }
     }
@@ -258,21 +275,32 @@ impl Sampler {
     }
 
     /// Takes baseline readings so the next sample covers exactly one period.
-    pub fn prime(&mut self, tids: &[i32], yielders: Option<&Yielders>, cpus: &CpuSet) {
-        let _ = self.sample(tids, yielders, cpus, &mut Pacer::off());
+    pub fn prime(&mut self, workload: Workload<'_>, yielders: Option<&Yielders>, cpus: &CpuSet) {
+        let _ = self.sample(workload, yielders, cpus, &mut Pacer::off());
     }
 
     /// Samples one period ending now. `cpus` are the active vCPUs (the snapshot covers only
-    /// them); `tids` the workload's threads. `pace`: a point after each thread's files and
-    /// each group of counters (a woken thread runs there, [`Pacer`]).
-    pub fn sample(&mut self, tids: &[i32], yielders: Option<&Yielders>, cpus: &CpuSet, pace: &mut Pacer) -> (Snapshot, PeriodExtras) {
+    /// them); `workload` its threads and processes. `pace`: a point after each thread's files
+    /// and each group of counters (a woken thread runs there, [`Pacer`]).
+    pub fn sample(
+        &mut self,
+        workload: Workload<'_>,
+        yielders: Option<&Yielders>,
+        cpus: &CpuSet,
+        pace: &mut Pacer,
+    ) -> (Snapshot, PeriodExtras) {
         let now = Instant::now();
         let period_ns = u64::try_from(now.duration_since(self.at).as_nanos()).unwrap_or(u64::MAX).max(1);
         self.at = now;
-        let work = self.sample_threads(tids, pace);
+        let churned = self.threads_churned(workload.tids);
+        let mut work = self.sample_threads(workload.tids, pace);
+        let tree_ns = self.sample_tree(workload.pids);
+        if churned {
+            work.run_ns = work.run_ns.max(tree_ns);
+        }
         let stat = self.sample_stat();
         pace.point();
-        let mut extras = PeriodExtras { threads: tids.len(), io: work.io, ..PeriodExtras::default() };
+        let mut extras = PeriodExtras { threads: workload.tids.len(), io: work.io, ..PeriodExtras::default() };
         let ydelta = self.sample_yielders(yielders, &mut extras);
         pace.point();
         let states = self.sample_idle_states();
@@ -292,6 +320,28 @@ impl Sampler {
         let retaining = yielders.is_some_and(Yielders::retaining);
         let vcpus = vcpu_samples(cpus, period_ns, &work, &stat, &ydelta, &states, retaining);
         (Snapshot { period_ns, vcpus, s_work: work.s_work, pinned: Vec::new() }, extras)
+    }
+
+    /// Some thread read last period is no longer listed, or one is new (not at the first
+    /// reading): threads ended, and others may have started and ended unseen in between.
+    fn threads_churned(&self, tids: &[i32]) -> bool {
+        !self.threads.is_empty() && (tids.len() != self.threads.len() || tids.iter().any(|t| !self.threads.contains_key(t)))
+    }
+
+    /// The CPU time of the workload's process tree since the last reading, ns (tick
+    /// resolution): each process's own (its ended threads included) and that of the children
+    /// it waited for, which a child hands its parent when it is reaped. A child between its
+    /// exit and its reaping is in neither, and one reaped outside the workload leaves it: the
+    /// sum is kept at its highest, so such a dip costs the next readings, never counts twice.
+    fn sample_tree(&mut self, pids: &[i32]) -> u64 {
+        let ticks: u64 = pids
+            .iter()
+            .filter_map(|&p| self.procfs.process_stat(p).ok())
+            .map(|s| s.utime_ticks + s.stime_ticks + s.cutime_ticks + s.cstime_ticks)
+            .sum();
+        let prev = self.tree_ticks.unwrap_or(ticks);
+        self.tree_ticks = Some(prev.max(ticks));
+        ticks_to_ns(ticks.saturating_sub(prev), self.procfs.clk_tck())
     }
 
     /// The workload threads: exact run time, voluntary switches, bytes moved. Files of threads
@@ -534,6 +584,11 @@ pub fn split_total(total: u64, weights: &[(u32, u64)]) -> Vec<(u32, u64)> {
 mod tests {
     use super::*;
 
+    /// A workload of these threads and no process files.
+    fn threads(tids: &[i32]) -> Workload<'_> {
+        Workload { tids, pids: &[] }
+    }
+
     #[test]
     fn split_is_exact_and_proportional() {
         let p = split_total(1000, &[(0, 3), (1, 1)]);
@@ -626,11 +681,11 @@ mod tests {
         write(1, 1);
         let cpus = CpuSet::parse("0-1").unwrap();
         let mut s = f.sampler();
-        s.prime(&tids, None, &cpus);
+        s.prime(threads(&tids), None, &cpus);
         assert_eq!(s.files.len(), MAX_KEPT_THREADS);
         for round in 2..4u64 {
             write(round, round);
-            let (snap, extras) = s.sample(&tids, None, &cpus, &mut Pacer::off());
+            let (snap, extras) = s.sample(threads(&tids), None, &cpus, &mut Pacer::off());
             assert_eq!((snap.s_work, extras.threads), (n as u64, n), "round {round}");
             let m = n as u64 - 1;
             assert_eq!(extras.io, WorkloadIo { bytes: 150 * m, calls: 2 * m }, "round {round}");
@@ -640,11 +695,53 @@ mod tests {
         // No thread ran (their run times stand): status and io are not read, kept open or
         // not, so the switches and bytes they now show do not count.
         write(3, 9);
-        let (snap, extras) = s.sample(&tids, None, &cpus, &mut Pacer::off());
+        let (snap, extras) = s.sample(threads(&tids), None, &cpus, &mut Pacer::off());
         assert_eq!((snap.s_work, extras.io, s.synced(tids[n - 1])), (0, WorkloadIo::default(), 0));
         // A thread no longer listed has its files closed.
-        let (snap, _) = s.sample(&tids[..10], None, &cpus, &mut Pacer::off());
+        let (snap, _) = s.sample(threads(&tids[..10]), None, &cpus, &mut Pacer::off());
         assert_eq!((snap.s_work, s.files.len()), (0, 10));
+    }
+
+    #[test]
+    fn the_process_tree_covers_threads_no_reading_saw() {
+        let f = Fixture::new(false);
+        let stat = |pid: i32, own: u64, children: u64| {
+            // Fields 14-17 (utime, stime, cutime, cstime), ticks; the rest any numbers.
+            let mut fields: Vec<String> = (3..=52).map(|n| n.to_string()).collect();
+            fields[0] = "S".into();
+            fields[14 - 3] = own.to_string();
+            fields[15 - 3] = "0".into();
+            fields[16 - 3] = children.to_string();
+            fields[17 - 3] = "0".into();
+            std::fs::write(f.proc().join(format!("{pid}/stat")), format!("{pid} (w) {}\n", fields.join(" "))).unwrap();
+        };
+        let tick = Procfs::with_root(f.proc()).clk_tck();
+        let ns = |ticks: u64| ticks_to_ns(ticks, tick);
+        let mut s = f.sampler();
+        stat(7, 10, 0);
+        assert_eq!(s.sample_tree(&[7]), 0, "the first reading is the baseline");
+        // A child ran 5 ticks and was reaped (its time moves into the parent's cutime), and
+        // the parent ran 2: 7 ticks, whichever threads were seen.
+        stat(7, 12, 5);
+        assert_eq!(s.sample_tree(&[7]), ns(7));
+        // A live child process counts its own time; when its parent reaps it, the same time
+        // moves over: nothing counts twice.
+        std::fs::create_dir_all(f.proc().join("8")).unwrap();
+        stat(8, 4, 0);
+        assert_eq!(s.sample_tree(&[7, 8]), ns(4));
+        stat(7, 12, 9);
+        assert_eq!(s.sample_tree(&[7]), 0);
+        // Between its exit and its reaping a child is in neither: the dip counts nothing, and
+        // neither does the way back to where the sum stood.
+        stat(7, 12, 5);
+        assert_eq!(s.sample_tree(&[7]), 0);
+        stat(7, 13, 9);
+        assert_eq!(s.sample_tree(&[7]), ns(1));
+        // Threads churn when one listed last period is gone or a new one is listed.
+        s.threads = [(7, ThreadPrev::default()), (9, ThreadPrev::default())].into_iter().collect();
+        assert!(!s.threads_churned(&[7, 9]) && s.threads_churned(&[7]) && s.threads_churned(&[7, 10]) && s.threads_churned(&[7, 9, 10]));
+        s.threads.clear();
+        assert!(!s.threads_churned(&[7]), "the first reading has nothing to churn from");
     }
 
     #[test]
@@ -654,22 +751,22 @@ mod tests {
         let cpus = CpuSet::parse("0-1").unwrap();
         let mut s = f.sampler();
         f.set(1_000, 5, 0);
-        s.prime(&[7], None, &cpus);
+        s.prime(threads(&[7]), None, &cpus);
         // Its status says 9 switches, but its run time did not move: not read (a thread
         // cannot switch without running), so no sync point.
         f.set(1_000, 9, 0);
-        let (snap, _) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        let (snap, _) = s.sample(threads(&[7]), None, &cpus, &mut Pacer::off());
         assert_eq!((snap.s_work, s.synced(7)), (0, 0));
         // It ran: read, and the switches since the last reading count.
         f.set(2_000, 12, 0);
-        let (snap, _) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        let (snap, _) = s.sample(threads(&[7]), None, &cpus, &mut Pacer::off());
         assert_eq!((snap.s_work, s.synced(7)), (7, 7));
         s.files.clear();
         f.set(2_000, 20, 0);
-        let (snap, _) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        let (snap, _) = s.sample(threads(&[7]), None, &cpus, &mut Pacer::off());
         assert_eq!(snap.s_work, 0, "files opened anew: the same rule");
         f.set(3_000, 20, 0);
-        let (snap, _) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        let (snap, _) = s.sample(threads(&[7]), None, &cpus, &mut Pacer::off());
         assert_eq!(snap.s_work, 8);
     }
 
@@ -685,14 +782,14 @@ mod tests {
         }
         let cpus = CpuSet::parse("0").unwrap();
         let mut s = f.sampler();
-        s.prime(&[7], None, &cpus);
+        s.prime(threads(&[7]), None, &cpus);
         std::fs::write(f.sys().join("devices/system/cpu/cpu1/cpuidle/state1/time"), "2600\n").unwrap();
         std::fs::write(f.sys().join("devices/system/cpu/cpu0/cpuidle/state0/time"), "7000\n").unwrap();
         std::fs::write(f.sys().join("devices/system/cpu/cpu1/cpuidle/state0/time"), "1500\n").unwrap();
         std::fs::write(f.proc().join("stat"), "cpu  0 0 0 50 0 0 0 0 0 0\ncpu0 0 0 0 20 0 0 0 0 0 0\ncpu1 0 0 0 30 0 0 0 0 0 0\nctxt 0\nbtime 0\nprocesses 0\nprocs_running 1\nprocs_blocked 0\n").unwrap();
         f.set(0, 0, 5);
         // The snapshot covers the active vCPU 0; the idle counters every managed vCPU.
-        let (snap, extras) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        let (snap, extras) = s.sample(threads(&[7]), None, &cpus, &mut Pacer::off());
         assert_eq!(snap.vcpus.len(), 1);
         assert_eq!(extras.idle.len(), 2);
         // Idle time from the states' residency, within a tick of /proc/stat's 20 and 30 ticks.
@@ -735,9 +832,9 @@ mod tests {
         let f = Fixture::new(false);
         let cpus = CpuSet::parse("0-1").unwrap();
         let mut s = f.sampler();
-        s.prime(&[7], None, &cpus);
+        s.prime(threads(&[7]), None, &cpus);
         std::fs::write(f.proc().join("stat"), "cpu  0 0 0 50 0 0 0 0 0 0\ncpu0 0 0 0 20 0 0 0 0 0 0\ncpu1 0 0 0 30 0 0 0 0 0 0\nctxt 0\nbtime 0\nprocesses 0\nprocs_running 1\nprocs_blocked 0\n").unwrap();
-        let (_, extras) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        let (_, extras) = s.sample(threads(&[7]), None, &cpus, &mut Pacer::off());
         // 20 and 30 ticks of idle time, whatever a tick is here.
         let tick = extras.idle[0].idle_ns / 20;
         assert!(tick > 0, "{:?}", extras.idle);
@@ -748,9 +845,9 @@ mod tests {
         let f = Fixture::new(cpuidle);
         let cpus = CpuSet::parse("0-1").unwrap();
         let mut s = f.sampler();
-        s.prime(&[7], None, &cpus);
+        s.prime(threads(&[7]), None, &cpus);
         f.set(1_000_000, 100, 30);
-        let (snap, _) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        let (snap, _) = s.sample(threads(&[7]), None, &cpus, &mut Pacer::off());
         assert_eq!(snap.s_work, 100);
         snap.vcpus.iter().map(|v| v.s_yield).collect()
     }
@@ -763,18 +860,18 @@ mod tests {
         let f = Fixture::new(true);
         let cpus = CpuSet::parse("0-1").unwrap();
         let mut s = f.sampler();
-        s.prime(&[7], None, &cpus);
+        s.prime(threads(&[7]), None, &cpus);
         f.set(0, 0, 30);
-        let (_, e) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        let (_, e) = s.sample(threads(&[7]), None, &cpus, &mut Pacer::off());
         assert_eq!(e.idle[0].entries, Some(30));
         // Unreadable where it is kept (a fixture's stand-in for ENODEV), then a new file.
         let usage = f.sys().join("devices/system/cpu/cpu0/cpuidle/state0/usage");
         std::fs::write(&usage, "gone\n").unwrap();
-        let (_, e) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        let (_, e) = s.sample(threads(&[7]), None, &cpus, &mut Pacer::off());
         assert_eq!(e.idle[0].entries, None, "{:?}", e.idle);
         std::fs::remove_file(&usage).unwrap();
         std::fs::write(&usage, "45\n").unwrap();
-        let (_, e) = s.sample(&[7], None, &cpus, &mut Pacer::off());
+        let (_, e) = s.sample(threads(&[7]), None, &cpus, &mut Pacer::off());
         assert_eq!((e.idle[0].entries, e.idle[1].entries), (Some(15), Some(0)), "{:?}", e.idle);
     }
 

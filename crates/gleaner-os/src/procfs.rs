@@ -150,6 +150,10 @@ pub struct TaskStat {
     pub ppid: i32,
     pub utime_ticks: u64,
     pub stime_ticks: u64,
+    /// User and system time of the children this process waited for, with theirs (fields 16
+    /// and 17; in a process's `stat`, 0 in a thread's).
+    pub cutime_ticks: u64,
+    pub cstime_ticks: u64,
     /// CPU the thread last ran on (field 39).
     pub processor: u32,
     /// Scheduling policy number (field 41: 0 OTHER, 1 FIFO, 2 RR, 3 BATCH, 5 IDLE, 6 DEADLINE).
@@ -800,6 +804,8 @@ pub fn parse_task_stat(path: &Path, text: &str) -> Result<TaskStat> {
         ppid,
         utime_ticks: parse_u64(path, 1, "utime (field 14)", field(14)?)?,
         stime_ticks: parse_u64(path, 1, "stime (field 15)", field(15)?)?,
+        cutime_ticks: parse_u64(path, 1, "cutime (field 16)", field(16)?)?,
+        cstime_ticks: parse_u64(path, 1, "cstime (field 17)", field(17)?)?,
         processor: u32::try_from(processor).map_err(|_| parse_err(path, 1, "processor out of range"))?,
         policy: u32::try_from(policy).map_err(|_| parse_err(path, 1, "policy out of range"))?,
         nice,

@@ -51,7 +51,7 @@ pub use self::setup::Calibrated;
 use self::setup::Offered;
 use self::target::{consolidation_blocker, refuse_if_managed, Managed};
 use crate::config::AgentConfig;
-use crate::sampler::{PeriodExtras, Sampler};
+use crate::sampler::{PeriodExtras, Sampler, Workload};
 use crate::server;
 use crate::status::{EventKind, EventLog, EventRecord, IdleStatus, Overhead, SharedStatus, StatusReport};
 use crate::yielders::Yielders;
@@ -416,7 +416,8 @@ impl Session {
             log.write(&first)?;
         }
         let mut sampler = Sampler::new(procfs.clone(), sysfs.clone(), cpus.clone());
-        sampler.prime(&managed.tids(procfs), self.yielders.as_ref(), cpus);
+        let (tids, pids) = (managed.tids(procfs), managed.pids(procfs));
+        sampler.prime(Workload { tids: &tids, pids: &pids }, self.yielders.as_ref(), cpus);
         tracing.arm_next(|| managed.pids(procfs), workload, guest.trace_need());
         let waiter = child_pid.map(ChildWaiter::new).transpose()?;
         // The workload's own counter (validated with the configuration), read once now so

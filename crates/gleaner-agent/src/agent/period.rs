@@ -17,7 +17,7 @@ use super::session::{journal_pins, Session};
 use super::target::Managed;
 use super::{background, pace, stop_consolidation, trace, Outcome, PeriodEnd, RunContext, Target};
 use crate::progress::ProgressReader;
-use crate::sampler::{PeriodExtras, Sampler};
+use crate::sampler::{PeriodExtras, Sampler, Workload};
 use crate::status::EventLog;
 
 /// What the loop carries from one period to the next.
@@ -185,8 +185,10 @@ impl Session {
         let active_before = CpuSet::from_iter(run.guest.active());
         let ran = run.guest.mode();
         let tids = run.managed.tids(procfs);
+        let pids = run.managed.pids(procfs);
         run.pacer.point();
-        let (mut snapshot, extras) = run.sampler.sample(&tids, self.yielders.as_ref(), &active_before, &mut run.pacer);
+        let workload = Workload { tids: &tids, pids: &pids };
+        let (mut snapshot, extras) = run.sampler.sample(workload, self.yielders.as_ref(), &active_before, &mut run.pacer);
         if run.managed.cgroup.is_some() && ctx.cfg.controller.keep_pinned {
             self.pins.observe(&tids, &active_before);
             if let Some(state) = self.state.as_mut() {

@@ -138,6 +138,7 @@ fn task_files_valid() {
     assert_eq!(ts.ppid, 1);
     assert_eq!((ts.utime_ticks, ts.stime_ticks, ts.processor, ts.policy), (55, 66, 1, 5));
     assert_eq!((ts.nice, ts.num_threads, ts.starttime_ticks), (-5, 3, 1022));
+    assert_eq!((ts.cutime_ticks, ts.cstime_ticks), (1016, 1017));
 }
 
 #[test]
