@@ -40,6 +40,19 @@ pub struct Workload<'a> {
     pub pids: &'a [i32],
 }
 
+/// The process tree's CPU time as last read ([`Sampler::sample_tree`]), ticks.
+#[derive(Debug, Clone, Default)]
+struct TreeTime {
+    /// The highest sum so far, less what joined processes brought.
+    max: u64,
+    /// The CPU time processes had when they joined the workload from outside (started before
+    /// a reading that did not list them): theirs, not the workload's.
+    joined: u64,
+    /// The processes listed, and the boot time of the reading.
+    pids: std::collections::HashSet<i32>,
+    at: u64,
+}
+
 /// Per-thread cumulative values at the previous sample.
 #[derive(Debug, Clone, Copy, Default)]
 struct ThreadPrev {
@@ -164,9 +177,8 @@ pub struct Sampler {
     state_idle_ns: BTreeMap<u32, u64>,
     /// Every managed vCPU (the snapshot covers only the active ones).
     managed: CpuSet,
-    /// The workload's process-tree CPU time at its highest so far, ticks
-    /// ([`Self::sample_tree`]).
-    tree_ticks: Option<u64>,
+    /// The workload's process-tree CPU time at the last reading ([`Self::sample_tree`]).
+    tree: Option<TreeTime>,
     /// The managed vCPUs' cpuidle counters, kept open ([`Self::read_idle_counters`]).
     idle_counters: Option<IdleCounters>,
     at: Instant,
@@ -257,7 +269,7 @@ impl Sampler {
             caught: HashMap::new(),
             idle_entries: BTreeMap::new(),
             idle_counters: None,
-            tree_ticks: None,
+            tree: None,
             at: Instant::now(),
         }
     }
@@ -294,7 +306,8 @@ impl Sampler {
         self.at = now;
         let churned = self.threads_churned(workload.tids);
         let mut work = self.sample_threads(workload.tids, pace);
-        let tree_ns = self.sample_tree(workload.pids);
+        let boot = ticks_of(gleaner_os::boottime(), self.procfs.clk_tck());
+        let tree_ns = self.sample_tree(workload.pids, boot);
         if churned {
             work.run_ns = work.run_ns.max(tree_ns);
         }
@@ -333,15 +346,28 @@ impl Sampler {
     /// it waited for, which a child hands its parent when it is reaped. A child between its
     /// exit and its reaping is in neither, and one reaped outside the workload leaves it: the
     /// sum is kept at its highest, so such a dip costs the next readings, never counts twice.
-    fn sample_tree(&mut self, pids: &[i32]) -> u64 {
-        let ticks: u64 = pids
-            .iter()
-            .filter_map(|&p| self.procfs.process_stat(p).ok())
-            .map(|s| s.utime_ticks + s.stime_ticks + s.cutime_ticks + s.cstime_ticks)
-            .sum();
-        let prev = self.tree_ticks.unwrap_or(ticks);
-        self.tree_ticks = Some(prev.max(ticks));
-        ticks_to_ns(ticks.saturating_sub(prev), self.procfs.clk_tck())
+    /// A process that joins from outside (started before the last reading, not listed then)
+    /// brings its past, which is set aside. `boot`: the boot time now, ticks.
+    fn sample_tree(&mut self, pids: &[i32], boot: u64) -> u64 {
+        let mut tree = self.tree.take();
+        let (mut sum, mut joined) = (0u64, 0u64);
+        for &p in pids {
+            let Ok(s) = self.procfs.process_stat(p) else { continue };
+            let own = s.utime_ticks + s.stime_ticks + s.cutime_ticks + s.cstime_ticks;
+            sum += own;
+            if tree.as_ref().is_some_and(|t| !t.pids.contains(&p) && s.starttime_ticks < t.at) {
+                joined += own;
+            }
+        }
+        let t = tree.get_or_insert_with(|| TreeTime { max: sum, ..TreeTime::default() });
+        t.joined += joined;
+        let now = sum.saturating_sub(t.joined);
+        let delta = now.saturating_sub(t.max);
+        t.max = t.max.max(now);
+        t.pids = pids.iter().copied().collect();
+        t.at = boot;
+        self.tree = tree;
+        ticks_to_ns(delta, self.procfs.clk_tck())
     }
 
     /// The workload threads: exact run time, voluntary switches, bytes moved. Files of threads
@@ -552,6 +578,11 @@ fn vcpu_samples(
         .collect()
 }
 
+/// A duration in clock ticks (`/proc` times), rounded down.
+fn ticks_of(d: std::time::Duration, clk_tck: u64) -> u64 {
+    u64::try_from(d.as_nanos() * u128::from(clk_tck) / 1_000_000_000).unwrap_or(u64::MAX)
+}
+
 /// Splits `total` over CPUs in proportion to their weights (evenly if all weights are zero).
 /// The parts add up to `total` exactly; the remainder goes to the heaviest CPUs first.
 pub fn split_total(total: u64, weights: &[(u32, u64)]) -> Vec<(u32, u64)> {
@@ -705,38 +736,51 @@ mod tests {
     #[test]
     fn the_process_tree_covers_threads_no_reading_saw() {
         let f = Fixture::new(false);
+        // Every process here started at boot time 100 ticks; readings at 200 and on.
         let stat = |pid: i32, own: u64, children: u64| {
-            // Fields 14-17 (utime, stime, cutime, cstime), ticks; the rest any numbers.
+            // Fields 14-17 (utime, stime, cutime, cstime) and 22 (starttime), ticks; the rest
+            // any numbers.
             let mut fields: Vec<String> = (3..=52).map(|n| n.to_string()).collect();
             fields[0] = "S".into();
             fields[14 - 3] = own.to_string();
             fields[15 - 3] = "0".into();
             fields[16 - 3] = children.to_string();
             fields[17 - 3] = "0".into();
+            fields[22 - 3] = "100".into();
             std::fs::write(f.proc().join(format!("{pid}/stat")), format!("{pid} (w) {}\n", fields.join(" "))).unwrap();
         };
         let tick = Procfs::with_root(f.proc()).clk_tck();
         let ns = |ticks: u64| ticks_to_ns(ticks, tick);
         let mut s = f.sampler();
         stat(7, 10, 0);
-        assert_eq!(s.sample_tree(&[7]), 0, "the first reading is the baseline");
+        assert_eq!(s.sample_tree(&[7], 50), 0, "the first reading is the baseline");
         // A child ran 5 ticks and was reaped (its time moves into the parent's cutime), and
         // the parent ran 2: 7 ticks, whichever threads were seen.
         stat(7, 12, 5);
-        assert_eq!(s.sample_tree(&[7]), ns(7));
-        // A live child process counts its own time; when its parent reaps it, the same time
-        // moves over: nothing counts twice.
+        assert_eq!(s.sample_tree(&[7], 60), ns(7));
+        // A child process started since (at 100 ticks, after the reading at 60) counts its
+        // own time; when its parent reaps it, the same time moves over: nothing counts twice.
         std::fs::create_dir_all(f.proc().join("8")).unwrap();
         stat(8, 4, 0);
-        assert_eq!(s.sample_tree(&[7, 8]), ns(4));
+        assert_eq!(s.sample_tree(&[7, 8], 200), ns(4));
         stat(7, 12, 9);
-        assert_eq!(s.sample_tree(&[7]), 0);
+        assert_eq!(s.sample_tree(&[7], 210), 0);
         // Between its exit and its reaping a child is in neither: the dip counts nothing, and
         // neither does the way back to where the sum stood.
         stat(7, 12, 5);
-        assert_eq!(s.sample_tree(&[7]), 0);
+        assert_eq!(s.sample_tree(&[7], 220), 0);
         stat(7, 13, 9);
-        assert_eq!(s.sample_tree(&[7]), ns(1));
+        assert_eq!(s.sample_tree(&[7], 230), ns(1));
+        // A process that joins from outside (started at 100, before the reading at 230 that
+        // did not list it) brings 500 ticks of its past: only what it runs from now counts,
+        // and once its parent here reaps it, nothing of it counts twice.
+        std::fs::create_dir_all(f.proc().join("9")).unwrap();
+        stat(9, 500, 0);
+        assert_eq!(s.sample_tree(&[7, 9], 240), 0);
+        stat(9, 503, 0);
+        assert_eq!(s.sample_tree(&[7, 9], 250), ns(3));
+        stat(7, 13, 9 + 503);
+        assert_eq!(s.sample_tree(&[7], 260), 0);
         // Threads churn when one listed last period is gone or a new one is listed.
         s.threads = [(7, ThreadPrev::default()), (9, ThreadPrev::default())].into_iter().collect();
         assert!(!s.threads_churned(&[7, 9]) && s.threads_churned(&[7]) && s.threads_churned(&[7, 10]) && s.threads_churned(&[7, 9, 10]));
