@@ -563,6 +563,8 @@ fn front_series_ended_by(sig: i32) -> i32 {
 fn a_benchmark_series_ended_or_killed_puts_the_idle_knobs_back() {
     require_root_and_cpuset();
     require_idle_states_in_use();
+    let qos = Path::new("/sys/devices/system/cpu/cpu0/power/pm_qos_resume_latency_us");
+    assert!(qos.exists(), "this test needs per-CPU resume latency limits, what front.py's poll peer turns ({} is missing)", qos.display());
     let knobs = idle_knobs();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench/front.py");
     let record = Path::new("/run/gleaner-front/knobs.json");
