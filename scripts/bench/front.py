@@ -130,6 +130,12 @@ RECORD_DIR = "/run/gleaner-front"
 RECORD = RECORD_DIR + "/knobs.json"
 
 
+def drop_record():
+    """Removes the record of the knobs found, and its directory."""
+    os.remove(RECORD)
+    os.rmdir(RECORD_DIR)
+
+
 def restore_recorded():
     """Puts back the knobs a killed series left turned (its record), and removes the record.
     Returns whether there was one."""
@@ -140,8 +146,7 @@ def restore_recorded():
     for path, value in found.items():
         if os.path.exists(path):
             write(path, value)
-    os.remove(RECORD)
-    os.rmdir(RECORD_DIR)
+    drop_record()
     print(f"front: put back {len(found)} idle knobs a killed series left turned ({RECORD})", file=sys.stderr)
     return True
 
@@ -190,8 +195,7 @@ class Knobs:
             write(GOVERNOR, other)
             write(GOVERNOR, "haltpoll")
         if os.path.exists(RECORD):
-            os.remove(RECORD)
-            os.rmdir(RECORD_DIR)
+            drop_record()
 
 
 def parse_cap(s):

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use gleaner_os::cpuset::CpuSet;
-use gleaner_os::procfs::{ticks_to_ns, IoFile, Procfs, SchedstatFile, StatFile, StatusFile};
+use gleaner_os::procfs::{duration_to_ticks, ticks_to_ns, IoFile, Procfs, SchedstatFile, StatFile, StatusFile};
 use gleaner_os::sysfs::{IdleCount, IdleCounters, Sysfs};
 use gleaner_policy::gleaner::{Snapshot, VcpuSample};
 use gleaner_policy::guest::VcpuIdle;
@@ -306,7 +306,7 @@ impl Sampler {
         self.at = now;
         let churned = self.threads_churned(workload.tids);
         let mut work = self.sample_threads(workload.tids, pace);
-        let boot = ticks_of(gleaner_os::boottime(), self.procfs.clk_tck());
+        let boot = duration_to_ticks(gleaner_os::boottime(), self.procfs.clk_tck());
         let tree_ns = self.sample_tree(workload.pids, boot);
         if churned {
             work.run_ns = work.run_ns.max(tree_ns);
@@ -576,11 +576,6 @@ fn vcpu_samples(
             }
         })
         .collect()
-}
-
-/// A duration in clock ticks (`/proc` times), rounded down.
-fn ticks_of(d: std::time::Duration, clk_tck: u64) -> u64 {
-    u64::try_from(d.as_nanos() * u128::from(clk_tck) / 1_000_000_000).unwrap_or(u64::MAX)
 }
 
 /// Splits `total` over CPUs in proportion to their weights (evenly if all weights are zero).

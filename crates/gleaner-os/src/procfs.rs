@@ -96,6 +96,14 @@ pub fn ticks_to_ns(ticks: u64, clk_tck: u64) -> u64 {
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
 
+/// Converts a duration to whole clock ticks, rounded down (`clk_tck` 0 is treated as 100):
+/// the inverse of [`ticks_to_ns`], to compare a time with `/proc` tick fields (a process's
+/// `starttime`).
+pub fn duration_to_ticks(d: std::time::Duration, clk_tck: u64) -> u64 {
+    let hz = if clk_tck == 0 { DEFAULT_CLK_TCK } else { clk_tck };
+    u64::try_from(d.as_nanos() * u128::from(hz) / 1_000_000_000).unwrap_or(u64::MAX)
+}
+
 /// `/proc/stat`: per-CPU and total CPU times, context switches since boot.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ProcStat {

@@ -416,7 +416,7 @@ impl Session {
             log.write(&first)?;
         }
         let mut sampler = Sampler::new(procfs.clone(), sysfs.clone(), cpus.clone());
-        let (tids, pids) = (managed.tids(procfs), managed.pids(procfs));
+        let (tids, pids) = managed.threads_and_processes(procfs);
         sampler.prime(Workload { tids: &tids, pids: &pids }, self.yielders.as_ref(), cpus);
         tracing.arm_next(|| managed.pids(procfs), workload, guest.trace_need());
         let waiter = child_pid.map(ChildWaiter::new).transpose()?;

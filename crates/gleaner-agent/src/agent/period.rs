@@ -184,8 +184,7 @@ impl Session {
         let procfs = ctx.procfs;
         let active_before = CpuSet::from_iter(run.guest.active());
         let ran = run.guest.mode();
-        let tids = run.managed.tids(procfs);
-        let pids = run.managed.pids(procfs);
+        let (tids, pids) = run.managed.threads_and_processes(procfs);
         run.pacer.point();
         let workload = Workload { tids: &tids, pids: &pids };
         let (mut snapshot, extras) = run.sampler.sample(workload, self.yielders.as_ref(), &active_before, &mut run.pacer);
@@ -206,7 +205,7 @@ impl Session {
         // Processes started while the tracer counted were not followed: the share of the
         // period's sync points their threads made (the guest loop sets such a trace aside).
         let trace_missed = if traced.is_some() && snapshot.s_work > 0 {
-            let missed = run.tracing.missed(&run.managed.pids(procfs));
+            let missed = run.tracing.missed(&pids);
             let synced: u64 = missed.iter().flat_map(|&p| procfs.tasks(p).unwrap_or_default()).map(|t| run.sampler.synced(t)).sum();
             synced as f64 / snapshot.s_work as f64
         } else {

@@ -38,23 +38,25 @@ impl Managed {
         self.root_pid.map(|pid| procfs.descendants(pid, true).unwrap_or_default()).unwrap_or_default()
     }
 
-    pub(crate) fn tids(&self, procfs: &Procfs) -> Vec<i32> {
+    /// The workload's threads and its processes, from one listing: the cgroup's files, or
+    /// one walk of the root's tree.
+    pub(crate) fn threads_and_processes(&self, procfs: &Procfs) -> (Vec<i32>, Vec<i32>) {
         if let Some(cg) = &self.cgroup {
             if let Ok(t) = cg.threads() {
-                return t;
+                return (t, cg.procs().unwrap_or_else(|_| self.pids(procfs)));
             }
         }
         let Some(pid) = self.root_pid else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
         let pids = procfs.descendants(pid, true).unwrap_or_default();
         let mut tids = Vec::new();
-        for p in pids {
+        for &p in &pids {
             tids.extend(procfs.tasks(p).unwrap_or_default());
         }
         tids.sort_unstable();
         tids.dedup();
-        tids
+        (tids, pids)
     }
 }
 

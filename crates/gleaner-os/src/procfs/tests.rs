@@ -112,6 +112,10 @@ fn ticks_conversion() {
     assert_eq!(ticks_to_ns(1, 100), 10_000_000);
     assert_eq!(ticks_to_ns(3, 1000), 3_000_000);
     assert_eq!(ticks_to_ns(7, 0), 70_000_000);
+    // Its inverse rounds down to whole ticks.
+    assert_eq!(duration_to_ticks(std::time::Duration::from_millis(29), 100), 2);
+    assert_eq!(duration_to_ticks(std::time::Duration::from_millis(30), 0), 3);
+    assert_eq!(duration_to_ticks(std::time::Duration::from_nanos(ticks_to_ns(12_345, 250)), 250), 12_345);
     assert_eq!(ticks_to_ns(u64::MAX, 1), u64::MAX);
 }
 
