@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 
 def summary(v):
@@ -84,3 +85,66 @@ def wait_for_port(port, server, name):
         except OSError:
             time.sleep(0.05)
     sys.exit(f"{name} never listened on 127.0.0.1:{port}")
+
+
+def wait_for_url(url, server, name):
+    """Waits (5 s at most) until an HTTP server answers `url`; exits naming `name` (and the end
+    of its stderr, if piped) if `server` (its Popen) exits first or it never answers."""
+    for _ in range(100):
+        if server.poll() is not None:
+            err = server.stderr.read().decode().strip()[-300:] if server.stderr else ""
+            sys.exit(f"{name} exited at once (status {server.returncode}): {err}")
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"{name} never answered {url}")
+
+
+# wrk's `done` hook: one JSON line of the run's requests, errors and latency (us).
+WRK_DONE = """done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('{"requests": %d, "duration_us": %d, "errors": %d, "mean_us": %f, "min_us": %d, "max_us": %d, '
+    .. '"p50_us": %d, "p90_us": %d, "p99_us": %d, "p999_us": %d}\\n', summary.requests, summary.duration,
+    e.connect + e.read + e.write + e.status + e.timeout, latency.mean, latency.min, latency.max,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency:percentile(99.9)))
+end
+"""
+
+
+def run_wrk(conns, secs, url, tmpdir, cpu=None):
+    """Loads `url` with wrk (`conns` connections, one thread for one connection, else two) for
+    `secs` seconds, on CPU `cpu` if given (else wherever the scheduler puts it). Returns wrk's
+    summary (WRK_DONE's keys) with the wall time, `wall_ns`; exits on errors."""
+    lua = os.path.join(tmpdir, "done.lua")
+    with open(lua, "w") as f:
+        f.write(WRK_DONE)
+    cmd = ["wrk", "-t", "1" if conns == 1 else "2", "-c", str(conns), "-d", f"{secs}s", "-s", lua, url]
+    if cpu is not None:
+        cmd = ["taskset", "-c", str(cpu)] + cmd
+    t0 = time.monotonic_ns()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    wall = time.monotonic_ns() - t0
+    line = next((l for l in out.splitlines() if l.startswith("{")), None)
+    if line is None:
+        sys.exit(f"wrk printed no summary: {out.strip()[-300:]!r}")
+    r = json.loads(line)
+    if r["errors"]:
+        sys.exit(f"wrk saw {r['errors']} errors of {r['requests']} requests")
+    r["wall_ns"] = wall
+    return r
+
+
+def print_wrk_doc(server, conns, secs, r, latency_up_to=1):
+    """Prints the document of a wrk run (`run_wrk`'s result) against `server`: the requests a
+    second, and the request latency where at most `latency_up_to` connections made it a closed
+    loop whose latency is the result."""
+    n = r["requests"]
+    latency = None
+    if conns <= latency_up_to:
+        latency = {"samples": n, "mean_ns": r["mean_us"] * 1000.0, "min_ns": r["min_us"] * 1000, "p50_ns": r["p50_us"] * 1000.0,
+                   "p90_ns": r["p90_us"] * 1000.0, "p99_ns": r["p99_us"] * 1000.0, "p999_ns": r["p999_us"] * 1000.0,
+                   "max_ns": r["max_us"] * 1000}
+    print_doc(f"{server} + wrk -c {conns} -d {secs}s", {"connections": conns, "seconds": secs}, r["wall_ns"], n,
+              n * 1e6 / r["duration_us"], latency)

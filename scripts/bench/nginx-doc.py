@@ -13,15 +13,12 @@ percentiles) is the result; with more, the requests a second. `lat SECONDS`: the
 whose requests `KV_LATENCY_DUMP=FILE` writes one by one, as for redis and memcached. A benchmark harness: it reads
 wrk's output, not part of gleaner. Needs the Debian packages nginx and wrk."""
 
-import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
-from benchdoc import conns_and_secs, print_doc, print_kv_latency
+from benchdoc import conns_and_secs, print_kv_latency, print_wrk_doc, run_wrk, wait_for_url
 
 CONF = """worker_processes 1;
 worker_cpu_affinity 10;
@@ -41,15 +38,6 @@ http {{
 }}
 """
 
-DONE = """done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format('{"requests": %d, "duration_us": %d, "errors": %d, "mean_us": %f, "min_us": %d, "max_us": %d, '
-    .. '"p50_us": %d, "p90_us": %d, "p99_us": %d, "p999_us": %d}\\n', summary.requests, summary.duration,
-    e.connect + e.read + e.write + e.status + e.timeout, latency.mean, latency.min, latency.max,
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency:percentile(99.9)))
-end
-"""
-
 
 def main():
     kv = len(sys.argv) > 1 and sys.argv[1] == "lat"
@@ -64,45 +52,19 @@ def main():
             # kv-latency keeps its one connection (nginx closes one after 1,000 requests by
             # default; wrk reconnects, as before).
             f.write(CONF.format(d=d, port=port, keepalive="keepalive_requests 1000000000;" if kv else ""))
-        with open(f"{d}/done.lua", "w") as f:
-            f.write(DONE)
         server = subprocess.Popen(["nginx", "-p", d, "-c", f"{d}/nginx.conf", "-e", f"{d}/error.log"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             url = f"http://127.0.0.1:{port}/index.html"
-            for _ in range(100):
-                if server.poll() is not None:
-                    sys.exit(f"nginx exited at once (status {server.returncode}): {server.stderr.read().decode().strip()[-300:]}")
-                try:
-                    urllib.request.urlopen(url, timeout=1).read()
-                    break
-                except OSError:
-                    time.sleep(0.05)
+            wait_for_url(url, server, "nginx")
             if kv:
                 print_kv_latency("http", port, secs)
                 return
-            threads = "1" if conns == 1 else "2"
-            t0 = time.monotonic_ns()
-            out = subprocess.run(["taskset", "-c", "0", "wrk", "-t", threads, "-c", str(conns), "-d", f"{secs}s", "-s", f"{d}/done.lua", url],
-                                 capture_output=True, text=True, check=True).stdout
-            wall = time.monotonic_ns() - t0
+            doc = run_wrk(conns, secs, url, d, cpu=0)
         finally:
             server.terminate()
             server.wait()
-    line = next((l for l in out.splitlines() if l.startswith("{")), None)
-    if line is None:
-        sys.exit(f"wrk printed no summary: {out.strip()[-300:]!r}")
-    r = json.loads(line)
-    if r["errors"]:
-        sys.exit(f"wrk saw {r['errors']} errors of {r['requests']} requests")
-    n = r["requests"]
-    tput = n * 1e6 / r["duration_us"]
-    latency = None
-    if conns == 1:
-        latency = {"samples": n, "mean_ns": r["mean_us"] * 1000.0, "min_ns": r["min_us"] * 1000, "p50_ns": r["p50_us"] * 1000.0,
-                   "p90_ns": r["p90_us"] * 1000.0, "p99_ns": r["p99_us"] * 1000.0, "p999_ns": r["p999_us"] * 1000.0,
-                   "max_ns": r["max_us"] * 1000}
-    print_doc(f"nginx + wrk -c {conns} -d {secs}s", {"connections": conns, "seconds": secs}, wall, n, tput, latency)
+    print_wrk_doc("nginx", conns, secs, doc)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Programs outside the idle-policy matrix, chosen before their numbers were seen, each under
+# every idle policy a tenant could pick and `gleaner run` with no flags, in rotated rounds
+# (scripts/bench/front.py): does the loop stay on the latency-vs-CPU front of programs nobody
+# tuned it on? Neither client nor server is pinned (as a tenant runs them). Writes one JSON per
+# row into OUT.
+#
+#   sudo OUT=held-out ROUNDS=6 scripts/bench/held-out/held-out.sh
+#   sudo ROWS=pg-c1,node-http-c1 scripts/bench/held-out/held-out.sh     # only these rows
+#   sudo PEERS="gleaner,vs1=$PWD/target/release/gleaner run --vm-share 1 --" ...   # other peers
+#
+# The programs: a Go net/http server and a Node.js http server under wrk (1 and 8
+# connections), PostgreSQL under pgbench -S (1 and 8 clients), a Java SynchronousQueue
+# ping-pong of two threads, a Go channel ping-pong of two goroutines, zstd -T2, and make -j2
+# of 250 one-line C files. Needs root, golang, nodejs, default-jdk, postgresql, wrk, zstd, make
+# and a C compiler (Debian packages); builds into ~/.cache/gleaner-bench/held-out.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/../../.."
+OUT=${OUT:-held-out}
+ROUNDS=${ROUNDS:-6}
+ROWS=${ROWS:-}
+export GLEANER=${GLEANER:-$PWD/target/release/gleaner}
+PEERS=${PEERS:-stock,haltpoll,haltpoll:2400us,poll,naive,gleaner}
+B=${XDG_CACHE_HOME:-$HOME/.cache}/gleaner-bench/held-out
+mkdir -p "$OUT" "$B/mk"
+for p in httpd chan; do
+  [[ $B/$p -nt $here/$p.go ]] || (cd "$B" && GOCACHE=$B/.gocache go build -o "$B/$p" "$here/$p.go")
+done
+[[ $B/Pp.class -nt $here/Pp.java ]] || javac -d "$B" "$here/Pp.java"
+[[ -f $B/zstd.in ]] || head -c 400000000 /dev/urandom | base64 > "$B/zstd.in"
+if [[ ! -f $B/mk/Makefile ]]; then
+  for i in $(seq 250); do echo "int f$i(int x){return x*$i;}" > "$B/mk/f$i.c"; done
+  printf 'OBJS := $(patsubst %%.c,%%.o,$(wildcard *.c))\nall: $(OBJS)\n%%.o: %%.c\n\tcc -O2 -c $< -o $@\nclean:\n\trm -f *.o\n' > "$B/mk/Makefile"
+fi
+run() { # name command...
+  local name=$1; shift
+  [[ -z $ROWS || ,$ROWS, == *,$name,* ]] || return 0
+  echo "== $name: $*" >&2
+  scripts/bench/front.py --rounds "$ROUNDS" --peers "$PEERS" --json "$OUT/$name.json" -- "$@" | tail -n 12
+}
+http=$here/http-doc.py
+run go-http-c1 "$http" 1 3 "$B/httpd" {port}
+run node-http-c1 "$http" 1 3 node "$here/server.js" {port}
+run go-http-c8 "$http" 8 3 "$B/httpd" {port}
+run pg-c1 "$here/pg.sh" 1 3
+run pg-c8 "$here/pg.sh" 8 3
+run java-pp java -cp "$B" Pp 40000
+run go-chan "$B/chan" 3000000
+run zstd-T2 sh -c "zstd -T2 -6 -q -c $B/zstd.in > /dev/null"
+run make-j2 sh -c "make -s -j2 -C $B/mk && make -s -C $B/mk clean"
