@@ -584,3 +584,36 @@ fn a_benchmark_series_ended_or_killed_puts_the_idle_knobs_back() {
     assert_idle_knobs_as(&knobs);
     assert!(!record.exists() && !record.parent().unwrap().exists(), "--restore left {}", record.display());
 }
+
+/// `front.py --control` runs gleaner a second time each round as the peer `control` and
+/// reports gleaner/control per figure (the noise a peer's gap must exceed); a `--peers` list
+/// naming `control` itself is refused. The peers here run the command bare (empty prefixes),
+/// but each run still resets the haltpoll windows, so the test holds the host.
+#[test]
+#[serial(host)]
+fn a_benchmark_series_with_a_control_measures_gleaner_against_itself() {
+    require_root_and_cpuset();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench/front.py");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("series.json");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(["--control", "--rounds", "3", "--peers", "stock=,gleaner=", "--json"])
+        .arg(&json)
+        .args(["--", "sleep", "0.02"])
+        .output()
+        .expect("python3 runs scripts/bench/front.py (scripts/test.sh installs python3)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.lines().any(|l| l.trim_start().starts_with("control ")), "no control row: {stdout}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(doc["runs"]["control"].as_array().map(Vec::len), Some(3), "{doc}");
+    let wall = &doc["summary"]["control"]["wall_s"];
+    let (r, lo, hi) = (wall["ratio"].as_f64().unwrap(), wall["ci"][0].as_f64().unwrap(), wall["ci"][1].as_f64().unwrap());
+    // The same bare `sleep 0.02` both times: within a few ms of each other.
+    assert!(lo <= r && r <= hi && (0.5..2.0).contains(&r), "{wall}");
+    assert!(doc["summary"]["dominated_by"].as_object().is_some_and(|d| !d.contains_key("control")), "{doc}");
+    let out = Command::new("python3").arg(&script).args(["--control", "--peers", "control=x,gleaner=", "--", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--control adds the peer `control`"), "{out:?}");
+}

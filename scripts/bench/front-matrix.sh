@@ -8,6 +8,7 @@
 #   sudo OUT=docs/data/current/front ROUNDS=6 scripts/bench/front-matrix.sh
 #   sudo ONLY=latency scripts/bench/front-matrix.sh     # one group: latency, short, throughput
 #   sudo ROWS=xz-T2,nginx-c4 scripts/bench/front-matrix.sh   # only these rows (by name)
+#   sudo CONTROL=1 scripts/bench/front-matrix.sh   # gleaner twice a round: front.py --control
 #
 # Needs root, sockperf, redis-server and redis-benchmark, nginx and wrk, memcached and
 # libmemcached-tools, stress-ng, sysbench, perf (linux-perf), rt-tests (hackbench), xz-utils
@@ -26,7 +27,7 @@ run() { # name command...
   local name=$1; shift
   [[ -z $ROWS || ,$ROWS, == *,$name,* ]] || return 0
   echo "== $name: $*" >&2
-  scripts/bench/front.py --rounds "$ROUNDS" --peers "$PEERS" --json "$OUT/$name.json" -- "$@" | tail -n 12
+  scripts/bench/front.py --rounds "$ROUNDS" --peers "$PEERS" ${CONTROL:+--control} --json "$OUT/$name.json" -- "$@" | tail -n 14
 }
 if [[ $ONLY == all || $ONLY == latency ]]; then
   run sockperf-pp scripts/bench/sockperf-doc.py pp 3

@@ -32,6 +32,14 @@ mean each. gleaner is *dominated* by a peer whose figure is better beyond noise 
 of gleaner/peer above 1) at no more CPU (the CPU ratio's median at least 0.98). --json FILE
 writes every run and the summary.
 
+Each interval holds at 95% for its own comparison, but a series makes many (five peers, up to
+three figures each), and these VMs drift for minutes at a time: a series of 6 rounds calls
+gleaner "dominated" by a variant of itself that changes nothing about once in every few
+programs. --control runs gleaner a second time each round, as the peer `control`, and measures
+that noise: gleaner/control, median and interval, per figure. With it, a peer dominates only if
+gleaner/peer's median is also above the control's interval (worse by more than gleaner differs
+from itself), and a series whose control is itself "beyond chance" says so.
+
     sudo scripts/bench/front.py --rounds 6 -- perf bench sched pipe -l 200000
 """
 
@@ -254,6 +262,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--json", metavar="FILE", help="write every run and the summary to FILE")
     ap.add_argument("--metric", help="the figure to judge by (default: the first the program gives)")
+    ap.add_argument("--control", action="store_true",
+                    help="run gleaner twice a round (the second as the peer `control`): the noise a peer's gap must exceed")
     ap.add_argument("--restore", action="store_true",
                     help="only put back the knobs a killed series left turned (its record), then exit")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -271,9 +281,13 @@ def main():
     for n in names:
         name, sep, pre = n.partition("=")
         prefixes[name] = pre.split() if sep else ([gleaner, "run", "--"] if name == "gleaner" else [])
-    peers = list(prefixes)
-    if "gleaner" not in peers:
+    if "gleaner" not in prefixes:
         ap.error("--peers must include gleaner (the one judged)")
+    if a.control:
+        if "control" in prefixes:
+            ap.error("--control adds the peer `control`: --peers must not name one")
+        prefixes["control"] = prefixes["gleaner"]
+    peers = list(prefixes)
     knobs = Knobs()
     # A peer's knobs go back in run_peer's `finally`: a SIGTERM or SIGHUP (a session or a
     # `timeout` ending the script) must unwind through it too, not end Python where it stands
@@ -292,6 +306,12 @@ def main():
     head = a.metric or next(iter(runs["gleaner"][0]))
     metrics = [head] + [m for m in ("p99_us", "mean_us") if m != head and m in runs["gleaner"][0]]
     summary = {"command": cmd, "metric": head, "metrics": metrics, "rounds": a.rounds, "peers": {}, "dominated_by": {}}
+    # The control's interval per figure: how far gleaner/gleaner strays in this series.
+    noise = {}
+    if a.control:
+        for m in metrics:
+            noise[m] = median_interval([g[m] / x[m] for g, x in zip(runs["gleaner"], runs["control"]) if x[m] > 0])
+        summary["control"] = {m: {"ratio": r, "ci": [lo, hi]} for m, (r, lo, hi) in noise.items()}
     print(f"\n{' '.join(cmd)}: {', '.join(metrics)} (lower is better), CPU vCPU-s per run; per round gleaner/peer, median (95%)")
     for p in peers:
         cs = [x["cpu_s"] for x in runs[p]]
@@ -302,7 +322,8 @@ def main():
             line += f" {m} {row[m]:9.3f}"
         line += f"  CPU {row['cpu_s']:7.3f} s ({row['vcpus']:.2f} vCPUs)"
         if p != "gleaner":
-            cm, clo, chi = median_interval([g["cpu_s"] / x["cpu_s"] for g, x in zip(runs["gleaner"], runs[p])])
+            # A run shorter than a tick can read no CPU at all (/proc/stat counts in ticks).
+            cm, clo, chi = median_interval([g["cpu_s"] / x["cpu_s"] for g, x in zip(runs["gleaner"], runs[p]) if x["cpu_s"] > 0] or [1.0])
             row.update(cpu_ratio=cm, cpu_ratio_ci=[clo, chi])
             line += f"  CPU {cm:.2f} ({clo:.2f}..{chi:.2f})"
             for m in metrics:
@@ -311,12 +332,16 @@ def main():
                 row[f"{m}_ratio_ci"] = [lo, hi]
                 # Dominated: the peer better beyond chance (the interval of gleaner/peer above 1)
                 # at no more CPU (the CPU ratio's median at least 0.98).
-                dominated = lo > 1.0 and cm >= 0.98
+                # With a control, also worse by more than gleaner differs from itself.
+                dominated = lo > 1.0 and cm >= 0.98 and p != "control" and (m not in noise or r > noise[m][2])
                 if dominated:
                     summary["dominated_by"].setdefault(m, []).append(p)
                 line += f"  {m} {r:.3f} ({lo:.3f}..{hi:.3f})" + (" DOMINATED" if dominated else "")
         summary["peers"][p] = row
         print(line)
+    for m, (r, lo, hi) in noise.items():
+        if lo > 1.0 or hi < 1.0:
+            print(f"{m}: gleaner/control {r:.3f} ({lo:.3f}..{hi:.3f}) is beyond chance: this series drifted more than its intervals allow")
     if not summary["dominated_by"]:
         print("on the front")
     for m, ps in summary["dominated_by"].items():

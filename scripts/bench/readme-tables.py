@@ -51,7 +51,7 @@ def front_table():
             for p in PEERS:
                 r = peers.get(p)
                 cells.append("-" if r is None or m not in r else f"{r[m]:.3g} @{r['vcpus']:.2f}")
-            others = [(p, r) for p, r in peers.items() if p != "gleaner" and f"{m}_ratio" in r]
+            others = [(p, r) for p, r in peers.items() if p not in ("gleaner", "control") and f"{m}_ratio" in r]
             # gleaner / peer per round: above 1 the peer did better.
             cheaper = [(p, r) for p, r in others if r["cpu_ratio"] >= 0.98]
             worst = lambda rs: max(rs, key=lambda pr: pr[1][f"{m}_ratio"]) if rs else None

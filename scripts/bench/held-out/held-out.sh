@@ -7,6 +7,7 @@
 #
 #   sudo OUT=held-out ROUNDS=6 scripts/bench/held-out/held-out.sh
 #   sudo ROWS=pg-c1,node-http-c1 scripts/bench/held-out/held-out.sh     # only these rows
+#   sudo CONTROL=1 scripts/bench/held-out/held-out.sh     # gleaner twice a round: front.py --control
 #   sudo PEERS="gleaner,vs1=$PWD/target/release/gleaner run --vm-share 1 --" ...   # other peers
 #
 # The programs: a Go net/http server and a Node.js http server under wrk (1 and 8
@@ -37,7 +38,7 @@ run() { # name command...
   local name=$1; shift
   [[ -z $ROWS || ,$ROWS, == *,$name,* ]] || return 0
   echo "== $name: $*" >&2
-  scripts/bench/front.py --rounds "$ROUNDS" --peers "$PEERS" --json "$OUT/$name.json" -- "$@" | tail -n 12
+  scripts/bench/front.py --rounds "$ROUNDS" --peers "$PEERS" ${CONTROL:+--control} --json "$OUT/$name.json" -- "$@" | tail -n 14
 }
 http=$here/http-doc.py
 run go-http-c1 "$http" 1 3 "$B/httpd" {port}
