@@ -11,6 +11,8 @@ Tables:
   front    docs/data/current/front/*.json (scripts/bench/front.py --json), machine.json: per row
            each peer's headline figure and CPU, gleaner's per-round ratio to the best peer at
            no more CPU and to the best peer outright, and whether it is on the front
+  held-out the same from docs/data/current/held-out (scripts/bench/held-out/held-out.sh), with
+           gleaner over its control (front.py --control) where the series ran one
   first-run docs/data/current/first-run.txt (`gleaner compare` with no arguments, its stdout),
            as a code block
 """
@@ -26,8 +28,8 @@ UNITS = {"p50_us": "p50 us", "p99_us": "p99 us", "mean_us": "mean us", "usecs_pe
          "seconds": "s", "latency_ms": "ms", "us_per_item": "us/item", "wall_s": "wall s"}
 
 
-def front_table():
-    d = os.path.join(CURRENT, "front")
+def front_table(sub):
+    d = os.path.join(CURRENT, sub)
     if not os.path.isdir(d):
         return None
     machine = json.load(open(os.path.join(d, "machine.json"))) if os.path.exists(os.path.join(d, "machine.json")) else {}
@@ -42,8 +44,10 @@ def front_table():
                    f"cpuidle {machine.get('cpuidle', '?')}; gleaner {machine.get('git', '?')}; {machine.get('date', '?')}; "
                    f"{machine.get('rounds', '?')} rounds per row.")
         out.append("")
-    out.append("| row (metric) | " + " | ".join(PEERS) + " | gleaner / best at no more CPU | gleaner / best outright | on the front |")
-    out.append("|---|" + "---|" * (len(PEERS) + 3))
+    control = any("control" in s.get("peers", {}) for _, s in rows)
+    out.append("| row (metric) | " + " | ".join(PEERS) + " | gleaner / best at no more CPU | gleaner / best outright |"
+               + (" gleaner / control |" if control else "") + " on the front |")
+    out.append("|---|" + "---|" * (len(PEERS) + 3 + control))
     for name, s in rows:
         peers = s["peers"]
         for m in s.get("metrics", [s["metric"]]):
@@ -59,7 +63,12 @@ def front_table():
             dom = s.get("dominated_by", {})
             dom = dom.get(m, []) if isinstance(dom, dict) else dom
             verdict = "yes" if not dom else "no: " + ", ".join(dom)
-            out.append(f"| {name} ({UNITS.get(m, m)}) | " + " | ".join(cells) + f" | {fmt(worst(cheaper))} | {fmt(worst(others))} | {verdict} |")
+            noise = ""
+            if control:
+                c = s.get("control", {}).get(m)
+                noise = " - |" if c is None else f" {c['ratio']:.3f} ({c['ci'][0]:.2f}..{c['ci'][1]:.2f}) |"
+            out.append(f"| {name} ({UNITS.get(m, m)}) | " + " | ".join(cells) + f" | {fmt(worst(cheaper))} | {fmt(worst(others))} |"
+                       + noise + f" {verdict} |")
     return "\n".join(out)
 
 
@@ -70,7 +79,7 @@ def first_run():
     return "```\n" + open(p).read().rstrip("\n") + "\n```"
 
 
-TABLES = {"front": front_table, "first-run": first_run}
+TABLES = {"front": lambda: front_table("front"), "held-out": lambda: front_table("held-out"), "first-run": first_run}
 
 
 def render(readme):
