@@ -73,33 +73,31 @@ def kv_latency(proto, port, secs):
     return json.loads(p.stdout), wall
 
 
+def wait_ready(server, name, ready, never, err=None):
+    """Calls `ready` (it raises OSError until the server answers) every 50 ms for 5 s at most;
+    exits naming `name` if `server` (its Popen) exits first, with the end of its stderr (piped,
+    or the file `err`), or if it never answers (`never` says what it never did)."""
+    for _ in range(100):
+        if server.poll() is not None:
+            text = server.stderr.read().decode() if server.stderr else open(err).read() if err else ""
+            sys.exit(f"{name} exited at once (status {server.returncode})" + (f": {text.strip()[-300:]}" if text.strip() else ""))
+        try:
+            ready()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"{name} never {never}")
+
+
 def wait_for_port(port, server, name):
-    """Waits (5 s at most) until a TCP server listens on the loopback `port`; exits naming
-    `name` if `server` (its Popen) exits first or it never does."""
-    for _ in range(100):
-        if server.poll() is not None:
-            sys.exit(f"{name} exited at once (status {server.returncode})")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"{name} never listened on 127.0.0.1:{port}")
+    """Waits until a TCP server listens on the loopback `port` (`wait_ready`)."""
+    wait_ready(server, name, lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close(), f"listened on 127.0.0.1:{port}")
 
 
-def wait_for_url(url, server, name):
-    """Waits (5 s at most) until an HTTP server answers `url`; exits naming `name` (and the end
-    of its stderr, if piped) if `server` (its Popen) exits first or it never answers."""
-    for _ in range(100):
-        if server.poll() is not None:
-            err = server.stderr.read().decode().strip()[-300:] if server.stderr else ""
-            sys.exit(f"{name} exited at once (status {server.returncode}): {err}")
-        try:
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit(f"{name} never answered {url}")
+def wait_for_url(url, server, name, err=None):
+    """Waits until an HTTP server answers `url` (`wait_ready`; `err`: the file its stderr goes
+    to, if not piped)."""
+    wait_ready(server, name, lambda: urllib.request.urlopen(url, timeout=1).read(), f"answered {url}", err)
 
 
 # wrk's `done` hook: one JSON line of the run's requests, errors and latency (us).

@@ -17,7 +17,6 @@ func main() {
 	b := make(chan int)
 	go func() {
 		for v := range a {
-			time.Sleep(0)
 			b <- v + 1
 		}
 	}()

@@ -25,9 +25,13 @@ def main():
     cmd = [a.replace("{port}", str(port)) for a in sys.argv[3:]]
     url = f"http://127.0.0.1:{port}/"
     with tempfile.TemporaryDirectory(prefix="gleaner-http-") as d:
-        server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its stderr to a file, not a pipe no one reads while it serves (a full pipe would
+        # stall a server that logs).
+        err = os.path.join(d, "server.err")
+        with open(err, "wb") as f:
+            server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f)
         try:
-            wait_for_url(url, server, cmd[0])
+            wait_for_url(url, server, cmd[0], err)
             r = run_wrk(conns, secs, url, d)
         finally:
             server.terminate()
