@@ -13,6 +13,7 @@ Tables:
            no more CPU and to the best peer outright, and whether it is on the front
   held-out the same from docs/data/current/held-out (scripts/bench/held-out/held-out.sh), with
            gleaner over its control (front.py --control) where the series ran one
+  held-out-2 the same from docs/data/current/held-out-2 (held-out.sh's second set of programs)
   first-run docs/data/current/first-run.txt (`gleaner compare` with no arguments, its stdout),
            as a code block
 """
@@ -79,7 +80,12 @@ def first_run():
     return "```\n" + open(p).read().rstrip("\n") + "\n```"
 
 
-TABLES = {"front": lambda: front_table("front"), "held-out": lambda: front_table("held-out"), "first-run": first_run}
+TABLES = {
+    "front": lambda: front_table("front"),
+    "held-out": lambda: front_table("held-out"),
+    "held-out-2": lambda: front_table("held-out-2"),
+    "first-run": first_run,
+}
 
 
 def render(readme):

@@ -13,8 +13,13 @@
 # The programs: a Go net/http server and a Node.js http server under wrk (1 and 8
 # connections), PostgreSQL under pgbench -S (1 and 8 clients), a Java SynchronousQueue
 # ping-pong of two threads, a Go channel ping-pong of two goroutines, zstd -T2, and make -j2
-# of 250 one-line C files. Needs root, golang, nodejs, default-jdk, postgresql, wrk, zstd, make
-# and a C compiler (Debian packages); builds into ~/.cache/gleaner-bench/held-out.
+# of 250 one-line C files. A second set, chosen on another machine the same way: a Python
+# asyncio echo server and its client, Go goroutines on one mutex, a Java ForkJoinPool, iperf3
+# over loopback, pigz -p 2, a shell loop of curl processes against python3's http.server, and
+# stress-ng's sock and futex stressors. Needs root, golang, nodejs, default-jdk, postgresql,
+# wrk, zstd, make, a C compiler, iperf3, pigz, curl and stress-ng (Debian packages); builds into
+# ~/.cache/gleaner-bench/held-out. Writes OUT/machine.json: the machine, the revision, the
+# command.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../../.."
@@ -25,15 +30,22 @@ export GLEANER=${GLEANER:-$PWD/target/release/gleaner}
 PEERS=${PEERS:-stock,haltpoll,haltpoll:2400us,poll,naive,gleaner}
 B=${XDG_CACHE_HOME:-$HOME/.cache}/gleaner-bench/held-out
 mkdir -p "$OUT" "$B/mk"
-for p in httpd chan; do
+for p in httpd chan mutex; do
   [[ $B/$p -nt $here/$p.go ]] || (cd "$B" && GOCACHE=$B/.gocache go build -o "$B/$p" "$here/$p.go")
 done
-[[ $B/Pp.class -nt $here/Pp.java ]] || javac -d "$B" "$here/Pp.java"
+for j in Pp Fj; do
+  [[ $B/$j.class -nt $here/$j.java ]] || javac -d "$B" "$here/$j.java"
+done
 [[ -f $B/zstd.in ]] || head -c 400000000 /dev/urandom | base64 > "$B/zstd.in"
+[[ -f $B/pigz.in ]] || head -c 300000000 /dev/urandom > "$B/pigz.in"
 if [[ ! -f $B/mk/Makefile ]]; then
   for i in $(seq 250); do echo "int f$i(int x){return x*$i;}" > "$B/mk/f$i.c"; done
   printf 'OBJS := $(patsubst %%.c,%%.o,$(wildcard *.c))\nall: $(OBJS)\n%%.o: %%.c\n\tcc -O2 -c $< -o $@\nclean:\n\trm -f *.o\n' > "$B/mk/Makefile"
 fi
+cpuidle="$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)/$(cat /sys/devices/system/cpu/cpuidle/current_governor 2>/dev/null || echo none)"
+cat > "$OUT/machine.json" <<JSON
+{"cpu": "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')", "vcpus": $(nproc), "kernel": "$(uname -r)", "cpuidle": "$cpuidle", "git": "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)", "date": "$(date -u +%Y-%m-%dT%H:%MZ)", "rounds": $ROUNDS, "command": "sudo OUT=$OUT ROUNDS=$ROUNDS${CONTROL:+ CONTROL=1}${ROWS:+ ROWS=$ROWS} scripts/bench/held-out/held-out.sh"}
+JSON
 run() { # name command...
   local name=$1; shift
   [[ -z $ROWS || ,$ROWS, == *,$name,* ]] || return 0
@@ -50,3 +62,11 @@ run java-pp java -cp "$B" Pp 40000
 run go-chan "$B/chan" 3000000
 run zstd-T2 sh -c "zstd -T2 -6 -q -c $B/zstd.in > /dev/null"
 run make-j2 sh -c "make -s -j2 -C $B/mk && make -s -C $B/mk clean"
+run py-echo "$here/echo.py" 20000
+run go-mutex "$B/mutex" 3000000
+run java-fj java -cp "$B" Fj 1500
+run iperf3 "$here/iperf.sh" 8G
+run pigz-p2 sh -c "pigz -p 2 -c $B/pigz.in > /dev/null"
+run curl-loop "$here/curl-loop.sh" 300
+run sng-sock stress-ng --sock 2 --sock-ops 8000 -q
+run sng-futex stress-ng --futex 2 --futex-ops 200000 -q
