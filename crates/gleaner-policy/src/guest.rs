@@ -313,6 +313,9 @@ pub struct GuestController {
     /// Share of the managed vCPUs' time (steal excepted) the workload left idle (yielders' time
     /// counted idle), smoothed; `None` before the first reading with idle times.
     idle_share: Option<Smoothed>,
+    /// What a wakeup onto a runnable vCPU costs on this host while it is contended, measured
+    /// ([`observe::HostWait`]): the planner's retained costs where dearer than calibrated.
+    host_wait: observe::HostWait,
     /// How long the workload has been quiet (under [`LoopPriors::quiet_rate`] sync points a
     /// second), ns, in the periods up to the last one; 0 once it is not.
     quiet_ns: u64,
@@ -405,6 +408,7 @@ impl GuestController {
             stale_cpu_ns: 0.0,
             calm: 0,
             work_before_ns: 0,
+            host_wait: observe::HostWait::default(),
             periods: 0,
             elapsed_ns: 0,
         }
@@ -615,6 +619,8 @@ impl GuestController {
         }
         self.tighten_budgets(r, period_ns);
         self.observe_idle_share(r, period_ns);
+        let min_wakeups = self.cfg.governor.map_or(GovernorConfig::default().min_wakeups, |g| g.min_wakeups);
+        self.host_wait.observe(r, &self.cfg.cpus, period_ns, &self.cfg.priors, min_wakeups);
         gaps_from
     }
 
@@ -797,17 +803,24 @@ impl GuestController {
         !self.saturated()
     }
 
-    /// The planner on the smoothed idle periods.
+    /// The planner on the smoothed idle periods, with what the host's sharing of its pCPUs
+    /// costs retention ([`observe::HostWait`]): the contention on top of the configured price,
+    /// and the wakeups measured onto runnable vCPUs where dearer than calibrated. Planned only:
+    /// Wide, the ladder's probe of holding the vCPUs, plans at the calibration.
     fn plan(&self) -> IdlePlan {
-        self.plan_with(&self.cfg.plan)
+        let Some(calibrated) = &self.cfg.curve else { return self.plan_with(&self.cfg.plan, None) };
+        let priced = self.host_wait.priced(calibrated);
+        self.plan_with(&PlanConfig { price: self.cfg.plan.price + self.host_wait.price(), ..self.cfg.plan }, priced.as_ref())
     }
 
-    /// The planner on the smoothed idle periods, with `plan_cfg`.
-    fn plan_with(&self, plan_cfg: &PlanConfig) -> IdlePlan {
+    /// The planner on the smoothed idle periods, with `plan_cfg`, on `curve` (`None`: the
+    /// calibrated one).
+    fn plan_with(&self, plan_cfg: &PlanConfig, curve: Option<&WakeCurve>) -> IdlePlan {
         if let Some(w) = self.cfg.fixed_yield_ns {
             return IdlePlan::fixed_yield(self.cfg.cpus.iter().copied(), w);
         }
-        let Some(curve) = &self.cfg.curve else { return IdlePlan::halt(self.cfg.cpus.iter().copied()) };
+        let Some(calibrated) = &self.cfg.curve else { return IdlePlan::halt(self.cfg.cpus.iter().copied()) };
+        let curve = curve.unwrap_or(calibrated);
         let inputs: Vec<VcpuInput<'_>> = self
             .seen
             .iter()
@@ -856,7 +869,7 @@ impl GuestController {
             return IdlePlan::yield_always(self.cfg.cpus.iter().copied());
         }
         let cfg = PlanConfig { price: 0.0, bottleneck_idle_share: 0.0, ..self.cfg.plan };
-        let mut p = self.plan_with(&cfg);
+        let mut p = self.plan_with(&cfg, None);
         for v in &mut p.vcpus {
             if v.why == PlanReason::BestValue {
                 v.why = PlanReason::Wide;

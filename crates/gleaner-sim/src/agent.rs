@@ -275,8 +275,10 @@ impl Engine {
             let vc = &self.vcpus[v as usize];
             let c = &vc.c;
             let cur = (c.gv[GV_WORK], c.gv[GV_YIELD], c.gv[GV_IDLE], c.idle_entries, vc.steal_ns);
+            let stolen = (vc.steal_idle_ns, vc.steal_yield_ns);
             let polled = c.gpoll_ns - std::mem::replace(&mut self.vms[vmi].prev_poll[i as usize], c.gpoll_ns);
             let prev = std::mem::replace(&mut self.vms[vmi].prev[i as usize], cur);
+            let stolen_before = std::mem::replace(&mut self.vms[vmi].prev_steal[i as usize], stolen);
             samples.push(VcpuSample {
                 cpu: i,
                 t_work_ns: cur.0 - prev.0,
@@ -284,12 +286,15 @@ impl Engine {
                 t_idle_ns: (cur.1 - prev.1) + (cur.2 - prev.2),
                 s_yield: cur.3 - prev.3,
             });
+            // As a Linux guest's `/proc/stat` counts them: steal apart, idle and the yielders'
+            // time without the waits for a pCPU in them.
+            let idle_ns = (cur.2 - prev.2).saturating_sub(stolen.0 - stolen_before.0);
             idle.push(VcpuIdle {
                 cpu: i,
-                idle_ns: cur.2 - prev.2,
+                idle_ns,
                 entries: Some(cur.3 - prev.3),
-                poll_ns: polled,
-                yield_ns: cur.1 - prev.1,
+                poll_ns: polled.min(idle_ns),
+                yield_ns: (cur.1 - prev.1).saturating_sub(stolen.1 - stolen_before.1),
                 steal_ns: cur.4 - prev.4,
             });
         }

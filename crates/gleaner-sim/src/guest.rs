@@ -137,15 +137,21 @@ impl Engine {
         let vc = &mut self.vcpus[v as usize];
         let e = now - vc.gv_since;
         vc.gv_since = now;
-        // Which of the three is data: an index picked by conditional moves, not branches.
-        let k = if vc.cur != NONE {
+        let k = Self::gv_kind(vc);
+        vc.c.gv[k] += e;
+    }
+
+    /// The guest view's category of `vc` now: [`GV_WORK`], [`GV_YIELD`] or [`GV_IDLE`]. Which
+    /// of the three is data: an index picked by conditional moves, not branches.
+    #[inline]
+    pub(crate) fn gv_kind(vc: &crate::engine::Vcpu) -> usize {
+        if vc.cur != NONE {
             GV_WORK
         } else if vc.idle == Idle::Yield {
             GV_YIELD
         } else {
             GV_IDLE
-        };
-        vc.c.gv[k] += e;
+        }
     }
 
     /// Appends thread `t` to vCPU `v`'s run queue, counting it in the VM's queued threads and

@@ -305,20 +305,31 @@ fn consolidation_shrinks_an_underused_vm() {
 
 #[test]
 fn the_governor_keeps_retention_where_it_pays_and_drops_it_where_it_cannot() {
-    // A barrier code next to a CPU hog on shared pCPUs: retention holds the pCPUs and pays.
-    let barrier = wl(vec![group("g", 4, Some(3000), vec![], &["compute 60us +-20%", "barrier b"])]);
-    let hog = wl(vec![group("h", 4, None, vec![], &["compute 10ms"])]);
-    // The idle planner plans a vCPU from 8 woken idle periods: at the default 10 ms period
-    // this barrier, slowed by the hog, gives each vCPU 3 to 7; at 40 ms it has enough.
-    let mut app = vm("app", barrier, 4, None, false, IdlePolicy::Retention);
-    app.gleaner.period_ms = 40.0;
-    let o = run(setup(4, vec![app, vm("hog", hog, 4, None, true, IdlePolicy::Stock)]));
+    // A barrier code alone on its pCPUs: retention saves every halted wakeup and pays.
+    let barrier = |n| wl(vec![group("g", 4, Some(n), vec![], &["compute 60us +-20%", "barrier b"])]);
+    // The idle planner plans a vCPU from 8 woken idle periods: at 40 ms periods it has enough.
+    let app = |n| {
+        let mut app = vm("app", barrier(n), 4, None, false, IdlePolicy::Retention);
+        app.gleaner.period_ms = 40.0;
+        app
+    };
+    let o = run(setup(4, vec![app(20_000)]));
     let r = o.vms[0].retention.expect("a governed retention variant");
     assert!(o.finished && r.periods > 20, "{r:?}");
     assert!(r.probes > 0, "{r:?}");
     assert_eq!(r.switches, 0, "{r:?}");
     assert!(r.on_periods * 10 > r.periods * 8, "retention on most of the run: {r:?}");
     assert!(o.vms[0].yield_ns > 0, "on means the planned windows yield: {r:?}");
+    // The same next to a CPU hog on the shared pCPUs: its vCPUs meet steal, and a vCPU held
+    // runnable takes turns the host charges to the VM (docs/agent.md, "On a host that shares
+    // its pCPUs"): priced by that contention, the plan holds them far less.
+    let hog = wl(vec![group("h", 4, None, vec![], &["compute 10ms"])]);
+    let o = run(setup(4, vec![app(3000), vm("hog", hog, 4, None, true, IdlePolicy::Stock)]));
+    assert!(o.finished);
+    let yielding = |v: &gleaner_sim::stats::VmOutcome| v.yield_ns as f64 / (v.end_ns.max(1) * u64::from(v.vcpus)) as f64;
+    let shared = yielding(&o.vms[0]);
+    let alone_share = yielding(&run(setup(4, vec![app(3000)])).vms[0]);
+    assert!(shared < 0.5 * alone_share, "yielding {shared:.3} of the vCPUs' time next to the hog, {alone_share:.3} alone");
     // Long compute bursts with few sync points: nothing for retention to speed up. The
     // planner sees too few wakeups to give any vCPU a window (or the governor turns retention
     // off): the yielders take almost nothing.

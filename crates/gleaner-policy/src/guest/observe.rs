@@ -5,7 +5,7 @@
 
 use super::{GuestController, GuestReading, VcpuIdle};
 use crate::idle::plan::exponential_gaps;
-use crate::idle::{Log2Hist, TraceSource, VcpuGaps, WakeTrace};
+use crate::idle::{Log2Hist, TraceSource, VcpuGaps, WakeCurve, WakeTrace};
 use crate::retention::EpochReading;
 
 /// A share smoothed over periods, each weighed by its length and the older halved each period:
@@ -52,6 +52,94 @@ impl Seen {
     /// The budget's multiplier now.
     pub(super) fn scale(&self) -> f64 {
         self.budget_scale * self.steal_scale
+    }
+}
+
+/// What the host's sharing of its pCPUs does to retention, as the loop measures it.
+///
+/// The planner's price (`PlanConfig::price`) values an idle vCPU's time as otherwise unused, and
+/// the calibrated curve's retained costs (a yielder's B, the POLL state's P) were measured with
+/// the waiter's vCPU on its pCPU. On a host that shares the pCPUs, neither holds, and the VM
+/// meets it as steal (the host ran something else while a vCPU wanted to run):
+///
+/// - A retained vCPU is runnable: its polling or yielding takes turns on its pCPU that the
+///   host would otherwise give the co-runner, and a fair host charges them to the vCPU, whose
+///   own work then waits for them. As often as the host has something else to run there (the
+///   contention: steal over the time the vCPUs were runnable), a nanosecond retained is a
+///   nanosecond of the VM's own time: the planner's price rises by the contention
+///   (`gleaner sim fig7` on a host whose slices drift: the yielders took streamcluster to
+///   0.45x of stock, their wakeups not slower than a halted vCPU's).
+/// - A wakeup for a runnable vCPU waits while the host runs the other (the lab's TCG cells
+///   next to a co-runner: a yielder-kept vCPU woke in 1.4-7.2 ms on average against 125-341
+///   us halted, docs/lab.md "Wake costs"). In a period in which the managed vCPUs met steal
+///   ([`LoopPriors::steal_share`](super::LoopPriors::steal_share) of their time, and more than
+///   [`LoopPriors::steal_min_ns`](super::LoopPriors::steal_min_ns): not the counters'
+///   rounding), the traced wakeups onto vCPUs that were not halted (busy, or polling) are what
+///   a retained vCPU's wakeup costs here now; the planner takes them where dearer than the
+///   calibration's.
+///
+/// A VM alone on its pCPUs meets no steal: its price and curve are as configured.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct HostWait {
+    /// Steal over the time the managed vCPUs were runnable (ran, polled, yielded or waited),
+    /// smoothed; `None` before a reading.
+    pub(super) contention: Option<Smoothed>,
+    /// The last period met steal.
+    pub(super) contended: bool,
+    /// The mean wakeup onto a runnable vCPU in the periods that met steal, ns, smoothed.
+    pub(super) runnable_wake: Option<Smoothed>,
+}
+
+impl HostWait {
+    /// Takes in a period: its steal over the managed vCPUs, and where it met steal, its traced
+    /// wakeups onto runnable vCPUs if there were at least `min_wakeups`.
+    pub(super) fn observe(&mut self, r: &GuestReading, cpus: &[u32], period_ns: u64, priors: &super::LoopPriors, min_wakeups: u64) {
+        let managed = r.idle.iter().filter(|v| cpus.contains(&v.cpu));
+        let (steal, runnable, had) = managed.fold((0_u64, 0_u64, 0_u64), |(s, run, h), v| {
+            // Runnable: all but the time it was halted (polling counts idle, but holds the pCPU).
+            let halted = v.idle_ns.saturating_sub(v.poll_ns);
+            (
+                s.saturating_add(v.steal_ns),
+                run.saturating_add(period_ns.saturating_sub(halted).max(v.steal_ns)),
+                h.saturating_add(period_ns),
+            )
+        });
+        if had == 0 {
+            return;
+        }
+        let share = if runnable == 0 { 0.0 } else { (steal as f64 / runnable as f64).min(1.0) };
+        self.contention = Some(Smoothed::fold(self.contention, share, period_ns));
+        self.contended = steal > priors.steal_min_ns && steal as f64 > priors.steal_share * had as f64;
+        if !self.contended {
+            return;
+        }
+        let Some(t) = r.trace.as_ref().filter(|t| t.traced_ns > 0) else { return };
+        let mut runnable = t.latency.busy.clone();
+        runnable.merge(&t.latency.poll);
+        if runnable.count() < min_wakeups {
+            return;
+        }
+        if let Some(mean) = runnable.mean_ns() {
+            self.runnable_wake = Some(Smoothed::fold(self.runnable_wake, mean, period_ns));
+        }
+    }
+
+    /// What a retained nanosecond costs on top of the planner's price: the contention, where
+    /// the host shares the pCPUs (its steal beyond the counters' rounding); else nothing.
+    pub(super) fn price(&self) -> f64 {
+        self.contention.filter(|_| self.contended).map_or(0.0, |c| c.value)
+    }
+
+    /// `curve` with its retained costs raised to the measured wakeup onto a runnable vCPU,
+    /// while the host is contended and that was measured dearer; `None`: `curve` stands.
+    pub(super) fn priced(&self, curve: &WakeCurve) -> Option<WakeCurve> {
+        let measured = crate::num::saturating_u64(self.runnable_wake.filter(|_| self.contended)?.value.round());
+        let dearer = measured > curve.busy_ns || curve.poll_ns.is_some_and(|p| measured > p);
+        dearer.then(|| WakeCurve {
+            halted: curve.halted.clone(),
+            busy_ns: curve.busy_ns.max(measured),
+            poll_ns: curve.poll_ns.map(|p| p.max(measured)),
+        })
     }
 }
 

@@ -215,7 +215,13 @@ impl Engine {
         vc.overhead += oh;
         let queued = std::mem::replace(&mut vc.queued_since, Ns::MAX);
         if queued != Ns::MAX {
-            vc.steal_ns += now - queued;
+            let waited = now - queued;
+            vc.steal_ns += waited;
+            match Self::gv_kind(vc) {
+                GV_IDLE => vc.steal_idle_ns += waited,
+                GV_YIELD => vc.steal_yield_ns += waited,
+                _ => {}
+            }
         }
         vc.host = Host::Running(p);
         vc.last_p = p;

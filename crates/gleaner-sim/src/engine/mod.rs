@@ -248,9 +248,13 @@ pub(crate) struct Vcpu {
     pub trace_since: Ns,
     pub wake_src: u32,
     /// Since when the vCPU waits in a host run queue (`Ns::MAX`: it does not), and the time
-    /// it waited so far: `/proc/stat`'s steal, as the guest sees it.
+    /// it waited so far: `/proc/stat`'s steal, as the guest sees it. Of that, the waits in
+    /// the guest view's idle and yielding time ([`Engine::gv_kind`]): a Linux guest counts
+    /// steal apart, its idle and busy times without it, where `gv` has it in.
     pub queued_since: Ns,
     pub steal_ns: u64,
+    pub steal_idle_ns: u64,
+    pub steal_yield_ns: u64,
     /// A credit host's BOOST (`Engine::credit`): 0 none, `Ns::MAX` boosted and not yet run,
     /// else boosted until this accounting tick. And when the vCPU got its pCPU last.
     pub boost_until: Ns,
@@ -349,6 +353,8 @@ pub(crate) struct VmState {
     pub periods: u64,
     pub retain_periods: u64,
     pub prev: Vec<(u64, u64, u64, u64, u64)>,
+    /// Each vCPU's `steal_idle_ns` and `steal_yield_ns` at the last reading.
+    pub prev_steal: Vec<(u64, u64)>,
     pub prev_s_work: u64,
     pub decisions: u64,
     pub lat: Hist,

@@ -339,6 +339,64 @@ fn steal_while_retaining_halves_the_budget_and_it_comes_back_slowly() {
     assert_eq!(budget(&g.step(&idle)), 1.0);
 }
 
+/// On a host that runs others beside the VM (it meets steal), a vCPU kept runnable takes turns
+/// the host would give the co-runner, charged to the VM: the planner's price rises by the
+/// contention (steal over the time the vCPUs were runnable). Steal of a tick or two is the
+/// counters' rounding, and without steal the price is as configured.
+#[test]
+fn on_a_contended_host_a_retained_nanosecond_costs_the_contention() {
+    // The server of `server_period`: vCPU 1 idle 480 us 400 times a period, polling through
+    // them costing 0.96 of it and saving 51 us each at the calibrated costs; vCPU 0 (which
+    // retains nothing, so no budget is cut) stolen `steal_ns`.
+    let period = |steal_ns: u64| {
+        let mut r = server_period(PERIOD / 2, 50_000);
+        r.idle[0].steal_ns = steal_ns;
+        r
+    };
+    let covers = |s: &GuestStep| s.planned.of(1).unwrap().estimate.caught_share > 0.9;
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    assert!(covers(&g.step(&period(0))), "no steal: polling pays at the configured price");
+    // A third of the runnable time stolen.
+    let s = g.step(&period(PERIOD / 2));
+    assert!(!covers(&s), "{:?}", s.planned);
+    // Smoothed with the steal-free period before: half of 100 ms over 308 ms runnable.
+    assert!((g.host_wait.price() - 0.5 * 100.0 / 308.0).abs() < 0.01, "{}", g.host_wait.price());
+    assert!(covers(&g.step(&period(0))), "the host gave the pCPUs back");
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    assert!(covers(&g.step(&period(20_000_000))), "two ticks of steal: the counters' rounding");
+    assert_eq!(g.host_wait.price(), 0.0);
+}
+
+/// On a contended host a wakeup for a runnable vCPU also waits while the host runs the other:
+/// the loop prices retention by the wakeups it traced onto runnable vCPUs while it met the
+/// steal, where they cost more than calibrated; without steal, for a handful of wakeups or a
+/// measure cheaper than calibrated, the calibration stands.
+#[test]
+fn on_a_contended_host_retention_is_priced_by_the_runnable_wakeups_it_measured() {
+    // A server on vCPU 1 idle 50 us 400 times a period (polling through them costs a tenth of
+    // it, so a little contention leaves it paying), its wakeups onto the polling vCPU measured
+    // at `wake_ns`, and vCPU 0 stolen `steal_ns`.
+    let period = |wake_ns: u64, n: u64, steal_ns: u64| {
+        let mut r = server_gaps(50_000, 0.1);
+        r.trace.as_mut().unwrap().latency.poll.record_n(wake_ns, n);
+        r.idle[0].steal_ns = steal_ns;
+        r
+    };
+    let covers = |s: &GuestStep| s.planned.of(1).unwrap().estimate.caught_share > 0.9;
+    let stolen = 40_000_000;
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    assert!(covers(&g.step(&period(2_000_000, 400, 0))), "no steal: the calibration stands");
+    let s = g.step(&period(2_000_000, 400, stolen));
+    assert!(!covers(&s), "2 ms a wakeup onto a runnable vCPU: catching it saves nothing: {:?}", s.planned);
+    assert!(covers(&g.step(&period(0, 0, 0))), "the host gave the pCPUs back");
+    // Too few wakeups to measure, or the measure cheaper than calibrated: the contention's
+    // price alone, under which this server still pays.
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    assert!(covers(&g.step(&period(2_000_000, 10, stolen))));
+    let mut g = GuestController::new(cfg(HALTPOLL));
+    assert!(covers(&g.step(&period(1_000, 400, stolen))));
+}
+
 /// The agent's period work runs in the background (SCHED_IDLE) for a workload that leaves
 /// idle time and blocks a few thousand times a second per vCPU (a server at 2,000 requests a
 /// second), at its own priority for a ping-pong (its wakeups would chop the work) and for a
