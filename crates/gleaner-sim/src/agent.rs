@@ -287,15 +287,18 @@ impl Engine {
                 s_yield: cur.3 - prev.3,
             });
             // As a Linux guest's `/proc/stat` counts them: steal apart, idle and the yielders'
-            // time without the waits for a pCPU in them.
-            let idle_ns = (cur.2 - prev.2).saturating_sub(stolen.0 - stolen_before.0);
+            // time without the waits for a pCPU in them; a guest without steal (TCG) has the
+            // waits in them and no steal.
+            let (steal_ns, taken) =
+                if self.guest_steal { (cur.4 - prev.4, (stolen.0 - stolen_before.0, stolen.1 - stolen_before.1)) } else { (0, (0, 0)) };
+            let idle_ns = (cur.2 - prev.2).saturating_sub(taken.0);
             idle.push(VcpuIdle {
                 cpu: i,
                 idle_ns,
                 entries: Some(cur.3 - prev.3),
                 poll_ns: polled.min(idle_ns),
-                yield_ns: (cur.1 - prev.1).saturating_sub(stolen.1 - stolen_before.1),
-                steal_ns: cur.4 - prev.4,
+                yield_ns: (cur.1 - prev.1).saturating_sub(taken.1),
+                steal_ns,
             });
         }
         (samples, idle)

@@ -47,6 +47,7 @@ pub(crate) fn two_pcpu_engine(vcpus: u32) -> Engine {
         halt_poll: None,
         ple_window_ns: 20_000,
         balance_ns: Some(32_000_000),
+        guest_steal: true,
         virt: true,
         costs,
         vms: vec![vm],

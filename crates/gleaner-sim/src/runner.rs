@@ -227,6 +227,7 @@ pub fn setup_with_costs(sc: &Scenario, v: &VariantCfg, seed: u64, costs: &Resolv
         }),
         ple_window_ns: us_to_ns(h.ple_window_us),
         balance_ns: (h.balance_interval_us > 0.0).then(|| us_to_ns(h.balance_interval_us).max(1)),
+        guest_steal: h.guest_steal,
         virt: true,
         costs: vm_costs,
         vms,
@@ -260,6 +261,7 @@ pub fn native_setup_with_costs(sc: &Scenario, vm_index: usize, seed: u64, costs:
             halt_poll: None,
             ple_window_ns: us_to_ns(h.ple_window_us),
             balance_ns: None,
+            guest_steal: true,
             virt: false,
             costs: pm,
             vms: vec![SetupVm {

@@ -49,6 +49,7 @@ fn setup(pcpus: u32, vms: Vec<SetupVm>) -> Setup {
         halt_poll: None,
         ple_window_ns: 20_000,
         balance_ns: None,
+        guest_steal: true,
         virt: true,
         costs: costs(),
         vms,
@@ -330,6 +331,13 @@ fn the_governor_keeps_retention_where_it_pays_and_drops_it_where_it_cannot() {
     let shared = yielding(&o.vms[0]);
     let alone_share = yielding(&run(setup(4, vec![app(3000)])).vms[0]);
     assert!(shared < 0.5 * alone_share, "yielding {shared:.3} of the vCPUs' time next to the hog, {alone_share:.3} alone");
+    // A guest without a steal clock (TCG) sees none of the contention and holds them as its
+    // calibration says.
+    let hog = wl(vec![group("h", 4, None, vec![], &["compute 10ms"])]);
+    let mut blind = setup(4, vec![app(3000), vm("hog", hog, 4, None, true, IdlePolicy::Stock)]);
+    blind.guest_steal = false;
+    let blind = yielding(&run(blind).vms[0]);
+    assert!(blind > 0.5 * alone_share, "yielding {blind:.3} without a steal clock, {alone_share:.3} alone");
     // Long compute bursts with few sync points: nothing for retention to speed up. The
     // planner sees too few wakeups to give any vCPU a window (or the governor turns retention
     // off): the yielders take almost nothing.

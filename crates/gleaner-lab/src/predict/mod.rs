@@ -141,7 +141,8 @@ fn predict_cell(
     let modes = stock_first(cell, pass)?;
     let variants: Vec<VariantCfg> =
         modes.iter().map(|m| model::variant_for(&m.summary.mode.to_string(), m.policy, &plan, halt_poll)).collect();
-    let host = model::host_cfg(cell.pcpus, &opts.host);
+    // A TCG guest has no steal clock: the predicted agent reads none, as the lab's did.
+    let host = gleaner_sim::scenario::HostCfg { guest_steal: cell.accel == Accel::Kvm, ..model::host_cfg(cell.pcpus, &opts.host) };
     let sc = model::scenario(&cell.name, host.clone(), cell.vcpus, a, b, &costs.table2, variants);
     sc.validate().with_context(|| format!("the simulator scenario of cell {}", cell.name))?;
     let reports: Vec<Report> = seeds

@@ -565,6 +565,8 @@ pub fn host_cfg(pcpus: u32, host: &HostSched) -> HostCfg {
         halt_poll_ns_shrink: 0,
         ple_window_us: 20.0,
         balance_interval_us: HOST_BALANCE_US,
+        // Under KVM the guests have a steal clock; the predictor turns it off for a TCG cell.
+        guest_steal: true,
     }
 }
 

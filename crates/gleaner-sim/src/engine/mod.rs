@@ -74,6 +74,8 @@ pub struct Setup {
     pub ple_window_ns: Ns,
     /// Periodic host load balancing interval (`None`: only idle pCPUs pull queued vCPUs).
     pub balance_ns: Option<Ns>,
+    /// The guests see steal (`HostCfg::guest_steal`).
+    pub guest_steal: bool,
     /// False for the native baseline: no exits, no halt polling, PM costs.
     pub virt: bool,
     pub costs: Costs,
@@ -428,6 +430,7 @@ pub struct Engine {
     pub(crate) halt_poll: Option<HaltPoll>,
     pub(crate) ple_window_ns: Ns,
     balance_ns: Option<Ns>,
+    pub(crate) guest_steal: bool,
     pub(crate) pcpus: Vec<Pcpu>,
     pub(crate) vcpus: Vec<Vcpu>,
     /// Compact per-vCPU load (current thread + run queue + inbox) for fast scans.
@@ -492,6 +495,7 @@ impl Engine {
             halt_poll: if s.virt { s.halt_poll } else { None },
             ple_window_ns: s.ple_window_ns,
             balance_ns: s.balance_ns,
+            guest_steal: s.guest_steal,
             pcpus: (0..s.pcpus).map(|_| Pcpu { cur: NONE, rq: Vec::new(), seg_start: 0, last: NONE, dirty: false }).collect(),
             vcpus: Vec::new(),
             vload: Vec::new(),

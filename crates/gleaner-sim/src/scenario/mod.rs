@@ -143,6 +143,12 @@ pub struct HostCfg {
     /// yielders) keep whatever imbalance they start with.
     #[serde(default)]
     pub balance_interval_us: f64,
+    /// The guests see steal (KVM's paravirtual steal clock): their `/proc/stat` counts the
+    /// waits for a pCPU as steal, apart from idle and busy time. False for a guest without it
+    /// (QEMU TCG, as the lab's guests run here): the waits are in whatever the vCPU was doing
+    /// and steal reads 0.
+    #[serde(default = "yes")]
+    pub guest_steal: bool,
 }
 
 fn one32() -> u32 {
