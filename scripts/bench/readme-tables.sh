@@ -14,12 +14,7 @@ OUT=docs/data/current/front
 ROUNDS=${ROUNDS:-6}
 mkdir -p "$OUT"
 cargo build --release
-git_rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-cpuidle="$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)/$(cat /sys/devices/system/cpu/cpuidle/current_governor 2>/dev/null || echo none)"
-cat > "$OUT/machine.json" <<JSON
-{"cpu": "$cpu", "vcpus": $(nproc), "kernel": "$(uname -r)", "cpuidle": "$cpuidle", "git": "$git_rev", "date": "$(date -u +%Y-%m-%dT%H:%MZ)", "rounds": $ROUNDS, "command": "OUT=$OUT ROUNDS=$ROUNDS scripts/bench/front-matrix.sh"}
-JSON
+scripts/bench/machine-json.py "$ROUNDS" "OUT=$OUT ROUNDS=$ROUNDS scripts/bench/front-matrix.sh" > "$OUT/machine.json"
 if [[ ${ONLY:-all} == all ]]; then
   # The README's first command, as a newcomer runs it (its plot beside it).
   target/release/gleaner compare --plot docs/data/current/first-run.svg > docs/data/current/first-run.txt

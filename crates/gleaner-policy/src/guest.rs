@@ -313,8 +313,8 @@ pub struct GuestController {
     /// Share of the managed vCPUs' time (steal excepted) the workload left idle (yielders' time
     /// counted idle), smoothed; `None` before the first reading with idle times.
     idle_share: Option<Smoothed>,
-    /// What a wakeup onto a runnable vCPU costs on this host while it is contended, measured
-    /// ([`observe::HostWait`]): the planner's retained costs where dearer than calibrated.
+    /// What the host's sharing of its pCPUs costs retention, measured ([`observe::HostWait`]):
+    /// Planned's price and retained wake costs on a host that shares them.
     host_wait: observe::HostWait,
     /// How long the workload has been quiet (under [`LoopPriors::quiet_rate`] sync points a
     /// second), ns, in the periods up to the last one; 0 once it is not.
@@ -808,8 +808,7 @@ impl GuestController {
     /// and the wakeups measured onto runnable vCPUs where dearer than calibrated. Planned only:
     /// Wide, the ladder's probe of holding the vCPUs, plans at the calibration.
     fn plan(&self) -> IdlePlan {
-        let Some(calibrated) = &self.cfg.curve else { return self.plan_with(&self.cfg.plan, None) };
-        let priced = self.host_wait.priced(calibrated);
+        let priced = self.cfg.curve.as_ref().and_then(|c| self.host_wait.priced(c));
         self.plan_with(&PlanConfig { price: self.cfg.plan.price + self.host_wait.price(), ..self.cfg.plan }, priced.as_ref())
     }
 

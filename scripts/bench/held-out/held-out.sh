@@ -30,25 +30,23 @@ export GLEANER=${GLEANER:-$PWD/target/release/gleaner}
 PEERS=${PEERS:-stock,haltpoll,haltpoll:2400us,poll,naive,gleaner}
 B=${XDG_CACHE_HOME:-$HOME/.cache}/gleaner-bench/held-out
 mkdir -p "$OUT" "$B/mk"
+wants() { [[ -z $ROWS || ,$ROWS, == *,$1,* ]]; } # a row this run makes
 for p in httpd chan mutex; do
   [[ $B/$p -nt $here/$p.go ]] || (cd "$B" && GOCACHE=$B/.gocache go build -o "$B/$p" "$here/$p.go")
 done
 for j in Pp Fj; do
   [[ $B/$j.class -nt $here/$j.java ]] || javac -d "$B" "$here/$j.java"
 done
-[[ -f $B/zstd.in ]] || head -c 400000000 /dev/urandom | base64 > "$B/zstd.in"
-[[ -f $B/pigz.in ]] || head -c 300000000 /dev/urandom > "$B/pigz.in"
-if [[ ! -f $B/mk/Makefile ]]; then
+! wants zstd-T2 || [[ -f $B/zstd.in ]] || head -c 400000000 /dev/urandom | base64 > "$B/zstd.in"
+! wants pigz-p2 || [[ -f $B/pigz.in ]] || head -c 300000000 /dev/urandom > "$B/pigz.in"
+if wants make-j2 && [[ ! -f $B/mk/Makefile ]]; then
   for i in $(seq 250); do echo "int f$i(int x){return x*$i;}" > "$B/mk/f$i.c"; done
   printf 'OBJS := $(patsubst %%.c,%%.o,$(wildcard *.c))\nall: $(OBJS)\n%%.o: %%.c\n\tcc -O2 -c $< -o $@\nclean:\n\trm -f *.o\n' > "$B/mk/Makefile"
 fi
-cpuidle="$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)/$(cat /sys/devices/system/cpu/cpuidle/current_governor 2>/dev/null || echo none)"
-cat > "$OUT/machine.json" <<JSON
-{"cpu": "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')", "vcpus": $(nproc), "kernel": "$(uname -r)", "cpuidle": "$cpuidle", "git": "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)", "date": "$(date -u +%Y-%m-%dT%H:%MZ)", "rounds": $ROUNDS, "command": "sudo OUT=$OUT ROUNDS=$ROUNDS${CONTROL:+ CONTROL=1}${ROWS:+ ROWS=$ROWS} scripts/bench/held-out/held-out.sh"}
-JSON
+scripts/bench/machine-json.py "$ROUNDS" "sudo OUT=$OUT ROUNDS=$ROUNDS${CONTROL:+ CONTROL=1}${ROWS:+ ROWS=$ROWS} scripts/bench/held-out/held-out.sh" > "$OUT/machine.json"
 run() { # name command...
   local name=$1; shift
-  [[ -z $ROWS || ,$ROWS, == *,$name,* ]] || return 0
+  wants "$name" || return 0
   echo "== $name: $*" >&2
   scripts/bench/front.py --rounds "$ROUNDS" --peers "$PEERS" ${CONTROL:+--control} --json "$OUT/$name.json" -- "$@" | tail -n 14
 }

@@ -66,7 +66,7 @@ impl Seen {
 ///   host would otherwise give the co-runner, and a fair host charges them to the vCPU, whose
 ///   own work then waits for them. As often as the host has something else to run there (the
 ///   contention: steal over the time the vCPUs were runnable), a nanosecond retained is a
-///   nanosecond of the VM's own time: the planner's price rises by the contention
+///   nanosecond of the VM's own time: Planned's price rises by the contention
 ///   (`gleaner sim fig7` on a host whose slices drift: the yielders took streamcluster to
 ///   0.45x of stock, their wakeups not slower than a halted vCPU's).
 /// - A wakeup for a runnable vCPU waits while the host runs the other (the lab's TCG cells
@@ -75,8 +75,11 @@ impl Seen {
 ///   ([`LoopPriors::steal_share`](super::LoopPriors::steal_share) of their time, and more than
 ///   [`LoopPriors::steal_min_ns`](super::LoopPriors::steal_min_ns): not the counters'
 ///   rounding), the traced wakeups onto vCPUs that were not halted (busy, or polling) are what
-///   a retained vCPU's wakeup costs here now; the planner takes them where dearer than the
+///   a retained vCPU's wakeup costs here now; Planned takes them where dearer than the
 ///   calibration's.
+///
+/// The ladder's Wide level plans at the configured price and the calibration, so its probes
+/// still test holding the vCPUs where this pricing says it does not pay.
 ///
 /// A VM alone on its pCPUs meets no steal: its price and curve are as configured.
 #[derive(Debug, Clone, Copy, Default)]
@@ -114,12 +117,12 @@ impl HostWait {
             return;
         }
         let Some(t) = r.trace.as_ref().filter(|t| t.traced_ns > 0) else { return };
-        let mut runnable = t.latency.busy.clone();
-        runnable.merge(&t.latency.poll);
-        if runnable.count() < min_wakeups {
+        let mut onto_runnable = t.latency.busy.clone();
+        onto_runnable.merge(&t.latency.poll);
+        if onto_runnable.count() < min_wakeups {
             return;
         }
-        if let Some(mean) = runnable.mean_ns() {
+        if let Some(mean) = onto_runnable.mean_ns() {
             self.runnable_wake = Some(Smoothed::fold(self.runnable_wake, mean, period_ns));
         }
     }
