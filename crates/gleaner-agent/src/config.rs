@@ -376,6 +376,9 @@ min_util = 0.05
 # its program places its threads, and its next pin must not fail on a vCPU taken away.
 # false: the paper's cpuset, which moves pinned threads too.
 keep_pinned = true
+# Consolidation as an experiment: measure every vCPU first, and roll a step back where the
+# sync rate falls below every vCPU's beyond chance. false: the paper's controller.
+measured = true
 
 [governor]
 # Every probe_every_min..probe_every_max periods (doubling while the answer holds) one period

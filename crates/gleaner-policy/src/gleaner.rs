@@ -58,6 +58,13 @@ pub struct Params {
     /// program places its threads, and they run and pin where it asks (true). false: the
     /// paper's Gleaner, whose cpuset moves every thread, pinned or not.
     pub keep_pinned: bool,
+    /// Consolidation as an experiment against every vCPU (true): the period after a start or
+    /// a reset is measured on the whole set and is not a basis for a step, and a step is
+    /// rolled back where the workload's sync rate falls below the whole set's beyond chance
+    /// (Poisson on the sync points counted) while it uses less CPU, so that steps each under
+    /// `rollback_drop` cannot add up to a loss. false: the paper's controller, deciding from
+    /// its first period and judging a step only against the one before it.
+    pub measured: bool,
 }
 
 impl Default for Params {
@@ -74,6 +81,7 @@ impl Default for Params {
             min_idle_periods: 8,
             min_util: 0.05,
             keep_pinned: true,
+            measured: true,
         }
     }
 }
@@ -261,6 +269,9 @@ pub struct Controller {
     deactivated: Vec<u32>,
     phase: Phase,
     last: Metrics,
+    /// The last period run on every managed vCPU: what a consolidation is judged against
+    /// in the end (steps each under [`Params::rollback_drop`] must not add up to more).
+    whole: Option<Metrics>,
 }
 
 impl Controller {
@@ -270,7 +281,7 @@ impl Controller {
         all.sort_unstable();
         all.dedup();
         let last = Metrics { rho: params.rho, eta: params.eta, active: all.len(), ..Metrics::default() };
-        Self { active: all.clone(), all, deactivated: Vec::new(), phase: Phase::Unsettled, params, last }
+        Self { active: all.clone(), all, deactivated: Vec::new(), phase: Phase::Unsettled, params, last, whole: None }
     }
 
     /// The vCPUs the workload may currently use, ascending.
@@ -300,6 +311,9 @@ impl Controller {
         s.vcpus.retain(|v| self.active.contains(&v.cpu));
         let m = Metrics::of(&s, self.params.rho, self.params.eta);
         self.last = m;
+        if self.deactivated.is_empty() && self.params.measured {
+            self.whole = Some(m);
+        }
         let mut out = Vec::new();
         // A workload that pins its threads places them itself: it keeps every vCPU. Taking
         // only the unpinned ones would make its next pin fail (the kernel refuses a mask all
@@ -319,10 +333,25 @@ impl Controller {
                 // A utilization drop is a slowdown only if the workload's progress (its
                 // synchronization rate) dropped too: a time-paced workload uses less CPU once
                 // its wakeups stop crossing vCPUs, which is the point of consolidating.
+                // Judged against the set before this step and (`measured`) against every vCPU:
+                // steps each under the margin must not add up to a loss (streamcluster next to a
+                // co-runner lost 2-5% a step, 16 vCPUs down to 12: docs/sim.md, "Where
+                // consolidation pays").
                 let keep = 1.0 - self.params.rollback_drop;
-                let dropped = before.util >= self.params.min_util
-                    && m.util < before.util * keep
-                    && (before.sync_rate == 0.0 || m.sync_rate < before.sync_rate * keep);
+                let fell = |from: &Metrics| {
+                    from.util >= self.params.min_util
+                        && m.util < from.util * keep
+                        && (from.sync_rate == 0.0 || m.sync_rate < from.sync_rate * keep)
+                };
+                let below_whole = self.whole.as_ref().is_some_and(|w| {
+                    // No margin but chance: sync rates a period apart on a steady workload
+                    // differ by about what their counts' Poisson noise gives.
+                    w.util >= self.params.min_util
+                        && m.util < w.util
+                        && w.sync_rate > 0.0
+                        && m.sync_rate < w.sync_rate * (1.0 - crate::retention::governor::progress_noise(w.s_work, m.s_work))
+                });
+                let dropped = fell(&before) || below_whole;
                 // A vCPU pushed past the major-change threshold is overloaded (the paper's
                 // "100%"): keeping the set would only trigger a reset next period.
                 let saturated = m.max_vcpu_util > self.params.busy_threshold;
@@ -340,7 +369,11 @@ impl Controller {
             }
             Phase::Unsettled => {
                 self.phase = Phase::Steady { reference: m };
-                self.try_consolidate(&m, &mut out);
+                // A start's first period (the workload starting up) or a period on a set just
+                // given back is the whole set's reference, not yet a basis for a step.
+                if !self.params.measured {
+                    self.try_consolidate(&m, &mut out);
+                }
             }
             Phase::Steady { reference } => {
                 if let Some(reason) = self.major_change(&reference, &m) {

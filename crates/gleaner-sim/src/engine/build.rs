@@ -267,7 +267,11 @@ struct Mechanisms {
 fn vm_agent(vm: &SetupVm, m: Mechanisms, curve: &WakeCurve) -> GuestController {
     let Mechanisms { retention, kernel_polling, yielders, consolidation } = m;
     let cpus: Vec<u32> = (0..vm.vcpus).collect();
-    let params = consolidation.then(|| vm.gleaner.params.clone());
+    // The paper's Gleaner (no governor) runs the paper's controller.
+    let params = consolidation.then(|| gleaner_policy::gleaner::Params {
+        measured: vm.gleaner.params.measured && vm.gleaner.govern,
+        ..vm.gleaner.params.clone()
+    });
     if let Some(a) = &vm.gleaner.agent {
         let means = Means {
             poll_window: kernel_polling && a.means.poll_window,
