@@ -7,9 +7,9 @@
 # fig7 gains the paper's Gleaner split into its halves (retention alone, consolidation alone)
 # and the idle policies haltpoll, poll and naive (always-on yielders), and runs at 64 vCPUs too;
 # vm-matrix-scale gains poll. fig7-long is fig7 with every workload 8 times as long (mutex 4
-# times: 4 s of stock next to matmul), runs of 1-5 s instead of 50-290 ms: the paper ran its
-# benchmarks for seconds, and the agent decides every 200 ms, so fig7's own runs end within its
-# first period or two.
+# times: 4 s of stock next to matmul), runs of 0.4-4 s instead of 45 ms-1 s: the paper ran its
+# benchmarks for seconds, and the agent decides every 200 ms, so most of fig7's own runs end
+# within its first period or two.
 # docs/sim.md, "A retained vCPU next to a co-runner", "On Xen's credit scheduler" and "Where
 # consolidation pays", cites its output.
 #   scripts/sim/host-models.sh [GLEANER]      (default: target/release/gleaner)

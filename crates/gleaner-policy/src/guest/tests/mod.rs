@@ -367,6 +367,43 @@ fn on_a_contended_host_a_retained_nanosecond_costs_the_contention() {
     assert_eq!(g.host_wait.price(), 0.0);
 }
 
+/// A VM whose vCPUs are mostly halted (a 16-vCPU VM running one lock holder at a time) meets
+/// the host's contention on the few it runs: its steal is judged against the time they were
+/// runnable, not diluted by the halted ones.
+#[test]
+fn steal_on_the_few_runnable_vcpus_of_a_mostly_halted_vm_is_contention() {
+    let reading = |steal_ns: u64| GuestReading {
+        snapshot: snapshot(1_000),
+        idle: (0..16)
+            .map(|cpu| VcpuIdle {
+                cpu,
+                // vCPU 0 runs the whole period; the others halt through it.
+                idle_ns: if cpu == 0 { 0 } else { PERIOD },
+                entries: Some(if cpu == 0 { 0 } else { 1 }),
+                poll_ns: 0,
+                yield_ns: 0,
+                steal_ns: if cpu == 0 { steal_ns } else { 0 },
+            })
+            .collect(),
+        trace: None,
+        caught: Vec::new(),
+        io: WorkloadIo::default(),
+        counter: None,
+        agent_work_ns: 0,
+        trace_missed: 0.0,
+    };
+    let cpus: Vec<u32> = (0..16).collect();
+    let priors = LoopPriors::DEFAULT;
+    // 50 ms stolen: under 2% of the 16 vCPUs' 3.2 s, a fifth of vCPU 0's runnable 250 ms.
+    let mut w = observe::HostWait::default();
+    w.observe(&reading(50_000_000), &cpus, PERIOD, &priors, 50);
+    assert!(w.contended && w.price() > 0.1, "{w:?}");
+    // The counters' rounding (two ticks) is still none.
+    let mut w = observe::HostWait::default();
+    w.observe(&reading(20_000_000), &cpus, PERIOD, &priors, 50);
+    assert!(!w.contended && w.price() == 0.0, "{w:?}");
+}
+
 /// On a contended host a wakeup for a runnable vCPU also waits while the host runs the other:
 /// the loop prices retention by the wakeups it traced onto runnable vCPUs while it met the
 /// steal, where they cost more than calibrated; without steal, for a handful of wakeups or a
