@@ -338,20 +338,16 @@ impl Controller {
                 // co-runner lost 2-5% a step, 16 vCPUs down to 12: docs/sim.md, "Where
                 // consolidation pays").
                 let keep = 1.0 - self.params.rollback_drop;
-                let fell = |from: &Metrics| {
+                let fell = |from: &Metrics, util_keep: f64, sync_keep: f64| {
                     from.util >= self.params.min_util
-                        && m.util < from.util * keep
-                        && (from.sync_rate == 0.0 || m.sync_rate < from.sync_rate * keep)
+                        && m.util < from.util * util_keep
+                        && (from.sync_rate == 0.0 || m.sync_rate < from.sync_rate * sync_keep)
                 };
-                let below_whole = self.whole.as_ref().is_some_and(|w| {
-                    // No margin but chance: sync rates a period apart on a steady workload
-                    // differ by about what their counts' Poisson noise gives.
-                    w.util >= self.params.min_util
-                        && m.util < w.util
-                        && w.sync_rate > 0.0
-                        && m.sync_rate < w.sync_rate * (1.0 - crate::retention::governor::progress_noise(w.s_work, m.s_work))
-                });
-                let dropped = fell(&before) || below_whole;
+                // Against every vCPU no margin but chance (any less CPU): sync rates a period
+                // apart on a steady workload differ by about their counts' Poisson noise.
+                let below_whole =
+                    self.whole.as_ref().is_some_and(|w| fell(w, 1.0, 1.0 - crate::retention::governor::progress_noise(w.s_work, m.s_work)));
+                let dropped = fell(&before, keep, keep) || below_whole;
                 // A vCPU pushed past the major-change threshold is overloaded (the paper's
                 // "100%"): keeping the set would only trigger a reset next period.
                 let saturated = m.max_vcpu_util > self.params.busy_threshold;

@@ -74,12 +74,12 @@ impl Seen {
 ///   us halted, docs/lab.md "Wake costs"). In a period in which the managed vCPUs met steal
 ///   ([`LoopPriors::steal_share`](super::LoopPriors::steal_share) of the time they were
 ///   runnable, and more than [`LoopPriors::steal_min_ns`](super::LoopPriors::steal_min_ns):
-///   not the counters' rounding), the traced wakeups onto vCPUs that were not halted (busy, or polling) are what
-///   a retained vCPU's wakeup costs here now; Planned takes them where dearer than the
-///   calibration's.
+///   not the counters' rounding), the traced wakeups onto vCPUs that were not halted (busy,
+///   or polling) are what a retained vCPU's wakeup costs here now; Planned takes them where
+///   dearer than the calibration's.
 ///
-/// The ladder's Wide level plans at the configured price and the calibration, so its probes
-/// still test holding the vCPUs where this pricing says it does not pay.
+/// The ladder's Wide level plans at no price and on the calibration, so its probes still test
+/// holding the vCPUs where this pricing says it does not pay.
 ///
 /// A VM alone on its pCPUs meets no steal: its price and curve are as configured.
 #[derive(Debug, Clone, Copy, Default)]
@@ -97,19 +97,15 @@ impl HostWait {
     /// Takes in a period: its steal over the managed vCPUs, and where it met steal, its traced
     /// wakeups onto runnable vCPUs if there were at least `min_wakeups`.
     pub(super) fn observe(&mut self, r: &GuestReading, cpus: &[u32], period_ns: u64, priors: &super::LoopPriors, min_wakeups: u64) {
-        let managed = r.idle.iter().filter(|v| cpus.contains(&v.cpu));
-        let (steal, runnable, had) = managed.fold((0_u64, 0_u64, 0_u64), |(s, run, h), v| {
-            // Runnable: all but the time it was halted (polling counts idle, but holds the pCPU).
-            let halted = v.idle_ns.saturating_sub(v.poll_ns);
-            (
-                s.saturating_add(v.steal_ns),
-                run.saturating_add(period_ns.saturating_sub(halted).max(v.steal_ns)),
-                h.saturating_add(period_ns),
-            )
-        });
-        if had == 0 {
+        let mut managed = r.idle.iter().filter(|v| cpus.contains(&v.cpu)).peekable();
+        if managed.peek().is_none() {
             return;
         }
+        let (steal, runnable) = managed.fold((0_u64, 0_u64), |(s, run), v| {
+            // Runnable: all but the time it was halted (polling counts idle, but holds the pCPU).
+            let halted = v.idle_ns.saturating_sub(v.poll_ns);
+            (s.saturating_add(v.steal_ns), run.saturating_add(period_ns.saturating_sub(halted).max(v.steal_ns)))
+        });
         let share = if runnable == 0 { 0.0 } else { (steal as f64 / runnable as f64).min(1.0) };
         self.contention = Some(Smoothed::fold(self.contention, share, period_ns));
         // Against the time the vCPUs wanted to run, not all of it: a 64-vCPU VM running one
